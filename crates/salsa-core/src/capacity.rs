@@ -1,0 +1,347 @@
+//! The storage capacity manager: segments, their states and valid-grain counts, the free queues
+//! (one per storage type), segments waiting for a sync before reuse, and allocation with the GC
+//! reserve that makes writers wait instead of fail.
+//!
+//! Segment life cycle:
+//! ```text
+//!  Free --allocate--> Staged --seal--> Allocated --GC picks--> Victim
+//!   ^                                     |                      |
+//!   |                              counts reach 0         relocated
+//!   |                                     v                      v
+//!   +----- a sync covering its tag --- PendingFree <-------------+
+//! ```
+//! Invariants (asserted):
+//! - valid grains never exceed the segment's grains and never go below zero;
+//! - only Staged segments gain valid grains or tombstones; Allocated and Victim segments only
+//!   lose them, so a segment that reached zero stays empty;
+//! - a segment becomes Free only after a sync that covers every record created before it was
+//!   retired (invariant 4 of the design: the metadata recording the moves or overwrites that
+//!   emptied it is durable before it can be overwritten).
+
+use crate::controller::record::RecordBuf;
+use crate::device::StorageType;
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::SeqCst};
+use std::sync::Arc;
+
+/// Where a segment is in its life cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SegmentState {
+    Free = 0,
+    Staged = 1,
+    Allocated = 2,
+    Victim = 3,
+    PendingFree = 4,
+    /// Holds a clean-shutdown checkpoint being written.
+    Checkpoint = 5,
+}
+
+impl SegmentState {
+    fn from_u8(v: u8) -> SegmentState {
+        match v {
+            0 => SegmentState::Free,
+            1 => SegmentState::Staged,
+            2 => SegmentState::Allocated,
+            3 => SegmentState::Victim,
+            4 => SegmentState::PendingFree,
+            _ => SegmentState::Checkpoint,
+        }
+    }
+}
+
+/// Per-segment bookkeeping, all atomics so the hot paths take no lock.
+pub struct SegmentInfo {
+    state: AtomicU8,
+    pub valid_grains: AtomicU32,
+    pub tombstones: AtomicU32,
+    pub owner_volume: AtomicU32,
+    pub stream: AtomicU8,
+    /// Bumped every time the segment is allocated; readers use it to detect reuse.
+    pub generation: AtomicU64,
+    /// Data sequence number when the segment was sealed (its age, for cleaning policies).
+    pub sealed_seq: AtomicU64,
+    pub storage_type: StorageType,
+    /// The GC found live pages its metadata chain does not describe (damage); never a victim.
+    pub unmovable: std::sync::atomic::AtomicBool,
+    /// Records of this segment not yet on the device; reads are served from them.
+    pub records: Mutex<Vec<Arc<RecordBuf>>>,
+}
+
+impl SegmentInfo {
+    pub fn state(&self) -> SegmentState {
+        SegmentState::from_u8(self.state.load(SeqCst))
+    }
+    pub fn set_state(&self, s: SegmentState) {
+        self.state.store(s as u8, SeqCst);
+    }
+    pub fn cas_state(&self, from: SegmentState, to: SegmentState) -> bool {
+        self.state.compare_exchange(from as u8, to as u8, SeqCst, SeqCst).is_ok()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.valid_grains.load(SeqCst) == 0 && self.tombstones.load(SeqCst) == 0
+    }
+}
+
+/// Who is asking for a segment: writers stop at the GC reserve, the GC may use it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    User,
+    Gc,
+    Checkpoint,
+}
+
+struct Queues {
+    free: Vec<VecDeque<u32>>,
+    /// Retired segments with the record id a sync must cover before they are free.
+    pending: Vec<(u32, u64)>,
+}
+
+/// Watermarks in segments.
+#[derive(Debug, Clone, Copy)]
+pub struct Watermarks {
+    /// Writers wait (and never allocate) when free segments are at or below this.
+    pub gc_reserve: u32,
+    /// GC starts below this.
+    pub low: u32,
+    /// GC stops at or above this.
+    pub high: u32,
+}
+
+impl Watermarks {
+    pub fn for_segments(total: u32) -> Watermarks {
+        let gc_reserve = 3;
+        let step = (total / 256).max(1);
+        Watermarks {
+            gc_reserve,
+            low: gc_reserve + step + 1,
+            high: gc_reserve + 2 * step + 2,
+        }
+    }
+}
+
+/// The capacity manager.
+pub struct Capacity {
+    segments: Box<[SegmentInfo]>,
+    queues: Mutex<Queues>,
+    /// Signalled whenever segments become free (writers waiting) or scarce (GC waiting).
+    pub changed: Condvar,
+    pub watermarks: Watermarks,
+    grains_per_segment: u32,
+    free_count: AtomicU32,
+}
+
+impl Capacity {
+    pub fn new(types: Vec<StorageType>, grains_per_segment: u32) -> Capacity {
+        let segments: Box<[SegmentInfo]> = types
+            .iter()
+            .map(|&t| SegmentInfo {
+                state: AtomicU8::new(SegmentState::Free as u8),
+                valid_grains: AtomicU32::new(0),
+                tombstones: AtomicU32::new(0),
+                owner_volume: AtomicU32::new(u32::MAX),
+                stream: AtomicU8::new(0),
+                generation: AtomicU64::new(0),
+                sealed_seq: AtomicU64::new(0),
+                storage_type: t,
+                unmovable: std::sync::atomic::AtomicBool::new(false),
+                records: Mutex::new(Vec::new()),
+            })
+            .collect();
+        let watermarks = Watermarks::for_segments(segments.len() as u32);
+        Capacity {
+            segments,
+            queues: Mutex::new(Queues {
+                free: vec![VecDeque::new(); StorageType::ALL.len()],
+                pending: Vec::new(),
+            }),
+            changed: Condvar::new(),
+            watermarks,
+            grains_per_segment,
+            free_count: AtomicU32::new(0),
+        }
+    }
+
+    pub fn segment(&self, s: u32) -> &SegmentInfo {
+        &self.segments[s as usize]
+    }
+
+    pub fn segments(&self) -> &[SegmentInfo] {
+        &self.segments
+    }
+
+    pub fn segment_count(&self) -> u32 {
+        self.segments.len() as u32
+    }
+
+    pub fn grains_per_segment(&self) -> u32 {
+        self.grains_per_segment
+    }
+
+    /// Free segments across all types.
+    pub fn free_segments(&self) -> u32 {
+        self.free_count.load(SeqCst)
+    }
+
+    pub fn pending_segments(&self) -> usize {
+        self.queues.lock().pending.len()
+    }
+
+    /// Rebuilds the queues from segment states after open: every Free segment is queued.
+    pub fn rebuild_queues(&self) {
+        let mut q = self.queues.lock();
+        for f in q.free.iter_mut() {
+            f.clear();
+        }
+        q.pending.clear();
+        let mut n = 0;
+        for (i, s) in self.segments.iter().enumerate() {
+            if s.state() == SegmentState::Free {
+                q.free[s.storage_type as usize].push_back(i as u32);
+                n += 1;
+            }
+        }
+        self.free_count.store(n, SeqCst);
+    }
+
+    /// Takes a free segment of one of `types` (in preference order). Returns `None` when the
+    /// purpose may not dip that low; the caller then waits for or runs GC.
+    pub fn try_allocate(&self, types: &[StorageType], purpose: Purpose) -> Option<u32> {
+        let mut q = self.queues.lock();
+        let floor = match purpose {
+            Purpose::User => self.watermarks.gc_reserve,
+            Purpose::Gc => 0,
+            // A checkpoint must leave the GC reserve intact so the next session can start GC.
+            Purpose::Checkpoint => self.watermarks.gc_reserve,
+        };
+        if self.free_count.load(SeqCst) <= floor {
+            return None;
+        }
+        for t in types {
+            if let Some(s) = q.free[*t as usize].pop_front() {
+                self.free_count.fetch_sub(1, SeqCst);
+                let info = self.segment(s);
+                assert_eq!(info.state(), SegmentState::Free, "segment {s} on the free queue is not free");
+                assert!(info.is_empty(), "free segment {s} still counts valid data");
+                info.generation.fetch_add(1, SeqCst);
+                info.set_state(if purpose == Purpose::Checkpoint {
+                    SegmentState::Checkpoint
+                } else {
+                    SegmentState::Staged
+                });
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    /// Puts a segment taken by `try_allocate` back unused.
+    pub fn unallocate(&self, s: u32) {
+        let info = self.segment(s);
+        assert!(info.is_empty(), "returning segment {s} with data");
+        info.set_state(SegmentState::Free);
+        let mut q = self.queues.lock();
+        q.free[info.storage_type as usize].push_front(s);
+        self.free_count.fetch_add(1, SeqCst);
+        self.changed.notify_all();
+    }
+
+    /// Marks an empty segment as waiting for a sync that covers record `tag`.
+    pub fn retire(&self, s: u32, from: SegmentState, tag: u64) -> bool {
+        let info = self.segment(s);
+        if !info.cas_state(from, SegmentState::PendingFree) {
+            return false;
+        }
+        assert!(info.is_empty(), "retiring segment {s} that still holds data");
+        self.queues.lock().pending.push((s, tag));
+        self.changed.notify_all();
+        true
+    }
+
+    /// Frees every pending segment whose tag is covered by a sync through `synced_through`.
+    /// Returns how many became free.
+    pub fn release_synced(&self, synced_through: u64) -> usize {
+        let mut q = self.queues.lock();
+        let mut released = 0;
+        let mut i = 0;
+        while i < q.pending.len() {
+            let (s, tag) = q.pending[i];
+            if tag <= synced_through {
+                q.pending.swap_remove(i);
+                let info = self.segment(s);
+                assert!(info.is_empty(), "pending segment {s} regained data");
+                info.owner_volume.store(u32::MAX, SeqCst);
+                info.unmovable.store(false, SeqCst);
+                info.set_state(SegmentState::Free);
+                q.free[info.storage_type as usize].push_back(s);
+                self.free_count.fetch_add(1, SeqCst);
+                released += 1;
+            } else {
+                i += 1;
+            }
+        }
+        if released > 0 {
+            self.changed.notify_all();
+        }
+        released
+    }
+
+    /// Frees a segment at once (its contents are already unreachable durably, e.g. a deleted
+    /// volume's segment after the volume table was synced, or a consumed checkpoint).
+    pub fn free_now(&self, s: u32) {
+        let info = self.segment(s);
+        info.valid_grains.store(0, SeqCst);
+        info.tombstones.store(0, SeqCst);
+        info.owner_volume.store(u32::MAX, SeqCst);
+        info.unmovable.store(false, SeqCst);
+        info.set_state(SegmentState::Free);
+        let mut q = self.queues.lock();
+        q.free[info.storage_type as usize].push_back(s);
+        self.free_count.fetch_add(1, SeqCst);
+        self.changed.notify_all();
+    }
+
+    /// Frees every segment owned by a deleted volume (its deletion is already durable, and no
+    /// record of it is in flight).
+    pub fn free_owned_by(&self, volume: u32) {
+        {
+            let mut q = self.queues.lock();
+            let segs = &self.segments;
+            q.pending.retain(|(s, _)| segs[*s as usize].owner_volume.load(SeqCst) != volume);
+        }
+        for (i, s) in self.segments.iter().enumerate() {
+            if s.owner_volume.load(SeqCst) == volume && s.state() != SegmentState::Free {
+                self.free_now(i as u32);
+            }
+        }
+    }
+
+    /// Adds valid grains to a Staged segment (a page placed in it).
+    pub fn add_valid(&self, s: u32, grains: u32) {
+        let info = self.segment(s);
+        let before = info.valid_grains.fetch_add(grains, SeqCst);
+        assert!(before + grains <= self.grains_per_segment, "segment {s} over-full");
+    }
+
+    /// Removes valid grains (a page overwritten, trimmed or moved). Returns true when the
+    /// segment became empty.
+    pub fn sub_valid(&self, s: u32, grains: u32) -> bool {
+        let info = self.segment(s);
+        let before = info.valid_grains.fetch_sub(grains, SeqCst);
+        assert!(before >= grains, "segment {s} valid-grain count underflow ({before} - {grains})");
+        before == grains && info.tombstones.load(SeqCst) == 0
+    }
+
+    pub fn add_tombstone(&self, s: u32) {
+        self.segment(s).tombstones.fetch_add(1, SeqCst);
+    }
+
+    /// Returns true when the segment became empty.
+    pub fn sub_tombstone(&self, s: u32) -> bool {
+        let info = self.segment(s);
+        let before = info.tombstones.fetch_sub(1, SeqCst);
+        assert!(before >= 1, "segment {s} tombstone count underflow");
+        before == 1 && info.valid_grains.load(SeqCst) == 0
+    }
+}

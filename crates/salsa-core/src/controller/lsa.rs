@@ -1,0 +1,575 @@
+//! The LSA controller: a volume whose logical pages are mapped one by one through a flat,
+//! lock-free [`PageMap`], written into log-structured segments through three allocation
+//! streams: user-hot, user-cold (writes separated by heat) and GC (relocations kept apart).
+//!
+//! Heat: a page is hot when its previous version lived less than half a volume's worth of
+//! writes (the age of the segment holding it); never-written pages are cold. This needs no
+//! per-page state.
+//!
+//! Invariants: a map entry changes only by swap under the page's stripe lock (writers, trims;
+//! each takes its sequence number under that lock, so map order and sequence order agree) or by
+//! compare-and-swap (the GC, which never overwrites a newer entry); every place a page leaves is
+//! invalidated exactly once.
+
+use super::map::{Entry, PageMap};
+use super::record::{OpenRecord, RecordBuf, SealedRecord};
+use crate::capacity::Purpose;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::format::{MetaEntry, RecordMeta, SegmentHeader, StreamKind};
+use crate::scan::{walk_segment, ScanGeometry};
+use crate::util::AlignedBuf;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+
+const STRIPES: usize = 256;
+const STREAMS: [StreamKind; 3] = [StreamKind::UserHot, StreamKind::UserCold, StreamKind::Gc];
+
+struct OpenSegment {
+    segment: u32,
+    incarnation: u64,
+    /// Next grain to be used in the segment.
+    next_grain: u32,
+}
+
+/// One allocation stream: an open segment and the record being filled in it.
+struct Stream {
+    kind: StreamKind,
+    seg: Option<OpenSegment>,
+    rec: Option<OpenRecord>,
+}
+
+enum Prep {
+    Ready,
+    Write(SealedRecord),
+    NeedSegment,
+}
+
+/// A volume served by the LSA controller.
+pub struct LsaVolume {
+    pub id: u32,
+    pub name: String,
+    pub page_bytes: u32,
+    pub page_grains: u32,
+    size_bytes: AtomicU64,
+    map: RwLock<PageMap>,
+    streams: [Mutex<Stream>; 3],
+    stripes: Box<[Mutex<()>]>,
+    /// Pages currently mapped to data.
+    pub mapped_pages: AtomicU64,
+    pub deleted: AtomicBool,
+    /// Taken shared by every I/O and exclusively by deletion, so none is in flight then.
+    pub gate: RwLock<()>,
+    /// Serialise read-modify-writes of the same page.
+    rmw: Box<[Mutex<()>]>,
+}
+
+impl LsaVolume {
+    pub fn new(id: u32, name: String, size_bytes: u64, page_bytes: u32, map: PageMap, grain_bytes: u32) -> LsaVolume {
+        LsaVolume {
+            id,
+            name,
+            page_bytes,
+            page_grains: page_bytes / grain_bytes,
+            size_bytes: AtomicU64::new(size_bytes),
+            map: RwLock::new(map),
+            streams: STREAMS.map(|kind| {
+                Mutex::new(Stream {
+                    kind,
+                    seg: None,
+                    rec: None,
+                })
+            }),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            mapped_pages: AtomicU64::new(0),
+            deleted: AtomicBool::new(false),
+            gate: RwLock::new(()),
+            rmw: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+        }
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes.load(SeqCst)
+    }
+
+    pub fn pages(&self) -> u64 {
+        self.size_bytes() / self.page_bytes as u64
+    }
+
+    pub fn map(&self) -> RwLockReadGuard<'_, PageMap> {
+        self.map.read()
+    }
+
+    pub fn map_memory_bytes(&self) -> u64 {
+        self.map.read().memory_bytes()
+    }
+
+    /// Grows the volume (shrinking is refused: pages past the end could not be forgotten
+    /// durably).
+    pub fn grow(&self, new_size_bytes: u64) {
+        let mut m = self.map.write();
+        let pages = new_size_bytes / self.page_bytes as u64;
+        *m = m.grown(pages);
+        self.size_bytes.store(new_size_bytes, SeqCst);
+    }
+
+    fn stream(&self, kind: StreamKind) -> &Mutex<Stream> {
+        &self.streams[match kind {
+            StreamKind::UserHot => 0,
+            StreamKind::UserCold => 1,
+            _ => 2,
+        }]
+    }
+
+    /// Lock held across a partial-page read-modify-write.
+    pub fn rmw_lock(&self, page: u64) -> &Mutex<()> {
+        &self.rmw[(page % STRIPES as u64) as usize]
+    }
+
+    fn stripe(&self, page: u64) -> &Mutex<()> {
+        &self.stripes[(page % STRIPES as u64) as usize]
+    }
+
+    // ----- streams -----
+
+    /// Under the stream lock: makes sure an open record can take one more entry (and a data
+    /// page if `need_page`).
+    fn prepare(&self, eng: &Engine, st: &mut Stream, need_page: bool) -> Prep {
+        if let Some(r) = &st.rec {
+            if r.entries_left > 0 && (!need_page || r.pages_left > 0) {
+                return Prep::Ready;
+            }
+            return match self.seal_record(eng, st) {
+                Some(s) => Prep::Write(s),
+                None => Prep::Ready, // an empty record was dropped; loop again
+            };
+        }
+        let Some(os) = st.seg.as_mut() else { return Prep::NeedSegment };
+        let gps = eng.geo.grains_per_segment;
+        let header = os.next_grain == 0;
+        let meta_slot = if header { 1 } else { 0 };
+        let data_grains = gps.saturating_sub(os.next_grain + meta_slot + 1);
+        let pages = (data_grains / self.page_grains).min(eng.geo.meta_interval_pages);
+        if pages == 0 {
+            let s = os.segment;
+            st.seg = None;
+            eng.seal_segment(s);
+            return Prep::NeedSegment;
+        }
+        let record_id = eng.tracker.begin();
+        if os.incarnation == 0 {
+            os.incarnation = record_id;
+        }
+        let total_grains = meta_slot + 1 + pages * self.page_grains;
+        let first_grain = os.segment as u64 * gps as u64 + os.next_grain as u64;
+        let buf = Arc::new(RecordBuf {
+            record_id,
+            segment: os.segment,
+            first_grain,
+            bytes: RwLock::new(AlignedBuf::zeroed((total_grains * eng.geo.grain_bytes) as usize)),
+        });
+        eng.capacity.segment(os.segment).records.lock().push(buf.clone());
+        st.rec = Some(OpenRecord {
+            buf,
+            header: header.then(|| SegmentHeader {
+                pool_id: eng.pool_id,
+                segment: os.segment,
+                incarnation: os.incarnation,
+                volume_id: self.id,
+                stream: st.kind,
+                opened_seq: eng.now_seq(),
+            }),
+            meta: RecordMeta {
+                pool_id: eng.pool_id,
+                segment: os.segment,
+                incarnation: os.incarnation,
+                record_id,
+                synced_through: 0,
+                start_grain: os.next_grain + meta_slot,
+                page_grains: self.page_grains,
+                entries: Vec::new(),
+            },
+            meta_slot: meta_slot as usize,
+            data_grains: 0,
+            pages_left: pages,
+            entries_left: eng.geo.meta_entries,
+        });
+        Prep::Ready
+    }
+
+    /// Under the stream lock: closes the open record. An empty one is dropped; otherwise its
+    /// metadata page (and the segment header) are encoded and it is returned for writing.
+    fn seal_record(&self, eng: &Engine, st: &mut Stream) -> Option<SealedRecord> {
+        let mut rec = st.rec.take()?;
+        let seg_info = eng.capacity.segment(rec.buf.segment);
+        if rec.is_empty() {
+            seg_info.records.lock().retain(|x| !Arc::ptr_eq(x, &rec.buf));
+            eng.tracker.complete(rec.buf.record_id);
+            return None;
+        }
+        let gb = eng.geo.grain_bytes as usize;
+        rec.meta.synced_through = eng.tracker.synced_through();
+        {
+            let mut b = rec.buf.bytes.write();
+            if let Some(h) = &rec.header {
+                h.encode_into(&mut b[..gb]);
+            }
+            let at = rec.meta_slot * gb;
+            rec.meta.encode_into(&mut b[at..at + gb]);
+        }
+        let used = rec.used_grains();
+        eng.counters
+            .meta_bytes_written
+            .fetch_add((rec.meta_slot + 1) as u64 * gb as u64, SeqCst);
+        let gps = eng.geo.grains_per_segment;
+        let os = st.seg.as_mut().expect("open record without open segment");
+        os.next_grain += used;
+        assert!(os.next_grain <= gps, "record ran past the end of segment {}", os.segment);
+        if os.next_grain + 2 + self.page_grains > gps {
+            let s = os.segment;
+            st.seg = None;
+            eng.seal_segment(s);
+        }
+        Some(SealedRecord {
+            buf: rec.buf,
+            used_grains: used,
+        })
+    }
+
+    /// Seals every stream's open record (for a flush); returns the records to write.
+    pub fn seal_open_records(&self, eng: &Engine) -> Vec<SealedRecord> {
+        let mut out = Vec::new();
+        for s in &self.streams {
+            let mut st = s.lock();
+            if let Some(r) = self.seal_record(eng, &mut st) {
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    /// Closes every stream's segment (clean shutdown, volume deletion).
+    pub fn close_streams(&self, eng: &Engine) -> Vec<SealedRecord> {
+        let mut out = Vec::new();
+        for s in &self.streams {
+            let mut st = s.lock();
+            if let Some(r) = self.seal_record(eng, &mut st) {
+                out.push(r);
+            }
+            if let Some(os) = st.seg.take() {
+                eng.seal_segment(os.segment);
+            }
+        }
+        out
+    }
+
+    /// Runs `commit` with an open record that has room for one entry (and one data page when
+    /// `page` is given, copied into the record's next slot first). `commit` gets the physical
+    /// grain of the page (or the record's segment) and pushes the entry.
+    fn place<R>(&self, eng: &Engine, kind: StreamKind, page: Option<&[u8]>, commit: impl FnOnce(u64, &mut OpenRecord) -> R) -> Result<R> {
+        let purpose = if kind == StreamKind::Gc { Purpose::Gc } else { Purpose::User };
+        let stream = self.stream(kind);
+        loop {
+            let mut st = stream.lock();
+            match self.prepare(eng, &mut st, page.is_some()) {
+                Prep::Ready => {
+                    let Some(rec) = st.rec.as_mut() else { continue };
+                    let at = match page {
+                        Some(data) => {
+                            let gb = eng.geo.grain_bytes as usize;
+                            let slot = rec.meta_slot + 1 + rec.data_grains as usize;
+                            rec.buf.bytes.write()[slot * gb..slot * gb + data.len()].copy_from_slice(data);
+                            rec.data_grains += self.page_grains;
+                            let grain = rec.buf.first_grain + slot as u64;
+                            eng.capacity.add_valid(rec.buf.segment, self.page_grains);
+                            grain
+                        }
+                        None => rec.buf.segment as u64,
+                    };
+                    let out = commit(at, rec);
+                    let full = rec.entries_left == 0 || rec.pages_left == 0;
+                    let sealed = if full { self.seal_record(eng, &mut st) } else { None };
+                    drop(st);
+                    if let Some(r) = sealed {
+                        eng.write_record(r)?;
+                    }
+                    return Ok(out);
+                }
+                Prep::Write(r) => {
+                    drop(st);
+                    eng.write_record(r)?;
+                }
+                Prep::NeedSegment => {
+                    drop(st);
+                    let s = eng.allocate_segment(purpose)?;
+                    let mut st = stream.lock();
+                    if st.seg.is_none() {
+                        let info = eng.capacity.segment(s);
+                        info.owner_volume.store(self.id, SeqCst);
+                        info.stream.store(kind as u8, SeqCst);
+                        st.seg = Some(OpenSegment {
+                            segment: s,
+                            incarnation: 0,
+                            next_grain: 0,
+                        });
+                    } else {
+                        drop(st);
+                        eng.capacity.unallocate(s);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Accounts for a map entry that was replaced.
+    fn invalidate(&self, eng: &Engine, old: Entry) {
+        match old {
+            Entry::Unmapped => self.count_mapped(eng, true),
+            Entry::Mapped(g) => {
+                let s = (g / eng.geo.grains_per_segment as u64) as u32;
+                if eng.capacity.sub_valid(s, self.page_grains) {
+                    eng.segment_emptied(s);
+                }
+            }
+            Entry::Trimmed(s) => {
+                self.count_mapped(eng, true);
+                if eng.capacity.sub_tombstone(s) {
+                    eng.segment_emptied(s);
+                }
+            }
+        }
+    }
+
+    fn count_mapped(&self, eng: &Engine, up: bool) {
+        if up {
+            self.mapped_pages.fetch_add(1, SeqCst);
+            eng.mapped_grains.fetch_add(self.page_grains as u64, SeqCst);
+        } else {
+            self.mapped_pages.fetch_sub(1, SeqCst);
+            eng.mapped_grains.fetch_sub(self.page_grains as u64, SeqCst);
+        }
+    }
+
+    /// Heat of an overwrite: hot when the old version is younger than half a volume of writes.
+    fn classify(&self, eng: &Engine, map: &PageMap, page: u64) -> StreamKind {
+        match map.load(page) {
+            Entry::Mapped(g) => {
+                let s = (g / eng.geo.grains_per_segment as u64) as u32;
+                let info = eng.capacity.segment(s);
+                let sealed = info.sealed_seq.load(SeqCst);
+                let age = if sealed == 0 { 0 } else { eng.now_seq().saturating_sub(sealed) };
+                if age < (self.mapped_pages.load(SeqCst) / 2).max(1) {
+                    StreamKind::UserHot
+                } else {
+                    StreamKind::UserCold
+                }
+            }
+            _ => StreamKind::UserCold,
+        }
+    }
+
+    // ----- I/O -----
+
+    /// Writes one whole page.
+    pub fn write_page(&self, eng: &Engine, map: &PageMap, page: u64, data: &[u8]) -> Result<()> {
+        debug_assert_eq!(data.len(), self.page_bytes as usize);
+        if !matches!(map.load(page), Entry::Mapped(_)) && eng.mapped_grains.load(SeqCst) + self.page_grains as u64 > eng.usable_grains() {
+            return Err(Error::NoSpace(format!(
+                "pool is full: {} of {} usable bytes hold data; trim or delete data, or add a device",
+                eng.mapped_grains.load(SeqCst) * eng.geo.grain_bytes as u64,
+                eng.usable_grains() * eng.geo.grain_bytes as u64
+            )));
+        }
+        let crc = crc32c::crc32c(data);
+        let kind = self.classify(eng, map, page);
+        let old = self.place(eng, kind, Some(data), |grain, rec| {
+            eng.crc_table[grain as usize].store(crc, SeqCst);
+            let _stripe = self.stripe(page).lock();
+            let seq = eng.next_seq();
+            rec.push(MetaEntry::Data { page, seq, crc });
+            map.swap(page, Entry::Mapped(grain))
+        })?;
+        self.invalidate(eng, old);
+        Ok(())
+    }
+
+    /// Reads one whole page, verifying its checksum.
+    pub fn read_page(&self, eng: &Engine, map: &PageMap, page: u64, out: &mut [u8]) -> Result<()> {
+        let gb = eng.geo.grain_bytes as usize;
+        let gps = eng.geo.grains_per_segment as u64;
+        loop {
+            let raw = map.load_raw(page);
+            let Entry::Mapped(g) = map.encoding.decode(raw) else {
+                out.fill(0);
+                return Ok(());
+            };
+            let info = eng.capacity.segment((g / gps) as u32);
+            let generation = info.generation.load(SeqCst);
+            if map.load_raw(page) != raw {
+                continue;
+            }
+            let crc = eng.crc_table[g as usize].load(SeqCst);
+            let buffered = {
+                let recs = info.records.lock();
+                recs.iter().any(|r| r.read(g, gb, out))
+            };
+            if !buffered {
+                let mut tmp = AlignedBuf::zeroed(out.len());
+                eng.array.read(g, &mut tmp)?;
+                out.copy_from_slice(&tmp);
+            }
+            if info.generation.load(SeqCst) != generation {
+                continue; // the segment was reused under us; the map has moved on
+            }
+            if crc32c::crc32c(out) != crc {
+                return Err(Error::ChecksumMismatch {
+                    volume: self.name.clone(),
+                    page,
+                });
+            }
+            return Ok(());
+        }
+    }
+
+    /// Trims whole pages `[first, first + count)`: they read as zeros, durably after a flush.
+    pub fn trim_pages(&self, eng: &Engine, map: &PageMap, first: u64, count: u64) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let olds = self.place(eng, StreamKind::UserCold, None, |seg, rec| {
+            let seg = seg as u32;
+            // Lock every stripe the range touches, in order, so the trim's sequence number is
+            // ordered with concurrent writes to the same pages.
+            let n = (count as usize).min(STRIPES);
+            let mut idx: Vec<usize> = (0..n).map(|i| ((first + i as u64) % STRIPES as u64) as usize).collect();
+            idx.sort_unstable();
+            let _guards: Vec<_> = idx.iter().map(|&i| self.stripes[i].lock()).collect();
+            let seq = eng.next_seq();
+            rec.push(MetaEntry::Trim { page: first, count, seq });
+            let mut olds = Vec::new();
+            for p in first..first + count {
+                loop {
+                    let cur = map.load(p);
+                    if cur == Entry::Unmapped || cur == Entry::Trimmed(seg) {
+                        break;
+                    }
+                    eng.capacity.add_tombstone(seg);
+                    if map.compare_exchange(p, cur, Entry::Trimmed(seg)) {
+                        olds.push(cur);
+                        break;
+                    }
+                    eng.capacity.sub_tombstone(seg);
+                }
+            }
+            olds
+        })?;
+        for old in olds {
+            match old {
+                Entry::Mapped(_) => {
+                    self.count_mapped(eng, false);
+                    self.invalidate(eng, old);
+                }
+                Entry::Trimmed(s) => {
+                    if eng.capacity.sub_tombstone(s) {
+                        eng.segment_emptied(s);
+                    }
+                }
+                Entry::Unmapped => {}
+            }
+        }
+        Ok(())
+    }
+
+    // ----- GC upcall -----
+
+    /// Moves every live page and live tombstone out of `victim` into the GC stream, keeping
+    /// their sequence numbers. A page moves only if the map still points at the victim.
+    pub fn relocate(&self, eng: &Engine, victim: u32) -> Result<()> {
+        let map = self.map.read();
+        let gps = eng.geo.grains_per_segment as u64;
+        let base = victim as u64 * gps;
+        let geo = ScanGeometry {
+            pool_id: eng.pool_id,
+            grain_bytes: eng.geo.grain_bytes as usize,
+            grains_per_segment: eng.geo.grains_per_segment,
+        };
+        let mut failure = None;
+        let pb = self.page_bytes as usize;
+        walk_segment(&eng.array, &geo, victim, |_, meta, data| {
+            if failure.is_some() || meta.page_grains != self.page_grains {
+                return;
+            }
+            let mut slot = 0usize;
+            for e in &meta.entries {
+                match *e {
+                    MetaEntry::Data { page, seq, crc } => {
+                        let grain = base + meta.start_grain as u64 + 1 + (slot as u64) * self.page_grains as u64;
+                        let bytes = &data[slot * pb..(slot + 1) * pb];
+                        slot += 1;
+                        if page >= map.pages() || map.load(page) != Entry::Mapped(grain) {
+                            continue;
+                        }
+                        let r = self.place(eng, StreamKind::Gc, Some(bytes), |new, rec| {
+                            eng.crc_table[new as usize].store(crc, SeqCst);
+                            rec.push(MetaEntry::Data { page, seq, crc });
+                            (new, map.compare_exchange(page, Entry::Mapped(grain), Entry::Mapped(new)))
+                        });
+                        match r {
+                            Ok((_, true)) => {
+                                eng.capacity.sub_valid(victim, self.page_grains);
+                                eng.counters.gc_bytes_relocated.fetch_add(pb as u64, SeqCst);
+                            }
+                            Ok((new, false)) => {
+                                // Overwritten meanwhile: the copy is garbage at once.
+                                let s = (new / gps) as u32;
+                                if eng.capacity.sub_valid(s, self.page_grains) {
+                                    eng.segment_emptied(s);
+                                }
+                            }
+                            Err(err) => failure = Some(err),
+                        }
+                    }
+                    MetaEntry::Trim { page, count, seq } => {
+                        let end = page.saturating_add(count).min(map.pages());
+                        let mut p = page;
+                        while p < end && failure.is_none() {
+                            if map.load(p) != Entry::Trimmed(victim) {
+                                p += 1;
+                                continue;
+                            }
+                            let run_start = p;
+                            while p < end && map.load(p) == Entry::Trimmed(victim) {
+                                p += 1;
+                            }
+                            let run = p - run_start;
+                            let r = self.place(eng, StreamKind::Gc, None, |seg, rec| {
+                                let seg = seg as u32;
+                                rec.push(MetaEntry::Trim {
+                                    page: run_start,
+                                    count: run,
+                                    seq,
+                                });
+                                for q in run_start..run_start + run {
+                                    eng.capacity.add_tombstone(seg);
+                                    if map.compare_exchange(q, Entry::Trimmed(victim), Entry::Trimmed(seg)) {
+                                        eng.capacity.sub_tombstone(victim);
+                                    } else {
+                                        eng.capacity.sub_tombstone(seg);
+                                    }
+                                }
+                            });
+                            if let Err(err) = r {
+                                failure = Some(err);
+                            }
+                        }
+                    }
+                }
+            }
+        })?;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

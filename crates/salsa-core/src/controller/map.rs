@@ -1,0 +1,193 @@
+//! The logical-to-physical page map of an LSA volume: a flat array with one atomic entry per
+//! logical page, 4 bytes wide while every encoded value fits in 32 bits and 8 bytes beyond.
+//! Updated lock-free: writers swap, the GC compare-and-swaps, so a relocation never overwrites a
+//! newer write.
+//!
+//! Entry encoding (`total_grains` = grains in the pool):
+//! - `0`: never written; reads as zeros;
+//! - `1 ..= total_grains`: mapped, the page starts at grain `value - 1`;
+//! - `total_grains + 1 + s`: trimmed; the tombstone that records the trim lives in segment `s`
+//!   (the GC must carry it forward while older copies may still exist on the device).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+
+/// Decoded map entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    Unmapped,
+    Mapped(u64),
+    Trimmed(u32),
+}
+
+/// Encoding parameters shared by every map of a pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Encoding {
+    pub total_grains: u64,
+    pub total_segments: u32,
+}
+
+impl Encoding {
+    pub fn encode(&self, e: Entry) -> u64 {
+        match e {
+            Entry::Unmapped => 0,
+            Entry::Mapped(g) => {
+                debug_assert!(g < self.total_grains);
+                g + 1
+            }
+            Entry::Trimmed(s) => self.total_grains + 1 + s as u64,
+        }
+    }
+    pub fn decode(&self, v: u64) -> Entry {
+        if v == 0 {
+            Entry::Unmapped
+        } else if v <= self.total_grains {
+            Entry::Mapped(v - 1)
+        } else {
+            let s = v - self.total_grains - 1;
+            assert!(s < self.total_segments as u64, "map entry {v} out of range");
+            Entry::Trimmed(s as u32)
+        }
+    }
+    /// Largest value an entry can hold.
+    pub fn max_value(&self) -> u64 {
+        self.total_grains + self.total_segments as u64
+    }
+    /// Whether 4-byte entries suffice.
+    pub fn narrow(&self) -> bool {
+        self.max_value() <= u32::MAX as u64
+    }
+}
+
+enum Slots {
+    Narrow(Box<[AtomicU32]>),
+    Wide(Box<[AtomicU64]>),
+}
+
+/// The page map.
+pub struct PageMap {
+    slots: Slots,
+    pub encoding: Encoding,
+}
+
+impl PageMap {
+    pub fn new(pages: u64, encoding: Encoding) -> PageMap {
+        let slots = if encoding.narrow() {
+            Slots::Narrow((0..pages).map(|_| AtomicU32::new(0)).collect())
+        } else {
+            Slots::Wide((0..pages).map(|_| AtomicU64::new(0)).collect())
+        };
+        PageMap { slots, encoding }
+    }
+
+    pub fn pages(&self) -> u64 {
+        match &self.slots {
+            Slots::Narrow(s) => s.len() as u64,
+            Slots::Wide(s) => s.len() as u64,
+        }
+    }
+
+    /// Bytes per entry.
+    pub fn entry_bytes(&self) -> u64 {
+        match &self.slots {
+            Slots::Narrow(_) => 4,
+            Slots::Wide(_) => 8,
+        }
+    }
+
+    pub fn memory_bytes(&self) -> u64 {
+        self.pages() * self.entry_bytes()
+    }
+
+    pub fn load_raw(&self, page: u64) -> u64 {
+        match &self.slots {
+            Slots::Narrow(s) => s[page as usize].load(SeqCst) as u64,
+            Slots::Wide(s) => s[page as usize].load(SeqCst),
+        }
+    }
+
+    pub fn load(&self, page: u64) -> Entry {
+        self.encoding.decode(self.load_raw(page))
+    }
+
+    pub fn store(&self, page: u64, e: Entry) {
+        let v = self.encoding.encode(e);
+        match &self.slots {
+            Slots::Narrow(s) => s[page as usize].store(v as u32, SeqCst),
+            Slots::Wide(s) => s[page as usize].store(v, SeqCst),
+        }
+    }
+
+    /// Replaces the entry, returning the old one.
+    pub fn swap(&self, page: u64, e: Entry) -> Entry {
+        let v = self.encoding.encode(e);
+        let old = match &self.slots {
+            Slots::Narrow(s) => s[page as usize].swap(v as u32, SeqCst) as u64,
+            Slots::Wide(s) => s[page as usize].swap(v, SeqCst),
+        };
+        self.encoding.decode(old)
+    }
+
+    /// Replaces `old` by `new` only if the entry still is `old`.
+    pub fn compare_exchange(&self, page: u64, old: Entry, new: Entry) -> bool {
+        let (o, n) = (self.encoding.encode(old), self.encoding.encode(new));
+        match &self.slots {
+            Slots::Narrow(s) => s[page as usize].compare_exchange(o as u32, n as u32, SeqCst, SeqCst).is_ok(),
+            Slots::Wide(s) => s[page as usize].compare_exchange(o, n, SeqCst, SeqCst).is_ok(),
+        }
+    }
+
+    /// A copy of the map with `pages` entries (growing a volume); entries past the old end are
+    /// unmapped.
+    pub fn grown(&self, pages: u64) -> PageMap {
+        let m = PageMap::new(pages, self.encoding);
+        for p in 0..self.pages().min(pages) {
+            m.store(p, self.load(p));
+        }
+        m
+    }
+
+    /// Raw little-endian image of the map, for checkpoints.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        for p in 0..self.pages() {
+            let v = self.load_raw(p);
+            match self.slots {
+                Slots::Narrow(_) => out.extend_from_slice(&(v as u32).to_le_bytes()),
+                Slots::Wide(_) => out.extend_from_slice(&v.to_le_bytes()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding_round_trips_and_width_switches_at_32_bits() {
+        let enc = Encoding {
+            total_grains: 1000,
+            total_segments: 10,
+        };
+        for e in [
+            Entry::Unmapped,
+            Entry::Mapped(0),
+            Entry::Mapped(999),
+            Entry::Trimmed(0),
+            Entry::Trimmed(9),
+        ] {
+            assert_eq!(enc.decode(enc.encode(e)), e);
+        }
+        assert!(enc.narrow());
+        assert!(!Encoding {
+            total_grains: u32::MAX as u64,
+            total_segments: 4
+        }
+        .narrow());
+        let m = PageMap::new(8, enc);
+        assert_eq!(m.entry_bytes(), 4);
+        assert_eq!(m.swap(3, Entry::Mapped(5)), Entry::Unmapped);
+        assert!(!m.compare_exchange(3, Entry::Mapped(4), Entry::Mapped(6)));
+        assert!(m.compare_exchange(3, Entry::Mapped(5), Entry::Mapped(6)));
+        assert_eq!(m.load(3), Entry::Mapped(6));
+    }
+}

@@ -1,0 +1,113 @@
+//! Fault injection for tests: wraps a device and fails chosen writes or syncs, or flips a bit in
+//! data returned by reads of a chosen range.
+
+use super::Device;
+use parking_lot::Mutex;
+use std::io;
+use std::sync::Arc;
+
+/// Which operations fail.
+#[derive(Debug, Clone, Default)]
+pub struct FaultPlan {
+    /// Fail the N-th write (from 1) and every later one while `sticky`.
+    pub fail_write: Option<u64>,
+    /// Fail the N-th sync (from 1).
+    pub fail_sync: Option<u64>,
+    /// Keep failing after the first injected failure.
+    pub sticky: bool,
+    /// Flip bit 0 of the byte at each of these device offsets when a read covers it.
+    pub flip_bits_at: Vec<u64>,
+}
+
+struct Counters {
+    writes: u64,
+    syncs: u64,
+    failing: bool,
+}
+
+/// A device decorator that injects failures.
+pub struct FaultDevice {
+    inner: Arc<dyn Device>,
+    plan: Mutex<FaultPlan>,
+    counters: Mutex<Counters>,
+}
+
+impl FaultDevice {
+    pub fn new(inner: Arc<dyn Device>, plan: FaultPlan) -> FaultDevice {
+        FaultDevice {
+            inner,
+            plan: Mutex::new(plan),
+            counters: Mutex::new(Counters {
+                writes: 0,
+                syncs: 0,
+                failing: false,
+            }),
+        }
+    }
+
+    /// Replaces the plan and clears the counters (the "device was repaired" step).
+    pub fn set_plan(&self, plan: FaultPlan) {
+        *self.plan.lock() = plan;
+        *self.counters.lock() = Counters {
+            writes: 0,
+            syncs: 0,
+            failing: false,
+        };
+    }
+}
+
+fn injected(what: &str) -> io::Error {
+    io::Error::other(format!("injected {what} failure"))
+}
+
+impl Device for FaultDevice {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn storage_type(&self) -> super::StorageType {
+        self.inner.storage_type()
+    }
+    fn alignment_bytes(&self) -> usize {
+        self.inner.alignment_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_at(buf, offset)?;
+        let plan = self.plan.lock();
+        for &at in &plan.flip_bits_at {
+            if at >= offset && at < offset + buf.len() as u64 {
+                buf[(at - offset) as usize] ^= 1;
+            }
+        }
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        {
+            let plan = self.plan.lock();
+            let mut c = self.counters.lock();
+            c.writes += 1;
+            if (c.failing && plan.sticky) || plan.fail_write == Some(c.writes) {
+                c.failing = true;
+                return Err(injected("write"));
+            }
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        {
+            let plan = self.plan.lock();
+            let mut c = self.counters.lock();
+            c.syncs += 1;
+            if (c.failing && plan.sticky) || plan.fail_sync == Some(c.syncs) {
+                c.failing = true;
+                return Err(injected("sync"));
+            }
+        }
+        self.inner.sync()
+    }
+    fn counters(&self) -> Vec<(String, u64)> {
+        self.inner.counters()
+    }
+}

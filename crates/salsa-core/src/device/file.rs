@@ -1,0 +1,147 @@
+//! Regular files and block devices, accessed with positioned reads and writes (`pread`/`pwrite`)
+//! from many threads at once, with `O_DIRECT` where the file system supports it.
+//!
+//! The file is locked with `flock(LOCK_EX)` for as long as it is open, so a second process can
+//! not serve the same pool.
+
+use super::{check_range, Device};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+
+/// A file or block device.
+pub struct FileDevice {
+    name: String,
+    file: File,
+    size_bytes: u64,
+    direct: bool,
+}
+
+/// How to open a file device.
+#[derive(Debug, Clone, Copy)]
+pub struct FileOpenOptions {
+    /// Create a regular file of this size when the path does not exist.
+    pub create_size_bytes: Option<u64>,
+    /// Bypass the page cache (`O_DIRECT`); falls back to buffered I/O where unsupported.
+    pub direct: bool,
+    /// Open read-only.
+    pub read_only: bool,
+}
+
+impl Default for FileOpenOptions {
+    fn default() -> Self {
+        FileOpenOptions {
+            create_size_bytes: None,
+            direct: true,
+            read_only: false,
+        }
+    }
+}
+
+impl FileDevice {
+    /// Opens (and if asked, creates) a device file and takes its exclusive lock.
+    pub fn open(path: &Path, options: FileOpenOptions) -> io::Result<FileDevice> {
+        let name = path.display().to_string();
+        let exists = path.exists();
+        if !exists {
+            let Some(size) = options.create_size_bytes else {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{name} does not exist; give a size (PATH:SIZE) to create it"),
+                ));
+            };
+            let file = OpenOptions::new().write(true).create_new(true).open(path)?;
+            file.set_len(size)?;
+            file.sync_all()?;
+        }
+        let open = |direct: bool| {
+            let mut oo = OpenOptions::new();
+            oo.read(true).write(!options.read_only);
+            if direct {
+                oo.custom_flags(libc::O_DIRECT);
+            }
+            oo.open(path)
+        };
+        let (file, direct) = if options.direct {
+            match open(true) {
+                Ok(f) => (f, true),
+                // tmpfs and some others refuse O_DIRECT; buffered I/O with fdatasync is still correct.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(false)?, false),
+                Err(e) => return Err(e),
+            }
+        } else {
+            (open(false)?, false)
+        };
+        lock_exclusive(&file, &name)?;
+        let meta = file.metadata()?;
+        let size_bytes = if meta.file_type().is_block_device() {
+            block_device_size(&file)?
+        } else {
+            meta.len()
+        };
+        Ok(FileDevice {
+            name,
+            file,
+            size_bytes,
+            direct,
+        })
+    }
+
+    /// Whether the page cache is bypassed.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+}
+
+fn lock_exclusive(file: &File, name: &str) -> io::Result<()> {
+    // SAFETY: flock only reads the descriptor number, which `file` keeps open for the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!("{name} is in use by another SALSA process (the pool is locked while open)"),
+        ));
+    }
+    Err(err)
+}
+
+fn block_device_size(file: &File) -> io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = file;
+    let size = f.seek(SeekFrom::End(0))?;
+    f.seek(SeekFrom::Start(0))?;
+    Ok(size)
+}
+
+impl Device for FileDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    fn alignment_bytes(&self) -> usize {
+        if self.direct {
+            4096
+        } else {
+            512
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_range(self.size_bytes, offset, buf.len())?;
+        self.file.read_exact_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        check_range(self.size_bytes, offset, buf.len())?;
+        self.file.write_all_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+}

@@ -1,0 +1,97 @@
+//! Devices: the bottom layer. A device is a flat array of bytes that can be read, written and
+//! synced at aligned offsets. Everything above sees only the [`Device`] trait.
+//!
+//! Owns: the [`Device`] contract, the storage types, and the implementations (regular files and
+//! block devices, memory) plus the test decorators (crash simulation, fault injection).
+//!
+//! Contract every implementation keeps (the "assumptions about the underlying media"):
+//! - A write that returned `Ok` is visible to every later read, but is durable only after a
+//!   later `sync` returned `Ok`.
+//! - A crash may drop or tear (at 512-byte sectors) any write not covered by a successful sync;
+//!   it never changes bytes that were durable.
+//! - Offsets and lengths passed by the engine are multiples of [`Device::alignment_bytes`].
+
+mod crash;
+mod fault;
+mod file;
+mod memory;
+
+pub use crash::{CrashDevice, CrashPlan};
+pub use fault::{FaultDevice, FaultPlan};
+pub use file::FileDevice;
+pub use memory::MemoryDevice;
+
+use std::io;
+
+/// Kind of storage behind a device; the capacity manager keeps one allocation queue per type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum StorageType {
+    Flash = 0,
+    Hdd = 1,
+    SmrConventional = 2,
+    SmrSequential = 3,
+    Nvm = 4,
+}
+
+impl StorageType {
+    /// All types, in queue order.
+    pub const ALL: [StorageType; 5] = [
+        StorageType::Flash,
+        StorageType::Hdd,
+        StorageType::SmrConventional,
+        StorageType::SmrSequential,
+        StorageType::Nvm,
+    ];
+
+    pub fn from_u8(v: u8) -> Option<StorageType> {
+        StorageType::ALL.get(v as usize).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageType::Flash => "flash",
+            StorageType::Hdd => "hdd",
+            StorageType::SmrConventional => "smr-conventional",
+            StorageType::SmrSequential => "smr-sequential",
+            StorageType::Nvm => "nvm",
+        }
+    }
+}
+
+/// A storage device: regular file, block device, memory, or an emulation.
+pub trait Device: Send + Sync {
+    /// Human-readable identity used in every error message (usually the path).
+    fn name(&self) -> &str;
+    /// Capacity in bytes.
+    fn size_bytes(&self) -> u64;
+    /// The storage type the device declares.
+    fn storage_type(&self) -> StorageType {
+        StorageType::Flash
+    }
+    /// Offsets, lengths and buffer addresses must be multiples of this.
+    fn alignment_bytes(&self) -> usize {
+        512
+    }
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`. Not durable until [`Device::sync`].
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every write that returned before this call durable.
+    fn sync(&self) -> io::Result<()>;
+    /// Counters the device keeps about itself (models report wear here), as name/value pairs.
+    fn counters(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+}
+
+/// Checks that an access lies inside the device, with checked arithmetic.
+pub(crate) fn check_range(size: u64, offset: u64, len: usize) -> io::Result<()> {
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("access of {len} bytes at {offset} is past the device end {size}"),
+        )),
+    }
+}

@@ -1,0 +1,99 @@
+//! Durability bookkeeping: record ids, which records are on the device, which are durable, and
+//! group commit of syncs.
+//!
+//! Record ids increase with creation order (`epoch << 40 | counter`, so ids of a later session
+//! are always larger). A record is *in flight* from creation until its device write returns.
+//! `synced_through` is the largest id such that every record with an id up to it was written and
+//! then covered by a successful sync.
+
+use parking_lot::{Condvar, Mutex};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+/// Bits of an id or sequence number that count within one epoch.
+pub const EPOCH_SHIFT: u32 = 40;
+
+struct Inner {
+    next_id: u64,
+    in_flight: BTreeSet<u64>,
+}
+
+/// Tracks records from creation to durability.
+pub struct Tracker {
+    inner: Mutex<Inner>,
+    completed: Condvar,
+    synced_through: AtomicU64,
+    /// Serialises syncs so that concurrent flushes share one (group commit).
+    pub sync_lock: Mutex<()>,
+}
+
+impl Tracker {
+    pub fn new(first_id: u64) -> Tracker {
+        Tracker {
+            inner: Mutex::new(Inner {
+                next_id: first_id,
+                in_flight: BTreeSet::new(),
+            }),
+            completed: Condvar::new(),
+            synced_through: AtomicU64::new(first_id.saturating_sub(1)),
+            sync_lock: Mutex::new(()),
+        }
+    }
+
+    /// Creates a record id and marks it in flight.
+    pub fn begin(&self) -> u64 {
+        let mut g = self.inner.lock();
+        let id = g.next_id;
+        g.next_id += 1;
+        g.in_flight.insert(id);
+        id
+    }
+
+    /// The record is on the device (or was abandoned after a failure that poisoned the pool).
+    pub fn complete(&self, id: u64) {
+        let mut g = self.inner.lock();
+        let was = g.in_flight.remove(&id);
+        assert!(was, "record {id} completed twice");
+        self.completed.notify_all();
+    }
+
+    /// Largest id created so far.
+    pub fn last_id(&self) -> u64 {
+        self.inner.lock().next_id - 1
+    }
+
+    /// Largest id such that every record up to it is complete.
+    pub fn complete_through(&self) -> u64 {
+        let g = self.inner.lock();
+        match g.in_flight.first() {
+            Some(&first) => first - 1,
+            None => g.next_id - 1,
+        }
+    }
+
+    /// Waits until every record up to `target` is complete, or `stop()` says to give up.
+    pub fn wait_complete_through(&self, target: u64, stop: impl Fn() -> bool) -> bool {
+        let mut g = self.inner.lock();
+        loop {
+            let done = match g.in_flight.first() {
+                Some(&first) => first > target,
+                None => true,
+            };
+            if done {
+                return true;
+            }
+            if stop() {
+                return false;
+            }
+            self.completed.wait_for(&mut g, std::time::Duration::from_millis(50));
+        }
+    }
+
+    pub fn synced_through(&self) -> u64 {
+        self.synced_through.load(SeqCst)
+    }
+
+    pub fn set_synced_through(&self, id: u64) {
+        self.synced_through.fetch_max(id, SeqCst);
+    }
+}

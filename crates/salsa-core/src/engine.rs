@@ -1,0 +1,499 @@
+//! The engine: state shared by the controllers, the GC and the front-ends, and the pool-wide
+//! paths that tie the layers together: sequence numbers, record writes, flush (group commit),
+//! segment allocation with throttling, and garbage collection.
+//!
+//! Write path, in order (see `docs/DESIGN.md` for the whole story):
+//! 1. the controller reserves the next slot of its stream's open record (allocating a segment
+//!    if needed; writers wait for the GC below the reserve, never fail);
+//! 2. it copies the page into the record buffer and records its crc32c;
+//! 3. under the page's stripe lock it takes a sequence number, appends the metadata entry and
+//!    swaps the map entry; the old location is invalidated;
+//! 4. a full record is written to the device in one sequential write.
+//!
+//! Flush path: (1) note the last record id; (2) seal and write every stream's open record;
+//! (3) wait until every record up to the noted id is on the device; (4) sync every device, once
+//! for all concurrent flushes; (5) publish `synced_through` and release the segments that were
+//! waiting for it.
+
+use crate::array::Array;
+use crate::capacity::{Capacity, Purpose, SegmentState};
+use crate::controller::lsa::LsaVolume;
+use crate::controller::record::SealedRecord;
+use crate::device::StorageType;
+use crate::durability::{Tracker, EPOCH_SHIFT};
+use crate::error::{Error, Result};
+use crate::format::{PoolMeta, POOL_META_SLOT_OFFSETS};
+use crate::policy::{Candidate, VictimPolicy};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Pool geometry, fixed at format time.
+#[derive(Debug, Clone, Copy)]
+pub struct Geometry {
+    pub grain_bytes: u32,
+    pub segment_bytes: u64,
+    pub grains_per_segment: u32,
+    pub total_segments: u32,
+    pub total_grains: u64,
+    /// Entries one metadata page holds.
+    pub meta_entries: u32,
+    /// A metadata page follows at most this many data pages.
+    pub meta_interval_pages: u32,
+}
+
+/// Counters, readable at any time.
+#[derive(Default)]
+pub struct Counters {
+    pub user_bytes_written: AtomicU64,
+    pub user_bytes_read: AtomicU64,
+    pub gc_bytes_relocated: AtomicU64,
+    pub device_bytes_written: AtomicU64,
+    pub meta_bytes_written: AtomicU64,
+    pub gc_segments_cleaned: AtomicU64,
+    pub flushes: AtomicU64,
+    pub syncs: AtomicU64,
+    pub throttled_allocations: AtomicU64,
+}
+
+/// Shared engine state.
+pub struct Engine {
+    pub pool_id: u128,
+    pub geo: Geometry,
+    pub array: Array,
+    pub capacity: Capacity,
+    pub tracker: Tracker,
+    /// crc32c of the page that starts at each grain (the in-memory half of the back-pointers).
+    pub crc_table: Box<[AtomicU32]>,
+    pub volumes: RwLock<BTreeMap<u32, Arc<LsaVolume>>>,
+    seq: AtomicU64,
+    epoch_lock: Mutex<()>,
+    poison: Mutex<Option<String>>,
+    poisoned: AtomicBool,
+    pub counters: Counters,
+    pub policy: Box<dyn VictimPolicy>,
+    /// Held while a victim is cleaned; one GC at a time.
+    pub gc_lock: Mutex<()>,
+    /// The durable pool metadata (volume table); held while it is rewritten.
+    pub meta: Mutex<PoolMeta>,
+    pub background_gc: bool,
+    pub shutting_down: AtomicBool,
+    /// Set when the GC found nothing to clean while writers wait: the pool is really full.
+    pub gc_stuck: AtomicBool,
+    gc_wake: (Mutex<bool>, Condvar),
+    wait_lock: Mutex<()>,
+    /// Grains held by mapped pages across all volumes (for the thin-provisioning limit).
+    pub mapped_grains: AtomicU64,
+    pub read_only: bool,
+}
+
+/// Allocation preference of every stream: SALSA is multi-type by design; this build places
+/// user and GC data on any type, preferring flash, then NVM, then disks.
+pub const ANY_TYPE: [StorageType; 5] = [
+    StorageType::Flash,
+    StorageType::Nvm,
+    StorageType::SmrConventional,
+    StorageType::Hdd,
+    StorageType::SmrSequential,
+];
+
+impl Engine {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        pool_id: u128,
+        geo: Geometry,
+        array: Array,
+        capacity: Capacity,
+        meta: PoolMeta,
+        policy: Box<dyn VictimPolicy>,
+        background_gc: bool,
+        read_only: bool,
+    ) -> Engine {
+        let epoch = meta.generation;
+        Engine {
+            pool_id,
+            geo,
+            array,
+            capacity,
+            tracker: Tracker::new(epoch << EPOCH_SHIFT | 1),
+            crc_table: (0..geo.total_grains).map(|_| AtomicU32::new(0)).collect(),
+            volumes: RwLock::new(BTreeMap::new()),
+            seq: AtomicU64::new(epoch << EPOCH_SHIFT | 1),
+            epoch_lock: Mutex::new(()),
+            poison: Mutex::new(None),
+            poisoned: AtomicBool::new(false),
+            counters: Counters::default(),
+            policy,
+            gc_lock: Mutex::new(()),
+            meta: Mutex::new(meta),
+            background_gc,
+            shutting_down: AtomicBool::new(false),
+            gc_stuck: AtomicBool::new(false),
+            gc_wake: (Mutex::new(false), Condvar::new()),
+            wait_lock: Mutex::new(()),
+            mapped_grains: AtomicU64::new(0),
+            read_only,
+        }
+    }
+
+    // ----- errors -----
+
+    /// Makes the pool refuse writes until reopened, remembering why.
+    pub fn poison(&self, e: &Error) {
+        let mut p = self.poison.lock();
+        if p.is_none() {
+            tracing::error!("pool poisoned: {e}");
+            *p = Some(e.to_string());
+        }
+        self.poisoned.store(true, SeqCst);
+        self.capacity.changed.notify_all();
+    }
+
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(SeqCst)
+    }
+
+    pub fn check_not_poisoned(&self) -> Result<()> {
+        if self.is_poisoned() {
+            let why = self.poison.lock().clone().unwrap_or_default();
+            return Err(Error::Poisoned(why));
+        }
+        Ok(())
+    }
+
+    pub fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly("the pool".into()));
+        }
+        self.check_not_poisoned()
+    }
+
+    // ----- sequence numbers -----
+
+    /// Next data sequence number. Numbers are `epoch << 40 | counter`; near the end of an
+    /// epoch a new one is made durable first, so numbers never repeat across sessions.
+    pub fn next_seq(&self) -> u64 {
+        let s = self.seq.fetch_add(1, SeqCst);
+        let mask = (1u64 << EPOCH_SHIFT) - 1;
+        if s & mask >= mask - (1 << 24) {
+            if let Err(e) = self.advance_epoch(s >> EPOCH_SHIFT) {
+                self.poison(&e);
+            }
+        }
+        s
+    }
+
+    /// Current sequence number, for ages.
+    pub fn now_seq(&self) -> u64 {
+        self.seq.load(SeqCst)
+    }
+
+    fn advance_epoch(&self, old_epoch: u64) -> Result<()> {
+        let _g = self.epoch_lock.lock();
+        if self.seq.load(SeqCst) >> EPOCH_SHIFT != old_epoch {
+            return Ok(());
+        }
+        let mut meta = self.meta.lock();
+        self.write_pool_meta(&mut meta)?;
+        self.seq.fetch_max(meta.generation << EPOCH_SHIFT | 1, SeqCst);
+        Ok(())
+    }
+
+    /// Writes the pool metadata into the slot after the current one and syncs it.
+    pub fn write_pool_meta(&self, meta: &mut PoolMeta) -> Result<()> {
+        write_meta_slot(self.array.members()[0].device.as_ref(), meta)
+    }
+
+    // ----- records and flush -----
+
+    /// Writes a sealed record to the device and marks it complete.
+    pub fn write_record(&self, r: SealedRecord) -> Result<()> {
+        let gb = self.geo.grain_bytes as usize;
+        let len = r.used_grains as usize * gb;
+        let res = {
+            let bytes = r.buf.bytes.read();
+            self.array.write(r.buf.first_grain, &bytes[..len])
+        };
+        match res {
+            Ok(()) => {
+                self.capacity
+                    .segment(r.buf.segment)
+                    .records
+                    .lock()
+                    .retain(|x| !Arc::ptr_eq(x, &r.buf));
+                self.counters.device_bytes_written.fetch_add(len as u64, SeqCst);
+                self.tracker.complete(r.buf.record_id);
+                Ok(())
+            }
+            Err(e) => {
+                // The record stays registered so that reads keep returning the acknowledged
+                // data until the pool is reopened.
+                self.poison(&e);
+                self.tracker.complete(r.buf.record_id);
+                Err(e)
+            }
+        }
+    }
+
+    fn volumes_snapshot(&self) -> Vec<Arc<LsaVolume>> {
+        self.volumes.read().values().cloned().collect()
+    }
+
+    /// Makes every write that returned before this call durable, data and map.
+    pub fn flush(&self) -> Result<()> {
+        self.check_not_poisoned()?;
+        self.counters.flushes.fetch_add(1, SeqCst);
+        let target = self.tracker.last_id();
+        for v in self.volumes_snapshot() {
+            for r in v.seal_open_records(self) {
+                self.write_record(r)?;
+            }
+        }
+        self.sync_through(target)
+    }
+
+    /// Waits for records up to `target` and syncs the devices (shared by concurrent callers).
+    fn sync_through(&self, target: u64) -> Result<()> {
+        if !self.tracker.wait_complete_through(target, || self.is_poisoned()) {
+            return self.check_not_poisoned();
+        }
+        self.check_not_poisoned()?;
+        let guard = self.tracker.sync_lock.lock();
+        if self.tracker.synced_through() < target {
+            let upto = self.tracker.complete_through();
+            if let Err(e) = self.array.sync_all() {
+                self.poison(&e);
+                return Err(e);
+            }
+            self.counters.syncs.fetch_add(1, SeqCst);
+            self.tracker.set_synced_through(upto);
+        }
+        drop(guard);
+        self.capacity.release_synced(self.tracker.synced_through());
+        Ok(())
+    }
+
+    // ----- segments -----
+
+    /// Allocates a segment for a stream. User writers wait for the GC (or run it, without a
+    /// background worker) while free segments are at the reserve; they fail only when the GC
+    /// can free nothing.
+    pub fn allocate_segment(&self, purpose: Purpose) -> Result<u32> {
+        loop {
+            self.check_writable()?;
+            if let Some(s) = self.capacity.try_allocate(&ANY_TYPE, purpose) {
+                if self.capacity.free_segments() < self.capacity.watermarks.low {
+                    self.wake_gc();
+                }
+                return Ok(s);
+            }
+            match purpose {
+                Purpose::Gc => {
+                    if self.capacity.pending_segments() > 0 {
+                        self.flush()?;
+                        continue;
+                    }
+                    return Err(Error::NoSpace("garbage collection ran out of free segments".into()));
+                }
+                Purpose::Checkpoint => return Err(Error::NoSpace("no free segment for the checkpoint".into())),
+                Purpose::User => {
+                    self.counters.throttled_allocations.fetch_add(1, SeqCst);
+                    if self.background_gc {
+                        if self.gc_stuck.load(SeqCst) && self.capacity.pending_segments() == 0 {
+                            return Err(Error::NoSpace("every segment is full of live data".into()));
+                        }
+                        if self.shutting_down.load(SeqCst) {
+                            return Err(Error::ShuttingDown);
+                        }
+                        self.wake_gc();
+                        let mut g = self.wait_lock.lock();
+                        self.capacity.changed.wait_for(&mut g, Duration::from_millis(5));
+                    } else if !self.gc_step()? {
+                        return Err(Error::NoSpace("every segment is full of live data".into()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// A stream is done with its open segment.
+    pub fn seal_segment(&self, s: u32) {
+        let info = self.capacity.segment(s);
+        info.sealed_seq.store(self.now_seq(), SeqCst);
+        let ok = info.cas_state(SegmentState::Staged, SegmentState::Allocated);
+        assert!(ok, "sealing segment {s} that is not staged");
+        if info.is_empty() {
+            self.capacity.retire(s, SegmentState::Allocated, self.tracker.last_id());
+        }
+    }
+
+    /// Called when a segment's counts reached zero.
+    pub fn segment_emptied(&self, s: u32) {
+        if self.capacity.segment(s).state() == SegmentState::Allocated {
+            self.capacity.retire(s, SegmentState::Allocated, self.tracker.last_id());
+        }
+    }
+
+    // ----- garbage collection -----
+
+    pub fn wake_gc(&self) {
+        let (m, cv) = &self.gc_wake;
+        *m.lock() = true;
+        cv.notify_all();
+    }
+
+    /// Sleeps the GC worker until woken or the timeout passes.
+    pub fn gc_wait(&self, timeout: Duration) {
+        let (m, cv) = &self.gc_wake;
+        let mut woken = m.lock();
+        if !*woken {
+            cv.wait_for(&mut woken, timeout);
+        }
+        *woken = false;
+    }
+
+    /// Picks the best victim by the pool's policy and marks it. `None` when no segment would
+    /// yield space.
+    fn choose_victim(&self) -> Option<u32> {
+        let gps = self.geo.grains_per_segment;
+        // Moving v grains costs v plus their metadata pages; a victim must free more than that.
+        let worth =
+            |valid: u32| (valid as u64) * (self.geo.meta_interval_pages as u64 + 1) / self.geo.meta_interval_pages as u64 + 4 < gps as u64;
+        let now = self.now_seq();
+        loop {
+            let mut oldest = u64::MAX;
+            let mut cands = Vec::new();
+            for (i, s) in self.capacity.segments().iter().enumerate() {
+                if s.state() != SegmentState::Allocated || s.unmovable.load(SeqCst) {
+                    continue;
+                }
+                let valid = s.valid_grains.load(SeqCst);
+                if !worth(valid) || !s.records.lock().is_empty() {
+                    continue;
+                }
+                let sealed = s.sealed_seq.load(SeqCst);
+                oldest = oldest.min(sealed);
+                cands.push((i as u32, valid, sealed));
+            }
+            let best = cands
+                .iter()
+                .map(|&(segment, valid_grains, sealed_seq)| {
+                    let c = Candidate {
+                        segment,
+                        valid_grains,
+                        capacity_grains: gps,
+                        sealed_seq,
+                        now_seq: now,
+                        oldest_sealed_seq: oldest,
+                    };
+                    (self.policy.score(&c), segment)
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0))?;
+            if self
+                .capacity
+                .segment(best.1)
+                .cas_state(SegmentState::Allocated, SegmentState::Victim)
+            {
+                return Some(best.1);
+            }
+        }
+    }
+
+    /// Cleans one victim (or releases segments waiting for a sync). Returns whether space was
+    /// or will be freed.
+    pub fn gc_step(&self) -> Result<bool> {
+        let _g = self.gc_lock.lock();
+        self.check_writable()?;
+        let wm = self.capacity.watermarks;
+        let pending = self.capacity.pending_segments() as u32;
+        if pending > 0 && (pending >= wm.high - wm.low || self.capacity.free_segments() <= wm.gc_reserve) {
+            self.flush()?;
+            return Ok(true);
+        }
+        let Some(victim) = self.choose_victim() else {
+            if pending > 0 {
+                self.flush()?;
+                return Ok(true);
+            }
+            return Ok(false);
+        };
+        let info = self.capacity.segment(victim);
+        let owner = info.owner_volume.load(SeqCst);
+        let vol = self.volumes.read().get(&owner).cloned();
+        let result = match vol {
+            Some(v) => v.relocate(self, victim),
+            None => Err(Error::Corrupt(format!("segment {victim} is owned by unknown volume {owner}"))),
+        };
+        if let Err(e) = result {
+            info.cas_state(SegmentState::Victim, SegmentState::Allocated);
+            return Err(e);
+        }
+        if !info.is_empty() {
+            // The on-disk chain no longer describes everything the map points at (damaged
+            // metadata). The live pages stay readable where they are; never pick it again.
+            tracing::error!(
+                "segment {victim}: {} valid grains not found in its metadata; leaving it in place",
+                info.valid_grains.load(SeqCst)
+            );
+            info.unmovable.store(true, SeqCst);
+            info.cas_state(SegmentState::Victim, SegmentState::Allocated);
+            return Ok(false);
+        }
+        self.capacity.retire(victim, SegmentState::Victim, self.tracker.last_id());
+        self.counters.gc_segments_cleaned.fetch_add(1, SeqCst);
+        Ok(true)
+    }
+
+    /// One round of the background worker: clean until the high watermark.
+    pub fn gc_round(&self) -> Result<()> {
+        let wm = self.capacity.watermarks;
+        while self.capacity.free_segments() < wm.high && !self.shutting_down.load(SeqCst) {
+            if !self.gc_step()? {
+                self.gc_stuck.store(true, SeqCst);
+                self.capacity.changed.notify_all();
+                return Ok(());
+            }
+            self.gc_stuck.store(false, SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Grains the pool can hold as mapped data while leaving the GC room to work: the data
+    /// grains of every segment except those the watermarks, open streams and GC need.
+    pub fn usable_grains(&self) -> u64 {
+        self.usable_grains_with(self.volumes.read().len() as u64)
+    }
+
+    /// [`Engine::usable_grains`] for a given number of volumes.
+    pub fn usable_grains_with(&self, vols: u64) -> u64 {
+        let wm = self.capacity.watermarks;
+        let gps = self.geo.grains_per_segment as u64;
+        let data_per_segment = gps - 1 - gps.div_ceil(self.geo.meta_interval_pages as u64 + 1);
+        let reserved = wm.high as u64 + 3 * vols + 2;
+        let segs = (self.geo.total_segments as u64).saturating_sub(reserved);
+        // Keep 3% of the remaining space free so the GC never degenerates into copying full
+        // segments around.
+        segs * data_per_segment * 97 / 100
+    }
+}
+
+/// Bumps the generation of `meta` and writes it into the slot the generation selects (the two
+/// slots alternate, so a torn write leaves the previous copy intact), then syncs.
+pub fn write_meta_slot(dev: &dyn crate::device::Device, meta: &mut PoolMeta) -> Result<()> {
+    meta.generation += 1;
+    let bytes = meta.encode();
+    let mut buf = crate::util::AlignedBuf::zeroed(bytes.len());
+    buf.copy_from_slice(&bytes);
+    let offset = POOL_META_SLOT_OFFSETS[(meta.generation % 2) as usize];
+    let io = |op, source| Error::Io {
+        device: dev.name().to_string(),
+        op,
+        offset,
+        source,
+    };
+    dev.write_at(&buf, offset).map_err(|e| io("write pool metadata", e))?;
+    dev.sync().map_err(|e| io("sync pool metadata", e))?;
+    Ok(())
+}

@@ -1,0 +1,285 @@
+//! Rebuilding the in-memory state at open: from a clean-shutdown checkpoint when there is one,
+//! otherwise by scanning every segment's record chain.
+//!
+//! Scan rules: every intact record of a live volume is considered; for each page the entry with
+//! the highest sequence number wins (data or trim). A record whose id is at most the largest
+//! `synced_through` seen anywhere was durable, so all its entries count; a later record may be
+//! torn, so only its data pages whose crc32c matches count. Afterwards the segment counts and
+//! states are derived from the maps alone.
+
+use crate::capacity::SegmentState;
+use crate::controller::map::Entry;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::format::{decode_checkpoint_header, CheckpointRef, MetaEntry, RecordMeta, SegmentHeader, StreamKind};
+use crate::scan::{walk_segment, ScanGeometry};
+use crate::util::{AlignedBuf, Decoder};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::SeqCst;
+
+/// What one scan thread found: records, and the headers of segments in use.
+type ScanPart = (Vec<Found>, Vec<(u32, SegmentHeader)>);
+
+struct Found {
+    segment: u32,
+    header: SegmentHeader,
+    meta: RecordMeta,
+    /// Per data page: does its crc match?
+    intact: Vec<bool>,
+}
+
+/// Rebuilds every volume's map by scanning all segments (in parallel).
+pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
+    let n = eng.geo.total_segments;
+    let geo = ScanGeometry {
+        pool_id: eng.pool_id,
+        grain_bytes: eng.geo.grain_bytes as usize,
+        grains_per_segment: eng.geo.grains_per_segment,
+    };
+    let threads = std::thread::available_parallelism().map(|p| p.get()).unwrap_or(1).clamp(1, 8) as u32;
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let mut found: Vec<Found> = Vec::new();
+    let mut headers: Vec<Option<SegmentHeader>> = vec![None; n as usize];
+    std::thread::scope(|scope| -> Result<()> {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let geo = &geo;
+                let done = &done;
+                scope.spawn(move || -> Result<ScanPart> {
+                    let mut out = Vec::new();
+                    let mut hdrs = Vec::new();
+                    let mut s = t;
+                    while s < n {
+                        let pb = |m: &RecordMeta| m.page_grains as usize * geo.grain_bytes;
+                        let h = walk_segment(&eng.array, geo, s, |header, meta, data| {
+                            let size = pb(meta);
+                            let intact = meta
+                                .entries
+                                .iter()
+                                .filter_map(|e| match e {
+                                    MetaEntry::Data { crc, .. } => Some(*crc),
+                                    _ => None,
+                                })
+                                .enumerate()
+                                .map(|(i, crc)| crc32c::crc32c(&data[i * size..(i + 1) * size]) == crc)
+                                .collect();
+                            out.push(Found {
+                                segment: s,
+                                header: header.clone(),
+                                meta: meta.clone(),
+                                intact,
+                            });
+                        })?;
+                        if let Some(h) = h {
+                            hdrs.push((s, h));
+                        }
+                        done.fetch_add(1, SeqCst);
+                        s += threads;
+                    }
+                    Ok((out, hdrs))
+                })
+            })
+            .collect();
+        for h in handles {
+            let (f, hs) = h.join().map_err(|_| Error::Corrupt("recovery scan thread panicked".into()))??;
+            found.extend(f);
+            for (s, hdr) in hs {
+                headers[s as usize] = Some(hdr);
+            }
+            progress(done.load(SeqCst), n as u64);
+        }
+        Ok(())
+    })?;
+    let durable_through = found.iter().map(|f| f.meta.synced_through).max().unwrap_or(0);
+    let volumes = eng.volumes.read().clone();
+    let mut best: HashMap<u32, Vec<u64>> = volumes.iter().map(|(id, v)| (*id, vec![0u64; v.pages() as usize])).collect();
+    let gps = eng.geo.grains_per_segment as u64;
+    for f in &found {
+        if f.header.stream == StreamKind::Checkpoint {
+            continue;
+        }
+        let (Some(vol), Some(best)) = (volumes.get(&f.header.volume_id), best.get_mut(&f.header.volume_id)) else {
+            continue;
+        };
+        if f.meta.page_grains != vol.page_grains {
+            continue;
+        }
+        let map = vol.map();
+        let trusted = f.meta.record_id <= durable_through;
+        let mut slot = 0usize;
+        for e in &f.meta.entries {
+            match *e {
+                MetaEntry::Data { page, seq, crc } => {
+                    let grain = f.segment as u64 * gps + f.meta.start_grain as u64 + 1 + slot as u64 * vol.page_grains as u64;
+                    let ok = trusted || f.intact[slot];
+                    slot += 1;
+                    if ok && page < map.pages() && seq > best[page as usize] {
+                        best[page as usize] = seq;
+                        map.store(page, Entry::Mapped(grain));
+                        eng.crc_table[grain as usize].store(crc, SeqCst);
+                    }
+                }
+                MetaEntry::Trim { page, count, seq } => {
+                    let end = page.saturating_add(count).min(map.pages());
+                    for p in page..end {
+                        if seq > best[p as usize] {
+                            best[p as usize] = seq;
+                            map.store(p, Entry::Trimmed(f.segment));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let opened: Vec<u64> = headers.iter().map(|h| h.as_ref().map_or(0, |h| h.opened_seq)).collect();
+    derive_segment_state(eng, &opened)
+}
+
+/// Derives every segment's counts, owner and state from the volume maps.
+pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
+    let gps = eng.geo.grains_per_segment;
+    let n = eng.geo.total_segments as usize;
+    let mut valid = vec![0u64; n];
+    let mut tombs = vec![0u64; n];
+    let mut owner = vec![u32::MAX; n];
+    let mut claim = |s: usize, vol: u32| -> Result<()> {
+        if owner[s] != u32::MAX && owner[s] != vol {
+            return Err(Error::Corrupt(format!(
+                "segment {s} is referenced by volumes {} and {vol}",
+                owner[s]
+            )));
+        }
+        owner[s] = vol;
+        Ok(())
+    };
+    let mut mapped_total = 0u64;
+    for (id, vol) in eng.volumes.read().iter() {
+        let map = vol.map();
+        let mut mapped = 0;
+        for p in 0..map.pages() {
+            match map.load(p) {
+                Entry::Unmapped => {}
+                Entry::Mapped(g) => {
+                    let s = (g / gps as u64) as usize;
+                    claim(s, *id)?;
+                    valid[s] += vol.page_grains as u64;
+                    mapped += 1;
+                }
+                Entry::Trimmed(s) => {
+                    claim(s as usize, *id)?;
+                    tombs[s as usize] += 1;
+                }
+            }
+        }
+        vol.mapped_pages.store(mapped, SeqCst);
+        mapped_total += mapped * vol.page_grains as u64;
+    }
+    for s in 0..n {
+        if valid[s] > gps as u64 || tombs[s] > u32::MAX as u64 {
+            return Err(Error::Corrupt(format!("segment {s} would hold {} grains of {gps}", valid[s])));
+        }
+        let info = eng.capacity.segment(s as u32);
+        info.valid_grains.store(valid[s] as u32, SeqCst);
+        info.tombstones.store(tombs[s] as u32, SeqCst);
+        info.owner_volume.store(owner[s], SeqCst);
+        info.sealed_seq.store(sealed_seq.get(s).copied().unwrap_or(0), SeqCst);
+        info.set_state(if valid[s] > 0 || tombs[s] > 0 {
+            SegmentState::Allocated
+        } else {
+            SegmentState::Free
+        });
+    }
+    eng.mapped_grains.store(mapped_total, SeqCst);
+    eng.capacity.rebuild_queues();
+    Ok(())
+}
+
+/// Serialises the state a clean shutdown leaves: every map, the crc table, segment ages.
+pub fn encode_checkpoint(eng: &Engine, session_id: u64) -> Vec<u8> {
+    let mut out = crate::format::encode_checkpoint_header(eng.pool_id, session_id, 0, 0);
+    let vols = eng.volumes.read();
+    out.extend_from_slice(&(vols.len() as u32).to_le_bytes());
+    for (id, v) in vols.iter() {
+        let map = v.map();
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(&map.pages().to_le_bytes());
+        out.push(map.entry_bytes() as u8);
+        map.encode_into(&mut out);
+    }
+    for c in eng.crc_table.iter() {
+        out.extend_from_slice(&c.load(SeqCst).to_le_bytes());
+    }
+    for s in eng.capacity.segments() {
+        out.extend_from_slice(&s.sealed_seq.load(SeqCst).to_le_bytes());
+    }
+    out
+}
+
+/// Loads a checkpoint written by session `session_id`. On any inconsistency returns an error
+/// and leaves the maps to be rebuilt by a scan.
+pub fn load_checkpoint(eng: &Engine, cp: &CheckpointRef, session_id: u64) -> Result<()> {
+    let sb = eng.geo.segment_bytes as usize;
+    let mut blob = Vec::with_capacity(cp.bytes as usize);
+    for &s in &cp.segments {
+        if s >= eng.geo.total_segments || blob.len() as u64 >= cp.bytes {
+            return Err(Error::Corrupt("checkpoint segment list".into()));
+        }
+        let mut buf = AlignedBuf::zeroed(sb);
+        eng.array.read(s as u64 * eng.geo.grains_per_segment as u64, &mut buf)?;
+        let take = (cp.bytes as usize - blob.len()).min(sb);
+        blob.extend_from_slice(&buf[..take]);
+    }
+    if blob.len() as u64 != cp.bytes || crc32c::crc32c(&blob) != cp.crc {
+        return Err(Error::Corrupt("checkpoint checksum mismatch".into()));
+    }
+    let bad = |what: &str| Error::Corrupt(format!("checkpoint: {what}"));
+    let mut d = Decoder::new(&blob);
+    let h = decode_checkpoint_header(&mut d).map_err(|e| bad(&e.to_string()))?;
+    if h.pool_id != eng.pool_id || h.session_id != session_id {
+        return Err(bad("belongs to another pool or session"));
+    }
+    let vols = eng.volumes.read().clone();
+    let count = d.u32("volume count").map_err(|_| bad("truncated"))? as usize;
+    if count != vols.len() {
+        return Err(bad("volume count differs from the volume table"));
+    }
+    for _ in 0..count {
+        let id = d.u32("volume id").map_err(|_| bad("truncated"))?;
+        let pages = d.u64("pages").map_err(|_| bad("truncated"))?;
+        let width = d.u8("width").map_err(|_| bad("truncated"))? as u64;
+        let vol = vols.get(&id).ok_or_else(|| bad("unknown volume"))?;
+        let map = vol.map();
+        if pages != map.pages() || width != map.entry_bytes() {
+            return Err(bad("map size differs from the volume table"));
+        }
+        let raw = d.take((pages * width) as usize, "map").map_err(|_| bad("truncated map"))?;
+        let max = map.encoding.max_value();
+        for (p, chunk) in raw.chunks_exact(width as usize).enumerate() {
+            let mut v = [0u8; 8];
+            v[..width as usize].copy_from_slice(chunk);
+            let v = u64::from_le_bytes(v);
+            if v > max {
+                return Err(bad("map entry out of range"));
+            }
+            map.store(p as u64, map.encoding.decode(v));
+        }
+    }
+    for c in eng.crc_table.iter() {
+        c.store(d.u32("crc").map_err(|_| bad("truncated crc table"))?, SeqCst);
+    }
+    let mut sealed = Vec::with_capacity(eng.geo.total_segments as usize);
+    for _ in 0..eng.geo.total_segments {
+        sealed.push(d.u64("age").map_err(|_| bad("truncated segment table"))?);
+    }
+    derive_segment_state(eng, &sealed)
+}
+
+/// Clears every map (before falling back from a bad checkpoint to a scan).
+pub fn clear_maps(eng: &Engine) {
+    for v in eng.volumes.read().values() {
+        let map = v.map();
+        for p in 0..map.pages() {
+            map.store(p, Entry::Unmapped);
+        }
+    }
+}

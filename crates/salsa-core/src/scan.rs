@@ -1,0 +1,108 @@
+//! Reading a segment's record chain back from the device. Used by the GC (to find what a victim
+//! holds, with the sequence numbers to carry over) and by crash recovery.
+//!
+//! A chain starts with the segment header at grain 0 and the first record at grain 1; each
+//! record's metadata page says how many data pages follow, and the next record starts right
+//! after them. The walk stops at the first page that is not a valid metadata page of this
+//! segment's current incarnation: left-overs of an earlier use of the segment, or a torn write.
+
+use crate::array::Array;
+use crate::error::Result;
+use crate::format::{RecordMeta, SegmentHeader};
+use crate::util::AlignedBuf;
+
+/// Most bytes read from a segment at once.
+const WINDOW_BYTES_MAX: usize = 16 << 20;
+
+/// What a chain walk needs to know about the pool.
+pub struct ScanGeometry {
+    pub pool_id: u128,
+    pub grain_bytes: usize,
+    pub grains_per_segment: u32,
+}
+
+/// Walks the chain of `segment`, calling `visit(header, meta, data)` for every intact record;
+/// `data` holds the record's data pages back to back. Returns the header, or `None` when the
+/// segment holds no valid header (never used, or not SALSA's).
+pub fn walk_segment(
+    array: &Array,
+    geo: &ScanGeometry,
+    segment: u32,
+    mut visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8]),
+) -> Result<Option<SegmentHeader>> {
+    let gb = geo.grain_bytes;
+    let gps = geo.grains_per_segment as usize;
+    let base = segment as u64 * gps as u64;
+    let window_grains = (WINDOW_BYTES_MAX / gb).min(gps);
+    let mut w = Window {
+        buf: AlignedBuf::zeroed(window_grains * gb),
+        start: 0,
+        len: 0,
+        grains: window_grains,
+    };
+    // The header alone first: most segments of a young pool were never written.
+    let mut first = AlignedBuf::zeroed(gb);
+    array.read(base, &mut first)?;
+    let header = match SegmentHeader::decode(&first) {
+        Ok(h) if h.pool_id == geo.pool_id && h.segment == segment => h,
+        _ => return Ok(None),
+    };
+    let mut pos = 1usize;
+    let mut last_record = 0u64;
+    while w.ensure(array, base, gps, gb, pos, 1)? {
+        let off = (pos - w.start) * gb;
+        let window = &w.buf;
+        let Ok(meta) = RecordMeta::decode(&window[off..off + gb]) else {
+            break;
+        };
+        if meta.pool_id != geo.pool_id
+            || meta.segment != segment
+            || meta.incarnation != header.incarnation
+            || meta.start_grain as usize != pos
+            || meta.record_id <= last_record
+        {
+            break;
+        }
+        let data_grains = match (meta.data_pages()).checked_mul(meta.page_grains as usize) {
+            Some(n) => n,
+            None => break,
+        };
+        if !w.ensure(array, base, gps, gb, pos, 1 + data_grains)? {
+            break;
+        }
+        let off = (pos - w.start) * gb;
+        visit(&header, &meta, &w.buf[off + gb..off + gb + data_grains * gb]);
+        last_record = meta.record_id;
+        pos += 1 + data_grains;
+    }
+    Ok(Some(header))
+}
+
+/// A sliding read window over one segment.
+struct Window {
+    buf: AlignedBuf,
+    /// First grain (in the segment) held.
+    start: usize,
+    /// Grains held.
+    len: usize,
+    /// Capacity in grains.
+    grains: usize,
+}
+
+impl Window {
+    /// Makes grains `[from, from + n)` of the segment available, re-reading from `from` when
+    /// needed. False when the range leaves the segment or can never fit.
+    fn ensure(&mut self, array: &Array, base: u64, gps: usize, gb: usize, from: usize, n: usize) -> Result<bool> {
+        if from + n > gps || n > self.grains {
+            return Ok(false);
+        }
+        if from >= self.start && from + n <= self.start + self.len {
+            return Ok(true);
+        }
+        let len = self.grains.min(gps - from);
+        array.read(base + from as u64, &mut self.buf[..len * gb])?;
+        self.start = from;
+        self.len = len;
+        Ok(true)
+    }
+}
