@@ -109,6 +109,8 @@ pub struct Stats {
     pub map_memory_bytes: u64,
     /// Memory held by the per-grain checksum table.
     pub crc_table_memory_bytes: u64,
+    /// Segments per state: free, staged (open), allocated, victim, pending-free, checkpoint.
+    pub segments_by_state: [u32; 6],
     pub volumes: Vec<VolumeStats>,
     pub device_counters: Vec<(String, String, u64)>,
 }
@@ -687,6 +689,13 @@ impl Pool {
             throttled_allocations: c.throttled_allocations.load(SeqCst),
             map_memory_bytes: vols.iter().map(|v| v.map_memory_bytes).sum(),
             crc_table_memory_bytes: self.eng.crc_table.len() as u64 * 4,
+            segments_by_state: {
+                let mut by = [0u32; 6];
+                for s in self.eng.capacity.segments() {
+                    by[s.state() as usize] += 1;
+                }
+                by
+            },
             volumes: vols,
             device_counters,
         }

@@ -90,15 +90,26 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
         }
         Ok(())
     })?;
+    // Oldest record first, so that of two copies of a page with the same sequence number (a GC
+    // move and its source, freed but not yet reused) the newer one, which the map pointed at,
+    // wins the tie.
+    found.sort_unstable_by_key(|f| f.meta.record_id);
     let durable_through = found.iter().map(|f| f.meta.synced_through).max().unwrap_or(0);
     let volumes = eng.volumes.read().clone();
     let mut best: HashMap<u32, Vec<u64>> = volumes.iter().map(|(id, v)| (*id, vec![0u64; v.pages() as usize])).collect();
+    // Pages for which some data record exists: a winning trim of any other page needs no
+    // tombstone (nothing could resurrect), and keeping one would pin its segment.
+    let mut has_data: HashMap<u32, Vec<bool>> = volumes.iter().map(|(id, v)| (*id, vec![false; v.pages() as usize])).collect();
     let gps = eng.geo.grains_per_segment as u64;
     for f in &found {
         if f.header.stream == StreamKind::Checkpoint {
             continue;
         }
-        let (Some(vol), Some(best)) = (volumes.get(&f.header.volume_id), best.get_mut(&f.header.volume_id)) else {
+        let (Some(vol), Some(best), Some(has_data)) = (
+            volumes.get(&f.header.volume_id),
+            best.get_mut(&f.header.volume_id),
+            has_data.get_mut(&f.header.volume_id),
+        ) else {
             continue;
         };
         if f.meta.page_grains != vol.page_grains {
@@ -113,7 +124,10 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
                     let grain = f.segment as u64 * gps + f.meta.start_grain as u64 + 1 + slot as u64 * vol.page_grains as u64;
                     let ok = trusted || f.intact[slot];
                     slot += 1;
-                    if ok && page < map.pages() && seq > best[page as usize] {
+                    if page < map.pages() {
+                        has_data[page as usize] = true;
+                    }
+                    if ok && page < map.pages() && seq >= best[page as usize] {
                         best[page as usize] = seq;
                         map.store(page, Entry::Mapped(grain));
                         eng.crc_table[grain as usize].store(crc, SeqCst);
@@ -122,12 +136,20 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
                 MetaEntry::Trim { page, count, seq } => {
                     let end = page.saturating_add(count).min(map.pages());
                     for p in page..end {
-                        if seq > best[p as usize] {
+                        if seq >= best[p as usize] {
                             best[p as usize] = seq;
                             map.store(p, Entry::Trimmed(f.segment));
                         }
                     }
                 }
+            }
+        }
+    }
+    for (id, vol) in &volumes {
+        let map = vol.map();
+        for (p, seen) in has_data[id].iter().enumerate() {
+            if !seen && matches!(map.load(p as u64), Entry::Trimmed(_)) {
+                map.store(p as u64, Entry::Unmapped);
             }
         }
     }
