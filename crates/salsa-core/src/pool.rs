@@ -878,6 +878,11 @@ impl Volume {
         let _gate = self.vol.gate.read();
         let map = self.vol.map();
         let pb = self.vol.page_bytes as usize;
+        if !data.is_empty() {
+            let first = offset / pb as u64;
+            let last = (offset + data.len() as u64 - 1) / pb as u64;
+            self.vol.check_space(&self.eng, &map, first..last + 1)?;
+        }
         let mut done = 0;
         for (page, in_page, n) in self.pieces(offset, data.len() as u64) {
             if n == pb {
@@ -917,24 +922,28 @@ impl Volume {
         Ok(())
     }
 
-    /// Makes the range read as zeros: whole pages are trimmed, partial pages are rewritten.
+    /// Makes the range read as zeros: whole pages are trimmed, partial pages are rewritten
+    /// (unless they hold no data, which already reads as zeros). Needs no new space.
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.check(offset, len)?;
         self.eng.check_writable()?;
         let pb = self.vol.page_bytes as u64;
-        let first_full = offset.div_ceil(pb) * pb;
-        let end_full = ((offset + len) / pb) * pb;
+        let (first_full, end_full) = (offset.div_ceil(pb) * pb, (offset + len) / pb * pb);
+        let zero_part = |from: u64, to: u64| -> Result<()> {
+            if to > from && self.is_mapped(from) {
+                self.write(from, &vec![0u8; (to - from) as usize])?;
+            }
+            Ok(())
+        };
         if end_full <= first_full {
-            return self.write(offset, &vec![0u8; len as usize]);
+            // Inside one page, or straddling two without covering either.
+            let mid = (offset / pb + 1) * pb;
+            zero_part(offset, mid.min(offset + len))?;
+            return zero_part(mid, offset + len);
         }
-        if first_full > offset {
-            self.write(offset, &vec![0u8; (first_full - offset) as usize])?;
-        }
+        zero_part(offset, first_full)?;
         self.trim(first_full, end_full - first_full)?;
-        if offset + len > end_full {
-            self.write(end_full, &vec![0u8; (offset + len - end_full) as usize])?;
-        }
-        Ok(())
+        zero_part(end_full, offset + len)
     }
 
     /// Pool-wide flush.

@@ -77,3 +77,84 @@ fn overwrites_with_gc_keep_every_page() {
         assert_eq!(buf, pattern(1, p, version[p as usize]), "page {p}");
     }
 }
+
+#[test]
+fn thin_pool_reports_enospc_only_when_full_and_recovers_after_trim() {
+    let (pool, _dev) = memory_pool(32, &inline_gc());
+    // Twice the physical space: thin provisioning.
+    let vol = pool.create_volume("thin", 64 * MIB, 4096).unwrap();
+    let mut written = 0u64;
+    let err = loop {
+        match vol.write(written * PAGE as u64, &pattern(1, written, 1)) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, salsa_core::Error::NoSpace(_)), "{err}");
+    assert!(written * PAGE as u64 > 16 * MIB, "only {written} pages fitted");
+    // A full pool still serves reads and overwrites.
+    let mut buf = vec![0u8; PAGE];
+    for p in (0..written).step_by(97) {
+        vol.read(p * PAGE as u64, &mut buf).unwrap();
+        assert_eq!(buf, pattern(1, p, 1));
+        vol.write(p * PAGE as u64, &pattern(1, p, 2)).unwrap();
+    }
+    for round in 0..3u64 {
+        for p in 0..written {
+            vol.write(p * PAGE as u64, &pattern(1, p, 10 + round)).unwrap();
+        }
+    }
+    // Trimming makes room for new pages again.
+    vol.trim(0, 512 * PAGE as u64).unwrap();
+    vol.write(written * PAGE as u64, &pattern(1, written, 1)).unwrap();
+    vol.read(written * PAGE as u64, &mut buf).unwrap();
+    assert_eq!(buf, pattern(1, written, 1));
+    vol.read(600 * PAGE as u64, &mut buf).unwrap();
+    assert_eq!(buf, pattern(1, 600, 12));
+}
+
+#[test]
+fn bad_requests_are_refused_and_lose_nothing() {
+    let (pool, dev) = memory_pool(32, &inline_gc());
+    let vol = pool.create_volume("a", 4 * MIB, 4096).unwrap();
+    vol.write(0, &pattern(1, 0, 1)).unwrap();
+    let mut buf = vec![0u8; PAGE];
+    assert!(vol.read(4 * MIB, &mut buf).is_err(), "read past the end");
+    assert!(vol.write(u64::MAX - 10, &buf).is_err(), "offset overflow");
+    assert!(vol.trim(4 * MIB - 4096, 8192).is_err());
+    assert!(pool.create_volume("a", MIB, 4096).is_err(), "duplicate name");
+    assert!(
+        pool.create_volume("b", MIB, 4096 + 512).is_err(),
+        "page not a multiple of the grain"
+    );
+    assert!(pool.create_volume("", MIB, 4096).is_err(), "empty name");
+    assert!(pool.grow_volume("a", 2 * MIB).is_err(), "shrink refused");
+    pool.grow_volume("a", 8 * MIB).unwrap();
+    vol.write(7 * MIB, &pattern(1, 7, 1)).unwrap();
+    vol.read(0, &mut buf).unwrap();
+    assert_eq!(buf, pattern(1, 0, 1));
+    pool.close().unwrap();
+    // A foreign device and a missing member are refused without writing anything.
+    let other: std::sync::Arc<dyn salsa_core::Device> = std::sync::Arc::new(salsa_core::device::MemoryDevice::new("blank", 32 * MIB));
+    let e = match Pool::open(vec![other.clone()], &inline_gc()) {
+        Err(e) => e,
+        Ok(_) => panic!("a blank device opened as a pool"),
+    };
+    assert!(matches!(e, salsa_core::Error::NotAPool { .. }), "{e}");
+    let (pool2, dev2) = memory_pool(32, &inline_gc());
+    drop(pool2);
+    let e = match Pool::open(vec![dev.clone(), dev2], &inline_gc()) {
+        Err(e) => e,
+        Ok(_) => panic!("members of two pools opened together"),
+    };
+    assert!(matches!(e, salsa_core::Error::ForeignDevice { .. }), "{e}");
+    let mut sb = vec![0u8; 4096];
+    dev.read_at(&mut sb, 0).unwrap();
+    sb[200] ^= 0xff;
+    dev.write_at(&sb, 0).unwrap();
+    let e = match Pool::open(vec![dev.clone()], &inline_gc()) {
+        Err(e) => e,
+        Ok(_) => panic!("a damaged superblock was accepted"),
+    };
+    assert!(matches!(e, salsa_core::Error::DamagedSuperblock { .. }), "{e}");
+}

@@ -371,16 +371,26 @@ impl LsaVolume {
 
     // ----- I/O -----
 
+    /// Refuses, before anything is written, a request that would map more new pages than the
+    /// pool can hold; so an ENOSPC never leaves a request half applied.
+    pub fn check_space(&self, eng: &Engine, map: &PageMap, pages: std::ops::Range<u64>) -> Result<()> {
+        let new = pages.filter(|&p| !matches!(map.load(p), Entry::Mapped(_))).count() as u64 * self.page_grains as u64;
+        let usable = eng.usable_grains();
+        let mapped = eng.mapped_grains.load(SeqCst);
+        if new > 0 && mapped + new > usable {
+            return Err(Error::NoSpace(format!(
+                "pool is full: {} of {} usable bytes hold data; trim or delete data, or add a device",
+                mapped * eng.geo.grain_bytes as u64,
+                usable * eng.geo.grain_bytes as u64
+            )));
+        }
+        Ok(())
+    }
+
     /// Writes one whole page.
     pub fn write_page(&self, eng: &Engine, map: &PageMap, page: u64, data: &[u8]) -> Result<()> {
         debug_assert_eq!(data.len(), self.page_bytes as usize);
-        if !matches!(map.load(page), Entry::Mapped(_)) && eng.mapped_grains.load(SeqCst) + self.page_grains as u64 > eng.usable_grains() {
-            return Err(Error::NoSpace(format!(
-                "pool is full: {} of {} usable bytes hold data; trim or delete data, or add a device",
-                eng.mapped_grains.load(SeqCst) * eng.geo.grain_bytes as u64,
-                eng.usable_grains() * eng.geo.grain_bytes as u64
-            )));
-        }
+        self.check_space(eng, map, page..page + 1)?;
         let crc = crc32c::crc32c(data);
         let kind = self.classify(eng, map, page);
         let old = self.place(eng, kind, Some(data), |grain, rec| {
