@@ -301,7 +301,9 @@ impl Engine {
                 Purpose::User => {
                     self.counters.throttled_allocations.fetch_add(1, SeqCst);
                     if self.background_gc {
-                        if self.gc_stuck.load(SeqCst) && self.capacity.pending_segments() == 0 {
+                        // The worker found nothing to clean: confirm with an attempt of our own
+                        // before reporting that the pool is full.
+                        if self.gc_stuck.load(SeqCst) && !self.gc_step()? {
                             return Err(Error::NoSpace("every segment is full of live data".into()));
                         }
                         if self.shutting_down.load(SeqCst) {
@@ -370,7 +372,7 @@ impl Engine {
                     continue;
                 }
                 let valid = s.valid_grains.load(SeqCst);
-                if !worth(valid) || !s.records.lock().is_empty() {
+                if !worth(valid) {
                     continue;
                 }
                 let sealed = s.sealed_seq.load(SeqCst);
@@ -420,6 +422,10 @@ impl Engine {
             return Ok(false);
         };
         let info = self.capacity.segment(victim);
+        if !info.records.lock().is_empty() {
+            // Its last records are still on their way to the device; the GC reads the device.
+            self.flush()?;
+        }
         let owner = info.owner_volume.load(SeqCst);
         let vol = self.volumes.read().get(&owner).cloned();
         let result = match vol {

@@ -167,6 +167,7 @@ impl LsaVolume {
             record_id,
             segment: os.segment,
             first_grain,
+            span_grains: std::sync::atomic::AtomicU32::new(total_grains),
             bytes: RwLock::new(AlignedBuf::zeroed((total_grains * eng.geo.grain_bytes) as usize)),
         });
         eng.capacity.segment(os.segment).records.lock().push(buf.clone());
@@ -219,6 +220,7 @@ impl LsaVolume {
             rec.meta.encode_into(&mut b[at..at + gb]);
         }
         let used = rec.used_grains();
+        rec.buf.span_grains.store(used, SeqCst);
         eng.counters
             .meta_bytes_written
             .fetch_add((rec.meta_slot + 1) as u64 * gb as u64, SeqCst);

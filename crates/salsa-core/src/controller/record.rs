@@ -6,6 +6,7 @@
 use crate::format::{MetaEntry, RecordMeta, SegmentHeader};
 use crate::util::AlignedBuf;
 use parking_lot::RwLock;
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;
 
 /// The shared bytes of an open or in-flight record.
@@ -14,6 +15,10 @@ pub struct RecordBuf {
     pub segment: u32,
     /// Physical grain address of the first byte of `bytes`.
     pub first_grain: u64,
+    /// Grains of the buffer that belong to this record: its capacity while open, the grains it
+    /// used once sealed. The next record of the segment starts right after them, so a reader
+    /// must not take later grains from this buffer.
+    pub span_grains: AtomicU32,
     pub bytes: RwLock<AlignedBuf>,
 }
 
@@ -21,7 +26,8 @@ impl RecordBuf {
     /// Copies `out.len()` bytes of physical grain `grain` from the buffer, if it holds them.
     pub fn read(&self, grain: u64, grain_bytes: usize, out: &mut [u8]) -> bool {
         let b = self.bytes.read();
-        let n_grains = (b.len() / grain_bytes) as u64;
+        let n_grains = self.span_grains.load(SeqCst) as u64;
+        debug_assert!(n_grains as usize * grain_bytes <= b.len());
         if grain < self.first_grain || grain >= self.first_grain + n_grains {
             return false;
         }

@@ -1,0 +1,98 @@
+//! Several writers, readers and the background GC on one volume at once, then a full
+//! verification, before and after recovery.
+
+mod common;
+use common::*;
+use salsa_core::device::MemoryDevice;
+use salsa_core::{Device, OpenOptions, Pool};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+const WRITERS: u64 = 4;
+const READERS: usize = 2;
+
+fn version_of(vol: u32, page: u64, buf: &[u8]) -> Option<u64> {
+    let w0 = u64::from_le_bytes(buf[..8].try_into().unwrap());
+    if buf.iter().all(|&b| b == 0) {
+        return Some(0);
+    }
+    let v = w0 ^ (vol as u64) << 56 ^ page << 24;
+    (buf == pattern(vol, page, v)).then_some(v)
+}
+
+#[test]
+fn writers_readers_and_gc_concurrently() {
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 48 * MIB));
+    let opts = OpenOptions::default(); // background GC
+    let pool = Pool::create(vec![dev.clone()], &tiny_config(), &opts).unwrap();
+    let vol = pool.create_volume("v", pool.logical_capacity_bytes(), 4096).unwrap();
+    let pages = vol.size_bytes() / PAGE as u64;
+    let acked: Arc<Vec<AtomicU64>> = Arc::new((0..pages).map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|s| {
+        let mut writers = Vec::new();
+        for w in 0..WRITERS {
+            let (vol, acked) = (vol.clone(), acked.clone());
+            writers.push(s.spawn(move || {
+                let mut x = w + 1;
+                for i in 0..pages * 5 / WRITERS {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    // Each writer owns the pages congruent to it, so the final value is known.
+                    let p = ((x >> 33) % (pages / WRITERS)) * WRITERS + w;
+                    let v = acked[p as usize].load(Ordering::SeqCst) + 1;
+                    vol.write(p * PAGE as u64, &pattern(1, p, v)).unwrap();
+                    acked[p as usize].store(v, Ordering::SeqCst);
+                    if i % 5000 == 0 {
+                        vol.flush().unwrap();
+                    }
+                }
+            }));
+        }
+        for r in 0..READERS {
+            let (vol, acked, stop) = (vol.clone(), acked.clone(), stop.clone());
+            s.spawn(move || {
+                let mut buf = vec![0u8; PAGE];
+                let mut x = r as u64 + 77;
+                let mut reads = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let p = (x >> 33) % pages;
+                    let before = acked[p as usize].load(Ordering::SeqCst);
+                    vol.read(p * PAGE as u64, &mut buf).unwrap();
+                    let after = acked[p as usize].load(Ordering::SeqCst);
+                    let v = version_of(1, p, &buf).unwrap_or_else(|| panic!("page {p}: garbage or another page's data"));
+                    assert!(
+                        v >= before && v <= after + 1,
+                        "page {p}: read version {v}, acknowledged {before}..{after}"
+                    );
+                    reads += 1;
+                }
+                assert!(reads > 100, "reader made no progress");
+            });
+        }
+        let results: Vec<_> = writers.into_iter().map(|w| w.join()).collect();
+        // Stop the readers before propagating a writer's panic, or the scope never ends.
+        stop.store(true, Ordering::SeqCst);
+        for r in results {
+            if let Err(p) = r {
+                std::panic::resume_unwind(p);
+            }
+        }
+    });
+    let st = pool.stats();
+    assert!(st.gc_segments_cleaned > 20, "GC cleaned only {} segments", st.gc_segments_cleaned);
+    let check = |pool: &Pool| {
+        let vol = pool.volume("v").unwrap();
+        let mut buf = vec![0u8; PAGE];
+        for p in 0..pages {
+            vol.read(p * PAGE as u64, &mut buf).unwrap();
+            assert_eq!(version_of(1, p, &buf), Some(acked[p as usize].load(Ordering::SeqCst)), "page {p}");
+        }
+    };
+    pool.flush().unwrap();
+    check(&pool);
+    drop(vol);
+    drop(pool);
+    let pool = Pool::open(vec![dev], &opts).unwrap();
+    check(&pool);
+}
