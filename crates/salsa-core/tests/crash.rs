@@ -12,7 +12,7 @@ use salsa_core::{Device, Pool, PoolConfig};
 use std::collections::HashSet;
 use std::sync::Arc;
 
-const DEVICE_MIB: u64 = 24;
+const DEVICE_MIB: u64 = 28;
 const VOLUMES: [&str; 2] = ["v1", "v2"];
 
 /// A block's content as the oracle knows it.
@@ -74,16 +74,22 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>) -> u64 {
     let dev = Arc::new(CrashDevice::new("crash0", DEVICE_MIB * MIB, CrashPlan::default()));
     let devs = || vec![dev.clone() as Arc<dyn Device>];
     let pool = Pool::create(devs(), &config(), &inline_gc()).unwrap();
-    let vol_bytes = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
+    // Each volume gets a share of what the pool can hold with two volumes open.
+    let vol_bytes = pool.logical_capacity_bytes() * 2 / 5 / PAGE as u64 * PAGE as u64;
     let pages = vol_bytes / PAGE as u64;
-    for name in VOLUMES {
-        pool.create_volume(name, vol_bytes, PAGE as u32).unwrap();
+    let mut oracle = Oracle::new(pages);
+    // Fill both volumes first, so the pool is mostly live data and the GC runs from the start.
+    for (vi, name) in VOLUMES.iter().enumerate() {
+        let vol = pool.create_volume(name, vol_bytes, PAGE as u32).unwrap();
+        for p in 0..pages {
+            vol.write(p * PAGE as u64, &pattern(vi as u32, p, 1)).unwrap();
+            oracle.durable[vi][p as usize] = Value::Version(1);
+        }
     }
     pool.close().unwrap();
     dev.restart(CrashPlan { crash_after_ops, seed });
 
-    let mut oracle = Oracle::new(pages);
-    let mut version = 0u64;
+    let mut version = 1u64;
     let mut pool = match Pool::open(devs(), &inline_gc()) {
         Ok(p) => Some(p),
         Err(e) => {
@@ -91,7 +97,7 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>) -> u64 {
             None
         }
     };
-    let steps = 2500;
+    let steps = 1500;
     for _ in 0..steps {
         let Some(p) = pool.as_ref() else { break };
         let vi = rng.gen_range(0..VOLUMES.len());
@@ -132,16 +138,18 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>) -> u64 {
                 MIXED.with(|m| m.borrow_mut().insert((vi as u32, page, version | 1 << 62), bytes.clone()));
                 vol.write(page * PAGE as u64 + 512, &fresh[512..1536])
             }
-            85..=96 => vol.flush().map(|_| oracle.flushed()),
-            97 => {
+            85..=97 => vol.flush().map(|_| oracle.flushed()),
+            98 => {
                 version += 1;
                 oracle.wrote(vi, page as usize, Value::Version(version));
                 vol.write_fua(page * PAGE as u64, &pattern(vi as u32, page, version))
                     .map(|_| oracle.flushed())
             }
+            _ if rng.gen_bool(0.5) => Ok(()),
             _ => {
                 // Clean shutdown and reopen: exercises checkpoint writing and loading.
                 let p = pool.take().unwrap();
+                GC_CLEANED.fetch_add(p.stats().gc_segments_cleaned, std::sync::atomic::Ordering::Relaxed);
                 if std::env::var("SALSA_DEBUG").is_ok() {
                     let st = p.stats();
                     eprintln!(
@@ -186,6 +194,9 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>) -> u64 {
         }
     }
     let ops = dev.ops();
+    if let Some(p) = pool.as_ref() {
+        GC_CLEANED.fetch_add(p.stats().gc_segments_cleaned, std::sync::atomic::Ordering::Relaxed);
+    }
     drop(pool);
     if !dev.has_crashed() {
         dev.crash_now();
@@ -201,6 +212,8 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>) -> u64 {
     pool.flush().unwrap();
     ops
 }
+
+static GC_CLEANED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 thread_local! {
     static MIXED: std::cell::RefCell<std::collections::HashMap<(u32, u64, u64), Vec<u8>>> = Default::default();
@@ -250,20 +263,33 @@ fn verify(seed: u64, pool: &Pool, oracle: &Oracle, pages: u64) {
 }
 
 /// Measures how many device operations a seed's full workload takes, then crashes it at many
-/// points spread over that range.
+/// points spread over that range. Seeds run on every core.
 #[test]
 fn crash_at_many_points() {
-    let seeds: u64 = std::env::var("SALSA_CRASH_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
-    let points_per_seed = 30;
-    let mut crashes = 0;
-    for seed in 0..seeds {
-        let total = run_seed(seed, None);
-        let mut rng = SmallRng::seed_from_u64(seed ^ 0xC0FFEE);
-        for _ in 0..points_per_seed {
-            let at = rng.gen_range(1..=total.max(1));
-            run_seed(seed.wrapping_mul(1000) + at, Some(at));
-            crashes += 1;
+    let seeds: u64 = std::env::var("SALSA_CRASH_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(48);
+    let points_per_seed = 50;
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) as u64;
+    let crashes = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let crashes = &crashes;
+            s.spawn(move || {
+                for seed in (t..seeds).step_by(threads as usize) {
+                    let total = run_seed(seed, None);
+                    let mut rng = SmallRng::seed_from_u64(seed ^ 0xC0FFEE);
+                    for _ in 0..points_per_seed {
+                        let at = rng.gen_range(1..=total.max(1));
+                        run_seed(seed.wrapping_mul(1000) + at, Some(at));
+                        crashes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
         }
-    }
-    eprintln!("crash points checked: {crashes}");
+    });
+    let n = crashes.into_inner();
+    eprintln!("crash points checked: {n}");
+    assert!(n >= seeds * points_per_seed);
+    let cleaned = GC_CLEANED.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("GC victims cleaned across all runs: {cleaned}");
+    assert!(cleaned > n, "the workload hardly exercised the GC ({cleaned} victims in {n} runs)");
 }
