@@ -1,1 +1,479 @@
-fn main() {}
+//! `salsa`: format, inspect, check and benchmark SALSA pools.
+
+mod bench;
+mod spec;
+
+use clap::{Parser, Subcommand};
+use salsa_core::{GcPolicyId, OpenOptions, Pool, PoolConfig};
+use spec::{parse_size, DeviceSpec};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(name = "salsa", version, about = "SALSA: a log-structured host translation layer in user space")]
+struct Cli {
+    /// More logging (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct Devices {
+    /// A pool member: a file or block device, PATH[:SIZE] (SIZE creates a missing file). Repeat
+    /// for several devices, combined linearly.
+    #[arg(long = "device", short = 'd', required = true, value_name = "PATH[:SIZE]")]
+    devices: Vec<DeviceSpec>,
+}
+
+impl Devices {
+    fn open(&self, read_only: bool) -> Result<Vec<Arc<dyn salsa_core::Device>>, String> {
+        self.devices.iter().map(|d| d.open(read_only)).collect()
+    }
+}
+
+#[derive(clap::Args, Clone)]
+struct FormatArgs {
+    /// Physical space kept spare for garbage collection, in percent.
+    #[arg(long, default_value_t = 20.0)]
+    spare: f64,
+    /// Segment size (1M to 1G); default scales with the pool.
+    #[arg(long, value_parser = parse_size)]
+    segment_size: Option<u64>,
+    /// Grain size, the smallest allocation unit.
+    #[arg(long, value_parser = parse_size, default_value = "4K")]
+    grain_size: u64,
+    /// Page size of the default volume (4K to 64K, a multiple of the grain).
+    #[arg(long, value_parser = parse_size, default_value = "4K")]
+    page_size: u64,
+    /// GC victim selection: greedy, cost-benefit or aging-greedy.
+    #[arg(long, default_value = "aging-greedy", value_parser = parse_policy)]
+    gc_policy: GcPolicyId,
+    /// A metadata page after at most this many data pages (default: as many as fit one page).
+    #[arg(long)]
+    meta_interval: Option<u32>,
+}
+
+fn parse_policy(s: &str) -> Result<GcPolicyId, String> {
+    GcPolicyId::parse(s).ok_or_else(|| format!("unknown GC policy {s:?}; use greedy, cost-benefit or aging-greedy"))
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a pool on the given devices, with one volume named `default` covering its
+    /// logical space. Refuses devices that hold data unless --force.
+    Format {
+        #[command(flatten)]
+        devices: Devices,
+        #[command(flatten)]
+        format: FormatArgs,
+        /// Overwrite devices that hold data (including another SALSA pool).
+        #[arg(long)]
+        force: bool,
+        /// Do not create the `default` volume.
+        #[arg(long)]
+        no_default_volume: bool,
+    },
+    /// Show a pool's geometry, volumes and free space.
+    Info {
+        #[command(flatten)]
+        devices: Devices,
+    },
+    /// Offline check of every checksum and map; exits non-zero on damage.
+    Check {
+        #[command(flatten)]
+        devices: Devices,
+    },
+    /// Manage volumes.
+    Volume {
+        #[command(subcommand)]
+        command: VolumeCommand,
+    },
+    /// Benchmark: random overwrites through SALSA against the same writes straight to the file.
+    Bench {
+        /// Scratch file (overwritten); omit for an in-memory pool without baseline.
+        #[arg(long, default_value = "salsa-data/bench.img")]
+        file: String,
+        /// Run in memory instead of on the file.
+        #[arg(long)]
+        memory: bool,
+        #[arg(long, value_parser = parse_size, default_value = "1G")]
+        size: u64,
+        #[arg(long, default_value_t = 20.0)]
+        spare: f64,
+        /// Requests in flight (one thread each).
+        #[arg(long, default_value_t = 32)]
+        queue_depth: usize,
+        #[arg(long, value_parser = parse_size, default_value = "4K")]
+        block_size: u64,
+        /// Overwrites before measuring, in volume sizes.
+        #[arg(long, default_value_t = 2.0)]
+        warmup: f64,
+        /// Overwrites measured, in volume sizes.
+        #[arg(long, default_value_t = 1.0)]
+        measure: f64,
+        /// Seconds of each raw baseline run (one before, one after).
+        #[arg(long, default_value_t = 10)]
+        baseline_seconds: u64,
+        #[arg(long, value_parser = parse_size)]
+        segment_size: Option<u64>,
+        #[arg(long, default_value = "aging-greedy", value_parser = parse_policy)]
+        gc_policy: GcPolicyId,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum VolumeCommand {
+    /// Create a volume (its size may exceed the free space: thin provisioning).
+    Create {
+        #[command(flatten)]
+        devices: Devices,
+        name: String,
+        #[arg(value_parser = parse_size)]
+        size: u64,
+        #[arg(long, value_parser = parse_size, default_value = "4K")]
+        page_size: u64,
+    },
+    /// List volumes.
+    List {
+        #[command(flatten)]
+        devices: Devices,
+    },
+    /// Delete a volume; its space returns to the pool.
+    Delete {
+        #[command(flatten)]
+        devices: Devices,
+        name: String,
+    },
+    /// Grow a volume.
+    Resize {
+        #[command(flatten)]
+        devices: Devices,
+        name: String,
+        #[arg(value_parser = parse_size)]
+        size: u64,
+    },
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn human(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < units.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+fn rw_options() -> OpenOptions {
+    OpenOptions {
+        background_gc: false,
+        ..OpenOptions::default()
+    }
+}
+
+fn ro_options() -> OpenOptions {
+    OpenOptions {
+        background_gc: false,
+        read_only: true,
+        ..OpenOptions::default()
+    }
+}
+
+/// Refuses devices that hold anything, unless forced.
+fn check_blank(devs: &[Arc<dyn salsa_core::Device>], force: bool) -> Result<(), String> {
+    if force {
+        return Ok(());
+    }
+    for d in devs {
+        if salsa_core::pool::read_superblock(d.as_ref()).is_ok() {
+            return Err(format!("{} already holds a SALSA pool; use --force to overwrite it", d.name()));
+        }
+        if !salsa_core::pool::device_is_blank(d.as_ref()).map_err(|e| e.to_string())? {
+            return Err(format!(
+                "{} holds data (its first MiB is not all zeros); use --force to overwrite it",
+                d.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn format_pool(devices: &Devices, f: &FormatArgs, force: bool, default_volume: bool) -> Result<(), String> {
+    let devs = devices.open(false)?;
+    check_blank(&devs, force)?;
+    let cfg = PoolConfig {
+        grain_bytes: u32::try_from(f.grain_size).map_err(|_| "grain size too large")?,
+        segment_bytes: f.segment_size,
+        meta_interval_pages: f.meta_interval,
+        gc_policy: f.gc_policy,
+        spare_percent: f.spare,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::create(devs, &cfg, &rw_options()).map_err(|e| e.to_string())?;
+    if default_volume {
+        let page = u32::try_from(f.page_size).map_err(|_| "page size too large")?;
+        let size = pool.logical_capacity_bytes() / f.page_size * f.page_size;
+        pool.create_volume("default", size, page).map_err(|e| e.to_string())?;
+        println!("created volume default: {}", human(size));
+    }
+    println!("formatted pool {:032x}", pool.pool_id());
+    pool.close().map_err(|e| e.to_string())
+}
+
+fn info(devices: &Devices) -> Result<(), String> {
+    let pool = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
+    let g = pool.geometry();
+    let st = pool.stats();
+    println!("pool        {:032x}", pool.pool_id());
+    for d in &devices.devices {
+        println!("device      {}", d.path.display());
+    }
+    println!("physical    {}", human(g.total_grains * g.grain_bytes as u64));
+    println!(
+        "segments    {} x {} (grain {})",
+        g.total_segments,
+        human(g.segment_bytes),
+        human(g.grain_bytes as u64)
+    );
+    println!(
+        "free        {} segments ({})",
+        st.free_segments,
+        human(st.free_segments as u64 * g.segment_bytes)
+    );
+    println!("spare       {}%", pool.spare_percent());
+    println!("gc policy   {}", pool.gc_policy_name());
+    println!("opened from {:?}", pool.opened_from());
+    println!("volumes     {}", st.volumes.len());
+    for v in &st.volumes {
+        println!(
+            "  {:<20} size {:>10}  page {:>6}  mapped {:>10}",
+            v.name,
+            human(v.size_bytes),
+            human(v.page_bytes as u64),
+            human(v.mapped_bytes)
+        );
+    }
+    Ok(())
+}
+
+fn check(devices: &Devices) -> Result<bool, String> {
+    let normal = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
+    let scanned = Pool::open(
+        devices.open(true)?,
+        &OpenOptions {
+            force_scan: true,
+            ..ro_options()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let mut damage = 0u64;
+    let mut pages_checked = 0u64;
+    for name in scanned.volume_names() {
+        let a = normal.volume(&name).map_err(|e| e.to_string())?;
+        let b = scanned.volume(&name).map_err(|e| e.to_string())?;
+        let mut buf = vec![0u8; b.page_bytes() as usize];
+        let mut differ = 0;
+        for p in 0..b.pages() {
+            if a.page_location(p) != b.page_location(p) {
+                differ += 1;
+            }
+            if b.page_location(p).is_some() {
+                pages_checked += 1;
+                if let Err(e) = b.read(p * b.page_bytes() as u64, &mut buf) {
+                    println!("volume {name}: page {p}: {e}");
+                    damage += 1;
+                }
+            }
+        }
+        if differ > 0 {
+            println!("volume {name}: {differ} pages map differently in the checkpoint and in the log");
+            damage += differ;
+        }
+    }
+    println!(
+        "checked {pages_checked} mapped pages in {} volumes: {damage} problems",
+        scanned.volume_names().len()
+    );
+    Ok(damage == 0)
+}
+
+fn volume(cmd: &VolumeCommand) -> Result<(), String> {
+    match cmd {
+        VolumeCommand::Create {
+            devices,
+            name,
+            size,
+            page_size,
+        } => {
+            let pool = Pool::open(devices.open(false)?, &rw_options()).map_err(|e| e.to_string())?;
+            let page = u32::try_from(*page_size).map_err(|_| "page size too large")?;
+            pool.create_volume(name, *size, page).map_err(|e| e.to_string())?;
+            println!("created volume {name}: {}", human(*size));
+            pool.close().map_err(|e| e.to_string())
+        }
+        VolumeCommand::List { devices } => {
+            let pool = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
+            for v in pool.stats().volumes {
+                println!("{}\t{}\t{}\t{}", v.name, v.size_bytes, v.page_bytes, v.mapped_bytes);
+            }
+            Ok(())
+        }
+        VolumeCommand::Delete { devices, name } => {
+            let pool = Pool::open(devices.open(false)?, &rw_options()).map_err(|e| e.to_string())?;
+            pool.delete_volume(name).map_err(|e| e.to_string())?;
+            println!("deleted volume {name}");
+            pool.close().map_err(|e| e.to_string())
+        }
+        VolumeCommand::Resize { devices, name, size } => {
+            let pool = Pool::open(devices.open(false)?, &rw_options()).map_err(|e| e.to_string())?;
+            pool.grow_volume(name, *size).map_err(|e| e.to_string())?;
+            println!("volume {name} is now {}", human(*size));
+            pool.close().map_err(|e| e.to_string())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let result = match &cli.command {
+        Command::Format {
+            devices,
+            format,
+            force,
+            no_default_volume,
+        } => format_pool(devices, format, *force, !no_default_volume),
+        Command::Info { devices } => info(devices),
+        Command::Check { devices } => match check(devices) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(1),
+            Err(e) => Err(e),
+        },
+        Command::Volume { command } => volume(command),
+        Command::Bench {
+            file,
+            memory,
+            size,
+            spare,
+            queue_depth,
+            block_size,
+            warmup,
+            measure,
+            baseline_seconds,
+            segment_size,
+            gc_policy,
+            json,
+        } => run_bench(
+            &bench::BenchParams {
+                file: (!memory).then(|| file.into()),
+                size_bytes: *size,
+                spare_percent: *spare,
+                queue_depth: (*queue_depth).clamp(1, 1024),
+                block_bytes: *block_size as usize,
+                warmup_volumes: *warmup,
+                measure_volumes: *measure,
+                baseline_seconds: *baseline_seconds,
+                segment_bytes: *segment_size,
+                gc_policy: *gc_policy,
+            },
+            *json,
+        ),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("salsa: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_bench(p: &bench::BenchParams, json: bool) -> Result<(), String> {
+    if p.block_bytes == 0 || !p.block_bytes.is_multiple_of(4096) {
+        return Err("block size must be a multiple of 4 KiB".into());
+    }
+    if let Some(f) = &p.file {
+        if let Some(dir) = f.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+    }
+    let quiet = json;
+    let r = bench::run(p, &|msg| {
+        if !quiet {
+            eprintln!("{msg}");
+        }
+    })?;
+    if let Some(f) = &p.file {
+        let _ = std::fs::remove_file(f);
+    }
+    let ratio = r.baseline_mbps_median.map(|b| r.salsa_mbps_median / b);
+    if json {
+        let v = serde_json::json!({
+            "volume_bytes": r.volume_bytes,
+            "spare_percent": p.spare_percent,
+            "queue_depth": p.queue_depth,
+            "block_bytes": p.block_bytes,
+            "gc_write_amplification": r.gc_write_amplification,
+            "device_write_amplification": r.device_write_amplification,
+            "analytic_greedy_wa": r.analytic_wa,
+            "salsa_mbps_median": r.salsa_mbps_median,
+            "baseline_mbps_median": r.baseline_mbps_median,
+            "throughput_ratio": ratio,
+            "map_bytes_per_gib_of_volume": r.map_bytes_per_gib,
+            "crc_table_bytes_per_gib_of_pool": r.crc_table_bytes_per_gib,
+            "salsa_mbps_samples": r.salsa_samples,
+            "baseline_mbps_samples": r.baseline_samples,
+        });
+        println!("{v}");
+    } else {
+        println!("volume                      {}", human(r.volume_bytes));
+        println!(
+            "write amplification (GC)    {:.3}  (analytic greedy {:.3}, {:+.1}%)",
+            r.gc_write_amplification,
+            r.analytic_wa,
+            (r.gc_write_amplification / r.analytic_wa - 1.0) * 100.0
+        );
+        println!(
+            "write amplification (dev)   {:.3}  (including metadata pages)",
+            r.device_write_amplification
+        );
+        println!("SALSA throughput, median    {:.1} MB/s", r.salsa_mbps_median);
+        if let (Some(b), Some(ratio)) = (r.baseline_mbps_median, ratio) {
+            println!("raw O_DIRECT, median        {b:.1} MB/s");
+            println!("ratio SALSA / raw           {ratio:.2}");
+        }
+        println!(
+            "map memory                  {} per GiB of volume",
+            human(r.map_bytes_per_gib as u64)
+        );
+        println!(
+            "checksum table              {} per GiB of pool",
+            human(r.crc_table_bytes_per_gib as u64)
+        );
+    }
+    Ok(())
+}

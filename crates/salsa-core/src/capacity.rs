@@ -92,10 +92,21 @@ pub enum Purpose {
     Checkpoint,
 }
 
+/// A retired segment and what must be durable before it is reused.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    segment: u32,
+    /// Every record up to this id: the overwrites that emptied it may sit in any stream.
+    through_record: u64,
+    /// Emptied by the GC: its moves sit in GC-stream records only, so a GC release (seal the
+    /// GC streams, wait for them, sync) frees it without sealing the user streams.
+    gc_moves: bool,
+}
+
 struct Queues {
     free: Vec<VecDeque<u32>>,
-    /// Retired segments with the record id a sync must cover before they are free.
-    pending: Vec<(u32, u64)>,
+    /// Retired segments waiting for a sync before reuse.
+    pending: Vec<Pending>,
 }
 
 /// Watermarks in segments.
@@ -188,6 +199,55 @@ impl Capacity {
         self.queues.lock().pending.len()
     }
 
+    /// Pending segments emptied by the GC, and the others.
+    pub fn pending_counts(&self) -> (u32, u32) {
+        let q = self.queues.lock();
+        let gc = q.pending.iter().filter(|p| p.gc_moves).count() as u32;
+        (gc, q.pending.len() as u32 - gc)
+    }
+
+    /// The pending segments emptied by the GC, as of now.
+    pub fn gc_pending(&self) -> Vec<u32> {
+        self.queues
+            .lock()
+            .pending
+            .iter()
+            .filter(|p| p.gc_moves)
+            .map(|p| p.segment)
+            .collect()
+    }
+
+    /// Frees the given pending segments (the caller made their moves durable).
+    pub fn release_segments(&self, segments: &[u32]) -> usize {
+        let mut q = self.queues.lock();
+        let before = q.pending.len();
+        let mut freed = Vec::new();
+        q.pending.retain(|p| {
+            let take = segments.contains(&p.segment);
+            if take {
+                freed.push(p.segment);
+            }
+            !take
+        });
+        for s in &freed {
+            self.make_free(&mut q, *s);
+        }
+        if !freed.is_empty() {
+            self.changed.notify_all();
+        }
+        before - q.pending.len()
+    }
+
+    fn make_free(&self, q: &mut Queues, s: u32) {
+        let info = self.segment(s);
+        assert!(info.is_empty(), "pending segment {s} regained data");
+        info.owner_volume.store(u32::MAX, SeqCst);
+        info.unmovable.store(false, SeqCst);
+        info.set_state(SegmentState::Free);
+        q.free[info.storage_type as usize].push_back(s);
+        self.free_count.fetch_add(1, SeqCst);
+    }
+
     /// Rebuilds the queues from segment states after open: every Free segment is queued.
     pub fn rebuild_queues(&self) {
         let mut q = self.queues.lock();
@@ -236,6 +296,16 @@ impl Capacity {
         None
     }
 
+    /// Blocks until more than `floor` segments are free, something else changed, or `timeout`
+    /// passed. Every path that frees segments notifies under the queue lock, so no wake-up is
+    /// lost between a failed allocation and this wait.
+    pub fn wait_for_free(&self, floor: u32, timeout: std::time::Duration) {
+        let mut q = self.queues.lock();
+        if self.free_count.load(SeqCst) <= floor {
+            self.changed.wait_for(&mut q, timeout);
+        }
+    }
+
     /// Puts a segment taken by `try_allocate` back unused.
     pub fn unallocate(&self, s: u32) {
         let info = self.segment(s);
@@ -247,14 +317,19 @@ impl Capacity {
         self.changed.notify_all();
     }
 
-    /// Marks an empty segment as waiting for a sync that covers record `tag`.
-    pub fn retire(&self, s: u32, from: SegmentState, tag: u64) -> bool {
+    /// Marks an empty segment as waiting for a sync that covers record `tag` (or, with
+    /// `gc_moves`, for a GC release).
+    pub fn retire(&self, s: u32, from: SegmentState, tag: u64, gc_moves: bool) -> bool {
         let info = self.segment(s);
         if !info.cas_state(from, SegmentState::PendingFree) {
             return false;
         }
         assert!(info.is_empty(), "retiring segment {s} that still holds data");
-        self.queues.lock().pending.push((s, tag));
+        self.queues.lock().pending.push(Pending {
+            segment: s,
+            through_record: tag,
+            gc_moves,
+        });
         self.changed.notify_all();
         true
     }
@@ -266,16 +341,10 @@ impl Capacity {
         let mut released = 0;
         let mut i = 0;
         while i < q.pending.len() {
-            let (s, tag) = q.pending[i];
-            if tag <= synced_through {
+            let p = q.pending[i];
+            if p.through_record <= synced_through {
                 q.pending.swap_remove(i);
-                let info = self.segment(s);
-                assert!(info.is_empty(), "pending segment {s} regained data");
-                info.owner_volume.store(u32::MAX, SeqCst);
-                info.unmovable.store(false, SeqCst);
-                info.set_state(SegmentState::Free);
-                q.free[info.storage_type as usize].push_back(s);
-                self.free_count.fetch_add(1, SeqCst);
+                self.make_free(&mut q, p.segment);
                 released += 1;
             } else {
                 i += 1;
@@ -308,7 +377,7 @@ impl Capacity {
         {
             let mut q = self.queues.lock();
             let segs = &self.segments;
-            q.pending.retain(|(s, _)| segs[*s as usize].owner_volume.load(SeqCst) != volume);
+            q.pending.retain(|p| segs[p.segment as usize].owner_volume.load(SeqCst) != volume);
         }
         for (i, s) in self.segments.iter().enumerate() {
             if s.owner_volume.load(SeqCst) == volume && s.state() != SegmentState::Free {

@@ -16,6 +16,8 @@ pub const EPOCH_SHIFT: u32 = 40;
 struct Inner {
     next_id: u64,
     in_flight: BTreeSet<u64>,
+    /// In flight and sealed: closed for writing, on their way to the device.
+    sealed: BTreeSet<u64>,
 }
 
 /// Tracks records from creation to durability.
@@ -33,6 +35,7 @@ impl Tracker {
             inner: Mutex::new(Inner {
                 next_id: first_id,
                 in_flight: BTreeSet::new(),
+                sealed: BTreeSet::new(),
             }),
             completed: Condvar::new(),
             synced_through: AtomicU64::new(first_id.saturating_sub(1)),
@@ -54,7 +57,32 @@ impl Tracker {
         let mut g = self.inner.lock();
         let was = g.in_flight.remove(&id);
         assert!(was, "record {id} completed twice");
+        g.sealed.remove(&id);
         self.completed.notify_all();
+    }
+
+    /// The record was sealed and will be written.
+    pub fn mark_sealed(&self, id: u64) {
+        self.inner.lock().sealed.insert(id);
+    }
+
+    /// Records sealed but not yet on the device.
+    pub fn sealed_in_flight(&self) -> Vec<u64> {
+        self.inner.lock().sealed.iter().copied().collect()
+    }
+
+    /// Waits until none of `ids` is in flight, or `stop()` says to give up.
+    pub fn wait_all_complete(&self, ids: &[u64], stop: impl Fn() -> bool) -> bool {
+        let mut g = self.inner.lock();
+        loop {
+            if ids.iter().all(|id| !g.in_flight.contains(id)) {
+                return true;
+            }
+            if stop() {
+                return false;
+            }
+            self.completed.wait_for(&mut g, std::time::Duration::from_millis(50));
+        }
     }
 
     /// Largest id created so far.

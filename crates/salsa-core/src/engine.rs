@@ -55,6 +55,10 @@ pub struct Counters {
     pub gc_segments_cleaned: AtomicU64,
     pub flushes: AtomicU64,
     pub syncs: AtomicU64,
+    /// Time spent in device syncs.
+    pub sync_micros: AtomicU64,
+    /// Time the GC spent reading victims and relocating (excluding syncs).
+    pub gc_micros: AtomicU64,
     pub throttled_allocations: AtomicU64,
 }
 
@@ -74,8 +78,9 @@ pub struct Engine {
     poisoned: AtomicBool,
     pub counters: Counters,
     pub policy: Box<dyn VictimPolicy>,
-    /// Held while a victim is cleaned; one GC at a time.
-    pub gc_lock: Mutex<()>,
+    /// Held shared while a victim is cleaned (several GC workers may clean at once, each its
+    /// own victim, claimed by compare-and-swap) and exclusively by volume deletion.
+    pub gc_lock: RwLock<()>,
     /// The durable pool metadata (volume table); held while it is rewritten.
     pub meta: Mutex<PoolMeta>,
     pub background_gc: bool,
@@ -83,10 +88,11 @@ pub struct Engine {
     /// Set when the GC found nothing to clean while writers wait: the pool is really full.
     pub gc_stuck: AtomicBool,
     gc_wake: (Mutex<bool>, Condvar),
-    wait_lock: Mutex<()>,
     /// Grains held by mapped pages across all volumes (for the thin-provisioning limit).
     pub mapped_grains: AtomicU64,
     pub read_only: bool,
+    /// Recycled record and read buffers.
+    pub buffers: Arc<crate::util::BufferPool>,
 }
 
 /// Allocation preference of every stream: SALSA is multi-type by design; this build places
@@ -126,15 +132,15 @@ impl Engine {
             poisoned: AtomicBool::new(false),
             counters: Counters::default(),
             policy,
-            gc_lock: Mutex::new(()),
+            gc_lock: RwLock::new(()),
             meta: Mutex::new(meta),
             background_gc,
             shutting_down: AtomicBool::new(false),
             gc_stuck: AtomicBool::new(false),
             gc_wake: (Mutex::new(false), Condvar::new()),
-            wait_lock: Mutex::new(()),
             mapped_grains: AtomicU64::new(0),
             read_only,
+            buffers: Arc::new(crate::util::BufferPool::new(64 << 20)),
         }
     }
 
@@ -263,7 +269,10 @@ impl Engine {
         let guard = self.tracker.sync_lock.lock();
         if self.tracker.synced_through() < target {
             let upto = self.tracker.complete_through();
-            if let Err(e) = self.array.sync_all() {
+            let t = std::time::Instant::now();
+            let r = self.array.sync_all();
+            self.counters.sync_micros.fetch_add(t.elapsed().as_micros() as u64, SeqCst);
+            if let Err(e) = r {
                 self.poison(&e);
                 return Err(e);
             }
@@ -310,8 +319,8 @@ impl Engine {
                             return Err(Error::ShuttingDown);
                         }
                         self.wake_gc();
-                        let mut g = self.wait_lock.lock();
-                        self.capacity.changed.wait_for(&mut g, Duration::from_millis(5));
+                        self.capacity
+                            .wait_for_free(self.capacity.watermarks.gc_reserve, Duration::from_millis(50));
                     } else if !self.gc_step()? {
                         return Err(Error::NoSpace("every segment is full of live data".into()));
                     }
@@ -327,14 +336,14 @@ impl Engine {
         let ok = info.cas_state(SegmentState::Staged, SegmentState::Allocated);
         assert!(ok, "sealing segment {s} that is not staged");
         if info.is_empty() {
-            self.capacity.retire(s, SegmentState::Allocated, self.tracker.last_id());
+            self.capacity.retire(s, SegmentState::Allocated, self.tracker.last_id(), false);
         }
     }
 
     /// Called when a segment's counts reached zero.
     pub fn segment_emptied(&self, s: u32) {
         if self.capacity.segment(s).state() == SegmentState::Allocated {
-            self.capacity.retire(s, SegmentState::Allocated, self.tracker.last_id());
+            self.capacity.retire(s, SegmentState::Allocated, self.tracker.last_id(), false);
         }
     }
 
@@ -406,14 +415,21 @@ impl Engine {
     /// Cleans one victim (or releases segments waiting for a sync). Returns whether space was
     /// or will be freed.
     pub fn gc_step(&self) -> Result<bool> {
-        let _g = self.gc_lock.lock();
+        let _g = self.gc_lock.read();
         self.check_writable()?;
-        let wm = self.capacity.watermarks;
-        let pending = self.capacity.pending_segments() as u32;
-        if pending > 0 && (pending >= wm.high - wm.low || self.capacity.free_segments() <= wm.gc_reserve) {
+        // Victims wait for one sync to become free; syncing per victim would cost a device
+        // cache flush each. Release them in batches, or at once when the GC itself runs dry.
+        let (gc_pending, other_pending) = self.capacity.pending_counts();
+        let free = self.capacity.free_segments();
+        if gc_pending > 0 && (gc_pending >= self.gc_release_batch() || free <= 1) {
+            self.gc_release()?;
+            return Ok(true);
+        }
+        if other_pending > 0 && free <= self.capacity.watermarks.low {
             self.flush()?;
             return Ok(true);
         }
+        let pending = gc_pending + other_pending;
         let Some(victim) = self.choose_victim() else {
             if pending > 0 {
                 self.flush()?;
@@ -428,8 +444,11 @@ impl Engine {
         }
         let owner = info.owner_volume.load(SeqCst);
         let vol = self.volumes.read().get(&owner).cloned();
+        let t = std::time::Instant::now();
         let result = match vol {
-            Some(v) => v.relocate(self, victim),
+            Some(v) => v.relocate(self, victim).inspect(|_| {
+                self.counters.gc_micros.fetch_add(t.elapsed().as_micros() as u64, SeqCst);
+            }),
             None => Err(Error::Corrupt(format!("segment {victim} is owned by unknown volume {owner}"))),
         };
         if let Err(e) = result {
@@ -447,9 +466,50 @@ impl Engine {
             info.cas_state(SegmentState::Victim, SegmentState::Allocated);
             return Ok(false);
         }
-        self.capacity.retire(victim, SegmentState::Victim, self.tracker.last_id());
+        self.capacity.retire(victim, SegmentState::Victim, self.tracker.last_id(), true);
         self.counters.gc_segments_cleaned.fetch_add(1, SeqCst);
         Ok(true)
+    }
+
+    /// Frees the segments the GC has emptied so far: seals the GC streams' open records, waits
+    /// for every sealed record still on its way to the device, syncs. The user streams stay
+    /// open (a full flush would cut their records short for nothing).
+    pub fn gc_release(&self) -> Result<usize> {
+        let victims = self.capacity.gc_pending();
+        if victims.is_empty() {
+            return Ok(0);
+        }
+        for v in self.volumes_snapshot() {
+            if let Some(r) = v.seal_gc_record(self) {
+                self.write_record(r)?;
+            }
+        }
+        let in_flight = self.tracker.sealed_in_flight();
+        if !self.tracker.wait_all_complete(&in_flight, || self.is_poisoned()) {
+            return self.check_not_poisoned().map(|_| 0);
+        }
+        self.check_not_poisoned()?;
+        {
+            let _s = self.tracker.sync_lock.lock();
+            let upto = self.tracker.complete_through();
+            let t = std::time::Instant::now();
+            let r = self.array.sync_all();
+            self.counters.sync_micros.fetch_add(t.elapsed().as_micros() as u64, SeqCst);
+            if let Err(e) = r {
+                self.poison(&e);
+                return Err(e);
+            }
+            self.counters.syncs.fetch_add(1, SeqCst);
+            self.tracker.set_synced_through(upto);
+        }
+        let n = self.capacity.release_segments(&victims);
+        self.capacity.release_synced(self.tracker.synced_through());
+        Ok(n)
+    }
+
+    /// How many cleaned segments the GC lets wait for one shared sync.
+    fn gc_release_batch(&self) -> u32 {
+        (self.geo.total_segments / 128).clamp(2, 16)
     }
 
     /// One round of the background worker: clean until the high watermark.

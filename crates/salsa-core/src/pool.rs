@@ -58,6 +58,12 @@ pub struct OpenOptions {
     /// Run the GC in a background thread (otherwise writers run it when they need space).
     pub background_gc: bool,
     pub read_only: bool,
+    /// Rebuild the maps by scanning every segment even after a clean shutdown (used by
+    /// `salsa check` to compare the checkpoint with the log).
+    pub force_scan: bool,
+    /// Background GC threads; each cleans its own victim, so the device sees their I/O in
+    /// parallel.
+    pub gc_workers: usize,
 }
 
 impl Default for OpenOptions {
@@ -65,6 +71,8 @@ impl Default for OpenOptions {
         OpenOptions {
             background_gc: true,
             read_only: false,
+            force_scan: false,
+            gc_workers: 4,
         }
     }
 }
@@ -80,7 +88,7 @@ pub enum OpenedFrom {
 /// A pool of devices serving volumes.
 pub struct Pool {
     eng: Arc<Engine>,
-    gc_thread: Mutex<Option<JoinHandle<()>>>,
+    gc_threads: Mutex<Vec<JoinHandle<()>>>,
     opened_from: OpenedFrom,
     spare_basis_points: u32,
     closed: bool,
@@ -104,6 +112,8 @@ pub struct Stats {
     pub gc_segments_cleaned: u64,
     pub flushes: u64,
     pub syncs: u64,
+    pub sync_micros: u64,
+    pub gc_micros: u64,
     pub throttled_allocations: u64,
     /// Memory held by the page maps.
     pub map_memory_bytes: u64,
@@ -454,7 +464,7 @@ impl Pool {
             }
         }
         let mut opened_from = OpenedFrom::RecoveryScan;
-        match (&old_meta.clean, &old_meta.checkpoint) {
+        match (old_meta.clean && !opts.force_scan, &old_meta.checkpoint) {
             (true, Some(cp)) => match crate::recovery::load_checkpoint(&eng, cp, old_meta.session_id) {
                 Ok(()) => opened_from = OpenedFrom::Checkpoint,
                 Err(e) => {
@@ -475,18 +485,20 @@ impl Pool {
         let eng = Arc::new(eng);
         let pool = Pool {
             eng: eng.clone(),
-            gc_thread: Mutex::new(None),
+            gc_threads: Mutex::new(Vec::new()),
             opened_from,
             spare_basis_points: first.spare_basis_points,
             closed: false,
         };
         if opts.background_gc && !opts.read_only {
-            let e = eng.clone();
-            let h = std::thread::Builder::new()
-                .name("salsa-gc".into())
-                .spawn(move || gc_worker(e))
-                .map_err(|e| Error::InvalidConfig(format!("cannot start the GC thread: {e}")))?;
-            *pool.gc_thread.lock() = Some(h);
+            for i in 0..opts.gc_workers.clamp(1, 16) {
+                let e = eng.clone();
+                let h = std::thread::Builder::new()
+                    .name(format!("salsa-gc-{i}"))
+                    .spawn(move || gc_worker(e))
+                    .map_err(|e| Error::InvalidConfig(format!("cannot start a GC thread: {e}")))?;
+                pool.gc_threads.lock().push(h);
+            }
         }
         Ok(pool)
     }
@@ -610,7 +622,7 @@ impl Pool {
         self.eng.check_writable()?;
         let vol = self.volume(name)?.vol;
         // No GC victim of this volume may be in progress.
-        let _gc = self.eng.gc_lock.lock();
+        let _gc = self.eng.gc_lock.write();
         let _gate = vol.gate.write();
         vol.deleted.store(true, SeqCst);
         {
@@ -686,6 +698,8 @@ impl Pool {
             gc_segments_cleaned: c.gc_segments_cleaned.load(SeqCst),
             flushes: c.flushes.load(SeqCst),
             syncs: c.syncs.load(SeqCst),
+            sync_micros: c.sync_micros.load(SeqCst),
+            gc_micros: c.gc_micros.load(SeqCst),
             throttled_allocations: c.throttled_allocations.load(SeqCst),
             map_memory_bytes: vols.iter().map(|v| v.map_memory_bytes).sum(),
             crc_table_memory_bytes: self.eng.crc_table.len() as u64 * 4,
@@ -704,7 +718,7 @@ impl Pool {
     fn stop_gc(&self) {
         self.eng.shutting_down.store(true, SeqCst);
         self.eng.wake_gc();
-        if let Some(h) = self.gc_thread.lock().take() {
+        for h in self.gc_threads.lock().drain(..) {
             let _ = h.join();
         }
     }
@@ -718,6 +732,20 @@ impl Pool {
             return Ok(());
         }
         self.eng.check_not_poisoned()?;
+        let sb = self.eng.geo.segment_bytes as usize;
+        let needed = crate::recovery::checkpoint_bytes(&self.eng).div_ceil(sb);
+        // First clean until the checkpoint fits above the GC reserve (bounded: each step frees
+        // or schedules a segment). This must come before the image is taken: the GC moves
+        // data, and the image must point where the data finally is.
+        if needed <= MAX_CHECKPOINT_SEGMENTS {
+            let reserve = self.eng.capacity.watermarks.gc_reserve as usize;
+            for _ in 0..self.eng.geo.total_segments {
+                if self.eng.capacity.free_segments() as usize > reserve + needed || !self.eng.gc_step()? {
+                    break;
+                }
+            }
+        }
+        // Then close every stream (the GC's too), so nothing moves any more, and flush.
         for v in self.eng.volumes.read().values().cloned().collect::<Vec<_>>() {
             for r in v.close_streams(&self.eng) {
                 self.eng.write_record(r)?;
@@ -726,8 +754,7 @@ impl Pool {
         self.eng.flush()?;
         let session_id = self.eng.meta.lock().session_id;
         let blob = crate::recovery::encode_checkpoint(&self.eng, session_id);
-        let sb = self.eng.geo.segment_bytes as usize;
-        let needed = blob.len().div_ceil(sb);
+        debug_assert_eq!(blob.len(), crate::recovery::checkpoint_bytes(&self.eng));
         let mut segs = Vec::new();
         if needed <= MAX_CHECKPOINT_SEGMENTS {
             while segs.len() < needed {
@@ -949,6 +976,21 @@ impl Volume {
     /// Pool-wide flush.
     pub fn flush(&self) -> Result<()> {
         self.eng.flush()
+    }
+
+    /// Physical grain holding page `page`, `None` when it reads as zeros (never written or
+    /// trimmed).
+    pub fn page_location(&self, page: u64) -> Option<u64> {
+        let map = self.vol.map();
+        match (page < map.pages()).then(|| map.load(page)) {
+            Some(crate::controller::map::Entry::Mapped(g)) => Some(g),
+            _ => None,
+        }
+    }
+
+    /// Pages in the volume.
+    pub fn pages(&self) -> u64 {
+        self.vol.pages()
     }
 
     /// Whether the page holding `offset` is mapped to data (for block-status queries).

@@ -51,7 +51,7 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
                     let mut s = t;
                     while s < n {
                         let pb = |m: &RecordMeta| m.page_grains as usize * geo.grain_bytes;
-                        let h = walk_segment(&eng.array, geo, s, |header, meta, data| {
+                        let h = walk_segment(&eng.array, &eng.buffers, geo, s, |header, meta, data| {
                             let size = pb(meta);
                             let intact = meta
                                 .entries
@@ -214,6 +214,13 @@ pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
     eng.mapped_grains.store(mapped_total, SeqCst);
     eng.capacity.rebuild_queues();
     Ok(())
+}
+
+/// Size of the image [`encode_checkpoint`] would produce now.
+pub fn checkpoint_bytes(eng: &Engine) -> usize {
+    let header = crate::format::encode_checkpoint_header(eng.pool_id, 0, 0, 0).len() + 4;
+    let maps: u64 = eng.volumes.read().values().map(|v| 4 + 8 + 1 + v.map().memory_bytes()).sum();
+    header + maps as usize + eng.crc_table.len() * 4 + eng.geo.total_segments as usize * 8
 }
 
 /// Serialises the state a clean shutdown leaves: every map, the crc table, segment ages.

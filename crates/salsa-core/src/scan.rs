@@ -9,7 +9,7 @@
 use crate::array::Array;
 use crate::error::Result;
 use crate::format::{RecordMeta, SegmentHeader};
-use crate::util::AlignedBuf;
+use crate::util::{AlignedBuf, BufferPool};
 
 /// Most bytes read from a segment at once.
 const WINDOW_BYTES_MAX: usize = 16 << 20;
@@ -26,6 +26,7 @@ pub struct ScanGeometry {
 /// segment holds no valid header (never used, or not SALSA's).
 pub fn walk_segment(
     array: &Array,
+    buffers: &BufferPool,
     geo: &ScanGeometry,
     segment: u32,
     mut visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8]),
@@ -41,11 +42,13 @@ pub fn walk_segment(
         grains: window_grains,
     };
     // The header alone first: most segments of a young pool were never written.
-    let mut first = AlignedBuf::zeroed(gb);
-    array.read(base, &mut first)?;
-    let header = match SegmentHeader::decode(&first) {
+    array.read(base, &mut w.buf[..gb])?;
+    let header = match SegmentHeader::decode(&w.buf[..gb]) {
         Ok(h) if h.pool_id == geo.pool_id && h.segment == segment => h,
-        _ => return Ok(None),
+        _ => {
+            buffers.put(w.buf);
+            return Ok(None);
+        }
     };
     let mut pos = 1usize;
     let mut last_record = 0u64;
@@ -75,6 +78,7 @@ pub fn walk_segment(
         last_record = meta.record_id;
         pos += 1 + data_grains;
     }
+    buffers.put(w.buf);
     Ok(Some(header))
 }
 

@@ -11,6 +11,8 @@ pub const IO_ALIGN_BYTES: usize = 4096;
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
+    /// False for the empty placeholder, which owns no allocation.
+    owned: bool,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like Vec<u8>, so moving it between threads
@@ -28,7 +30,16 @@ impl AlignedBuf {
         let Some(ptr) = NonNull::new(raw) else {
             std::alloc::handle_alloc_error(layout)
         };
-        AlignedBuf { ptr, len }
+        AlignedBuf { ptr, len, owned: true }
+    }
+
+    /// A zero-length buffer that owns nothing (a placeholder after the real one was taken).
+    pub fn empty() -> AlignedBuf {
+        AlignedBuf {
+            ptr: NonNull::dangling(),
+            len: 0,
+            owned: false,
+        }
     }
 
     fn layout(len: usize) -> Layout {
@@ -40,8 +51,10 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: ptr was returned by alloc_zeroed with exactly this layout and is freed once.
-        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+        if self.owned {
+            // SAFETY: ptr was returned by alloc_zeroed with exactly this layout and is freed once.
+            unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+        }
     }
 }
 
@@ -57,6 +70,46 @@ impl DerefMut for AlignedBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in deref, and &mut self guarantees exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// Recycles I/O buffers by exact size, so the hot paths do not map, fault in and zero fresh
+/// memory for every record and every victim read. Bounded: beyond `max_bytes` buffers are freed.
+pub struct BufferPool {
+    free: parking_lot::Mutex<(std::collections::HashMap<usize, Vec<AlignedBuf>>, usize)>,
+    max_bytes: usize,
+}
+
+impl BufferPool {
+    pub fn new(max_bytes: usize) -> BufferPool {
+        BufferPool {
+            free: parking_lot::Mutex::new((std::collections::HashMap::new(), 0)),
+            max_bytes,
+        }
+    }
+
+    /// A buffer of exactly `len` bytes. Its contents are unspecified (a recycled buffer keeps
+    /// old bytes): callers overwrite everything they later write or read back.
+    pub fn get(&self, len: usize) -> AlignedBuf {
+        let mut g = self.free.lock();
+        if let Some(b) = g.0.get_mut(&len).and_then(|v| v.pop()) {
+            g.1 -= len;
+            return b;
+        }
+        drop(g);
+        AlignedBuf::zeroed(len)
+    }
+
+    /// Returns a buffer for reuse.
+    pub fn put(&self, buf: AlignedBuf) {
+        if !buf.owned {
+            return;
+        }
+        let mut g = self.free.lock();
+        if g.1 + buf.len <= self.max_bytes {
+            g.1 += buf.len;
+            g.0.entry(buf.len).or_default().push(buf);
+        }
     }
 }
 

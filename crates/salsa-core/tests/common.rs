@@ -20,7 +20,7 @@ pub fn tiny_config() -> PoolConfig {
 pub fn inline_gc() -> OpenOptions {
     OpenOptions {
         background_gc: false,
-        read_only: false,
+        ..OpenOptions::default()
     }
 }
 

@@ -18,8 +18,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::{MetaEntry, RecordMeta, SegmentHeader, StreamKind};
 use crate::scan::{walk_segment, ScanGeometry};
-use crate::util::AlignedBuf;
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
@@ -36,6 +35,8 @@ struct OpenSegment {
 /// One allocation stream: an open segment and the record being filled in it.
 struct Stream {
     kind: StreamKind,
+    /// A writer is allocating the next segment; others wait for it instead of allocating too.
+    allocating: bool,
     seg: Option<OpenSegment>,
     rec: Option<OpenRecord>,
 }
@@ -55,6 +56,8 @@ pub struct LsaVolume {
     size_bytes: AtomicU64,
     map: RwLock<PageMap>,
     streams: [Mutex<Stream>; 3],
+    /// Signalled when a stream's pending segment allocation finishes.
+    stream_ready: [Condvar; 3],
     stripes: Box<[Mutex<()>]>,
     /// Pages currently mapped to data.
     pub mapped_pages: AtomicU64,
@@ -77,10 +80,12 @@ impl LsaVolume {
             streams: STREAMS.map(|kind| {
                 Mutex::new(Stream {
                     kind,
+                    allocating: false,
                     seg: None,
                     rec: None,
                 })
             }),
+            stream_ready: [Condvar::new(), Condvar::new(), Condvar::new()],
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             mapped_pages: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
@@ -114,12 +119,12 @@ impl LsaVolume {
         self.size_bytes.store(new_size_bytes, SeqCst);
     }
 
-    fn stream(&self, kind: StreamKind) -> &Mutex<Stream> {
-        &self.streams[match kind {
+    fn stream_index(kind: StreamKind) -> usize {
+        match kind {
             StreamKind::UserHot => 0,
             StreamKind::UserCold => 1,
             _ => 2,
-        }]
+        }
     }
 
     /// Lock held across a partial-page read-modify-write.
@@ -168,7 +173,14 @@ impl LsaVolume {
             segment: os.segment,
             first_grain,
             span_grains: std::sync::atomic::AtomicU32::new(total_grains),
-            bytes: RwLock::new(AlignedBuf::zeroed((total_grains * eng.geo.grain_bytes) as usize)),
+            // Every record buffer of a volume has the largest record's size, so recycled
+            // buffers always fit (the tail records of segments would otherwise each want
+            // their own size).
+            bytes: RwLock::new(
+                eng.buffers
+                    .get(((2 + eng.geo.meta_interval_pages * self.page_grains) * eng.geo.grain_bytes) as usize),
+            ),
+            recycle: eng.buffers.clone(),
         });
         eng.capacity.segment(os.segment).records.lock().push(buf.clone());
         st.rec = Some(OpenRecord {
@@ -221,6 +233,7 @@ impl LsaVolume {
         }
         let used = rec.used_grains();
         rec.buf.span_grains.store(used, SeqCst);
+        eng.tracker.mark_sealed(rec.buf.record_id);
         eng.counters
             .meta_bytes_written
             .fetch_add((rec.meta_slot + 1) as u64 * gb as u64, SeqCst);
@@ -251,6 +264,12 @@ impl LsaVolume {
         out
     }
 
+    /// Seals the GC stream's open record (a GC release makes the moves in it durable).
+    pub fn seal_gc_record(&self, eng: &Engine) -> Option<SealedRecord> {
+        let mut st = self.streams[Self::stream_index(StreamKind::Gc)].lock();
+        self.seal_record(eng, &mut st)
+    }
+
     /// Closes every stream's segment (clean shutdown, volume deletion).
     pub fn close_streams(&self, eng: &Engine) -> Vec<SealedRecord> {
         let mut out = Vec::new();
@@ -271,7 +290,8 @@ impl LsaVolume {
     /// grain of the page (or the record's segment) and pushes the entry.
     fn place<R>(&self, eng: &Engine, kind: StreamKind, page: Option<&[u8]>, commit: impl FnOnce(u64, &mut OpenRecord) -> R) -> Result<R> {
         let purpose = if kind == StreamKind::Gc { Purpose::Gc } else { Purpose::User };
-        let stream = self.stream(kind);
+        let stream = &self.streams[Self::stream_index(kind)];
+        let ready = &self.stream_ready[Self::stream_index(kind)];
         loop {
             let mut st = stream.lock();
             match self.prepare(eng, &mut st, page.is_some()) {
@@ -303,9 +323,17 @@ impl LsaVolume {
                     eng.write_record(r)?;
                 }
                 Prep::NeedSegment => {
+                    if st.allocating {
+                        ready.wait_for(&mut st, std::time::Duration::from_millis(50));
+                        continue;
+                    }
+                    st.allocating = true;
                     drop(st);
-                    let s = eng.allocate_segment(purpose)?;
+                    let r = eng.allocate_segment(purpose);
                     let mut st = stream.lock();
+                    st.allocating = false;
+                    ready.notify_all();
+                    let s = r?;
                     if st.seg.is_none() {
                         let info = eng.capacity.segment(s);
                         info.owner_volume.store(self.id, SeqCst);
@@ -427,9 +455,11 @@ impl LsaVolume {
                 recs.iter().any(|r| r.read(g, gb, out))
             };
             if !buffered {
-                let mut tmp = AlignedBuf::zeroed(out.len());
-                eng.array.read(g, &mut tmp)?;
+                let mut tmp = eng.buffers.get(out.len());
+                let r = eng.array.read(g, &mut tmp);
                 out.copy_from_slice(&tmp);
+                eng.buffers.put(tmp);
+                r?;
             }
             if info.generation.load(SeqCst) != generation {
                 continue; // the segment was reused under us; the map has moved on
@@ -508,7 +538,7 @@ impl LsaVolume {
         };
         let mut failure = None;
         let pb = self.page_bytes as usize;
-        walk_segment(&eng.array, &geo, victim, |_, meta, data| {
+        walk_segment(&eng.array, &eng.buffers, &geo, victim, |_, meta, data| {
             if failure.is_some() || meta.page_grains != self.page_grains {
                 return;
             }

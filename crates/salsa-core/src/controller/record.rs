@@ -4,7 +4,7 @@
 //! written to the device in one sequential write when full or on flush.
 
 use crate::format::{MetaEntry, RecordMeta, SegmentHeader};
-use crate::util::AlignedBuf;
+use crate::util::{AlignedBuf, BufferPool};
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;
@@ -20,6 +20,15 @@ pub struct RecordBuf {
     /// must not take later grains from this buffer.
     pub span_grains: AtomicU32,
     pub bytes: RwLock<AlignedBuf>,
+    /// Where the buffer goes back when the last reference is dropped.
+    pub recycle: Arc<BufferPool>,
+}
+
+impl Drop for RecordBuf {
+    fn drop(&mut self) {
+        let buf = std::mem::replace(self.bytes.get_mut(), AlignedBuf::empty());
+        self.recycle.put(buf);
+    }
 }
 
 impl RecordBuf {

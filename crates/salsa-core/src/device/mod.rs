@@ -13,7 +13,7 @@
 
 mod crash;
 mod fault;
-mod file;
+pub mod file;
 mod memory;
 
 pub use crash::{CrashDevice, CrashPlan};
