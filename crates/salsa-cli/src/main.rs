@@ -61,6 +61,32 @@ fn parse_policy(s: &str) -> Result<GcPolicyId, String> {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the pool's volumes over NBD (one export per volume). Without --device, uses (and
+    /// the first time creates) a 1 GiB pool under ./salsa-data with a volume named `default`.
+    Serve {
+        /// Pool members, PATH[:SIZE]; missing files are created at SIZE, and devices that hold
+        /// no data at all are formatted. Default: salsa-data/pool.img:1G.
+        #[arg(long = "device", short = 'd', value_name = "PATH[:SIZE]")]
+        devices: Vec<DeviceSpec>,
+        /// TCP address to listen on.
+        #[arg(long, default_value = "127.0.0.1:10809")]
+        listen: std::net::SocketAddr,
+        /// Do not listen on TCP (use with --unix).
+        #[arg(long)]
+        no_tcp: bool,
+        /// Also (or only) listen on this Unix socket.
+        #[arg(long)]
+        unix: Option<std::path::PathBuf>,
+        /// Serve every export read-only.
+        #[arg(long)]
+        read_only: bool,
+        /// Threads executing requests.
+        #[arg(long, default_value_t = 64)]
+        workers: usize,
+        /// Options used only when a new pool is created.
+        #[command(flatten)]
+        format: FormatArgs,
+    },
     /// Create a pool on the given devices, with one volume named `default` covering its
     /// logical space. Refuses devices that hold data unless --force.
     Format {
@@ -361,6 +387,24 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let result = match &cli.command {
+        Command::Serve {
+            devices,
+            listen,
+            no_tcp,
+            unix,
+            read_only,
+            workers,
+            format,
+        } => serve(
+            devices,
+            ServeArgs {
+                tcp: (!no_tcp).then_some(*listen),
+                unix: unix.clone(),
+                read_only: *read_only,
+                workers: *workers,
+            },
+            format,
+        ),
         Command::Format {
             devices,
             format,
@@ -475,5 +519,125 @@ fn run_bench(p: &bench::BenchParams, json: bool) -> Result<(), String> {
             human(r.crc_table_bytes_per_gib as u64)
         );
     }
+    Ok(())
+}
+
+struct ServeArgs {
+    tcp: Option<std::net::SocketAddr>,
+    unix: Option<std::path::PathBuf>,
+    read_only: bool,
+    workers: usize,
+}
+
+/// Opens the pool on `specs`, or creates it when every device is blank; refuses anything else.
+fn open_or_create(specs: &[DeviceSpec], format: &FormatArgs, read_only: bool) -> Result<Pool, String> {
+    for s in specs {
+        if let Some(dir) = s.path.parent().filter(|d| !d.as_os_str().is_empty() && s.size_bytes.is_some()) {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+    }
+    let devs: Vec<_> = specs.iter().map(|d| d.open(read_only)).collect::<Result<_, _>>()?;
+    let mut members = 0;
+    for d in &devs {
+        match salsa_core::pool::read_superblock(d.as_ref()) {
+            Ok(_) => members += 1,
+            Err(salsa_core::Error::NotAPool { .. }) => {
+                if !salsa_core::pool::device_is_blank(d.as_ref()).map_err(|e| e.to_string())? {
+                    let list: Vec<String> = specs.iter().map(|s| format!("--device {}", s.path.display())).collect();
+                    return Err(format!(
+                        "{} holds data that is not a SALSA pool; nothing was written. To overwrite it: salsa format --force {}",
+                        d.name(),
+                        list.join(" ")
+                    ));
+                }
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let opts = OpenOptions {
+        read_only,
+        ..OpenOptions::default()
+    };
+    if members == devs.len() {
+        eprintln!("salsa: opening pool on {} device(s)", devs.len());
+        return Pool::open_with_progress(devs, &opts, &progress_bar("recovery scan")).map_err(|e| e.to_string());
+    }
+    if members > 0 {
+        return Err("some devices belong to a SALSA pool and others are blank; give exactly the pool's members".into());
+    }
+    if read_only {
+        return Err("the devices hold no pool and --read-only forbids creating one".into());
+    }
+    let cfg = PoolConfig {
+        grain_bytes: u32::try_from(format.grain_size).map_err(|_| "grain size too large")?,
+        segment_bytes: format.segment_size,
+        meta_interval_pages: format.meta_interval,
+        gc_policy: format.gc_policy,
+        spare_percent: format.spare,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::create(devs, &cfg, &opts).map_err(|e| e.to_string())?;
+    let page = u32::try_from(format.page_size).map_err(|_| "page size too large")?;
+    let size = pool.logical_capacity_bytes() / format.page_size * format.page_size;
+    pool.create_volume("default", size, page).map_err(|e| e.to_string())?;
+    eprintln!(
+        "salsa: created a new pool {:032x} with volume default ({})",
+        pool.pool_id(),
+        human(size)
+    );
+    Ok(pool)
+}
+
+/// A progress reporter for long operations: a bar on a terminal, silence otherwise.
+fn progress_bar(what: &'static str) -> impl Fn(u64, u64) {
+    use std::io::IsTerminal;
+    let tty = std::io::stderr().is_terminal();
+    move |done: u64, total: u64| {
+        if tty && total > 0 {
+            let width = 40;
+            let filled = (done * width / total) as usize;
+            eprint!(
+                "\r{what} [{}{}] {done}/{total}",
+                "#".repeat(filled),
+                " ".repeat(width as usize - filled)
+            );
+            if done >= total {
+                eprintln!();
+            }
+        }
+    }
+}
+
+fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) -> Result<(), String> {
+    let default = [DeviceSpec {
+        path: "salsa-data/pool.img".into(),
+        size_bytes: Some(1 << 30),
+    }];
+    let specs = if specs.is_empty() { &default[..] } else { specs };
+    let pool = Arc::new(open_or_create(specs, format, args.read_only)?);
+    let cfg = salsa_nbd::server::ServerConfig {
+        tcp: args.tcp,
+        unix: args.unix.clone(),
+        read_only: args.read_only,
+        workers: args.workers,
+    };
+    let listening = salsa_nbd::server::Listening::bind(pool.clone(), &cfg)?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("cannot handle signals: {e}"))?;
+    }
+    let mut wheres = Vec::new();
+    if let Some(a) = listening.tcp_addr() {
+        wheres.push(format!("nbd://{a}"));
+    }
+    if let Some(u) = &args.unix {
+        wheres.push(format!("nbd+unix:///?socket={}", u.display()));
+    }
+    eprintln!("salsa: serving {} on {}", pool.volume_names().join(", "), wheres.join(" and "));
+    listening.run(stop);
+    eprintln!("salsa: stopping: writing the checkpoint");
+    let pool = Arc::try_unwrap(pool).map_err(|_| "internal error: the pool is still in use after the server stopped".to_string())?;
+    pool.close().map_err(|e| e.to_string())?;
+    eprintln!("salsa: stopped cleanly");
     Ok(())
 }
