@@ -307,24 +307,40 @@ fn info(devices: &Devices) -> Result<(), String> {
 }
 
 fn check(devices: &Devices) -> Result<bool, String> {
-    let normal = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
-    let scanned = Pool::open(
+    // First as a server would open it (the checkpoint after a clean shutdown), remembering every
+    // page's location; then again, rebuilding everything from the log alone. One at a time: the
+    // pool is locked while open.
+    let mut locations = std::collections::HashMap::new();
+    {
+        let normal = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
+        for name in normal.volume_names() {
+            let v = normal.volume(&name).map_err(|e| e.to_string())?;
+            locations.insert(name, (0..v.pages()).map(|p| v.page_location(p)).collect::<Vec<_>>());
+        }
+    }
+    let scanned = Pool::open_with_progress(
         devices.open(true)?,
         &OpenOptions {
             force_scan: true,
             ..ro_options()
         },
+        &progress_bar("scan"),
     )
     .map_err(|e| e.to_string())?;
     let mut damage = 0u64;
     let mut pages_checked = 0u64;
     for name in scanned.volume_names() {
-        let a = normal.volume(&name).map_err(|e| e.to_string())?;
         let b = scanned.volume(&name).map_err(|e| e.to_string())?;
+        let Some(a) = locations.get(&name) else {
+            println!("volume {name}: present in the log but not at open");
+            damage += 1;
+            continue;
+        };
         let mut buf = vec![0u8; b.page_bytes() as usize];
         let mut differ = 0;
+        let progress = progress_bar("verify");
         for p in 0..b.pages() {
-            if a.page_location(p) != b.page_location(p) {
+            if a.get(p as usize).copied().flatten() != b.page_location(p) {
                 differ += 1;
             }
             if b.page_location(p).is_some() {
@@ -333,6 +349,9 @@ fn check(devices: &Devices) -> Result<bool, String> {
                     println!("volume {name}: page {p}: {e}");
                     damage += 1;
                 }
+            }
+            if p % 65536 == 0 || p + 1 == b.pages() {
+                progress(p + 1, b.pages());
             }
         }
         if differ > 0 {

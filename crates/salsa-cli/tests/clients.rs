@@ -1,0 +1,183 @@
+//! Real clients against `salsa serve`: qemu-img, qemu-io, nbdinfo, nbdcopy, fio's nbd engine,
+//! and a file system on a loop device over nbdfuse.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+#[test]
+fn qemu_img_and_qemu_io() {
+    require("qemu-io");
+    require("qemu-img");
+    let dir = test_dir("qemu");
+    let srv = Server::start(&dir, "64M", &[]);
+    let (ok, out) = run(Command::new("qemu-img").args(["info", &srv.uri()]));
+    assert!(ok && out.contains("virtual size"), "{out}");
+    let (ok, out) = run(Command::new("qemu-io").args(["-f", "raw", &srv.uri()]).args([
+        "-c",
+        "write -P 0xab 0 1M",
+        "-c",
+        "write -f -P 0xcd 1M 64k",
+        "-c",
+        "write -z 4k 8k",
+        "-c",
+        "discard 512k 64k",
+        "-c",
+        "write -P 0x11 2M 1000",
+        "-c",
+        "read -P 0xab 0 4k",
+        "-c",
+        "read -P 0 4k 8k",
+        "-c",
+        "read -P 0xab 12k 500k",
+        "-c",
+        "read -P 0 512k 64k",
+        "-c",
+        "read -P 0xcd 1M 64k",
+        "-c",
+        "read -P 0x11 2M 1000",
+        "-c",
+        "read -P 0 3M 1M",
+        "-c",
+        "flush",
+    ]));
+    assert!(ok && !out.contains("fail") && !out.contains("error"), "{out}");
+    // Pattern checks can fail: prove it.
+    let (_, out) = run(Command::new("qemu-io").args(["-f", "raw", &srv.uri(), "-c", "read -P 0x77 0 4k"]));
+    assert!(out.contains("Pattern verification failed"), "{out}");
+    assert!(srv.stop().success());
+}
+
+#[test]
+fn nbdinfo_nbdcopy_and_block_status() {
+    require("nbdinfo");
+    require("nbdcopy");
+    let dir = test_dir("nbdcopy");
+    let srv = Server::start(&dir, "64M", &[]);
+    let (ok, out) = run(Command::new("nbdinfo").args(["--list", &format!("nbd://127.0.0.1:{}", srv.port)]));
+    assert!(ok && out.contains("export=\"default\"") && out.contains("base:allocation"), "{out}");
+    let image = dir.join("in.img");
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    std::fs::write(&image, &data).unwrap();
+    let (ok, out) = run(Command::new("nbdcopy").arg(&image).arg(srv.uri()));
+    assert!(ok, "{out}");
+    let back = dir.join("out.img");
+    let (ok, out) = run(Command::new("nbdcopy").arg(srv.uri()).arg(&back));
+    assert!(ok, "{out}");
+    let copied = std::fs::read(&back).unwrap();
+    assert_eq!(&copied[..data.len()], &data[..], "image differs after the round trip");
+    assert!(copied[data.len()..].iter().all(|&b| b == 0));
+    // Unwritten space is a hole that reads as zeros; the written part is data.
+    let (ok, out) = run(Command::new("nbdinfo").args(["--map", &srv.uri()]));
+    assert!(ok, "{out}");
+    let first = out.lines().next().unwrap_or_default().split_whitespace().collect::<Vec<_>>();
+    assert_eq!(first, vec!["0", &(8u32 << 20).to_string(), "0", "data"], "{out}");
+    assert!(out.contains("hole,zero"), "{out}");
+    assert!(srv.stop().success());
+}
+
+#[test]
+fn fio_random_writes_verify_while_gc_runs() {
+    require("fio");
+    let dir = test_dir("fio");
+    let srv = Server::start(&dir, "96M", &[]);
+    let (ok, out) = run(Command::new("nbdinfo").args(["--size", &srv.uri()]));
+    assert!(ok, "{out}");
+    let size: u64 = out.trim().parse().unwrap();
+    let half = size / 2 / (1 << 20) * (1 << 20);
+    // Two jobs on two connections, each on its half: a sequential fill, then random 4 KiB
+    // overwrites of everything at queue depth 32 with crc32c verification; the overwrites keep
+    // the GC busy (the volume fills 80% of the pool).
+    for (rw, extra) in [
+        ("write", vec!["--bs=1M"]),
+        ("randwrite", vec!["--bs=4k", "--verify=crc32c", "--verify_fatal=1"]),
+    ] {
+        let (ok, out) = run(Command::new("fio")
+            .args([
+                "--name=salsa",
+                "--ioengine=nbd",
+                &format!("--uri={}", srv.uri()),
+                &format!("--rw={rw}"),
+                "--iodepth=32",
+            ])
+            .args([
+                "--numjobs=2",
+                &format!("--size={half}"),
+                &format!("--offset_increment={half}"),
+                "--group_reporting",
+            ])
+            .args(extra));
+        assert!(ok && !out.contains("verify: bad"), "fio {rw} failed:\n{out}");
+    }
+    assert!(srv.stop().success(), "{}", srv_log(&dir));
+    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .args(["check", "--device"])
+        .arg(dir.join("pool.img")));
+    assert!(ok, "salsa check after fio: {out}");
+}
+
+fn srv_log(dir: &std::path::Path) -> String {
+    std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
+}
+
+/// Mounts ext4 on a loop device over nbdfuse, runs `f`, unmounts and fscks.
+fn with_filesystem(srv: &Server, mkfs: bool, f: impl FnOnce(&std::path::Path)) {
+    let dir = &srv.dir;
+    let fuse_dir = dir.join("fuse");
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&fuse_dir).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mut fuse = Command::new("nbdfuse").arg(&fuse_dir).arg(srv.uri()).spawn().unwrap();
+    let node = fuse_dir.join("nbd");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !node.exists() {
+        assert!(std::time::Instant::now() < deadline, "nbdfuse did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (ok, out) = run(Command::new("losetup").args(["-f", "--show"]).arg(&node));
+    assert!(ok, "losetup: {out}");
+    let loopdev = out.trim().to_string();
+    if mkfs {
+        let (ok, out) = run(Command::new("mkfs.ext4").args(["-q", "-F", &loopdev]));
+        assert!(ok, "mkfs: {out}");
+    }
+    let (ok, out) = run(Command::new("mount").arg(&loopdev).arg(&mnt));
+    assert!(ok, "mount: {out}");
+    f(&mnt);
+    let (ok, out) = run(Command::new("umount").arg(&mnt));
+    assert!(ok, "umount: {out}");
+    let (ok, out) = run(Command::new("fsck.ext4").args(["-f", "-n", &loopdev]));
+    assert!(ok, "fsck is not clean: {out}");
+    let _ = run(Command::new("losetup").args(["-d", &loopdev]));
+    let _ = run(Command::new("fusermount3").arg("-u").arg(&fuse_dir));
+    let _ = fuse.wait();
+}
+
+fn file_bytes(i: usize) -> Vec<u8> {
+    (0..(100_000 + i * 37_000)).map(|j| (j * 31 + i * 7) as u8).collect()
+}
+
+#[test]
+fn ext4_on_nbdfuse_loop_survives_restart() {
+    require("nbdfuse");
+    require("mkfs.ext4");
+    require("losetup");
+    let dir = test_dir("ext4");
+    let srv = Server::start(&dir, "128M", &[]);
+    with_filesystem(&srv, true, |mnt| {
+        for i in 0..20 {
+            std::fs::write(mnt.join(format!("f{i}")), file_bytes(i)).unwrap();
+        }
+        std::fs::create_dir(mnt.join("sub")).unwrap();
+        std::fs::write(mnt.join("sub/x"), b"hello").unwrap();
+    });
+    assert!(srv.stop().success());
+    let srv = Server::start(&dir, "128M", &[]);
+    with_filesystem(&srv, false, |mnt| {
+        for i in 0..20 {
+            assert_eq!(std::fs::read(mnt.join(format!("f{i}"))).unwrap(), file_bytes(i), "file f{i}");
+        }
+        assert_eq!(std::fs::read(mnt.join("sub/x")).unwrap(), b"hello");
+    });
+    assert!(srv.stop().success());
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the real NBD clients and tools the end-to-end tests drive, when missing.
+set -euo pipefail
+need=()
+for pair in fio:fio qemu-io:qemu-utils qemu-img:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdfuse:nbdfuse \
+            nbdkit:nbdkit fusermount3:fuse3 mkfs.ext4:e2fsprogs losetup:mount; do
+  tool=${pair%%:*}; pkg=${pair##*:}
+  command -v "$tool" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  pkgs=$(printf '%s\n' "${need[@]}" | sort -u | tr '\n' ' ')
+  echo "installing: $pkgs"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -q >/dev/null
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q $pkgs >/dev/null
+fi
