@@ -83,6 +83,9 @@ enum Command {
         /// Threads executing requests.
         #[arg(long, default_value_t = 64)]
         workers: usize,
+        /// Control socket answering `salsa stats` (default: next to the first device, `.ctl`).
+        #[arg(long)]
+        control: Option<std::path::PathBuf>,
         /// Options used only when a new pool is created.
         #[command(flatten)]
         format: FormatArgs,
@@ -100,6 +103,18 @@ enum Command {
         /// Do not create the `default` volume.
         #[arg(long)]
         no_default_volume: bool,
+    },
+    /// Statistics of a running server, read from its control socket.
+    Stats {
+        /// The server's control socket (default: salsa-data/pool.ctl, as `salsa serve` uses).
+        #[arg(long)]
+        control: Option<std::path::PathBuf>,
+        /// Or: the server's first device; its control socket sits next to it.
+        #[arg(long = "device", short = 'd', value_name = "PATH")]
+        device: Option<DeviceSpec>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// Show a pool's geometry, volumes and free space.
     Info {
@@ -413,6 +428,7 @@ fn main() -> ExitCode {
             unix,
             read_only,
             workers,
+            control,
             format,
         } => serve(
             devices,
@@ -421,9 +437,11 @@ fn main() -> ExitCode {
                 unix: unix.clone(),
                 read_only: *read_only,
                 workers: *workers,
+                control: control.clone(),
             },
             format,
         ),
+        Command::Stats { control, device, json } => stats(control.clone(), device.as_ref(), *json),
         Command::Format {
             devices,
             format,
@@ -546,6 +564,92 @@ struct ServeArgs {
     unix: Option<std::path::PathBuf>,
     read_only: bool,
     workers: usize,
+    control: Option<std::path::PathBuf>,
+}
+
+const DEFAULT_DEVICE: &str = "salsa-data/pool.img";
+
+/// The control socket of a server whose first device is `device`: `<device without extension>.ctl`.
+fn control_path_for(device: &std::path::Path) -> std::path::PathBuf {
+    device.with_extension("ctl")
+}
+
+/// The statistics as one JSON object.
+fn stats_json(pool: &Pool) -> serde_json::Value {
+    let s = pool.stats();
+    serde_json::json!({
+        "user_bytes_written": s.user_bytes_written,
+        "user_bytes_read": s.user_bytes_read,
+        "gc_bytes_relocated": s.gc_bytes_relocated,
+        "device_bytes_written": s.device_bytes_written,
+        "metadata_bytes_written": s.metadata_bytes_written,
+        "write_amplification": s.write_amplification,
+        "gc_write_amplification": s.gc_write_amplification,
+        "free_segments": s.free_segments,
+        "total_segments": s.total_segments,
+        "segment_bytes": s.segment_bytes,
+        "gc_segments_cleaned": s.gc_segments_cleaned,
+        "flushes": s.flushes,
+        "syncs": s.syncs,
+        "throttled_allocations": s.throttled_allocations,
+        "map_memory_bytes": s.map_memory_bytes,
+        "crc_table_memory_bytes": s.crc_table_memory_bytes,
+        "volumes": s.volumes.iter().map(|v| serde_json::json!({
+            "name": v.name, "size_bytes": v.size_bytes, "page_bytes": v.page_bytes,
+            "mapped_bytes": v.mapped_bytes, "map_memory_bytes": v.map_memory_bytes,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Answers every connection on the control socket with the statistics, until `stop`.
+fn control_thread(listener: std::os::unix::net::UnixListener, pool: Arc<Pool>, stop: Arc<std::sync::atomic::AtomicBool>) {
+    use std::io::Write;
+    let _ = listener.set_nonblocking(true);
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((mut s, _)) => {
+                let _ = s.set_nonblocking(false);
+                let _ = writeln!(s, "{}", stats_json(&pool));
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+}
+
+fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceSpec>, json: bool) -> Result<(), String> {
+    use std::io::Read;
+    let path =
+        control.unwrap_or_else(|| control_path_for(device.map(|d| d.path.as_path()).unwrap_or(std::path::Path::new(DEFAULT_DEVICE))));
+    let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
+        format!(
+            "cannot reach a running server at {}: {e} (is `salsa serve` running?)",
+            path.display()
+        )
+    })?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(text.trim()).map_err(|e| format!("bad answer from {}: {e}", path.display()))?;
+    if json {
+        println!("{v}");
+        return Ok(());
+    }
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    println!("user written      {}", human(n("user_bytes_written")));
+    println!("user read         {}", human(n("user_bytes_read")));
+    println!("GC relocated      {}", human(n("gc_bytes_relocated")));
+    println!("device written    {}", human(n("device_bytes_written")));
+    println!("write amp.        {:.3}", v["write_amplification"].as_f64().unwrap_or(0.0));
+    println!("free segments     {} of {}", n("free_segments"), n("total_segments"));
+    println!("map memory        {}", human(n("map_memory_bytes")));
+    for vol in v["volumes"].as_array().into_iter().flatten() {
+        println!(
+            "volume {:<20} size {:>10} mapped {:>10}",
+            vol["name"].as_str().unwrap_or("?"),
+            human(vol["size_bytes"].as_u64().unwrap_or(0)),
+            human(vol["mapped_bytes"].as_u64().unwrap_or(0))
+        );
+    }
+    Ok(())
 }
 
 /// Opens the pool on `specs`, or creates it when every device is blank; refuses anything else.
@@ -653,7 +757,15 @@ fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) -> Result<(
         wheres.push(format!("nbd+unix:///?socket={}", u.display()));
     }
     eprintln!("salsa: serving {} on {}", pool.volume_names().join(", "), wheres.join(" and "));
+    let control_path = args.control.clone().unwrap_or_else(|| control_path_for(&specs[0].path));
+    let control = salsa_nbd::server::bind_unix(&control_path)?;
+    let control_thread = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        std::thread::spawn(move || control_thread(control, pool, stop))
+    };
     listening.run(stop);
+    let _ = control_thread.join();
+    let _ = std::fs::remove_file(&control_path);
     eprintln!("salsa: stopping: writing the checkpoint");
     let pool = Arc::try_unwrap(pool).map_err(|_| "internal error: the pool is still in use after the server stopped".to_string())?;
     pool.close().map_err(|e| e.to_string())?;

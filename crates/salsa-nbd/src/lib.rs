@@ -7,5 +7,6 @@
 //!   connection, requests executed concurrently by a bounded worker pool, replies written as
 //!   they complete (out of order).
 
+pub mod fuzzing;
 pub mod proto;
 pub mod server;

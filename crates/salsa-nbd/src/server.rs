@@ -446,7 +446,7 @@ fn transmission(
 
 /// Binds a Unix socket, replacing a stale one left by a killed server but refusing one that a
 /// live server answers on.
-fn bind_unix(path: &Path) -> Result<UnixListener, String> {
+pub fn bind_unix(path: &Path) -> Result<UnixListener, String> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
             return Err(format!("another server is listening on {}", path.display()));
