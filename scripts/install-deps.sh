@@ -3,7 +3,7 @@
 set -euo pipefail
 need=()
 for pair in fio:fio qemu-io:qemu-utils qemu-img:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdfuse:nbdfuse \
-            nbdkit:nbdkit fusermount3:fuse3 mkfs.ext4:e2fsprogs losetup:mount; do
+            nbdkit:nbdkit nbdsh:python3-libnbd fusermount3:fuse3 mkfs.ext4:e2fsprogs losetup:mount; do
   tool=${pair%%:*}; pkg=${pair##*:}
   command -v "$tool" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -181,3 +181,76 @@ fn ext4_on_nbdfuse_loop_survives_restart() {
     });
     assert!(srv.stop().success());
 }
+
+#[test]
+fn nbdsh_block_status_trim_and_multi_conn() {
+    require("nbdsh");
+    let dir = test_dir("nbdsh");
+    let srv = Server::start(&dir, "64M", &[]);
+    // nbdsh's launcher runs `python3`; the libnbd bindings live in the system Python.
+    let path = format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default());
+    let script = r#"
+h.pwrite(b"\x42" * 131072, 1 << 20)
+h.flush()
+assert h.pread(131072, 1 << 20) == b"\x42" * 131072
+h.trim(65536, 1 << 20)
+h.zero(4096, (1 << 20) + 65536 + 8192)
+entries = []
+def f(metacontext, offset, e, err):
+    entries.extend(e)
+h.block_status(1 << 21, 0, f)
+# never written + trimmed [0, 1M + 64K): one hole; then data, the zeroed page, data, hole.
+assert entries[:8] == [(1 << 20) + 65536, 3, 8192, 0, 4096, 3, 53248, 0], entries
+assert h.pread(8192, (1 << 20) + 65536) == b"\x42" * 8192
+assert h.pread(4096, (1 << 20) + 65536 + 8192) == bytes(4096)
+assert h.pread(4096, 1 << 20) == bytes(4096)
+assert h.can_multi_conn() and h.can_fua() and h.can_trim() and h.can_zero() and h.can_fast_zero()
+print("nbdsh ok")
+"#;
+    let (ok, out) = run(Command::new("nbdsh")
+        .env("PATH", path)
+        .args(["--base-allocation", "-u", &srv.uri(), "-c", script]));
+    assert!(ok && out.contains("nbdsh ok"), "{out}");
+    assert!(srv.stop().success());
+}
+
+#[test]
+fn stale_socket_is_replaced_and_a_second_server_is_refused() {
+    let dir = test_dir("lock");
+    let srv = Server::start(&dir, "48M", &[]);
+    // A second server on the same pool is refused while the first runs.
+    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .args(["serve", "--no-tcp", "--unix"])
+        .arg(dir.join("other.sock"))
+        .arg("--device")
+        .arg(dir.join("pool.img")));
+    assert!(!ok && out.contains("in use by another SALSA process"), "{out}");
+    // After kill -9 the socket file stays behind; the next server replaces it.
+    let sock = srv.socket.clone();
+    srv.kill();
+    assert!(sock.exists(), "the killed server's socket should be left behind");
+    let srv = Server::start(&dir, "48M", &[]);
+    let c = RawClient::connect(&srv.socket, "");
+    assert!(c.size > 0);
+    drop(c);
+    // And a live socket is never stolen.
+    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .args(["serve", "--no-tcp", "--unix"])
+        .arg(&srv.socket)
+        .arg("--device")
+        .arg(dir.join("other.img:48M")));
+    assert!(!ok && out.contains("another server is listening"), "{out}");
+    assert!(srv.stop().success());
+}
+
+#[test]
+fn serve_refuses_a_device_with_foreign_data() {
+    let dir = test_dir("foreign");
+    let img = dir.join("data.img");
+    std::fs::write(&img, vec![7u8; 8 << 20]).unwrap();
+    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .args(["serve", "--no-tcp", "--device"])
+        .arg(&img));
+    assert!(!ok && out.contains("salsa format --force"), "{out}");
+    assert!(std::fs::read(&img).unwrap().iter().all(|&b| b == 7), "the device was modified");
+}
