@@ -83,6 +83,10 @@ enum Command {
         /// Threads executing requests.
         #[arg(long, default_value_t = 64)]
         workers: usize,
+        /// Go through the kernel's page cache instead of O_DIRECT (faster re-reads when memory
+        /// is plentiful; flushes still sync the devices).
+        #[arg(long)]
+        page_cache: bool,
         /// Control socket answering `salsa stats` (default: next to the first device, `.ctl`).
         #[arg(long)]
         control: Option<std::path::PathBuf>,
@@ -429,6 +433,7 @@ fn main() -> ExitCode {
             read_only,
             workers,
             control,
+            page_cache,
             format,
         } => serve(
             devices,
@@ -438,6 +443,7 @@ fn main() -> ExitCode {
                 read_only: *read_only,
                 workers: *workers,
                 control: control.clone(),
+                page_cache: *page_cache,
             },
             format,
         ),
@@ -565,6 +571,7 @@ struct ServeArgs {
     read_only: bool,
     workers: usize,
     control: Option<std::path::PathBuf>,
+    page_cache: bool,
 }
 
 const DEFAULT_DEVICE: &str = "salsa-data/pool.img";
@@ -653,13 +660,13 @@ fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceSpec>, json:
 }
 
 /// Opens the pool on `specs`, or creates it when every device is blank; refuses anything else.
-fn open_or_create(specs: &[DeviceSpec], format: &FormatArgs, read_only: bool) -> Result<Pool, String> {
+fn open_or_create(specs: &[DeviceSpec], format: &FormatArgs, read_only: bool, page_cache: bool) -> Result<Pool, String> {
     for s in specs {
         if let Some(dir) = s.path.parent().filter(|d| !d.as_os_str().is_empty() && s.size_bytes.is_some()) {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
     }
-    let devs: Vec<_> = specs.iter().map(|d| d.open(read_only)).collect::<Result<_, _>>()?;
+    let devs: Vec<_> = specs.iter().map(|d| d.open_with(read_only, page_cache)).collect::<Result<_, _>>()?;
     let mut members = 0;
     for d in &devs {
         match salsa_core::pool::read_superblock(d.as_ref()) {
@@ -737,7 +744,7 @@ fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) -> Result<(
         size_bytes: Some(1 << 30),
     }];
     let specs = if specs.is_empty() { &default[..] } else { specs };
-    let pool = Arc::new(open_or_create(specs, format, args.read_only)?);
+    let pool = Arc::new(open_or_create(specs, format, args.read_only, args.page_cache)?);
     let cfg = salsa_nbd::server::ServerConfig {
         tcp: args.tcp,
         unix: args.unix.clone(),

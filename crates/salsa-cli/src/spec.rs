@@ -55,9 +55,15 @@ impl std::str::FromStr for DeviceSpec {
 impl DeviceSpec {
     /// Opens the device, creating a missing file when a size was given.
     pub fn open(&self, read_only: bool) -> Result<Arc<dyn Device>, String> {
+        self.open_with(read_only, false)
+    }
+
+    /// Opens the device; with `page_cache`, through the kernel's page cache instead of
+    /// `O_DIRECT` (flushes still sync the device).
+    pub fn open_with(&self, read_only: bool, page_cache: bool) -> Result<Arc<dyn Device>, String> {
         let opts = FileOpenOptions {
             create_size_bytes: self.size_bytes,
-            direct: true,
+            direct: !page_cache,
             read_only,
         };
         FileDevice::open(&self.path, opts)

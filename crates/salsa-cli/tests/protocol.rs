@@ -116,7 +116,8 @@ fn kill_9_during_flushing_workload_loses_nothing_flushed() {
         for _ in 0..200 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let p = (x >> 33) % pages;
-            let v = round * 1000 + (x >> 50);
+            // Versions grow with the round (x >> 50 < 2^14), so "later" is "larger".
+            let v = round * 100_000 + (x >> 50);
             latest[p as usize] = v;
             if c.send(0, CMD_WRITE, p, p * 4096, 4096, &block(p, v)).is_err() || c.reply(0).map(|r| r.1 != 0).unwrap_or(true) {
                 break 'work;

@@ -17,7 +17,6 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -177,7 +176,7 @@ struct Job {
 /// Reads more bytes into `buf`; `Ok(false)` at end of stream. Timeouts return `Ok(true)` with
 /// nothing read so the caller can look at the stop flag.
 fn fill(stream: &mut Stream, buf: &mut Vec<u8>) -> io::Result<bool> {
-    let mut chunk = [0u8; 64 << 10];
+    let mut chunk = [0u8; 256 << 10];
     match stream.read(&mut chunk) {
         Ok(0) => Ok(false),
         Ok(n) => {
@@ -318,7 +317,7 @@ fn block_status(vol: &Volume, offset: u64, length: u32, req_one: bool) -> Vec<(u
 }
 
 /// Serves one connection until it disconnects, breaks, or `stop` is raised.
-fn handle(mut stream: Stream, exports: &Exports, jobs: &mpsc::SyncSender<Job>, stop: &AtomicBool) -> Result<(), String> {
+fn handle(mut stream: Stream, exports: &Exports, jobs: &crossbeam_channel::Sender<Job>, stop: &AtomicBool) -> Result<(), String> {
     stream.set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     proto::Handshake::greeting(&mut out);
@@ -374,7 +373,7 @@ fn transmission(
     stream: &mut Stream,
     buf: &mut Vec<u8>,
     conn: &Arc<Connection>,
-    jobs: &mpsc::SyncSender<Job>,
+    jobs: &crossbeam_channel::Sender<Job>,
     stop: &AtomicBool,
 ) -> Result<(), String> {
     loop {
@@ -395,17 +394,31 @@ fn transmission(
         if payload_len > MAX_DISCARD_BYTES {
             return Err(ProtocolError::PayloadTooLarge(payload_len).to_string());
         }
-        let total = proto::REQUEST_HEADER_BYTES + payload_len as usize;
-        while buf.len() < total {
-            if !fill(stream, buf).map_err(|e| e.to_string())? {
-                return Ok(()); // vanished mid-payload: the partial write is never applied
-            }
-            if stop.load(SeqCst) && buf.len() < total {
-                return Ok(());
+        // The payload goes straight into its own buffer: what is already buffered, then the
+        // rest read from the socket directly (no copy through `buf`, no shifting of `buf`).
+        let have = (buf.len() - proto::REQUEST_HEADER_BYTES).min(payload_len as usize);
+        let mut payload = Vec::with_capacity(payload_len as usize);
+        payload.extend_from_slice(&buf[proto::REQUEST_HEADER_BYTES..proto::REQUEST_HEADER_BYTES + have]);
+        buf.drain(..proto::REQUEST_HEADER_BYTES + have);
+        while payload.len() < payload_len as usize {
+            // read_to_end fills spare capacity without zeroing it first.
+            let want = (payload_len as usize - payload.len()) as u64;
+            match (&mut *stream).take(want).read_to_end(&mut payload) {
+                Ok(0) => return Ok(()), // vanished mid-payload: the partial write is never applied
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    if stop.load(SeqCst) {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(e.to_string()),
             }
         }
-        let payload: Vec<u8> = buf[proto::REQUEST_HEADER_BYTES..total].to_vec();
-        buf.drain(..total);
         let cmd = match proto::validate(&req, &conn.negotiated) {
             Ok(c) => c,
             Err(errno) => {
@@ -502,20 +515,16 @@ impl Listening {
     /// Accepts and serves connections until `stop` is raised, then waits for every connection
     /// to answer what it has read.
     pub fn run(self, stop: Arc<AtomicBool>) {
-        let (tx, rx) = mpsc::sync_channel::<Job>(MAX_IN_FLIGHT_PER_CONNECTION * 4);
-        let rx = Arc::new(std::sync::Mutex::new(rx));
+        let (tx, rx) = crossbeam_channel::bounded::<Job>(MAX_IN_FLIGHT_PER_CONNECTION * 4);
         let workers: Vec<_> = (0..self.workers)
             .map(|_| {
                 let rx = rx.clone();
-                std::thread::spawn(move || loop {
-                    let job = match rx.lock() {
-                        Ok(r) => r.recv(),
-                        Err(_) => return,
-                    };
-                    let Ok(job) = job else { return };
-                    let reply = execute(&job);
-                    job.conn.send(&reply);
-                    job.conn.finish_one();
+                std::thread::spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        let reply = execute(&job);
+                        job.conn.send(&reply);
+                        job.conn.finish_one();
+                    }
                 })
             })
             .collect();
