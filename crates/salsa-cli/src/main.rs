@@ -55,6 +55,28 @@ struct FormatArgs {
     meta_interval: Option<u32>,
 }
 
+impl FormatArgs {
+    /// The pool configuration these options describe.
+    fn pool_config(&self) -> Result<PoolConfig, String> {
+        Ok(PoolConfig {
+            grain_bytes: u32::try_from(self.grain_size).map_err(|_| "grain size too large")?,
+            segment_bytes: self.segment_size,
+            meta_interval_pages: self.meta_interval,
+            gc_policy: self.gc_policy,
+            spare_percent: self.spare,
+            ..PoolConfig::default()
+        })
+    }
+
+    /// Creates the volume `default` over the pool's logical space; returns its size.
+    fn create_default_volume(&self, pool: &Pool) -> Result<u64, String> {
+        let page = u32::try_from(self.page_size).map_err(|_| "page size too large")?;
+        let size = pool.logical_capacity_bytes() / self.page_size.max(1) * self.page_size;
+        pool.create_volume("default", size, page).map_err(|e| e.to_string())?;
+        Ok(size)
+    }
+}
+
 fn parse_policy(s: &str) -> Result<GcPolicyId, String> {
     GcPolicyId::parse(s).ok_or_else(|| format!("unknown GC policy {s:?}; use greedy, cost-benefit or aging-greedy"))
 }
@@ -270,19 +292,9 @@ fn check_blank(devs: &[Arc<dyn salsa_core::Device>], force: bool) -> Result<(), 
 fn format_pool(devices: &Devices, f: &FormatArgs, force: bool, default_volume: bool) -> Result<(), String> {
     let devs = devices.open(false)?;
     check_blank(&devs, force)?;
-    let cfg = PoolConfig {
-        grain_bytes: u32::try_from(f.grain_size).map_err(|_| "grain size too large")?,
-        segment_bytes: f.segment_size,
-        meta_interval_pages: f.meta_interval,
-        gc_policy: f.gc_policy,
-        spare_percent: f.spare,
-        ..PoolConfig::default()
-    };
-    let pool = Pool::create(devs, &cfg, &rw_options()).map_err(|e| e.to_string())?;
+    let pool = Pool::create(devs, &f.pool_config()?, &rw_options()).map_err(|e| e.to_string())?;
     if default_volume {
-        let page = u32::try_from(f.page_size).map_err(|_| "page size too large")?;
-        let size = pool.logical_capacity_bytes() / f.page_size * f.page_size;
-        pool.create_volume("default", size, page).map_err(|e| e.to_string())?;
+        let size = f.create_default_volume(&pool)?;
         println!("created volume default: {}", human(size));
     }
     println!("formatted pool {:032x}", pool.pool_id());
@@ -698,18 +710,8 @@ fn open_or_create(specs: &[DeviceSpec], format: &FormatArgs, read_only: bool, pa
     if read_only {
         return Err("the devices hold no pool and --read-only forbids creating one".into());
     }
-    let cfg = PoolConfig {
-        grain_bytes: u32::try_from(format.grain_size).map_err(|_| "grain size too large")?,
-        segment_bytes: format.segment_size,
-        meta_interval_pages: format.meta_interval,
-        gc_policy: format.gc_policy,
-        spare_percent: format.spare,
-        ..PoolConfig::default()
-    };
-    let pool = Pool::create(devs, &cfg, &opts).map_err(|e| e.to_string())?;
-    let page = u32::try_from(format.page_size).map_err(|_| "page size too large")?;
-    let size = pool.logical_capacity_bytes() / format.page_size * format.page_size;
-    pool.create_volume("default", size, page).map_err(|e| e.to_string())?;
+    let pool = Pool::create(devs, &format.pool_config()?, &opts).map_err(|e| e.to_string())?;
+    let size = format.create_default_volume(&pool)?;
     eprintln!(
         "salsa: created a new pool {:032x} with volume default ({})",
         pool.pool_id(),

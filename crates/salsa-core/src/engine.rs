@@ -268,19 +268,27 @@ impl Engine {
         self.check_not_poisoned()?;
         let guard = self.tracker.sync_lock.lock();
         if self.tracker.synced_through() < target {
-            let upto = self.tracker.complete_through();
-            let t = std::time::Instant::now();
-            let r = self.array.sync_all();
-            self.counters.sync_micros.fetch_add(t.elapsed().as_micros() as u64, SeqCst);
-            if let Err(e) = r {
-                self.poison(&e);
-                return Err(e);
-            }
-            self.counters.syncs.fetch_add(1, SeqCst);
-            self.tracker.set_synced_through(upto);
+            self.sync_devices()?;
         }
         drop(guard);
         self.capacity.release_synced(self.tracker.synced_through());
+        Ok(())
+    }
+
+    /// Syncs every device and publishes how far records are durable. The caller holds the
+    /// sync lock, so syncs do not overlap and `synced_through` only covers records that were
+    /// complete before this sync began. A failure poisons the pool.
+    fn sync_devices(&self) -> Result<()> {
+        let upto = self.tracker.complete_through();
+        let t = std::time::Instant::now();
+        let r = self.array.sync_all();
+        self.counters.sync_micros.fetch_add(t.elapsed().as_micros() as u64, SeqCst);
+        if let Err(e) = r {
+            self.poison(&e);
+            return Err(e);
+        }
+        self.counters.syncs.fetch_add(1, SeqCst);
+        self.tracker.set_synced_through(upto);
         Ok(())
     }
 
@@ -491,16 +499,7 @@ impl Engine {
         self.check_not_poisoned()?;
         {
             let _s = self.tracker.sync_lock.lock();
-            let upto = self.tracker.complete_through();
-            let t = std::time::Instant::now();
-            let r = self.array.sync_all();
-            self.counters.sync_micros.fetch_add(t.elapsed().as_micros() as u64, SeqCst);
-            if let Err(e) = r {
-                self.poison(&e);
-                return Err(e);
-            }
-            self.counters.syncs.fetch_add(1, SeqCst);
-            self.tracker.set_synced_through(upto);
+            self.sync_devices()?;
         }
         let n = self.capacity.release_segments(&victims);
         self.capacity.release_synced(self.tracker.synced_through());
