@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--dir", default="bench-nbd")
     ap.add_argument("--salsa", default="target/release/salsa")
     ap.add_argument("--page-cache", action="store_true", help="SALSA through the page cache, against nbdkit's default (also cached)")
+    ap.add_argument("--only", default=None, help="run only workloads whose label contains this")
     a = ap.parse_args()
     for tool in ["fio", "nbdkit", "nbdinfo"]:
         if not shutil.which(tool):
@@ -69,7 +70,7 @@ def main():
             fio(uri, "fill", "write", "1M", 8, 0, size=vol)
         results = {}
         work = [("randread 4k qd32", "randread", "4k", 32), ("randwrite 4k qd32", "randwrite", "4k", 32), ("write 1M qd8", "write", "1M", 8)]
-        for label, rw, bs, qd in work:
+        for label, rw, bs, qd in [w for w in work if a.only is None or a.only in w[0]]:
             for r in range(a.rounds):
                 for name, uri in uris.items():
                     bw = fio(uri, label, rw, bs, qd, a.seconds, size=vol)

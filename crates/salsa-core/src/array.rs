@@ -46,6 +46,11 @@ impl Array {
         &self.members
     }
 
+    /// Whether buffers handed to the devices must be aligned (some member uses `O_DIRECT`).
+    pub fn needs_aligned_buffers(&self) -> bool {
+        self.members.iter().any(|m| m.device.alignment_bytes() > 512)
+    }
+
     pub fn segment_count(&self) -> u32 {
         self.owner.len() as u32
     }

@@ -455,11 +455,15 @@ impl LsaVolume {
                 recs.iter().any(|r| r.read(g, gb, out))
             };
             if !buffered {
-                let mut tmp = eng.buffers.get(out.len());
-                let r = eng.array.read(g, &mut tmp);
-                out.copy_from_slice(&tmp);
-                eng.buffers.put(tmp);
-                r?;
+                if eng.array.needs_aligned_buffers() {
+                    let mut tmp = eng.buffers.get(out.len());
+                    let r = eng.array.read(g, &mut tmp);
+                    out.copy_from_slice(&tmp);
+                    eng.buffers.put(tmp);
+                    r?;
+                } else {
+                    eng.array.read(g, out)?;
+                }
             }
             if info.generation.load(SeqCst) != generation {
                 continue; // the segment was reused under us; the map has moved on
