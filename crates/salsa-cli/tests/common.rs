@@ -128,11 +128,7 @@ fn read_exact(s: &mut UnixStream, n: usize) -> std::io::Result<Vec<u8>> {
 }
 
 pub fn option_bytes(option: u32, data: &[u8]) -> Vec<u8> {
-    let mut v = IHAVEOPT.to_be_bytes().to_vec();
-    v.extend_from_slice(&option.to_be_bytes());
-    v.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    v.extend_from_slice(data);
-    v
+    encode_option(option, data)
 }
 
 /// Reads one option reply: (option, type, data).
@@ -179,14 +175,7 @@ impl RawClient {
     }
 
     pub fn send(&mut self, flags: u16, kind: u16, cookie: u64, offset: u64, length: u32, payload: &[u8]) -> std::io::Result<()> {
-        let mut v = REQUEST_MAGIC.to_be_bytes().to_vec();
-        v.extend_from_slice(&flags.to_be_bytes());
-        v.extend_from_slice(&kind.to_be_bytes());
-        v.extend_from_slice(&cookie.to_be_bytes());
-        v.extend_from_slice(&offset.to_be_bytes());
-        v.extend_from_slice(&length.to_be_bytes());
-        v.extend_from_slice(payload);
-        self.s.write_all(&v)
+        self.s.write_all(&encode_request(flags, kind, cookie, offset, length, payload))
     }
 
     /// Reads a simple reply: (cookie, error, data for reads of `read_len`).

@@ -634,6 +634,27 @@ pub fn validate(r: &RawRequest, n: &Negotiated) -> Result<Command, u32> {
     })
 }
 
+/// Client side: an option (`IHAVEOPT`, option, length, data). Used by test clients and tools.
+pub fn encode_option(option: u32, data: &[u8]) -> Vec<u8> {
+    let mut v = IHAVEOPT.to_be_bytes().to_vec();
+    v.extend_from_slice(&option.to_be_bytes());
+    v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+/// Client side: a request header followed by `payload` (the write data, if any).
+pub fn encode_request(flags: u16, kind: u16, cookie: u64, offset: u64, length: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = REQUEST_MAGIC.to_be_bytes().to_vec();
+    v.extend_from_slice(&flags.to_be_bytes());
+    v.extend_from_slice(&kind.to_be_bytes());
+    v.extend_from_slice(&cookie.to_be_bytes());
+    v.extend_from_slice(&offset.to_be_bytes());
+    v.extend_from_slice(&length.to_be_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
 /// A simple reply header (with `data` for a successful read).
 pub fn simple_reply(out: &mut Vec<u8>, cookie: u64, error: u32, data: &[u8]) {
     out.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
@@ -720,14 +741,6 @@ mod tests {
         }
     }
 
-    fn opt(option: u32, data: &[u8]) -> Vec<u8> {
-        let mut v = IHAVEOPT.to_be_bytes().to_vec();
-        v.extend_from_slice(&option.to_be_bytes());
-        v.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        v.extend_from_slice(data);
-        v
-    }
-
     /// Feeds everything, returns the output and the final step.
     fn drive(h: &mut Handshake, input: &[u8]) -> (Vec<u8>, Result<Step, ProtocolError>) {
         let mut out = Vec::new();
@@ -745,18 +758,18 @@ mod tests {
     fn go_negotiates_structured_replies_and_base_allocation() {
         let mut h = Handshake::new();
         let mut input = (CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES).to_be_bytes().to_vec();
-        input.extend(opt(OPT_STRUCTURED_REPLY, &[]));
+        input.extend(encode_option(OPT_STRUCTURED_REPLY, &[]));
         let mut q = 7u32.to_be_bytes().to_vec();
         q.extend_from_slice(b"default");
         q.extend_from_slice(&1u32.to_be_bytes());
         q.extend_from_slice(&(BASE_ALLOCATION.len() as u32).to_be_bytes());
         q.extend_from_slice(BASE_ALLOCATION.as_bytes());
-        input.extend(opt(OPT_SET_META_CONTEXT, &q));
-        input.extend(opt(12345, b"whatever"));
+        input.extend(encode_option(OPT_SET_META_CONTEXT, &q));
+        input.extend(encode_option(12345, b"whatever"));
         let mut go = 0u32.to_be_bytes().to_vec();
         go.extend_from_slice(&1u16.to_be_bytes());
         go.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-        input.extend(opt(OPT_GO, &go));
+        input.extend(encode_option(OPT_GO, &go));
         let (out, step) = drive(&mut h, &input);
         let Ok(Step::Done(n)) = step else { panic!("{step:?}") };
         assert!(n.structured_replies && n.base_allocation);
@@ -770,8 +783,8 @@ mod tests {
     fn over_long_option_is_discarded_and_refused() {
         let mut h = Handshake::new();
         let mut input = CLIENT_FLAG_FIXED_NEWSTYLE.to_be_bytes().to_vec();
-        input.extend(opt(OPT_LIST, &vec![0u8; MAX_OPTION_BYTES as usize + 1]));
-        input.extend(opt(OPT_ABORT, &[]));
+        input.extend(encode_option(OPT_LIST, &vec![0u8; MAX_OPTION_BYTES as usize + 1]));
+        input.extend(encode_option(OPT_ABORT, &[]));
         let (out, step) = drive(&mut h, &input);
         assert_eq!(step, Err(ProtocolError::Aborted));
         assert!(out.windows(4).any(|w| w == REP_ERR_TOO_BIG.to_be_bytes()));

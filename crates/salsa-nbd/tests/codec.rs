@@ -5,33 +5,21 @@ use proptest::prelude::*;
 use salsa_nbd::fuzzing::drive;
 use salsa_nbd::proto::*;
 
-fn opt(option: u32, data: &[u8]) -> Vec<u8> {
-    let mut v = IHAVEOPT.to_be_bytes().to_vec();
-    v.extend_from_slice(&option.to_be_bytes());
-    v.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    v.extend_from_slice(data);
-    v
-}
-
 fn request(flags: u16, kind: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
-    let mut v = REQUEST_MAGIC.to_be_bytes().to_vec();
-    v.extend_from_slice(&flags.to_be_bytes());
-    v.extend_from_slice(&kind.to_be_bytes());
-    v.extend_from_slice(&cookie.to_be_bytes());
-    v.extend_from_slice(&offset.to_be_bytes());
-    v.extend_from_slice(&length.to_be_bytes());
-    if kind == CMD_WRITE {
-        v.extend(std::iter::repeat_n(0xAB, length as usize));
-    }
-    v
+    let payload = if kind == CMD_WRITE {
+        vec![0xAB; length as usize]
+    } else {
+        Vec::new()
+    };
+    encode_request(flags, kind, cookie, offset, length, &payload)
 }
 
 /// A plausible client session: flags, some options (valid or not), GO, some requests.
 fn session() -> impl Strategy<Value = Vec<u8>> {
     let option = prop_oneof![
-        Just(opt(OPT_STRUCTURED_REPLY, &[])),
-        Just(opt(OPT_LIST, &[])),
-        (any::<u32>(), proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(o, d)| opt(o % 20, &d)),
+        Just(encode_option(OPT_STRUCTURED_REPLY, &[])),
+        Just(encode_option(OPT_LIST, &[])),
+        (any::<u32>(), proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(o, d)| encode_option(o % 20, &d)),
     ];
     let req = (
         0u16..32,
@@ -48,7 +36,7 @@ fn session() -> impl Strategy<Value = Vec<u8>> {
         }
         let mut go = 0u32.to_be_bytes().to_vec();
         go.extend_from_slice(&0u16.to_be_bytes());
-        v.extend(opt(OPT_GO, &go));
+        v.extend(encode_option(OPT_GO, &go));
         for r in reqs {
             v.extend(r);
         }
