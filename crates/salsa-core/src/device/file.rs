@@ -139,7 +139,14 @@ impl Device for FileDevice {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_range(self.size_bytes, offset, buf.len())?;
-        self.file.write_all_at(buf, offset)
+        self.file.write_all_at(buf, offset)?;
+        if !self.direct {
+            // Through the page cache: start writeback now, so the next sync finds little
+            // dirty data and returns quickly (durability still comes only from sync).
+            // SAFETY: sync_file_range only reads the descriptor, which `self.file` keeps open.
+            unsafe { libc::sync_file_range(self.file.as_raw_fd(), offset as i64, buf.len() as i64, libc::SYNC_FILE_RANGE_WRITE) };
+        }
+        Ok(())
     }
     fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
