@@ -150,29 +150,11 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>) -> u64 {
                 // Clean shutdown and reopen: exercises checkpoint writing and loading.
                 let p = pool.take().unwrap();
                 GC_CLEANED.fetch_add(p.stats().gc_segments_cleaned, std::sync::atomic::Ordering::Relaxed);
-                if std::env::var("SALSA_DEBUG").is_ok() {
-                    let st = p.stats();
-                    eprintln!(
-                        "before close: free {} states {:?} mapped {:?}",
-                        st.free_segments,
-                        st.segments_by_state,
-                        st.volumes.iter().map(|v| v.mapped_bytes / 4096).collect::<Vec<_>>()
-                    );
-                }
                 match p.close() {
                     Ok(()) => {
                         oracle.flushed();
                         match Pool::open(devs(), &inline_gc()) {
                             Ok(p) => {
-                                if std::env::var("SALSA_DEBUG").is_ok() {
-                                    let st = p.stats();
-                                    eprintln!(
-                                        "after open {:?}: free {} states {:?}",
-                                        p.opened_from(),
-                                        st.free_segments,
-                                        st.segments_by_state
-                                    );
-                                }
                                 pool = Some(p);
                                 Ok(())
                             }
