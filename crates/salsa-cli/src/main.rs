@@ -343,11 +343,25 @@ fn check(devices: &Devices) -> Result<bool, String> {
     // page's location; then again, rebuilding everything from the log alone. One at a time: the
     // pool is locked while open.
     let mut locations = std::collections::HashMap::new();
+    let mut damage = 0u64;
     {
         let normal = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
         for name in normal.volume_names() {
             let v = normal.volume(&name).map_err(|e| e.to_string())?;
-            locations.insert(name, (0..v.pages()).map(|p| v.page_location(p)).collect::<Vec<_>>());
+            let mut buf = vec![0u8; v.page_bytes() as usize];
+            let mut locs = Vec::with_capacity(v.pages() as usize);
+            for p in 0..v.pages() {
+                let loc = v.page_location(p);
+                // Every page the open view maps must match its checksum.
+                if loc.is_some() {
+                    if let Err(e) = v.read(p * v.page_bytes() as u64, &mut buf) {
+                        println!("volume {name}: page {p}: {e}");
+                        damage += 1;
+                    }
+                }
+                locs.push(loc);
+            }
+            locations.insert(name, locs);
         }
     }
     let scanned = Pool::open_with_progress(
@@ -359,7 +373,6 @@ fn check(devices: &Devices) -> Result<bool, String> {
         &progress_bar("scan"),
     )
     .map_err(|e| e.to_string())?;
-    let mut damage = 0u64;
     let mut pages_checked = 0u64;
     for name in scanned.volume_names() {
         let b = scanned.volume(&name).map_err(|e| e.to_string())?;
@@ -372,7 +385,11 @@ fn check(devices: &Devices) -> Result<bool, String> {
         let mut differ = 0;
         let progress = progress_bar("verify");
         for p in 0..b.pages() {
-            if a.get(p as usize).copied().flatten() != b.page_location(p) {
+            let (at_open, in_log) = (a.get(p as usize).copied().flatten(), b.page_location(p));
+            if at_open != in_log {
+                if differ < 10 {
+                    println!("volume {name}: page {p}: checkpoint says grain {at_open:?}, the log says grain {in_log:?}");
+                }
                 differ += 1;
             }
             if b.page_location(p).is_some() {

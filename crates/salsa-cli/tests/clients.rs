@@ -254,3 +254,32 @@ fn serve_refuses_a_device_with_foreign_data() {
     assert!(!ok && out.contains("salsa format --force"), "{out}");
     assert!(std::fs::read(&img).unwrap().iter().all(|&b| b == 7), "the device was modified");
 }
+
+#[test]
+fn salsa_check_passes_a_clean_pool_and_reports_damage() {
+    require("nbdcopy");
+    let dir = test_dir("check");
+    let srv = Server::start(&dir, "48M", &[]);
+    let image = dir.join("in.img");
+    let block: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    let data: Vec<u8> = block.iter().cycle().take(1 << 20).copied().collect();
+    std::fs::write(&image, &data).unwrap();
+    let (ok, out) = run(Command::new("nbdcopy").arg(&image).arg(srv.uri()));
+    assert!(ok, "{out}");
+    assert!(srv.stop().success());
+    let pool = dir.join("pool.img");
+    let salsa = env!("CARGO_BIN_EXE_salsa");
+    let (ok, out) = run(Command::new(salsa).args(["check", "--device"]).arg(&pool));
+    assert!(ok && out.contains("0 problems"), "clean pool: {out}");
+    // Damage one data page on the device (the first copy of the block found).
+    let mut bytes = std::fs::read(&pool).unwrap();
+    let at = (1 << 20..bytes.len())
+        .step_by(4096)
+        .find(|&o| bytes[o..o + 4096] == block[..])
+        .expect("data page not found");
+    bytes[at + 100] ^= 0x40;
+    std::fs::write(&pool, &bytes).unwrap();
+    let (ok, out) = run(Command::new(salsa).args(["check", "--device"]).arg(&pool));
+    assert!(!ok, "check passed a damaged pool: {out}");
+    assert!(out.contains("page 0: checksum mismatch"), "{out}");
+}
