@@ -144,6 +144,15 @@ impl Engine {
         }
     }
 
+    /// What a record-chain walk needs to know about this pool.
+    pub fn scan_geometry(&self) -> crate::scan::ScanGeometry {
+        crate::scan::ScanGeometry {
+            pool_id: self.pool_id,
+            grain_bytes: self.geo.grain_bytes as usize,
+            grains_per_segment: self.geo.grains_per_segment,
+        }
+    }
+
     // ----- errors -----
 
     /// Makes the pool refuse writes until reopened, remembering why.

@@ -653,11 +653,6 @@ impl Pool {
         self.eng.flush()
     }
 
-    /// Runs the GC until the high watermark (for tests and tools; the worker does this anyway).
-    pub fn run_gc(&self) -> Result<()> {
-        self.eng.gc_round()
-    }
-
     /// Current statistics.
     pub fn stats(&self) -> Stats {
         let c = &self.eng.counters;
@@ -995,8 +990,6 @@ impl Volume {
 
     /// Whether the page holding `offset` is mapped to data (for block-status queries).
     pub fn is_mapped(&self, offset: u64) -> bool {
-        let map = self.vol.map();
-        let page = offset / self.vol.page_bytes as u64;
-        page < map.pages() && matches!(map.load(page), crate::controller::map::Entry::Mapped(_))
+        self.page_location(offset / self.vol.page_bytes as u64).is_some()
     }
 }

@@ -12,7 +12,7 @@ use crate::controller::map::Entry;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::{decode_checkpoint_header, CheckpointRef, MetaEntry, RecordMeta, SegmentHeader, StreamKind};
-use crate::scan::{walk_segment, ScanGeometry};
+use crate::scan::walk_segment;
 use crate::util::{AlignedBuf, Decoder};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
@@ -31,11 +31,7 @@ struct Found {
 /// Rebuilds every volume's map by scanning all segments (in parallel).
 pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
     let n = eng.geo.total_segments;
-    let geo = ScanGeometry {
-        pool_id: eng.pool_id,
-        grain_bytes: eng.geo.grain_bytes as usize,
-        grains_per_segment: eng.geo.grains_per_segment,
-    };
+    let geo = eng.scan_geometry();
     let threads = std::thread::available_parallelism().map(|p| p.get()).unwrap_or(1).clamp(1, 8) as u32;
     let done = std::sync::atomic::AtomicU64::new(0);
     let mut found: Vec<Found> = Vec::new();

@@ -17,7 +17,7 @@ use crate::capacity::Purpose;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::{MetaEntry, RecordMeta, SegmentHeader, StreamKind};
-use crate::scan::{walk_segment, ScanGeometry};
+use crate::scan::walk_segment;
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -536,11 +536,7 @@ impl LsaVolume {
         let map = self.map.read();
         let gps = eng.geo.grains_per_segment as u64;
         let base = victim as u64 * gps;
-        let geo = ScanGeometry {
-            pool_id: eng.pool_id,
-            grain_bytes: eng.geo.grain_bytes as usize,
-            grains_per_segment: eng.geo.grains_per_segment,
-        };
+        let geo = eng.scan_geometry();
         let mut failure = None;
         let pb = self.page_bytes as usize;
         walk_segment(&eng.array, &eng.buffers, &geo, victim, |_, meta, data| {

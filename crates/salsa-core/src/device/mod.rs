@@ -47,16 +47,6 @@ impl StorageType {
     pub fn from_u8(v: u8) -> Option<StorageType> {
         StorageType::ALL.get(v as usize).copied()
     }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            StorageType::Flash => "flash",
-            StorageType::Hdd => "hdd",
-            StorageType::SmrConventional => "smr-conventional",
-            StorageType::SmrSequential => "smr-sequential",
-            StorageType::Nvm => "nvm",
-        }
-    }
 }
 
 /// A storage device: regular file, block device, memory, or an emulation.
