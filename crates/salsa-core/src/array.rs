@@ -24,6 +24,8 @@ pub struct Array {
     grains_per_segment: u64,
     /// Member index of every segment, for O(1) lookup.
     owner: Vec<u16>,
+    /// Some member uses `O_DIRECT`; fixed when the array is built (asked on every page read).
+    aligned_buffers: bool,
 }
 
 impl Array {
@@ -33,12 +35,14 @@ impl Array {
             assert_eq!(m.first_segment as usize, owner.len(), "members must be contiguous");
             owner.extend(std::iter::repeat_n(i as u16, m.segment_count as usize));
         }
+        let aligned_buffers = members.iter().any(|m| m.device.alignment_bytes() > 512);
         Array {
             members,
             segment_bytes,
             grain_bytes,
             grains_per_segment: segment_bytes / grain_bytes,
             owner,
+            aligned_buffers,
         }
     }
 
@@ -48,7 +52,7 @@ impl Array {
 
     /// Whether buffers handed to the devices must be aligned (some member uses `O_DIRECT`).
     pub fn needs_aligned_buffers(&self) -> bool {
-        self.members.iter().any(|m| m.device.alignment_bytes() > 512)
+        self.aligned_buffers
     }
 
     pub fn segment_count(&self) -> u32 {
