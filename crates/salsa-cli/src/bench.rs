@@ -30,7 +30,7 @@ pub struct BenchParams {
     pub measure_volumes: f64,
     pub baseline_seconds: u64,
     pub segment_bytes: Option<u64>,
-    pub gc_policy: salsa_core::GcPolicyId,
+    pub victim_policy: String,
 }
 
 /// Steady-state write amplification of greedy cleaning under uniform random writes, with spare
@@ -196,7 +196,7 @@ pub fn run(p: &BenchParams, progress: &dyn Fn(&str)) -> Result<BenchReport, Stri
     let cfg = PoolConfig {
         spare_percent: p.spare_percent,
         segment_bytes: p.segment_bytes,
-        gc_policy: p.gc_policy,
+        victim_policy: p.victim_policy.clone(),
         ..PoolConfig::default()
     };
     let pool = Pool::create(vec![dev], &cfg, &OpenOptions::default()).map_err(|e| e.to_string())?;

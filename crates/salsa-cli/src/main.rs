@@ -4,7 +4,7 @@ mod bench;
 mod spec;
 
 use clap::{Parser, Subcommand};
-use salsa_core::{GcPolicyId, OpenOptions, Pool, PoolConfig};
+use salsa_core::{OpenOptions, Pool, PoolConfig};
 use spec::{parse_size, DeviceSpec};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -47,9 +47,12 @@ struct FormatArgs {
     /// Page size of the default volume (4K to 64K, a multiple of the grain).
     #[arg(long, value_parser = parse_size, default_value = "4K")]
     page_size: u64,
-    /// GC victim selection: greedy, cost-benefit or aging-greedy.
-    #[arg(long, default_value = "aging-greedy", value_parser = parse_policy)]
-    gc_policy: GcPolicyId,
+    /// GC victim selection policy (`salsa policies` lists them).
+    #[arg(long, alias = "gc-policy", default_value = "aging-greedy")]
+    victim: String,
+    /// Placement policy of the volumes (`salsa policies` lists them).
+    #[arg(long, default_value = "salsa")]
+    placement: String,
     /// A metadata page after at most this many data pages (default: as many as fit one page).
     #[arg(long)]
     meta_interval: Option<u32>,
@@ -62,7 +65,8 @@ impl FormatArgs {
             grain_bytes: u32::try_from(self.grain_size).map_err(|_| "grain size too large")?,
             segment_bytes: self.segment_size,
             meta_interval_pages: self.meta_interval,
-            gc_policy: self.gc_policy,
+            victim_policy: self.victim.clone(),
+            default_placement: self.placement.clone(),
             spare_percent: self.spare,
             ..PoolConfig::default()
         })
@@ -75,10 +79,6 @@ impl FormatArgs {
         pool.create_volume("default", size, page).map_err(|e| e.to_string())?;
         Ok(size)
     }
-}
-
-fn parse_policy(s: &str) -> Result<GcPolicyId, String> {
-    GcPolicyId::parse(s).ok_or_else(|| format!("unknown GC policy {s:?}; use greedy, cost-benefit or aging-greedy"))
 }
 
 #[derive(Subcommand)]
@@ -158,6 +158,8 @@ enum Command {
         #[command(subcommand)]
         command: VolumeCommand,
     },
+    /// List the placement and victim-selection policies this build knows.
+    Policies,
     /// Benchmark: random overwrites through SALSA against the same writes straight to the file.
     Bench {
         /// Scratch file (overwritten); omit for an in-memory pool without baseline.
@@ -186,8 +188,8 @@ enum Command {
         baseline_seconds: u64,
         #[arg(long, value_parser = parse_size)]
         segment_size: Option<u64>,
-        #[arg(long, default_value = "aging-greedy", value_parser = parse_policy)]
-        gc_policy: GcPolicyId,
+        #[arg(long, alias = "gc-policy", default_value = "aging-greedy")]
+        victim: String,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -205,6 +207,9 @@ enum VolumeCommand {
         size: u64,
         #[arg(long, value_parser = parse_size, default_value = "4K")]
         page_size: u64,
+        /// Placement policy (default: the pool's; `salsa policies` lists them).
+        #[arg(long)]
+        placement: Option<String>,
     },
     /// List volumes.
     List {
@@ -323,16 +328,19 @@ fn info(devices: &Devices) -> Result<(), String> {
         human(st.free_segments as u64 * g.segment_bytes)
     );
     println!("spare       {}%", pool.spare_percent());
-    println!("gc policy   {}", pool.gc_policy_name());
+    println!("victim      {}", pool.victim_policy());
+    println!("placement   {} (default for new volumes)", pool.default_placement());
     println!("opened from {:?}", pool.opened_from());
     println!("volumes     {}", st.volumes.len());
     for v in &st.volumes {
         println!(
-            "  {:<20} size {:>10}  page {:>6}  mapped {:>10}",
+            "  {:<20} size {:>10}  page {:>6}  mapped {:>10}  placement {} ({})",
             v.name,
             human(v.size_bytes),
             human(v.page_bytes as u64),
-            human(v.mapped_bytes)
+            human(v.mapped_bytes),
+            v.placement,
+            human(v.placement_memory_bytes)
         );
     }
     Ok(())
@@ -422,17 +430,19 @@ fn volume(cmd: &VolumeCommand) -> Result<(), String> {
             name,
             size,
             page_size,
+            placement,
         } => {
             let pool = Pool::open(devices.open(false)?, &rw_options()).map_err(|e| e.to_string())?;
             let page = u32::try_from(*page_size).map_err(|_| "page size too large")?;
-            pool.create_volume(name, *size, page).map_err(|e| e.to_string())?;
+            let placement = placement.clone().unwrap_or_else(|| pool.default_placement().to_string());
+            pool.create_volume_with(name, *size, page, &placement).map_err(|e| e.to_string())?;
             println!("created volume {name}: {}", human(*size));
             pool.close().map_err(|e| e.to_string())
         }
         VolumeCommand::List { devices } => {
             let pool = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
             for v in pool.stats().volumes {
-                println!("{}\t{}\t{}\t{}", v.name, v.size_bytes, v.page_bytes, v.mapped_bytes);
+                println!("{}\t{}\t{}\t{}\t{}", v.name, v.size_bytes, v.page_bytes, v.mapped_bytes, v.placement);
             }
             Ok(())
         }
@@ -491,6 +501,18 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Volume { command } => volume(command),
+        Command::Policies => {
+            let (victims, placements) = salsa_core::Registry::builtin().describe();
+            println!("placement policies (--placement):");
+            for (n, a) in placements {
+                println!("  {n:<14} {a}");
+            }
+            println!("victim policies (--victim):");
+            for (n, a) in victims {
+                println!("  {n:<14} {a}");
+            }
+            Ok(())
+        }
         Command::Bench {
             file,
             memory,
@@ -502,7 +524,7 @@ fn main() -> ExitCode {
             measure,
             baseline_seconds,
             segment_size,
-            gc_policy,
+            victim,
             json,
         } => run_bench(
             &bench::BenchParams {
@@ -515,7 +537,7 @@ fn main() -> ExitCode {
                 measure_volumes: *measure,
                 baseline_seconds: *baseline_seconds,
                 segment_bytes: *segment_size,
-                gc_policy: *gc_policy,
+                victim_policy: victim.clone(),
             },
             *json,
         ),
@@ -634,6 +656,7 @@ fn stats_json(pool: &Pool) -> serde_json::Value {
         "volumes": s.volumes.iter().map(|v| serde_json::json!({
             "name": v.name, "size_bytes": v.size_bytes, "page_bytes": v.page_bytes,
             "mapped_bytes": v.mapped_bytes, "map_memory_bytes": v.map_memory_bytes,
+            "placement": v.placement, "placement_memory_bytes": v.placement_memory_bytes,
         })).collect::<Vec<_>>(),
     })
 }

@@ -62,6 +62,8 @@ pub struct SegmentInfo {
     pub generation: AtomicU64,
     /// Data sequence number when the segment was sealed (its age, for cleaning policies).
     pub sealed_seq: AtomicU64,
+    /// Data sequence number when a stream opened the segment.
+    pub opened_seq: AtomicU64,
     pub storage_type: StorageType,
     /// The GC found live pages its metadata chain does not describe (damage); never a victim.
     pub unmovable: std::sync::atomic::AtomicBool,
@@ -155,6 +157,7 @@ impl Capacity {
                 stream: AtomicU8::new(0),
                 generation: AtomicU64::new(0),
                 sealed_seq: AtomicU64::new(0),
+                opened_seq: AtomicU64::new(0),
                 storage_type: t,
                 unmovable: std::sync::atomic::AtomicBool::new(false),
                 records: Mutex::new(Vec::new()),

@@ -23,7 +23,7 @@ use crate::device::StorageType;
 use crate::durability::{Tracker, EPOCH_SHIFT};
 use crate::error::{Error, Result};
 use crate::format::{PoolMeta, POOL_META_SLOT_OFFSETS};
-use crate::policy::{Candidate, VictimPolicy};
+use crate::policy::victim::{Candidate, VictimPolicy};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
@@ -403,11 +403,11 @@ impl Engine {
                 }
                 let sealed = s.sealed_seq.load(SeqCst);
                 oldest = oldest.min(sealed);
-                cands.push((i as u32, valid, sealed));
+                cands.push((i as u32, valid, sealed, s.stream.load(SeqCst)));
             }
             let best = cands
                 .iter()
-                .map(|&(segment, valid_grains, sealed_seq)| {
+                .map(|&(segment, valid_grains, sealed_seq, stream)| {
                     let c = Candidate {
                         segment,
                         valid_grains,
@@ -415,6 +415,7 @@ impl Engine {
                         sealed_seq,
                         now_seq: now,
                         oldest_sealed_seq: oldest,
+                        stream: crate::format::StreamKind::from_u8(stream).unwrap_or(crate::format::StreamKind::User(0)),
                     };
                     (self.policy.score(&c), segment)
                 })
@@ -497,7 +498,7 @@ impl Engine {
             return Ok(0);
         }
         for v in self.volumes_snapshot() {
-            if let Some(r) = v.seal_gc_record(self) {
+            for r in v.seal_gc_records(self) {
                 self.write_record(r)?;
             }
         }

@@ -7,7 +7,9 @@ use crate::device::StorageType;
 use crate::util::{Decoder, Encoder, Truncated};
 
 /// Format version written by this build; newer versions are refused.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// Longest policy name stored on disk.
+pub const MAX_POLICY_NAME_BYTES: usize = 32;
 /// Size of the superblock at offset 0 of every device.
 pub const SUPERBLOCK_BYTES: usize = 4096;
 /// Bytes at the head of every device that hold the superblock and the pool-metadata slots;
@@ -39,6 +41,8 @@ pub enum FormatError {
     BadChecksum,
     #[error("format version {0} is newer than this SALSA supports ({FORMAT_VERSION})")]
     NewerVersion(u32),
+    #[error("format version {0} is older than this SALSA reads ({FORMAT_VERSION}); copy the data out with the SALSA that wrote it, then reformat")]
+    OlderVersion(u32),
     #[error("truncated while reading {0}")]
     Truncated(&'static str),
     #[error("invalid field: {0}")]
@@ -86,43 +90,27 @@ fn open_block<'a>(block: &'a [u8], magic: &[u8; 8]) -> Result<Decoder<'a>, Forma
     if version > FORMAT_VERSION {
         return Err(FormatError::NewerVersion(version));
     }
-    if version == 0 {
-        return Err(FormatError::Invalid("version 0".into()));
+    if version < FORMAT_VERSION {
+        return Err(FormatError::OlderVersion(version));
     }
     Ok(d)
 }
 
-/// Victim-selection policy identifiers stored in the superblock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum GcPolicyId {
-    Greedy = 0,
-    CostBenefit = 1,
-    /// SALSA's generalised greedy with an aging factor.
-    AgingGreedy = 2,
+/// Encodes a policy name: a length byte and its bytes.
+fn encode_name(e: &mut Encoder, name: &str) {
+    let b = name.as_bytes();
+    assert!(b.len() <= MAX_POLICY_NAME_BYTES, "policy name {name:?} is too long");
+    e.u8(b.len() as u8).raw(b);
 }
 
-impl GcPolicyId {
-    pub fn from_u8(v: u8) -> Option<GcPolicyId> {
-        match v {
-            0 => Some(GcPolicyId::Greedy),
-            1 => Some(GcPolicyId::CostBenefit),
-            2 => Some(GcPolicyId::AgingGreedy),
-            _ => None,
-        }
+fn decode_name(d: &mut Decoder<'_>, what: &'static str) -> Result<String, FormatError> {
+    let n = d.u8(what)? as usize;
+    if n > MAX_POLICY_NAME_BYTES {
+        return Err(FormatError::Invalid(format!("{what} length {n}")));
     }
-    pub fn name(self) -> &'static str {
-        match self {
-            GcPolicyId::Greedy => "greedy",
-            GcPolicyId::CostBenefit => "cost-benefit",
-            GcPolicyId::AgingGreedy => "aging-greedy",
-        }
-    }
-    pub fn parse(s: &str) -> Option<GcPolicyId> {
-        [GcPolicyId::Greedy, GcPolicyId::CostBenefit, GcPolicyId::AgingGreedy]
-            .into_iter()
-            .find(|p| p.name() == s)
-    }
+    std::str::from_utf8(d.take(n, what)?)
+        .map(str::to_string)
+        .map_err(|_| FormatError::Invalid(format!("{what} is not UTF-8")))
 }
 
 /// The superblock at offset 0 of every pool member.
@@ -143,7 +131,10 @@ pub struct Superblock {
     pub total_segments: u32,
     /// A metadata page is written after at most this many data pages.
     pub meta_interval_pages: u32,
-    pub gc_policy: GcPolicyId,
+    /// Name of the victim-selection policy (see [`crate::policy`]).
+    pub victim_policy: String,
+    /// Placement policy of volumes created without naming one.
+    pub default_placement: String,
     /// Aging factor of the aging-greedy policy, in thousandths.
     pub gc_aging_milli: u32,
     /// Spare space the pool was formatted with, in hundredths of a percent of physical space.
@@ -165,10 +156,10 @@ impl Superblock {
             .u32(self.first_segment)
             .u32(self.segment_count)
             .u32(self.total_segments)
-            .u32(self.meta_interval_pages)
-            .u8(self.gc_policy as u8)
-            .u32(self.gc_aging_milli)
-            .u32(self.spare_basis_points);
+            .u32(self.meta_interval_pages);
+        encode_name(&mut e, &self.victim_policy);
+        encode_name(&mut e, &self.default_placement);
+        e.u32(self.gc_aging_milli).u32(self.spare_basis_points);
         let mut block = vec![0u8; SUPERBLOCK_BYTES];
         seal_block(&e.bytes, &mut block);
         block
@@ -188,7 +179,8 @@ impl Superblock {
             segment_count: d.u32("segment count")?,
             total_segments: d.u32("total segments")?,
             meta_interval_pages: d.u32("metadata interval")?,
-            gc_policy: GcPolicyId::from_u8(d.u8("gc policy")?).ok_or_else(|| FormatError::Invalid("gc policy".into()))?,
+            victim_policy: decode_name(&mut d, "victim policy")?,
+            default_placement: decode_name(&mut d, "default placement policy")?,
             gc_aging_milli: d.u32("aging factor")?,
             spare_basis_points: d.u32("spare")?,
         };
@@ -232,6 +224,8 @@ pub struct VolumeRecord {
     pub name: String,
     pub size_bytes: u64,
     pub page_bytes: u32,
+    /// Name of the volume's placement policy (see [`crate::policy`]).
+    pub placement: String,
 }
 
 /// The pool-wide mutable metadata, written alternately into two slots on device 0.
@@ -271,6 +265,7 @@ impl PoolMeta {
         for v in &self.volumes {
             let name = v.name.as_bytes();
             e.u32(v.id).u16(name.len() as u16).raw(name).u64(v.size_bytes).u32(v.page_bytes);
+            encode_name(&mut e, &v.placement);
         }
         match &self.checkpoint {
             None => {
@@ -335,6 +330,7 @@ impl PoolMeta {
                 .to_string();
             let size_bytes = d.u64("volume size")?;
             let page_bytes = d.u32("page size")?;
+            let placement = decode_name(&mut d, "placement policy")?;
             if id >= next_volume_id {
                 return Err(FormatError::Invalid("volume id beyond next id".into()));
             }
@@ -343,6 +339,7 @@ impl PoolMeta {
                 name,
                 size_bytes,
                 page_bytes,
+                placement,
             });
         }
         let checkpoint = match d.u8("checkpoint flag")? {
@@ -373,23 +370,32 @@ impl PoolMeta {
     }
 }
 
-/// The stream a segment was opened for.
+/// Most user or GC streams a volume's placement policy may use.
+pub const MAX_STREAMS_PER_KIND: u8 = 16;
+
+/// The stream a segment was opened for: a user-write class or a GC class of the volume's
+/// placement policy, or the checkpoint. Stored as one byte: user class `k` is `k`, GC class `k`
+/// is `0x40 + k`, the checkpoint `0xFF`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
 pub enum StreamKind {
-    UserHot = 0,
-    UserCold = 1,
-    Gc = 2,
-    Checkpoint = 3,
+    User(u8),
+    Gc(u8),
+    Checkpoint,
 }
 
 impl StreamKind {
+    pub fn to_u8(self) -> u8 {
+        match self {
+            StreamKind::User(k) => k,
+            StreamKind::Gc(k) => 0x40 + k,
+            StreamKind::Checkpoint => 0xFF,
+        }
+    }
     pub fn from_u8(v: u8) -> Option<StreamKind> {
         match v {
-            0 => Some(StreamKind::UserHot),
-            1 => Some(StreamKind::UserCold),
-            2 => Some(StreamKind::Gc),
-            3 => Some(StreamKind::Checkpoint),
+            0xFF => Some(StreamKind::Checkpoint),
+            k if k < MAX_STREAMS_PER_KIND => Some(StreamKind::User(k)),
+            k if (0x40..0x40 + MAX_STREAMS_PER_KIND).contains(&k) => Some(StreamKind::Gc(k - 0x40)),
             _ => None,
         }
     }
@@ -418,7 +424,7 @@ impl SegmentHeader {
             .u32(self.segment)
             .u64(self.incarnation)
             .u32(self.volume_id)
-            .u8(self.stream as u8)
+            .u8(self.stream.to_u8())
             .u64(self.opened_seq);
         seal_block(&e.bytes, block);
     }
@@ -631,6 +637,7 @@ mod tests {
                 name: "db".into(),
                 size_bytes: 1 << 30,
                 page_bytes: 4096,
+                placement: "sepbit".into(),
             }],
             checkpoint: Some(CheckpointRef {
                 segments: vec![4, 5],

@@ -3,8 +3,8 @@
 //! Layers, top to bottom (each module says what it owns and which invariants it keeps):
 //! - [`pool`]: the public API (pools, volumes, statistics);
 //! - [`controller`]: volumes' logical-to-physical mapping (the LSA page map);
-//! - [`engine`]: the shared paths: write records, flush, allocation, GC; [`policy`]: victim
-//!   selection; [`recovery`]: checkpoint load and crash scan; [`scan`]: record-chain walks;
+//! - [`engine`]: the shared paths: write records, flush, allocation, GC; [`policy`]: placement
+//!   and victim selection, by name; [`recovery`]: checkpoint load and crash scan; [`scan`]: record-chain walks;
 //! - [`capacity`]: segments, free queues, valid counts; [`durability`]: record ids and syncs;
 //! - [`array`]: devices combined into one address space; [`device`]: the devices;
 //! - [`format`]: every on-disk structure.
@@ -25,5 +25,5 @@ pub mod util;
 
 pub use device::{Device, StorageType};
 pub use error::{Error, ErrorKind, Result};
-pub use format::GcPolicyId;
+pub use policy::Registry;
 pub use pool::{OpenOptions, OpenedFrom, Pool, PoolConfig, Stats, Volume, VolumeStats};

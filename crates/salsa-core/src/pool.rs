@@ -9,10 +9,10 @@ use crate::device::Device;
 use crate::engine::{Engine, Geometry};
 use crate::error::{Error, Result};
 use crate::format::{
-    meta_entries_per_page, CheckpointRef, FormatError, GcPolicyId, PoolMeta, Superblock, VolumeRecord, DEVICE_RESERVED_BYTES,
-    FORMAT_VERSION, MAX_CHECKPOINT_SEGMENTS, MAX_VOLUMES, MAX_VOLUME_NAME_BYTES, POOL_META_SLOT_BYTES, POOL_META_SLOT_OFFSETS,
-    SUPERBLOCK_BYTES,
+    meta_entries_per_page, CheckpointRef, FormatError, PoolMeta, Superblock, VolumeRecord, DEVICE_RESERVED_BYTES, FORMAT_VERSION,
+    MAX_CHECKPOINT_SEGMENTS, MAX_VOLUMES, MAX_VOLUME_NAME_BYTES, POOL_META_SLOT_BYTES, POOL_META_SLOT_OFFSETS, SUPERBLOCK_BYTES,
 };
+use crate::policy::{Registry, VictimParams};
 use crate::util::AlignedBuf;
 use parking_lot::Mutex;
 use rand::Rng;
@@ -32,7 +32,10 @@ pub struct PoolConfig {
     pub segment_bytes: Option<u64>,
     /// A metadata page after at most this many data pages; `None`: as many as a page holds.
     pub meta_interval_pages: Option<u32>,
-    pub gc_policy: GcPolicyId,
+    /// Victim-selection policy, by name (see [`crate::policy::Registry`]).
+    pub victim_policy: String,
+    /// Placement policy of volumes created without naming one.
+    pub default_placement: String,
     /// Aging factor of the aging-greedy policy.
     pub gc_aging: f64,
     /// Physical space kept spare, as a percentage; sizes the default volume.
@@ -45,7 +48,8 @@ impl Default for PoolConfig {
             grain_bytes: 4096,
             segment_bytes: None,
             meta_interval_pages: None,
-            gc_policy: GcPolicyId::AgingGreedy,
+            victim_policy: "aging-greedy".into(),
+            default_placement: "salsa".into(),
             gc_aging: 0.1,
             spare_percent: 20.0,
         }
@@ -64,6 +68,8 @@ pub struct OpenOptions {
     /// Background GC threads; each cleans its own victim, so the device sees their I/O in
     /// parallel.
     pub gc_workers: usize,
+    /// Policies the pool's and volumes' policy names are looked up in.
+    pub policies: Registry,
 }
 
 impl Default for OpenOptions {
@@ -73,6 +79,7 @@ impl Default for OpenOptions {
             read_only: false,
             force_scan: false,
             gc_workers: 4,
+            policies: Registry::builtin(),
         }
     }
 }
@@ -91,6 +98,9 @@ pub struct Pool {
     gc_threads: Mutex<Vec<JoinHandle<()>>>,
     opened_from: OpenedFrom,
     spare_basis_points: u32,
+    victim_policy: String,
+    default_placement: String,
+    policies: Registry,
     closed: bool,
 }
 
@@ -133,6 +143,9 @@ pub struct VolumeStats {
     pub page_bytes: u32,
     pub mapped_bytes: u64,
     pub map_memory_bytes: u64,
+    pub placement: String,
+    /// Memory the placement policy holds (per-page history and the like).
+    pub placement_memory_bytes: u64,
 }
 
 fn default_segment_bytes(total_bytes: u64) -> u64 {
@@ -237,6 +250,19 @@ impl Pool {
                 cfg.gc_aging
             )));
         }
+        if !opts.policies.has_victim(&cfg.victim_policy) {
+            return Err(Error::InvalidConfig(
+                opts.policies
+                    .victim(&cfg.victim_policy, &VictimParams { aging: 0.0 })
+                    .err()
+                    .unwrap_or_default(),
+            ));
+        }
+        if !opts.policies.has_placement(&cfg.default_placement) {
+            return Err(Error::InvalidConfig(
+                opts.policies.placement(&cfg.default_placement, 0).err().unwrap_or_default(),
+            ));
+        }
         let total: u64 = devices.iter().map(|d| d.size_bytes().saturating_sub(DEVICE_RESERVED_BYTES)).sum();
         let segment_bytes = cfg.segment_bytes.unwrap_or_else(|| default_segment_bytes(total));
         if !((1 << 20)..=(1 << 30)).contains(&segment_bytes) || !segment_bytes.is_multiple_of(cfg.grain_bytes as u64) {
@@ -285,7 +311,8 @@ impl Pool {
                 segment_count: count,
                 total_segments: first,
                 meta_interval_pages: meta_interval,
-                gc_policy: cfg.gc_policy,
+                victim_policy: cfg.victim_policy.clone(),
+                default_placement: cfg.default_placement.clone(),
                 gc_aging_milli: (cfg.gc_aging * 1000.0).round() as u32,
                 spare_basis_points: (cfg.spare_percent * 100.0).round() as u32,
             };
@@ -438,7 +465,23 @@ impl Pool {
         if !opts.read_only {
             crate::engine::write_meta_slot(dev0.as_ref(), &mut meta)?;
         }
-        let policy = crate::policy::build(first.gc_policy, first.gc_aging_milli);
+        let policy = opts
+            .policies
+            .victim(
+                &first.victim_policy,
+                &VictimParams {
+                    aging: first.gc_aging_milli as f64 / 1000.0,
+                },
+            )
+            .map_err(|e| Error::InvalidConfig(format!("{e} (register it in OpenOptions::policies)")))?;
+        let mut placements = Vec::new();
+        for v in &old_meta.volumes {
+            let p = opts
+                .policies
+                .placement(&v.placement, v.size_bytes / v.page_bytes as u64)
+                .map_err(|e| Error::InvalidConfig(format!("volume {:?}: {e} (register it in OpenOptions::policies)", v.name)))?;
+            placements.push(p);
+        }
         let eng = Engine::new(
             first.pool_id,
             geo,
@@ -455,12 +498,9 @@ impl Pool {
         };
         {
             let mut vols = eng.volumes.write();
-            for v in &old_meta.volumes {
+            for (v, placement) in old_meta.volumes.iter().zip(placements) {
                 let map = PageMap::new(v.size_bytes / v.page_bytes as u64, encoding);
-                vols.insert(
-                    v.id,
-                    Arc::new(LsaVolume::new(v.id, v.name.clone(), v.size_bytes, v.page_bytes, map, grain)),
-                );
+                vols.insert(v.id, Arc::new(LsaVolume::new(v, map, grain, placement)));
             }
         }
         let mut opened_from = OpenedFrom::RecoveryScan;
@@ -488,6 +528,9 @@ impl Pool {
             gc_threads: Mutex::new(Vec::new()),
             opened_from,
             spare_basis_points: first.spare_basis_points,
+            victim_policy: first.victim_policy.clone(),
+            default_placement: first.default_placement.clone(),
+            policies: opts.policies.clone(),
             closed: false,
         };
         if opts.background_gc && !opts.read_only {
@@ -528,16 +571,33 @@ impl Pool {
         self.spare_basis_points as f64 / 100.0
     }
 
-    pub fn gc_policy_name(&self) -> &'static str {
-        self.eng.policy.name()
+    /// The pool's victim-selection policy.
+    pub fn victim_policy(&self) -> &str {
+        &self.victim_policy
+    }
+
+    /// The placement policy of volumes created without naming one.
+    pub fn default_placement(&self) -> &str {
+        &self.default_placement
     }
 
     // ----- volumes -----
 
-    /// Creates a volume. Its size may exceed the free space (thin provisioning).
+    /// Creates a volume with the pool's default placement policy. Its size may exceed the
+    /// free space (thin provisioning).
     pub fn create_volume(&self, name: &str, size_bytes: u64, page_bytes: u32) -> Result<Volume> {
+        let placement = self.default_placement.clone();
+        self.create_volume_with(name, size_bytes, page_bytes, &placement)
+    }
+
+    /// Creates a volume with the named placement policy.
+    pub fn create_volume_with(&self, name: &str, size_bytes: u64, page_bytes: u32, placement: &str) -> Result<Volume> {
         self.eng.check_writable()?;
         validate_volume(name, page_bytes, self.eng.geo.grain_bytes, size_bytes)?;
+        let policy = self
+            .policies
+            .placement(placement, size_bytes / page_bytes as u64)
+            .map_err(Error::InvalidArgument)?;
         let mut meta = self.eng.meta.lock();
         if meta.volumes.iter().any(|v| v.name == name) {
             return Err(Error::VolumeExists(name.into()));
@@ -548,12 +608,14 @@ impl Pool {
         let id = meta.next_volume_id;
         let mut next = meta.clone();
         next.next_volume_id += 1;
-        next.volumes.push(VolumeRecord {
+        let rec = VolumeRecord {
             id,
             name: name.into(),
             size_bytes,
             page_bytes,
-        });
+            placement: placement.into(),
+        };
+        next.volumes.push(rec.clone());
         self.eng.write_pool_meta(&mut next)?;
         *meta = next;
         let encoding = Encoding {
@@ -561,14 +623,7 @@ impl Pool {
             total_segments: self.eng.geo.total_segments,
         };
         let map = PageMap::new(size_bytes / page_bytes as u64, encoding);
-        let vol = Arc::new(LsaVolume::new(
-            id,
-            name.into(),
-            size_bytes,
-            page_bytes,
-            map,
-            self.eng.geo.grain_bytes,
-        ));
+        let vol = Arc::new(LsaVolume::new(&rec, map, self.eng.geo.grain_bytes, policy));
         self.eng.volumes.write().insert(id, vol.clone());
         Ok(Volume {
             eng: self.eng.clone(),
@@ -671,6 +726,8 @@ impl Pool {
                 page_bytes: v.page_bytes,
                 mapped_bytes: v.mapped_pages.load(SeqCst) * v.page_bytes as u64,
                 map_memory_bytes: v.map_memory_bytes(),
+                placement: v.placement_name.clone(),
+                placement_memory_bytes: v.placement_memory_bytes(),
             })
             .collect();
         let mut device_counters = Vec::new();

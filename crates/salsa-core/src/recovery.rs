@@ -150,7 +150,14 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
         }
     }
     let opened: Vec<u64> = headers.iter().map(|h| h.as_ref().map_or(0, |h| h.opened_seq)).collect();
-    derive_segment_state(eng, &opened)
+    derive_segment_state(eng, &opened)?;
+    // The stream a segment was written by guides placement and victim policies.
+    for (s, h) in headers.iter().enumerate() {
+        if let Some(h) = h {
+            eng.capacity.segment(s as u32).stream.store(h.stream.to_u8(), SeqCst);
+        }
+    }
+    Ok(())
 }
 
 /// Derives every segment's counts, owner and state from the volume maps.
@@ -201,6 +208,8 @@ pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
         info.tombstones.store(tombs[s] as u32, SeqCst);
         info.owner_volume.store(owner[s], SeqCst);
         info.sealed_seq.store(sealed_seq.get(s).copied().unwrap_or(0), SeqCst);
+        // Only the one clock value survives a restart; it stands in for both.
+        info.opened_seq.store(sealed_seq.get(s).copied().unwrap_or(0), SeqCst);
         info.set_state(if valid[s] > 0 || tombs[s] > 0 {
             SegmentState::Allocated
         } else {

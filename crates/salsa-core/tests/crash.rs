@@ -59,6 +59,8 @@ impl Oracle {
     }
 }
 
+const PLACEMENTS: [&str; 4] = ["salsa", "sepbit", "single", "user-gc"];
+
 fn config() -> PoolConfig {
     PoolConfig {
         segment_bytes: Some(MIB),
@@ -80,7 +82,9 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>) -> u64 {
     let mut oracle = Oracle::new(pages);
     // Fill both volumes first, so the pool is mostly live data and the GC runs from the start.
     for (vi, name) in VOLUMES.iter().enumerate() {
-        let vol = pool.create_volume(name, vol_bytes, PAGE as u32).unwrap();
+        // Each seed runs the volumes under other placement policies.
+        let placement = PLACEMENTS[(seed as usize + vi) % PLACEMENTS.len()];
+        let vol = pool.create_volume_with(name, vol_bytes, PAGE as u32, placement).unwrap();
         for p in 0..pages {
             vol.write(p * PAGE as u64, &pattern(vi as u32, p, 1)).unwrap();
             oracle.durable[vi][p as usize] = Value::Version(1);

@@ -78,6 +78,11 @@ fn name(v: usize) -> String {
     format!("vol{v}")
 }
 
+/// Every volume slot uses another built-in placement policy, so each is checked against the model.
+fn placement(vol: usize) -> &'static str {
+    PLACEMENTS[vol % PLACEMENTS.len()]
+}
+
 fn clamp(model: &[u8], offset: u64, len: u64) -> (u64, u64) {
     let size = model.len() as u64;
     let offset = offset.min(size - 1);
@@ -92,7 +97,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         let vol = pool
             .as_ref()
             .unwrap()
-            .create_volume(&name(v), VOL_PAGES * PAGE as u64, 4096)
+            .create_volume_with(&name(v), VOL_PAGES * PAGE as u64, 4096, placement(v))
             .unwrap();
         // Fill it, so that the pool is mostly live data and the GC must move pages.
         let image: Vec<u8> = (0..VOL_PAGES * PAGE as u64).map(|i| (i / 4096 + v as u64) as u8).collect();
@@ -180,7 +185,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 pool = Some(Pool::open(vec![dev.clone()], &inline_gc()).unwrap());
             }
             Op::Create { vol } => {
-                let r = p.create_volume(&name(vol), VOL_PAGES * PAGE as u64, 4096);
+                let r = p.create_volume_with(&name(vol), VOL_PAGES * PAGE as u64, 4096, placement(vol));
                 if model[vol].is_some() {
                     prop_assert!(matches!(r, Err(Error::VolumeExists(_))));
                 } else {
@@ -230,6 +235,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     }
     Ok(())
 }
+
+pub const PLACEMENTS: [&str; 4] = ["salsa", "sepbit", "single", "user-gc"];
 
 static GC_SEGMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 

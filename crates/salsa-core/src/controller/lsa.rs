@@ -1,10 +1,7 @@
 //! The LSA controller: a volume whose logical pages are mapped one by one through a flat,
-//! lock-free [`PageMap`], written into log-structured segments through three allocation
-//! streams: user-hot, user-cold (writes separated by heat) and GC (relocations kept apart).
-//!
-//! Heat: a page is hot when its previous version lived less than half a volume's worth of
-//! writes (the age of the segment holding it); never-written pages are cold. This needs no
-//! per-page state.
+//! lock-free [`PageMap`], written into log-structured segments through allocation streams: the
+//! user streams and GC streams the volume's [`Placement`] policy declares (SALSA's default:
+//! user-hot, user-cold, GC). Each stream has its own open segment, so classes never share one.
 //!
 //! Invariants: a map entry changes only by swap under the page's stripe lock (writers, trims;
 //! each takes its sequence number under that lock, so map order and sequence order agree) or by
@@ -16,14 +13,14 @@ use super::record::{OpenRecord, RecordBuf, SealedRecord};
 use crate::capacity::Purpose;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::format::{MetaEntry, RecordMeta, SegmentHeader, StreamKind};
+use crate::format::{MetaEntry, RecordMeta, SegmentHeader, StreamKind, VolumeRecord};
+use crate::policy::placement::{clamp_stream, Placement, Relocation, SegmentView, UserWrite};
 use crate::scan::walk_segment;
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
 const STRIPES: usize = 256;
-const STREAMS: [StreamKind; 3] = [StreamKind::UserHot, StreamKind::UserCold, StreamKind::Gc];
 
 struct OpenSegment {
     segment: u32,
@@ -55,9 +52,14 @@ pub struct LsaVolume {
     pub page_grains: u32,
     size_bytes: AtomicU64,
     map: RwLock<PageMap>,
-    streams: [Mutex<Stream>; 3],
+    /// User streams first, then GC streams.
+    streams: Box<[Mutex<Stream>]>,
     /// Signalled when a stream's pending segment allocation finishes.
-    stream_ready: [Condvar; 3],
+    stream_ready: Box<[Condvar]>,
+    user_streams: u8,
+    placement: Box<dyn Placement>,
+    /// Name of the placement policy, as stored in the volume table.
+    pub placement_name: String,
     stripes: Box<[Mutex<()>]>,
     /// Pages currently mapped to data.
     pub mapped_pages: AtomicU64,
@@ -69,23 +71,33 @@ pub struct LsaVolume {
 }
 
 impl LsaVolume {
-    pub fn new(id: u32, name: String, size_bytes: u64, page_bytes: u32, map: PageMap, grain_bytes: u32) -> LsaVolume {
+    /// A volume as recorded in the volume table, with an empty map and its placement policy.
+    pub fn new(rec: &VolumeRecord, map: PageMap, grain_bytes: u32, placement: Box<dyn Placement>) -> LsaVolume {
+        let users = placement.user_streams().clamp(1, crate::format::MAX_STREAMS_PER_KIND);
+        let gcs = placement.gc_streams().min(crate::format::MAX_STREAMS_PER_KIND);
+        let kinds: Vec<StreamKind> = (0..users).map(StreamKind::User).chain((0..gcs).map(StreamKind::Gc)).collect();
         LsaVolume {
-            id,
-            name,
-            page_bytes,
-            page_grains: page_bytes / grain_bytes,
-            size_bytes: AtomicU64::new(size_bytes),
+            id: rec.id,
+            name: rec.name.clone(),
+            page_bytes: rec.page_bytes,
+            page_grains: rec.page_bytes / grain_bytes,
+            size_bytes: AtomicU64::new(rec.size_bytes),
             map: RwLock::new(map),
-            streams: STREAMS.map(|kind| {
-                Mutex::new(Stream {
-                    kind,
-                    allocating: false,
-                    seg: None,
-                    rec: None,
+            streams: kinds
+                .iter()
+                .map(|&kind| {
+                    Mutex::new(Stream {
+                        kind,
+                        allocating: false,
+                        seg: None,
+                        rec: None,
+                    })
                 })
-            }),
-            stream_ready: [Condvar::new(), Condvar::new(), Condvar::new()],
+                .collect(),
+            stream_ready: kinds.iter().map(|_| Condvar::new()).collect(),
+            user_streams: users,
+            placement,
+            placement_name: rec.placement.clone(),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             mapped_pages: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
@@ -116,14 +128,31 @@ impl LsaVolume {
         let mut m = self.map.write();
         let pages = new_size_bytes / self.page_bytes as u64;
         *m = m.grown(pages);
+        self.placement.resize(pages);
         self.size_bytes.store(new_size_bytes, SeqCst);
     }
 
-    fn stream_index(kind: StreamKind) -> usize {
-        match kind {
-            StreamKind::UserHot => 0,
-            StreamKind::UserCold => 1,
-            _ => 2,
+    fn stream_index(&self, kind: StreamKind) -> usize {
+        match clamp_stream(self.placement.as_ref(), kind) {
+            StreamKind::User(k) => k as usize,
+            StreamKind::Gc(k) => self.user_streams as usize + k as usize,
+            StreamKind::Checkpoint => unreachable!("clamp_stream never returns the checkpoint stream"),
+        }
+    }
+
+    /// Memory held by the placement policy.
+    pub fn placement_memory_bytes(&self) -> u64 {
+        self.placement.state_bytes()
+    }
+
+    /// The placement policy's view of a segment.
+    fn segment_view(&self, eng: &Engine, s: u32) -> SegmentView {
+        let info = eng.capacity.segment(s);
+        SegmentView {
+            segment: s,
+            stream: StreamKind::from_u8(info.stream.load(SeqCst)).unwrap_or(StreamKind::User(0)),
+            opened_seq: info.opened_seq.load(SeqCst),
+            sealed_seq: info.sealed_seq.load(SeqCst),
         }
     }
 
@@ -207,6 +236,7 @@ impl LsaVolume {
             data_grains: 0,
             pages_left: pages,
             entries_left: eng.geo.meta_entries,
+            gc_moves: false,
         });
         Prep::Ready
     }
@@ -255,7 +285,7 @@ impl LsaVolume {
     /// Seals every stream's open record (for a flush); returns the records to write.
     pub fn seal_open_records(&self, eng: &Engine) -> Vec<SealedRecord> {
         let mut out = Vec::new();
-        for s in &self.streams {
+        for s in self.streams.iter() {
             let mut st = s.lock();
             if let Some(r) = self.seal_record(eng, &mut st) {
                 out.push(r);
@@ -264,16 +294,22 @@ impl LsaVolume {
         out
     }
 
-    /// Seals the GC stream's open record (a GC release makes the moves in it durable).
-    pub fn seal_gc_record(&self, eng: &Engine) -> Option<SealedRecord> {
-        let mut st = self.streams[Self::stream_index(StreamKind::Gc)].lock();
-        self.seal_record(eng, &mut st)
+    /// Seals every open record that holds GC moves (a GC release makes them durable).
+    pub fn seal_gc_records(&self, eng: &Engine) -> Vec<SealedRecord> {
+        let mut out = Vec::new();
+        for s in self.streams.iter() {
+            let mut st = s.lock();
+            if st.rec.as_ref().is_some_and(|r| r.gc_moves) {
+                out.extend(self.seal_record(eng, &mut st));
+            }
+        }
+        out
     }
 
     /// Closes every stream's segment (clean shutdown, volume deletion).
     pub fn close_streams(&self, eng: &Engine) -> Vec<SealedRecord> {
         let mut out = Vec::new();
-        for s in &self.streams {
+        for s in self.streams.iter() {
             let mut st = s.lock();
             if let Some(r) = self.seal_record(eng, &mut st) {
                 out.push(r);
@@ -288,10 +324,16 @@ impl LsaVolume {
     /// Runs `commit` with an open record that has room for one entry (and one data page when
     /// `page` is given, copied into the record's next slot first). `commit` gets the physical
     /// grain of the page (or the record's segment) and pushes the entry.
-    fn place<R>(&self, eng: &Engine, kind: StreamKind, page: Option<&[u8]>, commit: impl FnOnce(u64, &mut OpenRecord) -> R) -> Result<R> {
-        let purpose = if kind == StreamKind::Gc { Purpose::Gc } else { Purpose::User };
-        let stream = &self.streams[Self::stream_index(kind)];
-        let ready = &self.stream_ready[Self::stream_index(kind)];
+    fn place<R>(
+        &self,
+        eng: &Engine,
+        kind: StreamKind,
+        purpose: Purpose,
+        page: Option<&[u8]>,
+        commit: impl FnOnce(u64, &mut OpenRecord) -> R,
+    ) -> Result<R> {
+        let index = self.stream_index(kind);
+        let (stream, ready) = (&self.streams[index], &self.stream_ready[index]);
         loop {
             let mut st = stream.lock();
             match self.prepare(eng, &mut st, page.is_some()) {
@@ -310,6 +352,7 @@ impl LsaVolume {
                         None => rec.buf.segment as u64,
                     };
                     let out = commit(at, rec);
+                    rec.gc_moves |= purpose == Purpose::Gc;
                     let full = rec.entries_left == 0 || rec.pages_left == 0;
                     let sealed = if full { self.seal_record(eng, &mut st) } else { None };
                     drop(st);
@@ -323,7 +366,10 @@ impl LsaVolume {
                     eng.write_record(r)?;
                 }
                 Prep::NeedSegment => {
-                    if st.allocating {
+                    // The GC never waits for a writer's allocation: the writer may itself be
+                    // waiting for the GC (a stream that takes both). It allocates from its
+                    // reserve; whichever segment arrives second goes back.
+                    if st.allocating && purpose != Purpose::Gc {
                         ready.wait_for(&mut st, std::time::Duration::from_millis(50));
                         continue;
                     }
@@ -337,7 +383,8 @@ impl LsaVolume {
                     if st.seg.is_none() {
                         let info = eng.capacity.segment(s);
                         info.owner_volume.store(self.id, SeqCst);
-                        info.stream.store(kind as u8, SeqCst);
+                        info.stream.store(st.kind.to_u8(), SeqCst);
+                        info.opened_seq.store(eng.now_seq(), SeqCst);
                         st.seg = Some(OpenSegment {
                             segment: s,
                             incarnation: 0,
@@ -381,22 +428,19 @@ impl LsaVolume {
         }
     }
 
-    /// Heat of an overwrite: hot when the old version is younger than half a volume of writes.
+    /// Asks the placement policy for a user write's stream.
     fn classify(&self, eng: &Engine, map: &PageMap, page: u64) -> StreamKind {
-        match map.load(page) {
-            Entry::Mapped(g) => {
-                let s = (g / eng.geo.grains_per_segment as u64) as u32;
-                let info = eng.capacity.segment(s);
-                let sealed = info.sealed_seq.load(SeqCst);
-                let age = if sealed == 0 { 0 } else { eng.now_seq().saturating_sub(sealed) };
-                if age < (self.mapped_pages.load(SeqCst) / 2).max(1) {
-                    StreamKind::UserHot
-                } else {
-                    StreamKind::UserCold
-                }
-            }
-            _ => StreamKind::UserCold,
-        }
+        let previous = match map.load(page) {
+            Entry::Mapped(g) => Some(self.segment_view(eng, (g / eng.geo.grains_per_segment as u64) as u32)),
+            _ => None,
+        };
+        self.placement.place_user(&UserWrite {
+            page,
+            now: eng.now_seq(),
+            previous,
+            mapped_pages: self.mapped_pages.load(SeqCst),
+            volume_pages: map.pages(),
+        })
     }
 
     // ----- I/O -----
@@ -424,7 +468,7 @@ impl LsaVolume {
         debug_assert_eq!(data.len(), self.page_bytes as usize);
         let crc = crc32c::crc32c(data);
         let kind = self.classify(eng, map, page);
-        let old = self.place(eng, kind, Some(data), |grain, rec| {
+        let old = self.place(eng, kind, Purpose::User, Some(data), |grain, rec| {
             eng.crc_table[grain as usize].store(crc, SeqCst);
             let _stripe = self.stripe(page).lock();
             let seq = eng.next_seq();
@@ -484,7 +528,8 @@ impl LsaVolume {
         if count == 0 {
             return Ok(());
         }
-        let olds = self.place(eng, StreamKind::UserCold, None, |seg, rec| {
+        self.placement.trimmed(first, count);
+        let olds = self.place(eng, self.placement.place_trim(), Purpose::User, None, |seg, rec| {
             let seg = seg as u32;
             // Lock every stripe the range touches, in order, so the trim's sequence number is
             // ordered with concurrent writes to the same pages.
@@ -539,6 +584,8 @@ impl LsaVolume {
         let geo = eng.scan_geometry();
         let mut failure = None;
         let pb = self.page_bytes as usize;
+        let victim_view = self.segment_view(eng, victim);
+        self.placement.segment_reclaimed(&victim_view, eng.now_seq());
         walk_segment(&eng.array, &eng.buffers, &geo, victim, |_, meta, data| {
             if failure.is_some() || meta.page_grains != self.page_grains {
                 return;
@@ -553,7 +600,14 @@ impl LsaVolume {
                         if page >= map.pages() || map.load(page) != Entry::Mapped(grain) {
                             continue;
                         }
-                        let r = self.place(eng, StreamKind::Gc, Some(bytes), |new, rec| {
+                        let to = self.placement.place_gc(&Relocation {
+                            page,
+                            now: eng.now_seq(),
+                            victim: victim_view,
+                            mapped_pages: self.mapped_pages.load(SeqCst),
+                            volume_pages: map.pages(),
+                        });
+                        let r = self.place(eng, to, Purpose::Gc, Some(bytes), |new, rec| {
                             eng.crc_table[new as usize].store(crc, SeqCst);
                             rec.push(MetaEntry::Data { page, seq, crc });
                             (new, map.compare_exchange(page, Entry::Mapped(grain), Entry::Mapped(new)))
@@ -586,7 +640,7 @@ impl LsaVolume {
                                 p += 1;
                             }
                             let run = p - run_start;
-                            let r = self.place(eng, StreamKind::Gc, None, |seg, rec| {
+                            let r = self.place(eng, self.placement.place_trim(), Purpose::Gc, None, |seg, rec| {
                                 let seg = seg as u32;
                                 rec.push(MetaEntry::Trim {
                                     page: run_start,

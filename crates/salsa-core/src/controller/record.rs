@@ -58,6 +58,8 @@ pub struct OpenRecord {
     /// Data pages this record may still take.
     pub pages_left: u32,
     pub entries_left: u32,
+    /// Holds GC moves: a GC release must seal and persist it.
+    pub gc_moves: bool,
 }
 
 impl OpenRecord {

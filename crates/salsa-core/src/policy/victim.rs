@@ -1,8 +1,8 @@
-//! Victim selection for garbage collection: a documented trait and the built-in policies. The
-//! capacity manager hands each candidate segment to the policy as a [`Candidate`]; the policy
-//! returns a score and the lowest score is cleaned first.
+//! Victim selection for garbage collection: the [`VictimPolicy`] trait and the built-in
+//! policies. The engine hands each candidate segment to the policy as a [`Candidate`]; the
+//! policy returns a score and the lowest score is cleaned first.
 
-use crate::format::GcPolicyId;
+use crate::format::StreamKind;
 
 /// What a policy may know about a segment.
 #[derive(Debug, Clone, Copy)]
@@ -18,6 +18,8 @@ pub struct Candidate {
     pub now_seq: u64,
     /// Sequence number of the oldest sealed candidate (for normalising age).
     pub oldest_sealed_seq: u64,
+    /// The stream the segment was written by.
+    pub stream: StreamKind,
 }
 
 impl Candidate {
@@ -32,12 +34,10 @@ impl Candidate {
     }
 }
 
-/// Chooses GC victims. Implementations must be cheap: `score` runs for every candidate on
-/// every victim choice.
+/// Chooses GC victims, one pool-wide instance. Implementations must be cheap: `score` runs
+/// for every candidate on every victim choice, from GC workers in parallel.
 pub trait VictimPolicy: Send + Sync {
-    /// Name used on the command line and in statistics.
-    fn name(&self) -> &'static str;
-    /// Lower is cleaned first.
+    /// Lower is cleaned first. Only segments that would free space are offered.
     fn score(&self, c: &Candidate) -> f64;
 }
 
@@ -45,9 +45,6 @@ pub trait VictimPolicy: Send + Sync {
 pub struct Greedy;
 
 impl VictimPolicy for Greedy {
-    fn name(&self) -> &'static str {
-        "greedy"
-    }
     fn score(&self, c: &Candidate) -> f64 {
         c.utilization()
     }
@@ -57,9 +54,6 @@ impl VictimPolicy for Greedy {
 pub struct CostBenefit;
 
 impl VictimPolicy for CostBenefit {
-    fn name(&self) -> &'static str {
-        "cost-benefit"
-    }
     fn score(&self, c: &Candidate) -> f64 {
         let u = c.utilization();
         let age = c.now_seq.saturating_sub(c.sealed_seq) as f64 + 1.0;
@@ -76,22 +70,8 @@ pub struct AgingGreedy {
 }
 
 impl VictimPolicy for AgingGreedy {
-    fn name(&self) -> &'static str {
-        "aging-greedy"
-    }
     fn score(&self, c: &Candidate) -> f64 {
         c.utilization() * (1.0 - self.aging * c.relative_age())
-    }
-}
-
-/// Builds the policy stored in a pool's superblock.
-pub fn build(id: GcPolicyId, aging_milli: u32) -> Box<dyn VictimPolicy> {
-    match id {
-        GcPolicyId::Greedy => Box::new(Greedy),
-        GcPolicyId::CostBenefit => Box::new(CostBenefit),
-        GcPolicyId::AgingGreedy => Box::new(AgingGreedy {
-            aging: aging_milli as f64 / 1000.0,
-        }),
     }
 }
 
@@ -107,6 +87,7 @@ mod tests {
             sealed_seq: sealed,
             now_seq: 1000,
             oldest_sealed_seq: 0,
+            stream: StreamKind::User(0),
         }
     }
 

@@ -1,0 +1,174 @@
+//! Policies: where data goes ([`placement`]) and which segment the GC cleans ([`victim`]), and
+//! the [`Registry`] that maps the names stored on disk to the types that implement them.
+//!
+//! A pool stores its victim policy's name in its superblock and each volume stores its
+//! placement policy's name in the volume table, so a pool reopens with the same policies. A
+//! name the registry does not know is refused at open with the list of known names: register
+//! your own policies in [`Registry`] and pass it in `OpenOptions::policies`
+//! (`docs/POLICIES.md` walks through one).
+
+pub mod placement;
+pub mod sepbit;
+pub mod victim;
+
+use placement::Placement;
+use std::sync::Arc;
+use victim::VictimPolicy;
+
+/// Tunables handed to victim-policy constructors.
+#[derive(Debug, Clone, Copy)]
+pub struct VictimParams {
+    /// Aging factor in `[0, 1]` (the pool's `gc_aging`).
+    pub aging: f64,
+}
+
+type VictimCtor = Arc<dyn Fn(&VictimParams) -> Box<dyn VictimPolicy> + Send + Sync>;
+type PlacementCtor = Arc<dyn Fn(u64) -> Box<dyn Placement> + Send + Sync>;
+
+/// `(name, about)` pairs.
+pub type Described = Vec<(&'static str, &'static str)>;
+
+/// A named policy constructor.
+#[derive(Clone)]
+pub struct Entry<C> {
+    pub name: &'static str,
+    /// One line for `--help` and `salsa policies`.
+    pub about: &'static str,
+    build: C,
+}
+
+/// Known policies, by name.
+#[derive(Clone)]
+pub struct Registry {
+    victims: Vec<Entry<VictimCtor>>,
+    placements: Vec<Entry<PlacementCtor>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("victims", &self.victim_names())
+            .field("placements", &self.placement_names())
+            .finish()
+    }
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::builtin()
+    }
+}
+
+impl Registry {
+    /// No policies at all.
+    pub fn empty() -> Registry {
+        Registry {
+            victims: Vec::new(),
+            placements: Vec::new(),
+        }
+    }
+
+    /// The policies that ship with SALSA.
+    pub fn builtin() -> Registry {
+        let mut r = Registry::empty();
+        r.add_victim("greedy", "the segment with the fewest valid grains", |_| Box::new(victim::Greedy));
+        r.add_victim("cost-benefit", "Rosenblum & Ousterhout: (1 - u) age / (1 + u)", |_| {
+            Box::new(victim::CostBenefit)
+        });
+        r.add_victim("aging-greedy", "SALSA: greedy discounted by an aging factor", |p| {
+            Box::new(victim::AgingGreedy { aging: p.aging })
+        });
+        r.add_placement("salsa", "SALSA: hot/cold user streams by segment age, one GC stream", |_| {
+            Box::new(placement::SalsaHeat)
+        });
+        r.add_placement("user-gc", "one user stream, one GC stream", |_| Box::new(placement::UserGc));
+        r.add_placement("single", "one log for user writes and relocations", |_| {
+            Box::new(placement::SingleLog)
+        });
+        r.add_placement("sepbit", "SepBIT (FAST'22): 6 classes by inferred invalidation time", |pages| {
+            Box::new(sepbit::SepBit::new(pages))
+        });
+        r
+    }
+
+    /// Adds (or replaces) a victim policy.
+    pub fn add_victim(
+        &mut self,
+        name: &'static str,
+        about: &'static str,
+        build: impl Fn(&VictimParams) -> Box<dyn VictimPolicy> + Send + Sync + 'static,
+    ) {
+        assert!(
+            name.len() <= crate::format::MAX_POLICY_NAME_BYTES,
+            "policy name {name:?} is too long"
+        );
+        self.victims.retain(|e| e.name != name);
+        self.victims.push(Entry {
+            name,
+            about,
+            build: Arc::new(build),
+        });
+    }
+
+    /// Adds (or replaces) a placement policy; `build` gets the volume's size in pages.
+    pub fn add_placement(
+        &mut self,
+        name: &'static str,
+        about: &'static str,
+        build: impl Fn(u64) -> Box<dyn Placement> + Send + Sync + 'static,
+    ) {
+        assert!(
+            name.len() <= crate::format::MAX_POLICY_NAME_BYTES,
+            "policy name {name:?} is too long"
+        );
+        self.placements.retain(|e| e.name != name);
+        self.placements.push(Entry {
+            name,
+            about,
+            build: Arc::new(build),
+        });
+    }
+
+    pub fn victim_names(&self) -> Vec<&'static str> {
+        self.victims.iter().map(|e| e.name).collect()
+    }
+
+    pub fn placement_names(&self) -> Vec<&'static str> {
+        self.placements.iter().map(|e| e.name).collect()
+    }
+
+    /// `(name, about)` of every victim policy, then of every placement policy.
+    pub fn describe(&self) -> (Described, Described) {
+        (
+            self.victims.iter().map(|e| (e.name, e.about)).collect(),
+            self.placements.iter().map(|e| (e.name, e.about)).collect(),
+        )
+    }
+
+    /// Builds the named victim policy, or says which names exist.
+    pub fn victim(&self, name: &str, params: &VictimParams) -> Result<Box<dyn VictimPolicy>, String> {
+        match self.victims.iter().find(|e| e.name == name) {
+            Some(e) => Ok((e.build)(params)),
+            None => Err(format!("unknown victim policy {name:?}; known: {}", self.victim_names().join(", "))),
+        }
+    }
+
+    /// Builds the named placement policy for a volume of `pages` pages.
+    pub fn placement(&self, name: &str, pages: u64) -> Result<Box<dyn Placement>, String> {
+        match self.placements.iter().find(|e| e.name == name) {
+            Some(e) => Ok((e.build)(pages)),
+            None => Err(format!(
+                "unknown placement policy {name:?}; known: {}",
+                self.placement_names().join(", ")
+            )),
+        }
+    }
+
+    pub fn has_victim(&self, name: &str) -> bool {
+        self.victims.iter().any(|e| e.name == name)
+    }
+
+    pub fn has_placement(&self, name: &str) -> bool {
+        self.placements.iter().any(|e| e.name == name)
+    }
+}

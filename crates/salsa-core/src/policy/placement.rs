@@ -1,0 +1,248 @@
+//! Data placement: which stream a user write, a trim or a GC relocation goes to. The
+//! [`Placement`] trait, what a policy is told ([`UserWrite`], [`Relocation`], [`SegmentView`]),
+//! the per-page clock some policies keep ([`PageClock`]), and the simple built-ins.
+//!
+//! A volume owns one placement instance, built from its policy's name when the volume is created
+//! or opened. The policy declares how many user streams and GC streams it uses (each stream has
+//! its own open segment, so data of different classes never shares a segment); the engine asks
+//! it for a stream on every user write and every relocation, from many threads at once.
+//!
+//! Invariants the engine keeps for a policy: `now` never decreases; every stream a policy returns
+//! is clamped to the streams it declared; placement state is never persisted (after a restart a
+//! policy starts with no history, which costs only placement quality, never correctness).
+
+use crate::format::{StreamKind, MAX_STREAMS_PER_KIND};
+use parking_lot::RwLock;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+/// A segment as placement and victim policies see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentView {
+    pub segment: u32,
+    /// The stream that wrote it.
+    pub stream: StreamKind,
+    /// Pool write clock when the segment was opened.
+    pub opened_seq: u64,
+    /// Pool write clock when it was sealed; 0 while it is still open.
+    pub sealed_seq: u64,
+}
+
+/// A user write about to be placed.
+#[derive(Debug, Clone, Copy)]
+pub struct UserWrite {
+    /// Logical page of the volume.
+    pub page: u64,
+    /// The pool's write clock: one tick per user page written or trim, in any volume.
+    pub now: u64,
+    /// Where the page's current version lives (`None` if unmapped or trimmed).
+    pub previous: Option<SegmentView>,
+    /// Pages of the volume that hold data, and the volume's size in pages.
+    pub mapped_pages: u64,
+    pub volume_pages: u64,
+}
+
+/// A live page the GC is about to move.
+#[derive(Debug, Clone, Copy)]
+pub struct Relocation {
+    pub page: u64,
+    pub now: u64,
+    /// The segment being cleaned.
+    pub victim: SegmentView,
+    pub mapped_pages: u64,
+    pub volume_pages: u64,
+}
+
+/// Chooses streams for one volume's writes. Called concurrently from writers and GC workers:
+/// keep state in atomics or behind short locks, and keep it bounded (report it in
+/// [`Placement::state_bytes`]).
+pub trait Placement: Send + Sync {
+    /// User streams used, `1..=16`. `StreamKind::User(k)` for `k` below this.
+    fn user_streams(&self) -> u8;
+    /// GC streams used, `0..=16`. With none, relocations go to user streams.
+    fn gc_streams(&self) -> u8;
+    /// The stream for a user write.
+    fn place_user(&self, w: &UserWrite) -> StreamKind;
+    /// The stream for a relocated page.
+    fn place_gc(&self, r: &Relocation) -> StreamKind;
+    /// The stream that carries trim records (tombstones). Default: the last user stream.
+    fn place_trim(&self) -> StreamKind {
+        StreamKind::User(self.user_streams().saturating_sub(1))
+    }
+    /// Pages `[first, first + count)` were trimmed.
+    fn trimmed(&self, _first: u64, _count: u64) {}
+    /// The GC chose `victim`, a segment of this volume, at pool clock `now`.
+    fn segment_reclaimed(&self, _victim: &SegmentView, _now: u64) {}
+    /// The volume now has `pages` pages.
+    fn resize(&self, _pages: u64) {}
+    /// Memory held for placement, in bytes.
+    fn state_bytes(&self) -> u64 {
+        0
+    }
+}
+
+/// Clamps a policy's answer to the streams it declared (a policy bug must not reach the
+/// engine's stream table).
+pub fn clamp_stream(p: &dyn Placement, s: StreamKind) -> StreamKind {
+    let users = p.user_streams().clamp(1, MAX_STREAMS_PER_KIND);
+    let gcs = p.gc_streams().min(MAX_STREAMS_PER_KIND);
+    match s {
+        StreamKind::User(k) => StreamKind::User(k.min(users - 1)),
+        StreamKind::Gc(_) if gcs == 0 => StreamKind::User(users - 1),
+        StreamKind::Gc(k) => StreamKind::Gc(k.min(gcs - 1)),
+        StreamKind::Checkpoint => StreamKind::User(users - 1),
+    }
+}
+
+/// The last user-write time of every page, 4 bytes per page (0: never written since the
+/// volume was opened). Times wrap at 2^32 clock ticks (16 TiB of 4 KiB writes); a wrapped age
+/// only misplaces a page.
+pub struct PageClock {
+    times: RwLock<Box<[AtomicU32]>>,
+}
+
+impl PageClock {
+    pub fn new(pages: u64) -> PageClock {
+        PageClock {
+            times: RwLock::new((0..pages).map(|_| AtomicU32::new(0)).collect()),
+        }
+    }
+
+    /// Records a write of `page` at `now` and returns the age of the version it replaces, if
+    /// the page was written before.
+    pub fn stamp(&self, page: u64, now: u64) -> Option<u64> {
+        let t = self.times.read();
+        let slot = t.get(page as usize)?;
+        let old = slot.swap((now as u32).max(1), Relaxed);
+        (old != 0).then(|| (now as u32).wrapping_sub(old) as u64)
+    }
+
+    /// Age of the page's last user write, if known.
+    pub fn age(&self, page: u64, now: u64) -> Option<u64> {
+        let t = self.times.read();
+        let old = t.get(page as usize)?.load(Relaxed);
+        (old != 0).then(|| (now as u32).wrapping_sub(old) as u64)
+    }
+
+    /// Forgets pages `[first, first + count)`.
+    pub fn forget(&self, first: u64, count: u64) {
+        let t = self.times.read();
+        let end = first.saturating_add(count).min(t.len() as u64);
+        for p in first.min(end)..end {
+            t[p as usize].store(0, Relaxed);
+        }
+    }
+
+    pub fn resize(&self, pages: u64) {
+        let mut t = self.times.write();
+        if pages as usize > t.len() {
+            let grown: Box<[AtomicU32]> = t
+                .iter()
+                .map(|a| AtomicU32::new(a.load(Relaxed)))
+                .chain((t.len() as u64..pages).map(|_| AtomicU32::new(0)))
+                .collect();
+            *t = grown;
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.times.read().len() as u64 * 4
+    }
+}
+
+/// SALSA's placement (the paper's heat separation): two user streams and one GC stream. A
+/// write is hot when the version it replaces is younger than half the volume's mapped pages in
+/// clock ticks (judged by the age of the segment holding it, so no per-page state); first
+/// writes are cold. Relocations never mix with user writes.
+pub struct SalsaHeat;
+
+impl Placement for SalsaHeat {
+    fn user_streams(&self) -> u8 {
+        2
+    }
+    fn gc_streams(&self) -> u8 {
+        1
+    }
+    fn place_user(&self, w: &UserWrite) -> StreamKind {
+        match w.previous {
+            Some(prev) => {
+                let age = if prev.sealed_seq == 0 {
+                    0
+                } else {
+                    w.now.saturating_sub(prev.sealed_seq)
+                };
+                if age < (w.mapped_pages / 2).max(1) {
+                    StreamKind::User(0)
+                } else {
+                    StreamKind::User(1)
+                }
+            }
+            None => StreamKind::User(1),
+        }
+    }
+    fn place_gc(&self, _r: &Relocation) -> StreamKind {
+        StreamKind::Gc(0)
+    }
+}
+
+/// One user stream and one GC stream: user/GC separation only.
+pub struct UserGc;
+
+impl Placement for UserGc {
+    fn user_streams(&self) -> u8 {
+        1
+    }
+    fn gc_streams(&self) -> u8 {
+        1
+    }
+    fn place_user(&self, _w: &UserWrite) -> StreamKind {
+        StreamKind::User(0)
+    }
+    fn place_gc(&self, _r: &Relocation) -> StreamKind {
+        StreamKind::Gc(0)
+    }
+}
+
+/// One log: user writes and relocations share a single stream (the textbook baseline).
+pub struct SingleLog;
+
+impl Placement for SingleLog {
+    fn user_streams(&self) -> u8 {
+        1
+    }
+    fn gc_streams(&self) -> u8 {
+        0
+    }
+    fn place_user(&self, _w: &UserWrite) -> StreamKind {
+        StreamKind::User(0)
+    }
+    fn place_gc(&self, _r: &Relocation) -> StreamKind {
+        StreamKind::User(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_clock_reports_ages_and_forgets() {
+        let c = PageClock::new(4);
+        assert_eq!(c.stamp(1, 10), None);
+        assert_eq!(c.stamp(1, 25), Some(15));
+        assert_eq!(c.age(1, 30), Some(5));
+        c.forget(0, 2);
+        assert_eq!(c.age(1, 30), None);
+        assert_eq!(c.stamp(9, 30), None, "past the end is ignored");
+        c.resize(10);
+        assert_eq!(c.stamp(9, 30), None);
+        assert_eq!(c.stamp(9, 31), Some(1));
+        assert_eq!(c.bytes(), 40);
+    }
+
+    #[test]
+    fn answers_are_clamped_to_declared_streams() {
+        assert_eq!(clamp_stream(&UserGc, StreamKind::User(5)), StreamKind::User(0));
+        assert_eq!(clamp_stream(&UserGc, StreamKind::Gc(3)), StreamKind::Gc(0));
+        assert_eq!(clamp_stream(&SingleLog, StreamKind::Gc(0)), StreamKind::User(0));
+    }
+}
