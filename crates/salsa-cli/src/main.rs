@@ -3,9 +3,11 @@
 mod bench;
 mod spec;
 
+use bench::workload;
 use clap::{Parser, Subcommand};
 use salsa_core::{OpenOptions, Pool, PoolConfig};
 use spec::{parse_size, DeviceSpec};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -160,8 +162,12 @@ enum Command {
     },
     /// List the placement and victim-selection policies this build knows.
     Policies,
-    /// Benchmark: random overwrites through SALSA against the same writes straight to the file.
-    Bench {
+    /// Run a workload against fresh pools, one per policy pair, and report WA, throughput and
+    /// latency as JSON and SVG charts.
+    Bench(BenchArgs),
+    /// Benchmark: random overwrites through SALSA against the same writes straight to the file
+    /// with O_DIRECT, side by side.
+    BenchRaw {
         /// Scratch file (overwritten); omit for an in-memory pool without baseline.
         #[arg(long, default_value = "salsa-data/bench.img")]
         file: String,
@@ -194,6 +200,151 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Workload: seq, uniform, hotcold:W/S (W% of writes to S% of the space), zipf:SKEW,
+    /// dynzipf:SKEW[:INTERVAL] (SepBIT's: the hottest 20% of ranks move every INTERVAL
+    /// written), trace:PATH (MSR, Alibaba or fio iolog).
+    #[arg(long, default_value = "uniform")]
+    workload: workload::Spec,
+    /// Pool in memory of this size (the default).
+    #[arg(long, value_parser = parse_size, default_value = "1G", conflicts_with = "device")]
+    memory: u64,
+    /// Pool on files instead, PATH:SIZE (repeatable; overwritten, removed afterwards).
+    #[arg(long)]
+    device: Vec<DeviceSpec>,
+    /// Physical space kept spare, in percent.
+    #[arg(long, default_value_t = 20.0)]
+    spare: f64,
+    #[arg(long, value_parser = parse_size)]
+    segment_size: Option<u64>,
+    /// Placement policies, comma-separated; each is run with each victim policy.
+    #[arg(long, default_value = "salsa", value_delimiter = ',')]
+    placement: Vec<String>,
+    /// Victim-selection policies, comma-separated.
+    #[arg(long, alias = "gc-policy", default_value = "aging-greedy", value_delimiter = ',')]
+    victim: Vec<String>,
+    /// Aging factor of aging-greedy.
+    #[arg(long, default_value_t = 0.1)]
+    aging: f64,
+    /// Percentage of requests that are reads.
+    #[arg(long, default_value_t = 0.0)]
+    read_percent: f64,
+    #[arg(long, value_parser = parse_size, default_value = "4K")]
+    block_size: u64,
+    /// Requests in flight (one thread each).
+    #[arg(long, default_value_t = 32)]
+    queue_depth: usize,
+    /// Skip writing the volume once before the workload.
+    #[arg(long)]
+    no_precondition: bool,
+    /// Volumes written before measuring.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Volumes written while measuring (a trace runs whole).
+    #[arg(long, default_value_t = 1.0)]
+    measure: f64,
+    /// Replay a trace at its recorded times (default: as fast as possible).
+    #[arg(long)]
+    realtime: bool,
+    /// Trace format (default: guessed from the first line): msr, alibaba, fio.
+    #[arg(long)]
+    trace_format: Option<bench::trace::Format>,
+    /// Volume (Alibaba) or disk number (MSR) of the trace to replay.
+    #[arg(long)]
+    trace_volume: Option<String>,
+    /// Record every device request SALSA issues in this file.
+    #[arg(long)]
+    device_trace: Option<PathBuf>,
+    /// Format of --device-trace: msr, alibaba, fio.
+    #[arg(long, default_value = "alibaba")]
+    device_trace_format: bench::trace::Format,
+    /// Writers run the GC themselves: deterministic for a seed at queue depth 1.
+    #[arg(long)]
+    inline_gc: bool,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Directory for results.json and the SVG charts.
+    #[arg(long, default_value = "salsa-data/bench-report")]
+    out: PathBuf,
+    /// Counter sampling period, milliseconds.
+    #[arg(long, default_value_t = 500)]
+    sample_ms: u64,
+    /// Print the results as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+fn run_workload_bench(a: &BenchArgs) -> Result<(), String> {
+    let registry = salsa_core::Registry::builtin();
+    for pl in &a.placement {
+        if !registry.has_placement(pl) {
+            return Err(registry.placement(pl, 0).err().unwrap_or_default());
+        }
+    }
+    for v in &a.victim {
+        if !registry.has_victim(v) {
+            return Err(format!(
+                "unknown victim policy {v:?}; known: {}",
+                registry.victim_names().join(", ")
+            ));
+        }
+    }
+    let policies = a
+        .placement
+        .iter()
+        .flat_map(|pl| a.victim.iter().map(move |v| (pl.clone(), v.clone())))
+        .collect();
+    let p = bench::Params {
+        backing: if a.device.is_empty() {
+            bench::Backing::Memory(a.memory)
+        } else {
+            bench::Backing::Files(a.device.clone())
+        },
+        spare_percent: a.spare,
+        segment_bytes: a.segment_size,
+        workload: a.workload.clone(),
+        read_percent: a.read_percent,
+        block_bytes: a.block_size,
+        queue_depth: a.queue_depth.clamp(1, 1024),
+        precondition: !a.no_precondition,
+        warmup_volumes: a.warmup,
+        measure_volumes: a.measure,
+        realtime: a.realtime,
+        policies,
+        gc_aging: a.aging,
+        seed: a.seed,
+        inline_gc: a.inline_gc,
+        trace_format: a.trace_format,
+        trace_volume: a.trace_volume.clone(),
+        device_trace: a.device_trace.clone().map(|p| (p, a.device_trace_format)),
+        out_dir: Some(a.out.clone()),
+        sample_ms: a.sample_ms,
+    };
+    let outcomes = bench::run(&p, a.json)?;
+    if a.json {
+        let all: Vec<&serde_json::Value> = outcomes.iter().map(|o| &o.json).collect();
+        println!("{}", serde_json::to_string(&all).map_err(|e| e.to_string())?);
+    } else {
+        println!(
+            "{:<28} {:>8} {:>10} {:>12} {:>12}",
+            "policy", "WA", "device WA", "MB/s median", "write p99 us"
+        );
+        for o in &outcomes {
+            println!(
+                "{:<28} {:>8.3} {:>10.3} {:>12.1} {:>12}",
+                o.label,
+                o.wa,
+                o.json["device_wa"].as_f64().unwrap_or(0.0),
+                o.json["throughput_mbps_median"].as_f64().unwrap_or(0.0),
+                o.json["latency_write"]["p99_us"]
+            );
+        }
+        println!("report: {}", a.out.display());
+    }
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -442,7 +593,10 @@ fn volume(cmd: &VolumeCommand) -> Result<(), String> {
         VolumeCommand::List { devices } => {
             let pool = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
             for v in pool.stats().volumes {
-                println!("{}\t{}\t{}\t{}\t{}", v.name, v.size_bytes, v.page_bytes, v.mapped_bytes, v.placement);
+                println!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    v.name, v.size_bytes, v.page_bytes, v.mapped_bytes, v.placement
+                );
             }
             Ok(())
         }
@@ -513,7 +667,8 @@ fn main() -> ExitCode {
             }
             Ok(())
         }
-        Command::Bench {
+        Command::Bench(args) => run_workload_bench(args),
+        Command::BenchRaw {
             file,
             memory,
             size,
@@ -527,7 +682,7 @@ fn main() -> ExitCode {
             victim,
             json,
         } => run_bench(
-            &bench::BenchParams {
+            &bench::raw::BenchParams {
                 file: (!memory).then(|| file.into()),
                 size_bytes: *size,
                 spare_percent: *spare,
@@ -551,7 +706,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_bench(p: &bench::BenchParams, json: bool) -> Result<(), String> {
+fn run_bench(p: &bench::raw::BenchParams, json: bool) -> Result<(), String> {
     if p.block_bytes == 0 || !p.block_bytes.is_multiple_of(4096) {
         return Err("block size must be a multiple of 4 KiB".into());
     }
@@ -561,7 +716,7 @@ fn run_bench(p: &bench::BenchParams, json: bool) -> Result<(), String> {
         }
     }
     let quiet = json;
-    let r = bench::run(p, &|msg| {
+    let r = bench::raw::run(p, &|msg| {
         if !quiet {
             eprintln!("{msg}");
         }

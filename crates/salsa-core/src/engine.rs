@@ -90,6 +90,9 @@ pub struct Engine {
     gc_wake: (Mutex<bool>, Condvar),
     /// Grains held by mapped pages across all volumes (for the thin-provisioning limit).
     pub mapped_grains: AtomicU64,
+    /// Writes and trims between replacing a map entry and accounting for the place it left;
+    /// the GC waits for them before it judges a cleaned victim (see [`Engine::gc_step`]).
+    pub invalidations_in_flight: AtomicU64,
     pub read_only: bool,
     /// Recycled record and read buffers.
     pub buffers: Arc<crate::util::BufferPool>,
@@ -139,6 +142,7 @@ impl Engine {
             gc_stuck: AtomicBool::new(false),
             gc_wake: (Mutex::new(false), Condvar::new()),
             mapped_grains: AtomicU64::new(0),
+            invalidations_in_flight: AtomicU64::new(0),
             read_only,
             buffers: Arc::new(crate::util::BufferPool::new(64 << 20)),
         }
@@ -472,6 +476,12 @@ impl Engine {
         if let Err(e) = result {
             info.cas_state(SegmentState::Victim, SegmentState::Allocated);
             return Err(e);
+        }
+        // A writer may have replaced a victim page's map entry (so the walk skipped it) without
+        // having taken the page off the victim's count yet; wait for such writers to finish.
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while !info.is_empty() && self.invalidations_in_flight.load(SeqCst) > 0 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
         }
         if !info.is_empty() {
             // The on-disk chain no longer describes everything the map points at (damaged

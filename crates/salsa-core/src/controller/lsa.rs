@@ -44,6 +44,22 @@ enum Prep {
     NeedSegment,
 }
 
+/// Counts a write or trim in [`Engine::invalidations_in_flight`] for its lifetime.
+struct InvalidationGuard<'a>(&'a Engine);
+
+impl<'a> InvalidationGuard<'a> {
+    fn new(eng: &'a Engine) -> Self {
+        eng.invalidations_in_flight.fetch_add(1, SeqCst);
+        InvalidationGuard(eng)
+    }
+}
+
+impl Drop for InvalidationGuard<'_> {
+    fn drop(&mut self) {
+        self.0.invalidations_in_flight.fetch_sub(1, SeqCst);
+    }
+}
+
 /// A volume served by the LSA controller.
 pub struct LsaVolume {
     pub id: u32,
@@ -466,6 +482,7 @@ impl LsaVolume {
     /// which the usable-space margin absorbs.
     pub fn write_page(&self, eng: &Engine, map: &PageMap, page: u64, data: &[u8]) -> Result<()> {
         debug_assert_eq!(data.len(), self.page_bytes as usize);
+        let _inflight = InvalidationGuard::new(eng);
         let crc = crc32c::crc32c(data);
         let kind = self.classify(eng, map, page);
         let old = self.place(eng, kind, Purpose::User, Some(data), |grain, rec| {
@@ -528,6 +545,7 @@ impl LsaVolume {
         if count == 0 {
             return Ok(());
         }
+        let _inflight = InvalidationGuard::new(eng);
         self.placement.trimmed(first, count);
         let olds = self.place(eng, self.placement.place_trim(), Purpose::User, None, |seg, rec| {
             let seg = seg as u32;

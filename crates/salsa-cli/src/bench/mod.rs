@@ -1,0 +1,530 @@
+//! `salsa bench`: runs a workload in-process against a fresh pool, once per policy pair
+//! (placement × victim selection), and reports JSON plus SVG charts: throughput and write
+//! amplification over time, latency percentiles and CDF, and the policies side by side.
+//!
+//! Owns: the run loop ([`run_policy`]), workload generation ([`workload`]), trace replay and
+//! device traces ([`trace`]), charts ([`plot`]), and the raw-device comparison of issue 2
+//! ([`raw`]).
+//!
+//! Write amplification is reported two ways: `wa` counts user plus relocated data pages per
+//! user page (what the analytic models describe); `device_wa` counts every byte written to the
+//! devices (metadata pages and padding too) per user byte.
+
+pub mod plot;
+pub mod raw;
+pub mod trace;
+pub mod workload;
+
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use salsa_core::device::MemoryDevice;
+use salsa_core::{Device, OpenOptions, Pool, PoolConfig, Stats};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use workload::{Generator, Request, Spec};
+
+/// Where the pool lives.
+#[derive(Debug, Clone)]
+pub enum Backing {
+    /// A memory device of this many bytes.
+    Memory(u64),
+    /// Files (created or truncated to their sizes; overwritten).
+    Files(Vec<crate::spec::DeviceSpec>),
+}
+
+/// Everything one `salsa bench` invocation runs.
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub backing: Backing,
+    pub spare_percent: f64,
+    pub segment_bytes: Option<u64>,
+    pub workload: Spec,
+    pub read_percent: f64,
+    pub block_bytes: u64,
+    pub queue_depth: usize,
+    /// Write the whole volume once, sequentially, before anything is measured.
+    pub precondition: bool,
+    /// Bytes written (in volume sizes) before the measurement window.
+    pub warmup_volumes: f64,
+    /// Bytes written (in volume sizes) in the measurement window; a trace runs whole.
+    pub measure_volumes: f64,
+    /// Replay a trace at its recorded times instead of as fast as possible.
+    pub realtime: bool,
+    /// `(placement, victim)` pairs to run, each on a fresh pool.
+    pub policies: Vec<(String, String)>,
+    pub gc_aging: f64,
+    pub seed: u64,
+    /// Writers run the GC themselves (deterministic for a seed at queue depth 1).
+    pub inline_gc: bool,
+    pub trace_format: Option<trace::Format>,
+    pub trace_volume: Option<String>,
+    /// Record what SALSA sends to its devices in this file (one per policy pair).
+    pub device_trace: Option<(PathBuf, trace::Format)>,
+    /// Where the charts and `results.json` go.
+    pub out_dir: Option<PathBuf>,
+    pub sample_ms: u64,
+}
+
+/// One sample of the counters.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    t: f64,
+    user_written: u64,
+    user_read: u64,
+    gc: u64,
+    device: u64,
+    free_segments: u32,
+}
+
+impl Sample {
+    fn of(t: f64, s: &Stats) -> Sample {
+        Sample {
+            t,
+            user_written: s.user_bytes_written,
+            user_read: s.user_bytes_read,
+            gc: s.gc_bytes_relocated,
+            device: s.device_bytes_written,
+            free_segments: s.free_segments,
+        }
+    }
+}
+
+/// What one policy pair measured.
+pub struct Outcome {
+    pub label: String,
+    pub json: Value,
+    throughput: Vec<(f64, f64)>,
+    wa_over_time: Vec<(f64, f64)>,
+    latency_cdf: Vec<(f64, f64)>,
+    pub wa: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn open_backing(p: &Params, label: &str) -> Result<Vec<Arc<dyn Device>>, String> {
+    match &p.backing {
+        Backing::Memory(size) => Ok(vec![Arc::new(MemoryDevice::new("memory", *size))]),
+        Backing::Files(specs) => specs
+            .iter()
+            .map(|s| {
+                s.size_bytes
+                    .ok_or_else(|| format!("{}: give the bench file a size (PATH:SIZE)", s.path.display()))?;
+                if let Some(dir) = s.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                }
+                let _ = std::fs::remove_file(&s.path);
+                tracing::debug!("{label}: creating {}", s.path.display());
+                s.open(false)
+            })
+            .collect(),
+    }
+}
+
+/// Runs every policy pair and writes the report. Returns the outcomes.
+pub fn run(p: &Params, quiet: bool) -> Result<Vec<Outcome>, String> {
+    if p.block_bytes == 0 || !p.block_bytes.is_multiple_of(4096) {
+        return Err("block size must be a positive multiple of 4 KiB".into());
+    }
+    if !(0.0..=100.0).contains(&p.read_percent) {
+        return Err("read percentage must be 0 to 100".into());
+    }
+    let trace_ops = match &p.workload {
+        Spec::Trace(path) => Some(trace::read(path, p.trace_format, p.trace_volume.as_deref())?),
+        _ => None,
+    };
+    let mut outcomes = Vec::new();
+    for (placement, victim) in &p.policies {
+        outcomes.push(run_policy(p, placement, victim, trace_ops.clone(), quiet)?);
+    }
+    if let Some(dir) = &p.out_dir {
+        write_report(p, dir, &outcomes)?;
+    }
+    Ok(outcomes)
+}
+
+fn run_policy(p: &Params, placement: &str, victim: &str, trace_ops: Option<Vec<trace::TraceOp>>, quiet: bool) -> Result<Outcome, String> {
+    let label = format!("{placement}+{victim}");
+    let say = |m: &str| {
+        if !quiet {
+            eprintln!("[{label}] {m}");
+        }
+    };
+    let mut devices = open_backing(p, &label)?;
+    let trace_writer = match &p.device_trace {
+        Some((path, format)) => {
+            let path = if p.policies.len() > 1 {
+                PathBuf::from(format!("{}.{label}", path.display()))
+            } else {
+                path.clone()
+            };
+            let names: Vec<String> = devices.iter().map(|d| d.name().to_string()).collect();
+            let w = trace::TraceWriter::create(&path, *format, &names)?;
+            devices = devices
+                .into_iter()
+                .enumerate()
+                .map(|(i, d)| Arc::new(trace::RecordingDevice::new(d, i, w.clone())) as Arc<dyn Device>)
+                .collect();
+            Some((w, names))
+        }
+        None => None,
+    };
+    let cfg = PoolConfig {
+        spare_percent: p.spare_percent,
+        segment_bytes: p.segment_bytes,
+        victim_policy: victim.to_string(),
+        default_placement: placement.to_string(),
+        gc_aging: p.gc_aging,
+        ..PoolConfig::default()
+    };
+    let opts = OpenOptions {
+        background_gc: !p.inline_gc,
+        ..OpenOptions::default()
+    };
+    let pool = Pool::create(devices, &cfg, &opts).map_err(|e| format!("{label}: {e}"))?;
+    let physical = pool.geometry().total_segments as u64 * pool.geometry().segment_bytes;
+    let mut vol_bytes = pool.logical_capacity_bytes() / p.block_bytes * p.block_bytes;
+    if let Some(ops) = &trace_ops {
+        let need = trace::extent(ops).div_ceil(p.block_bytes) * p.block_bytes;
+        if need > vol_bytes {
+            return Err(format!(
+                "the trace touches {} MiB but the pool offers {} MiB at {}% spare; give a bigger --size",
+                need >> 20,
+                vol_bytes >> 20,
+                p.spare_percent
+            ));
+        }
+        vol_bytes = need.max(p.block_bytes);
+    }
+    let vol = pool.create_volume("bench", vol_bytes, 4096).map_err(|e| e.to_string())?;
+    let effective_spare = 1.0 - vol_bytes as f64 / physical as f64;
+    if p.precondition {
+        say(&format!("precondition: writing the {} MiB volume once", vol_bytes >> 20));
+        let chunk = vec![0x5au8; 1 << 20];
+        let bar = crate::progress_bar("precondition");
+        let mut off = 0;
+        while off < vol_bytes {
+            let n = (vol_bytes - off).min(chunk.len() as u64) as usize;
+            vol.write(off, &chunk[..n]).map_err(|e| e.to_string())?;
+            off += n as u64;
+            bar(off >> 20, vol_bytes >> 20);
+        }
+        pool.flush().map_err(|e| e.to_string())?;
+    }
+    let mut gen =
+        Generator::new(&p.workload, vol_bytes, p.block_bytes, p.read_percent, p.seed, trace_ops).map_err(|e| format!("{label}: {e}"))?;
+    let start_stats = pool.stats();
+    let warm_bytes = if gen.trace_len().is_some() {
+        0
+    } else {
+        (vol_bytes as f64 * p.warmup_volumes) as u64
+    };
+    if warm_bytes > 0 {
+        say(&format!("warm-up: {:.1} volume(s) of {}", p.warmup_volumes, p.workload));
+        drive(&vol, &mut gen, p, warm_bytes, None, &crate::progress_bar("warm-up"))?;
+    }
+    let before = pool.stats();
+    let measure_bytes = if gen.trace_len().is_some() {
+        u64::MAX
+    } else {
+        (vol_bytes as f64 * p.measure_volumes) as u64
+    };
+    say(&format!(
+        "measuring: {} at queue depth {}",
+        if measure_bytes == u64::MAX {
+            "the whole trace".to_string()
+        } else {
+            format!("{:.1} volume(s)", p.measure_volumes)
+        },
+        p.queue_depth
+    ));
+    let samples = Mutex::new(vec![Sample::of(0.0, &before)]);
+    let stop = AtomicBool::new(false);
+    let t0 = Instant::now();
+    let bar = crate::progress_bar("measure");
+    let (hist_w, hist_r) = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            while !stop.load(Relaxed) {
+                std::thread::sleep(Duration::from_millis(p.sample_ms.max(10)));
+                samples.lock().push(Sample::of(t0.elapsed().as_secs_f64(), &pool.stats()));
+            }
+        });
+        let r = drive(&vol, &mut gen, p, measure_bytes, Some(t0), &bar);
+        stop.store(true, Relaxed);
+        let _ = sampler.join();
+        r
+    })?;
+    let after = pool.stats();
+    let mut samples = samples.into_inner();
+    samples.push(Sample::of(t0.elapsed().as_secs_f64(), &after));
+    let elapsed = t0.elapsed().as_secs_f64();
+    let user = (after.user_bytes_written - before.user_bytes_written) as f64;
+    let read = (after.user_bytes_read - before.user_bytes_read) as f64;
+    let gc = (after.gc_bytes_relocated - before.gc_bytes_relocated) as f64;
+    let device = (after.device_bytes_written - before.device_bytes_written) as f64;
+    let cum_user = (after.user_bytes_written - start_stats.user_bytes_written) as f64;
+    let cum_gc = (after.gc_bytes_relocated - start_stats.gc_bytes_relocated) as f64;
+    let wa = if user > 0.0 { (user + gc) / user } else { 1.0 };
+    // Throughput and WA per sample interval.
+    let mut throughput = Vec::new();
+    let mut wa_over_time = Vec::new();
+    let mut mbps = Vec::new();
+    for w in samples.windows(2) {
+        let dt = w[1].t - w[0].t;
+        if dt <= 0.0 {
+            continue;
+        }
+        let du = (w[1].user_written - w[0].user_written) as f64;
+        let dr = (w[1].user_read - w[0].user_read) as f64;
+        let dg = (w[1].gc - w[0].gc) as f64;
+        let v = (du + dr) / dt / 1e6;
+        throughput.push((w[1].t, v));
+        mbps.push(v);
+        if du > 0.0 {
+            wa_over_time.push((
+                (w[1].user_written - before.user_bytes_written) as f64 / vol_bytes as f64,
+                (du + dg) / du,
+            ));
+        }
+    }
+    let pct = |h: &Histogram<u64>, q: f64| if h.is_empty() { 0 } else { h.value_at_quantile(q) };
+    let lat = |h: &Histogram<u64>| {
+        json!({"count": h.len(), "p50_us": pct(h, 0.5), "p90_us": pct(h, 0.9), "p99_us": pct(h, 0.99),
+               "p999_us": pct(h, 0.999), "max_us": h.max(), "mean_us": if h.is_empty() { 0.0 } else { h.mean() }})
+    };
+    let both = {
+        let mut h = hist_w.clone();
+        let _ = h.add(&hist_r);
+        h
+    };
+    let latency_cdf: Vec<(f64, f64)> = if both.is_empty() {
+        Vec::new()
+    } else {
+        (0..=200)
+            .map(|i| {
+                let q = i as f64 / 200.0;
+                (both.value_at_quantile(q).max(1) as f64, q)
+            })
+            .collect()
+    };
+    let vs = after.volumes.iter().find(|v| v.name == "bench");
+    let placement_bytes = vs.map_or(0, |v| v.placement_memory_bytes);
+    let pages = vol_bytes / 4096;
+    let json = json!({
+        "placement": placement,
+        "victim": victim,
+        "workload": p.workload.to_string(),
+        "read_percent": p.read_percent,
+        "block_bytes": p.block_bytes,
+        "queue_depth": p.queue_depth,
+        "volume_bytes": vol_bytes,
+        "physical_bytes": physical,
+        "spare_percent_requested": p.spare_percent,
+        "spare_percent_effective": effective_spare * 100.0,
+        "segment_bytes": pool.geometry().segment_bytes,
+        "segments": pool.geometry().total_segments,
+        "precondition": p.precondition,
+        "warmup_volumes": p.warmup_volumes,
+        "measured_user_bytes_written": user,
+        "measured_user_bytes_read": read,
+        "wa": wa,
+        "device_wa": if user > 0.0 { device / user } else { 0.0 },
+        "wa_cumulative": if cum_user > 0.0 { (cum_user + cum_gc) / cum_user } else { 1.0 },
+        "throughput_mbps_median": median(mbps.clone()),
+        "throughput_mbps_mean": (user + read) / elapsed.max(1e-9) / 1e6,
+        "seconds": elapsed,
+        "latency_write": lat(&hist_w),
+        "latency_read": lat(&hist_r),
+        "placement_memory_bytes": placement_bytes,
+        "placement_bytes_per_page": placement_bytes as f64 / pages.max(1) as f64,
+        "map_memory_bytes": after.map_memory_bytes,
+        "gc_segments_cleaned": after.gc_segments_cleaned - before.gc_segments_cleaned,
+        "free_segments_min": samples.iter().map(|s| s.free_segments).min(),
+        "device_counters": after.device_counters.iter().map(|(d, k, v)| json!({"device": d, "counter": k, "value": v})).collect::<Vec<_>>(),
+        "samples": samples.iter().map(|s| json!([s.t, s.user_written - before.user_bytes_written, s.user_read - before.user_bytes_read, s.gc - before.gc_bytes_relocated, s.device - before.device_bytes_written])).collect::<Vec<_>>(),
+        "samples_columns": ["seconds", "user_bytes_written", "user_bytes_read", "gc_bytes_relocated", "device_bytes_written"],
+    });
+    say(&format!(
+        "WA {wa:.3} (device {:.3}), {:.0} MB/s median, write p99 {} us",
+        json["device_wa"].as_f64().unwrap_or(0.0),
+        json["throughput_mbps_median"].as_f64().unwrap_or(0.0),
+        pct(&hist_w, 0.99)
+    ));
+    drop(vol);
+    pool.close().map_err(|e| e.to_string())?;
+    if let Some((w, names)) = trace_writer {
+        w.finish(&names)?;
+    }
+    if let Backing::Files(specs) = &p.backing {
+        for s in specs {
+            let _ = std::fs::remove_file(&s.path);
+        }
+    }
+    Ok(Outcome {
+        label,
+        json,
+        throughput,
+        wa_over_time,
+        latency_cdf,
+        wa,
+    })
+}
+
+/// Issues requests from `gen` at the queue depth until `bytes` were transferred or the trace
+/// ends. Returns write and read latency histograms (microseconds).
+fn drive(
+    vol: &salsa_core::Volume,
+    gen: &mut Generator,
+    p: &Params,
+    bytes: u64,
+    t0: Option<Instant>,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<(Histogram<u64>, Histogram<u64>), String> {
+    let gen = Mutex::new(gen);
+    let done = AtomicU64::new(0);
+    let failed: Mutex<Option<String>> = Mutex::new(None);
+    let new_hist = || Histogram::<u64>::new(3).map_err(|e| e.to_string());
+    let (mut hw, mut hr) = (new_hist()?, new_hist()?);
+    let start = t0.unwrap_or_else(Instant::now);
+    let total = gen.lock().trace_len().map(|n| n as u64);
+    let issued = AtomicU64::new(0);
+    std::thread::scope(|s| -> Result<(), String> {
+        let workers: Vec<_> = (0..p.queue_depth.max(1))
+            .map(|worker| {
+                let (gen, done, failed, issued) = (&gen, &done, &failed, &issued);
+                s.spawn(move || -> Result<(Histogram<u64>, Histogram<u64>), String> {
+                    let (mut w, mut r) = (new_hist()?, new_hist()?);
+                    let mut buf: Vec<u8> = Vec::new();
+                    let mut stamp = (p.seed << 20) ^ (worker as u64) << 48;
+                    loop {
+                        if failed.lock().is_some() || done.load(Relaxed) >= bytes {
+                            break;
+                        }
+                        let Some(req) = gen.lock().next_request() else { break };
+                        let n = issued.fetch_add(1, Relaxed) + 1;
+                        if p.realtime && req.at_us > 0 {
+                            let due = start + Duration::from_micros(req.at_us);
+                            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                                std::thread::sleep(wait);
+                            }
+                        }
+                        let Request { write, offset, len, .. } = req;
+                        let len = len.min(vol.size_bytes().saturating_sub(offset));
+                        if len == 0 {
+                            continue;
+                        }
+                        buf.resize(len as usize, 0);
+                        let t = Instant::now();
+                        let res = if write {
+                            // Distinct contents per write, so nothing can pass by accident.
+                            stamp += 1;
+                            for chunk in buf.chunks_mut(4096) {
+                                chunk[..8].copy_from_slice(&stamp.to_le_bytes());
+                            }
+                            vol.write(offset, &buf)
+                        } else {
+                            vol.read(offset, &mut buf)
+                        };
+                        if let Err(e) = res {
+                            *failed.lock() = Some(format!("{} at {offset} ({len} bytes): {e}", if write { "write" } else { "read" }));
+                            break;
+                        }
+                        let us = t.elapsed().as_micros() as u64;
+                        let h = if write { &mut w } else { &mut r };
+                        h.saturating_record(us.max(1));
+                        let d = done.fetch_add(len, Relaxed) + len;
+                        if worker == 0 {
+                            match total {
+                                Some(total) => progress(n.min(total), total),
+                                None if bytes != u64::MAX => progress((d.min(bytes)) >> 20, bytes >> 20),
+                                None => {}
+                            }
+                        }
+                    }
+                    Ok((w, r))
+                })
+            })
+            .collect();
+        for h in workers {
+            let (w, r) = h.join().map_err(|_| "benchmark thread panicked".to_string())??;
+            hw.add(&w).map_err(|e| e.to_string())?;
+            hr.add(&r).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })?;
+    match total {
+        Some(total) => progress(total, total),
+        None if bytes != u64::MAX => progress(bytes >> 20, bytes >> 20),
+        None => {}
+    }
+    if let Some(e) = failed.into_inner() {
+        return Err(e);
+    }
+    Ok((hw, hr))
+}
+
+fn write_report(p: &Params, dir: &std::path::Path, outcomes: &[Outcome]) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let put = |name: &str, text: String| std::fs::write(dir.join(name), text).map_err(|e| format!("{}: {e}", dir.join(name).display()));
+    let series = |f: fn(&Outcome) -> &Vec<(f64, f64)>| -> Vec<plot::Series> {
+        outcomes
+            .iter()
+            .map(|o| plot::Series {
+                name: o.label.clone(),
+                points: f(o).clone(),
+            })
+            .collect()
+    };
+    let w = &p.workload;
+    put(
+        "throughput.svg",
+        plot::line_chart(
+            &format!("Throughput, {w}"),
+            "seconds",
+            "MB/s (reads + writes)",
+            &series(|o| &o.throughput),
+            false,
+        ),
+    )?;
+    put(
+        "wa.svg",
+        plot::line_chart(
+            &format!("Write amplification, {w}"),
+            "volumes written",
+            "WA per interval",
+            &series(|o| &o.wa_over_time),
+            false,
+        ),
+    )?;
+    put(
+        "latency_cdf.svg",
+        plot::line_chart(
+            &format!("Latency CDF, {w}"),
+            "microseconds (log)",
+            "fraction of requests",
+            &series(|o| &o.latency_cdf),
+            true,
+        ),
+    )?;
+    let bars: Vec<(String, f64)> = outcomes.iter().map(|o| (o.label.clone(), o.wa)).collect();
+    put(
+        "compare.svg",
+        plot::bar_chart(
+            &format!("Write amplification by policy, {w}, {}% spare", p.spare_percent),
+            "WA",
+            &bars,
+            None,
+        ),
+    )?;
+    let all: Vec<&Value> = outcomes.iter().map(|o| &o.json).collect();
+    put("results.json", serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?)?;
+    Ok(())
+}
