@@ -125,7 +125,9 @@ pub struct Watermarks {
 impl Watermarks {
     pub fn for_segments(total: u32) -> Watermarks {
         let gc_reserve = 3;
-        let step = (total / 256).max(1);
+        // Free segments are space the log cannot use: keep the band between the watermarks
+        // narrow (a few per mille of the pool) so that spare space works for the GC.
+        let step = (total / 1024).max(1);
         Watermarks {
             gc_reserve,
             low: gc_reserve + step + 1,

@@ -528,7 +528,7 @@ impl Engine {
 
     /// How many cleaned segments the GC lets wait for one shared sync.
     fn gc_release_batch(&self) -> u32 {
-        (self.geo.total_segments / 128).clamp(2, 16)
+        (self.geo.total_segments / 512).clamp(2, 16)
     }
 
     /// One round of the background worker: clean until the high watermark.

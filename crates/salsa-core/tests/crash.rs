@@ -59,7 +59,7 @@ impl Oracle {
     }
 }
 
-const PLACEMENTS: [&str; 4] = ["salsa", "sepbit", "single", "user-gc"];
+const PLACEMENTS: [&str; 3] = ["salsa", "sepbit", "user-gc"];
 
 fn config() -> PoolConfig {
     PoolConfig {

@@ -236,7 +236,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-pub const PLACEMENTS: [&str; 4] = ["salsa", "sepbit", "single", "user-gc"];
+pub const PLACEMENTS: [&str; 3] = ["salsa", "sepbit", "user-gc"];
 
 static GC_SEGMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 

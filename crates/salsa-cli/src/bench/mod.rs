@@ -319,6 +319,7 @@ fn run_policy(p: &Params, placement: &str, victim: &str, trace_ops: Option<Vec<t
     let placement_bytes = vs.map_or(0, |v| v.placement_memory_bytes);
     let pages = vol_bytes / 4096;
     let json = json!({
+        "label": label,
         "placement": placement,
         "victim": victim,
         "workload": p.workload.to_string(),

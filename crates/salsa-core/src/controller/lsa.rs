@@ -13,7 +13,7 @@ use super::record::{OpenRecord, RecordBuf, SealedRecord};
 use crate::capacity::Purpose;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::format::{MetaEntry, RecordMeta, SegmentHeader, StreamKind, VolumeRecord};
+use crate::format::{MetaEntry, RecordMeta, SegmentHeader, StreamKind, VolumeRecord, MAX_STREAMS_PER_KIND};
 use crate::policy::placement::{clamp_stream, Placement, Relocation, SegmentView, UserWrite};
 use crate::scan::walk_segment;
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
@@ -90,7 +90,7 @@ impl LsaVolume {
     /// A volume as recorded in the volume table, with an empty map and its placement policy.
     pub fn new(rec: &VolumeRecord, map: PageMap, grain_bytes: u32, placement: Box<dyn Placement>) -> LsaVolume {
         let users = placement.user_streams().clamp(1, crate::format::MAX_STREAMS_PER_KIND);
-        let gcs = placement.gc_streams().min(crate::format::MAX_STREAMS_PER_KIND);
+        let gcs = placement.gc_streams().clamp(1, crate::format::MAX_STREAMS_PER_KIND);
         let kinds: Vec<StreamKind> = (0..users).map(StreamKind::User).chain((0..gcs).map(StreamKind::Gc)).collect();
         LsaVolume {
             id: rec.id,
@@ -382,10 +382,7 @@ impl LsaVolume {
                     eng.write_record(r)?;
                 }
                 Prep::NeedSegment => {
-                    // The GC never waits for a writer's allocation: the writer may itself be
-                    // waiting for the GC (a stream that takes both). It allocates from its
-                    // reserve; whichever segment arrives second goes back.
-                    if st.allocating && purpose != Purpose::Gc {
+                    if st.allocating {
                         ready.wait_for(&mut st, std::time::Duration::from_millis(50));
                         continue;
                     }
@@ -658,7 +655,7 @@ impl LsaVolume {
                                 p += 1;
                             }
                             let run = p - run_start;
-                            let r = self.place(eng, self.placement.place_trim(), Purpose::Gc, None, |seg, rec| {
+                            let r = self.place(eng, StreamKind::Gc(MAX_STREAMS_PER_KIND), Purpose::Gc, None, |seg, rec| {
                                 let seg = seg as u32;
                                 rec.push(MetaEntry::Trim {
                                     page: run_start,

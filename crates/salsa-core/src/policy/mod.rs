@@ -7,6 +7,7 @@
 //! your own policies in [`Registry`] and pass it in `OpenOptions::policies`
 //! (`docs/POLICIES.md` walks through one).
 
+pub mod heatlog;
 pub mod placement;
 pub mod sepbit;
 pub mod victim;
@@ -82,9 +83,11 @@ impl Registry {
             Box::new(placement::SalsaHeat)
         });
         r.add_placement("user-gc", "one user stream, one GC stream", |_| Box::new(placement::UserGc));
-        r.add_placement("single", "one log for user writes and relocations", |_| {
-            Box::new(placement::SingleLog)
-        });
+        r.add_placement(
+            "heatlog",
+            "SALSA heat logs: 8 user + 8 GC classes by smoothed update interval",
+            |pages| Box::new(heatlog::HeatLog::new(pages)),
+        );
         r.add_placement("sepbit", "SepBIT (FAST'22): 6 classes by inferred invalidation time", |pages| {
             Box::new(sepbit::SepBit::new(pages))
         });

@@ -58,13 +58,15 @@ pub struct Relocation {
 pub trait Placement: Send + Sync {
     /// User streams used, `1..=16`. `StreamKind::User(k)` for `k` below this.
     fn user_streams(&self) -> u8;
-    /// GC streams used, `0..=16`. With none, relocations go to user streams.
+    /// GC streams used, `1..=16`. Relocations never share a stream with user writes: the GC
+    /// allocates from a reserve that user writes must not consume.
     fn gc_streams(&self) -> u8;
     /// The stream for a user write.
     fn place_user(&self, w: &UserWrite) -> StreamKind;
-    /// The stream for a relocated page.
+    /// The GC stream for a relocated page.
     fn place_gc(&self, r: &Relocation) -> StreamKind;
-    /// The stream that carries trim records (tombstones). Default: the last user stream.
+    /// The user stream that carries trim records (tombstones). Default: the last one. (The GC
+    /// moves tombstones to the last GC stream.)
     fn place_trim(&self) -> StreamKind {
         StreamKind::User(self.user_streams().saturating_sub(1))
     }
@@ -84,10 +86,9 @@ pub trait Placement: Send + Sync {
 /// engine's stream table).
 pub fn clamp_stream(p: &dyn Placement, s: StreamKind) -> StreamKind {
     let users = p.user_streams().clamp(1, MAX_STREAMS_PER_KIND);
-    let gcs = p.gc_streams().min(MAX_STREAMS_PER_KIND);
+    let gcs = p.gc_streams().clamp(1, MAX_STREAMS_PER_KIND);
     match s {
         StreamKind::User(k) => StreamKind::User(k.min(users - 1)),
-        StreamKind::Gc(_) if gcs == 0 => StreamKind::User(users - 1),
         StreamKind::Gc(k) => StreamKind::Gc(k.min(gcs - 1)),
         StreamKind::Checkpoint => StreamKind::User(users - 1),
     }
@@ -202,24 +203,6 @@ impl Placement for UserGc {
     }
 }
 
-/// One log: user writes and relocations share a single stream (the textbook baseline).
-pub struct SingleLog;
-
-impl Placement for SingleLog {
-    fn user_streams(&self) -> u8 {
-        1
-    }
-    fn gc_streams(&self) -> u8 {
-        0
-    }
-    fn place_user(&self, _w: &UserWrite) -> StreamKind {
-        StreamKind::User(0)
-    }
-    fn place_gc(&self, _r: &Relocation) -> StreamKind {
-        StreamKind::User(0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +226,5 @@ mod tests {
     fn answers_are_clamped_to_declared_streams() {
         assert_eq!(clamp_stream(&UserGc, StreamKind::User(5)), StreamKind::User(0));
         assert_eq!(clamp_stream(&UserGc, StreamKind::Gc(3)), StreamKind::Gc(0));
-        assert_eq!(clamp_stream(&SingleLog, StreamKind::Gc(0)), StreamKind::User(0));
     }
 }

@@ -1,0 +1,136 @@
+//! `salsa bench` end to end: policies side by side with JSON and charts, trace replay, and the
+//! device trace it writes.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("salsa-bench-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn salsa(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_salsa")).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn policies_side_by_side_with_json_and_charts() {
+    let dir = scratch("side");
+    let out = dir.join("report");
+    let (ok, stdout, stderr) = salsa(&[
+        "bench",
+        "--memory",
+        "96M",
+        "--segment-size",
+        "1M",
+        "--workload",
+        "hotcold:90/10",
+        "--placement",
+        "user-gc,sepbit",
+        "--victim",
+        "greedy",
+        "--queue-depth",
+        "2",
+        "--warmup",
+        "1",
+        "--measure",
+        "1",
+        "--sample-ms",
+        "50",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let runs = v.as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for r in runs {
+        let wa = r["wa"].as_f64().unwrap();
+        assert!(wa > 1.0 && wa < 10.0, "GC ran and WA is sane: {wa}");
+        assert!(r["device_wa"].as_f64().unwrap() >= wa);
+        assert!(r["latency_write"]["count"].as_u64().unwrap() > 1000);
+        assert!(r["latency_write"]["p99_us"].as_u64().unwrap() >= r["latency_write"]["p50_us"].as_u64().unwrap());
+        assert!(!r["samples"].as_array().unwrap().is_empty());
+    }
+    assert_eq!(runs[1]["placement"], "sepbit");
+    assert_eq!(runs[1]["placement_bytes_per_page"].as_f64().unwrap().round(), 4.0);
+    for f in ["throughput.svg", "wa.svg", "latency_cdf.svg", "compare.svg", "results.json"] {
+        let text = std::fs::read_to_string(out.join(f)).unwrap();
+        assert!(text.contains("sepbit+greedy"), "{f} names both runs");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn trace_replay_and_device_trace() {
+    let dir = scratch("trace");
+    // An Alibaba-format trace: volume 3 writes 16 MiB twice with 64 KiB requests and reads
+    // some back; volume 4's lines must be ignored.
+    let mut t = String::new();
+    let mut ts = 0;
+    for round in 0..2 {
+        for i in 0..256u64 {
+            ts += 10;
+            let off = ((i * 37) % 256) * 65536;
+            t.push_str(&format!("3,W,{off},65536,{ts}\n"));
+            if round == 1 && i % 4 == 0 {
+                t.push_str(&format!("3,R,{off},65536,{ts}\n"));
+            }
+            t.push_str(&format!("4,W,{},4096,{ts}\n", 1u64 << 40));
+        }
+    }
+    let trace = dir.join("in.csv");
+    std::fs::write(&trace, t).unwrap();
+    let dev_trace = dir.join("dev.log");
+    let (ok, stdout, stderr) = salsa(&[
+        "bench",
+        "--memory",
+        "64M",
+        "--segment-size",
+        "1M",
+        "--workload",
+        &format!("trace:{}", trace.display()),
+        "--trace-volume",
+        "3",
+        "--no-precondition",
+        "--queue-depth",
+        "1",
+        "--device-trace",
+        dev_trace.to_str().unwrap(),
+        "--device-trace-format",
+        "fio",
+        "--json",
+        "--out",
+        dir.join("report").to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let r = &v[0];
+    assert_eq!(r["measured_user_bytes_written"].as_f64().unwrap(), (2 * 256 * 65536) as f64);
+    assert_eq!(r["measured_user_bytes_read"].as_f64().unwrap(), (64 * 65536) as f64);
+    assert_eq!(r["volume_bytes"].as_u64().unwrap(), 16 << 20);
+    // The device trace is a fio iolog of large writes.
+    let log = std::fs::read_to_string(&dev_trace).unwrap();
+    assert!(log.starts_with("fio version 2 iolog\n"));
+    let writes: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains(" write "))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    let bytes: u64 = writes.iter().sum();
+    assert!(bytes >= 32 << 20, "every user byte reached the device: {bytes}");
+    assert!(bytes / writes.len() as u64 >= 64 << 10, "SALSA writes in large records");
+    // A malformed trace is refused with its line number.
+    std::fs::write(&trace, "3,W,0,4096,1\n3,Q,0,4096,2\n").unwrap();
+    let (ok, _, stderr) = salsa(&["bench", "--memory", "64M", "--workload", &format!("trace:{}", trace.display())]);
+    assert!(!ok && stderr.contains(":2:"), "{stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}
