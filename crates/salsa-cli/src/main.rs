@@ -280,17 +280,10 @@ struct BenchArgs {
 fn run_workload_bench(a: &BenchArgs) -> Result<(), String> {
     let registry = salsa_core::Registry::builtin();
     for pl in &a.placement {
-        if !registry.has_placement(pl) {
-            return Err(registry.placement(pl, 0).err().unwrap_or_default());
-        }
+        registry.check_placement(pl)?;
     }
     for v in &a.victim {
-        if !registry.has_victim(v) {
-            return Err(format!(
-                "unknown victim policy {v:?}; known: {}",
-                registry.victim_names().join(", ")
-            ));
-        }
+        registry.check_victim(v)?;
     }
     let policies = a
         .placement

@@ -75,6 +75,11 @@ impl SegmentInfo {
     pub fn state(&self) -> SegmentState {
         SegmentState::from_u8(self.state.load(SeqCst))
     }
+
+    /// The stream that wrote the segment (user class 0 for a byte no stream encodes).
+    pub fn stream_kind(&self) -> crate::format::StreamKind {
+        crate::format::StreamKind::from_u8(self.stream.load(SeqCst)).unwrap_or(crate::format::StreamKind::User(0))
+    }
     pub fn set_state(&self, s: SegmentState) {
         self.state.store(s as u8, SeqCst);
     }

@@ -407,7 +407,7 @@ impl Engine {
                 }
                 let sealed = s.sealed_seq.load(SeqCst);
                 oldest = oldest.min(sealed);
-                cands.push((i as u32, valid, sealed, s.stream.load(SeqCst)));
+                cands.push((i as u32, valid, sealed, s.stream_kind()));
             }
             let best = cands
                 .iter()
@@ -419,7 +419,7 @@ impl Engine {
                         sealed_seq,
                         now_seq: now,
                         oldest_sealed_seq: oldest,
-                        stream: crate::format::StreamKind::from_u8(stream).unwrap_or(crate::format::StreamKind::User(0)),
+                        stream,
                     };
                     (self.policy.score(&c), segment)
                 })

@@ -250,19 +250,10 @@ impl Pool {
                 cfg.gc_aging
             )));
         }
-        if !opts.policies.has_victim(&cfg.victim_policy) {
-            return Err(Error::InvalidConfig(
-                opts.policies
-                    .victim(&cfg.victim_policy, &VictimParams { aging: 0.0 })
-                    .err()
-                    .unwrap_or_default(),
-            ));
-        }
-        if !opts.policies.has_placement(&cfg.default_placement) {
-            return Err(Error::InvalidConfig(
-                opts.policies.placement(&cfg.default_placement, 0).err().unwrap_or_default(),
-            ));
-        }
+        opts.policies.check_victim(&cfg.victim_policy).map_err(Error::InvalidConfig)?;
+        opts.policies
+            .check_placement(&cfg.default_placement)
+            .map_err(Error::InvalidConfig)?;
         let total: u64 = devices.iter().map(|d| d.size_bytes().saturating_sub(DEVICE_RESERVED_BYTES)).sum();
         let segment_bytes = cfg.segment_bytes.unwrap_or_else(|| default_segment_bytes(total));
         if !((1 << 20)..=(1 << 30)).contains(&segment_bytes) || !segment_bytes.is_multiple_of(cfg.grain_bytes as u64) {

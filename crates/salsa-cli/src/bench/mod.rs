@@ -102,6 +102,7 @@ pub struct Outcome {
     pub wa: f64,
 }
 
+/// The median of samples (0 for none).
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -397,10 +398,16 @@ fn drive(
     let start = t0.unwrap_or_else(Instant::now);
     let total = gen.lock().trace_len().map(|n| n as u64);
     let issued = AtomicU64::new(0);
+    // Progress in requests for a trace, in MiB for a byte budget; none for an endless run.
+    let report = |requests: u64, transferred: u64| match total {
+        Some(total) => progress(requests.min(total), total),
+        None if bytes != u64::MAX => progress(transferred.min(bytes) >> 20, bytes >> 20),
+        None => {}
+    };
     std::thread::scope(|s| -> Result<(), String> {
         let workers: Vec<_> = (0..p.queue_depth.max(1))
             .map(|worker| {
-                let (gen, done, failed, issued) = (&gen, &done, &failed, &issued);
+                let (gen, done, failed, issued, report) = (&gen, &done, &failed, &issued, &report);
                 s.spawn(move || -> Result<(Histogram<u64>, Histogram<u64>), String> {
                     let (mut w, mut r) = (new_hist()?, new_hist()?);
                     let mut buf: Vec<u8> = Vec::new();
@@ -443,11 +450,7 @@ fn drive(
                         h.saturating_record(us.max(1));
                         let d = done.fetch_add(len, Relaxed) + len;
                         if worker == 0 {
-                            match total {
-                                Some(total) => progress(n.min(total), total),
-                                None if bytes != u64::MAX => progress((d.min(bytes)) >> 20, bytes >> 20),
-                                None => {}
-                            }
+                            report(n, d);
                         }
                     }
                     Ok((w, r))
@@ -461,11 +464,7 @@ fn drive(
         }
         Ok(())
     })?;
-    match total {
-        Some(total) => progress(total, total),
-        None if bytes != u64::MAX => progress(bytes >> 20, bytes >> 20),
-        None => {}
-    }
+    report(u64::MAX, u64::MAX);
     if let Some(e) = failed.into_inner() {
         return Err(e);
     }

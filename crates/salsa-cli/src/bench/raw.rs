@@ -52,14 +52,6 @@ pub fn analytic_greedy_wa(spare_fraction: f64) -> f64 {
     1.0 / (1.0 - (lo + hi) / 2.0)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 /// Samples a byte counter once a second while `run` runs; returns MB/s samples.
 fn sampled<T>(counter: &AtomicU64, run: impl FnOnce() -> T) -> (T, Vec<f64>) {
     let stop = AtomicBool::new(false);
@@ -270,11 +262,9 @@ pub fn run(p: &BenchParams, progress: &dyn Fn(&str)) -> Result<BenchReport, Stri
         progress("baseline again (brackets the SALSA run against drift of the shared disk)");
         baseline_samples.extend(raw_baseline(p, path)?);
     }
-    let mut s = salsa_samples.clone();
-    let mut b = baseline_samples.clone();
     Ok(BenchReport {
-        salsa_mbps_median: median(&mut s),
-        baseline_mbps_median: (!b.is_empty()).then(|| median(&mut b)),
+        salsa_mbps_median: super::median(salsa_samples.clone()),
+        baseline_mbps_median: (!baseline_samples.is_empty()).then(|| super::median(baseline_samples.clone())),
         gc_write_amplification: (user + gc) / user,
         device_write_amplification: device / user,
         analytic_wa: analytic_greedy_wa(p.spare_percent / 100.0),

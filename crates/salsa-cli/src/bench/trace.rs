@@ -242,6 +242,15 @@ impl RecordingDevice {
     pub fn new(inner: Arc<dyn Device>, index: usize, trace: Arc<TraceWriter>) -> RecordingDevice {
         RecordingDevice { inner, index, trace }
     }
+
+    /// Runs one device request and records it with its latency.
+    fn timed(&self, write: bool, offset: u64, len: usize, io: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
+        let t = Instant::now();
+        let r = io();
+        let us = t.elapsed().as_micros() as u64;
+        self.trace.record(self.index, self.inner.name(), write, offset, len, us);
+        r
+    }
 }
 
 impl Device for RecordingDevice {
@@ -258,30 +267,11 @@ impl Device for RecordingDevice {
         self.inner.alignment_bytes()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        let t = Instant::now();
-        let r = self.inner.read_at(buf, offset);
-        self.trace.record(
-            self.index,
-            self.inner.name(),
-            false,
-            offset,
-            buf.len(),
-            t.elapsed().as_micros() as u64,
-        );
-        r
+        let len = buf.len();
+        self.timed(false, offset, len, || self.inner.read_at(buf, offset))
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        let t = Instant::now();
-        let r = self.inner.write_at(buf, offset);
-        self.trace.record(
-            self.index,
-            self.inner.name(),
-            true,
-            offset,
-            buf.len(),
-            t.elapsed().as_micros() as u64,
-        );
-        r
+        self.timed(true, offset, buf.len(), || self.inner.write_at(buf, offset))
     }
     fn sync(&self) -> std::io::Result<()> {
         self.inner.sync()

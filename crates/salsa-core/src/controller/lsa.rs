@@ -13,8 +13,8 @@ use super::record::{OpenRecord, RecordBuf, SealedRecord};
 use crate::capacity::Purpose;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::format::{MetaEntry, RecordMeta, SegmentHeader, StreamKind, VolumeRecord, MAX_STREAMS_PER_KIND};
-use crate::policy::placement::{clamp_stream, Placement, Relocation, SegmentView, UserWrite};
+use crate::format::{MetaEntry, RecordMeta, SegmentHeader, StreamKind, VolumeRecord};
+use crate::policy::placement::{Placement, Relocation, SegmentView, StreamLayout, UserWrite};
 use crate::scan::walk_segment;
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
@@ -72,7 +72,7 @@ pub struct LsaVolume {
     streams: Box<[Mutex<Stream>]>,
     /// Signalled when a stream's pending segment allocation finishes.
     stream_ready: Box<[Condvar]>,
-    user_streams: u8,
+    layout: StreamLayout,
     placement: Box<dyn Placement>,
     /// Name of the placement policy, as stored in the volume table.
     pub placement_name: String,
@@ -89,9 +89,7 @@ pub struct LsaVolume {
 impl LsaVolume {
     /// A volume as recorded in the volume table, with an empty map and its placement policy.
     pub fn new(rec: &VolumeRecord, map: PageMap, grain_bytes: u32, placement: Box<dyn Placement>) -> LsaVolume {
-        let users = placement.user_streams().clamp(1, crate::format::MAX_STREAMS_PER_KIND);
-        let gcs = placement.gc_streams().clamp(1, crate::format::MAX_STREAMS_PER_KIND);
-        let kinds: Vec<StreamKind> = (0..users).map(StreamKind::User).chain((0..gcs).map(StreamKind::Gc)).collect();
+        let layout = StreamLayout::of(placement.as_ref());
         LsaVolume {
             id: rec.id,
             name: rec.name.clone(),
@@ -99,9 +97,9 @@ impl LsaVolume {
             page_grains: rec.page_bytes / grain_bytes,
             size_bytes: AtomicU64::new(rec.size_bytes),
             map: RwLock::new(map),
-            streams: kinds
-                .iter()
-                .map(|&kind| {
+            streams: layout
+                .kinds()
+                .map(|kind| {
                     Mutex::new(Stream {
                         kind,
                         allocating: false,
@@ -110,8 +108,8 @@ impl LsaVolume {
                     })
                 })
                 .collect(),
-            stream_ready: kinds.iter().map(|_| Condvar::new()).collect(),
-            user_streams: users,
+            stream_ready: layout.kinds().map(|_| Condvar::new()).collect(),
+            layout,
             placement,
             placement_name: rec.placement.clone(),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -148,14 +146,6 @@ impl LsaVolume {
         self.size_bytes.store(new_size_bytes, SeqCst);
     }
 
-    fn stream_index(&self, kind: StreamKind) -> usize {
-        match clamp_stream(self.placement.as_ref(), kind) {
-            StreamKind::User(k) => k as usize,
-            StreamKind::Gc(k) => self.user_streams as usize + k as usize,
-            StreamKind::Checkpoint => unreachable!("clamp_stream never returns the checkpoint stream"),
-        }
-    }
-
     /// Memory held by the placement policy.
     pub fn placement_memory_bytes(&self) -> u64 {
         self.placement.state_bytes()
@@ -166,7 +156,7 @@ impl LsaVolume {
         let info = eng.capacity.segment(s);
         SegmentView {
             segment: s,
-            stream: StreamKind::from_u8(info.stream.load(SeqCst)).unwrap_or(StreamKind::User(0)),
+            stream: info.stream_kind(),
             opened_seq: info.opened_seq.load(SeqCst),
             sealed_seq: info.sealed_seq.load(SeqCst),
         }
@@ -348,7 +338,7 @@ impl LsaVolume {
         page: Option<&[u8]>,
         commit: impl FnOnce(u64, &mut OpenRecord) -> R,
     ) -> Result<R> {
-        let index = self.stream_index(kind);
+        let index = self.layout.index(kind);
         let (stream, ready) = (&self.streams[index], &self.stream_ready[index]);
         loop {
             let mut st = stream.lock();
@@ -655,7 +645,7 @@ impl LsaVolume {
                                 p += 1;
                             }
                             let run = p - run_start;
-                            let r = self.place(eng, StreamKind::Gc(MAX_STREAMS_PER_KIND), Purpose::Gc, None, |seg, rec| {
+                            let r = self.place(eng, self.layout.last_gc(), Purpose::Gc, None, |seg, rec| {
                                 let seg = seg as u32;
                                 rec.push(MetaEntry::Trim {
                                     page: run_start,

@@ -12,7 +12,7 @@
 //! so a single sample puts a page anywhere across four or five doublings; the mean of the log
 //! of the last few narrows that to about one, which is what a class is wide.
 
-use super::placement::{PageClock, Placement, Relocation, UserWrite};
+use super::placement::{grow_slots, page_range, PageClock, Placement, Relocation, UserWrite};
 use crate::format::StreamKind;
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
@@ -102,22 +102,18 @@ impl Placement for HeatLog {
     fn trimmed(&self, first: u64, count: u64) {
         self.clock.forget(first, count);
         let est = self.estimate.read();
-        let end = first.saturating_add(count).min(est.len() as u64);
-        for p in first.min(end)..end {
-            est[p as usize].store(NONE, Relaxed);
+        for slot in &est[page_range(est.len(), first, count)] {
+            slot.store(NONE, Relaxed);
         }
     }
     fn resize(&self, pages: u64) {
         self.clock.resize(pages);
-        let mut est = self.estimate.write();
-        if pages as usize > est.len() {
-            let grown: Box<[AtomicU8]> = est
-                .iter()
-                .map(|a| AtomicU8::new(a.load(Relaxed)))
-                .chain((est.len() as u64..pages).map(|_| AtomicU8::new(NONE)))
-                .collect();
-            *est = grown;
-        }
+        grow_slots(
+            &mut self.estimate.write(),
+            pages,
+            |a| AtomicU8::new(a.load(Relaxed)),
+            || AtomicU8::new(NONE),
+        );
     }
     fn state_bytes(&self) -> u64 {
         self.clock.bytes() + self.estimate.read().len() as u64

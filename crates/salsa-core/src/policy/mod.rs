@@ -101,16 +101,7 @@ impl Registry {
         about: &'static str,
         build: impl Fn(&VictimParams) -> Box<dyn VictimPolicy> + Send + Sync + 'static,
     ) {
-        assert!(
-            name.len() <= crate::format::MAX_POLICY_NAME_BYTES,
-            "policy name {name:?} is too long"
-        );
-        self.victims.retain(|e| e.name != name);
-        self.victims.push(Entry {
-            name,
-            about,
-            build: Arc::new(build),
-        });
+        upsert(&mut self.victims, name, about, Arc::new(build));
     }
 
     /// Adds (or replaces) a placement policy; `build` gets the volume's size in pages.
@@ -120,24 +111,15 @@ impl Registry {
         about: &'static str,
         build: impl Fn(u64) -> Box<dyn Placement> + Send + Sync + 'static,
     ) {
-        assert!(
-            name.len() <= crate::format::MAX_POLICY_NAME_BYTES,
-            "policy name {name:?} is too long"
-        );
-        self.placements.retain(|e| e.name != name);
-        self.placements.push(Entry {
-            name,
-            about,
-            build: Arc::new(build),
-        });
+        upsert(&mut self.placements, name, about, Arc::new(build));
     }
 
     pub fn victim_names(&self) -> Vec<&'static str> {
-        self.victims.iter().map(|e| e.name).collect()
+        names(&self.victims)
     }
 
     pub fn placement_names(&self) -> Vec<&'static str> {
-        self.placements.iter().map(|e| e.name).collect()
+        names(&self.placements)
     }
 
     /// `(name, about)` of every victim policy, then of every placement policy.
@@ -148,30 +130,44 @@ impl Registry {
         )
     }
 
+    /// Checks that a victim policy of this name is registered, or says which names are.
+    pub fn check_victim(&self, name: &str) -> Result<(), String> {
+        lookup(&self.victims, "victim", name).map(|_| ())
+    }
+
+    /// Checks that a placement policy of this name is registered, or says which names are.
+    pub fn check_placement(&self, name: &str) -> Result<(), String> {
+        lookup(&self.placements, "placement", name).map(|_| ())
+    }
+
     /// Builds the named victim policy, or says which names exist.
     pub fn victim(&self, name: &str, params: &VictimParams) -> Result<Box<dyn VictimPolicy>, String> {
-        match self.victims.iter().find(|e| e.name == name) {
-            Some(e) => Ok((e.build)(params)),
-            None => Err(format!("unknown victim policy {name:?}; known: {}", self.victim_names().join(", "))),
-        }
+        lookup(&self.victims, "victim", name).map(|build| build(params))
     }
 
     /// Builds the named placement policy for a volume of `pages` pages.
     pub fn placement(&self, name: &str, pages: u64) -> Result<Box<dyn Placement>, String> {
-        match self.placements.iter().find(|e| e.name == name) {
-            Some(e) => Ok((e.build)(pages)),
-            None => Err(format!(
-                "unknown placement policy {name:?}; known: {}",
-                self.placement_names().join(", ")
-            )),
-        }
+        lookup(&self.placements, "placement", name).map(|build| build(pages))
     }
+}
 
-    pub fn has_victim(&self, name: &str) -> bool {
-        self.victims.iter().any(|e| e.name == name)
-    }
+fn upsert<C>(entries: &mut Vec<Entry<C>>, name: &'static str, about: &'static str, build: C) {
+    assert!(
+        name.len() <= crate::format::MAX_POLICY_NAME_BYTES,
+        "policy name {name:?} is too long"
+    );
+    entries.retain(|e| e.name != name);
+    entries.push(Entry { name, about, build });
+}
 
-    pub fn has_placement(&self, name: &str) -> bool {
-        self.placements.iter().any(|e| e.name == name)
+fn names<C>(entries: &[Entry<C>]) -> Vec<&'static str> {
+    entries.iter().map(|e| e.name).collect()
+}
+
+/// The constructor registered under `name`, or an error naming the known ones.
+fn lookup<'a, C>(entries: &'a [Entry<C>], kind: &str, name: &str) -> Result<&'a C, String> {
+    match entries.iter().find(|e| e.name == name) {
+        Some(e) => Ok(&e.build),
+        None => Err(format!("unknown {kind} policy {name:?}; known: {}", names(entries).join(", "))),
     }
 }

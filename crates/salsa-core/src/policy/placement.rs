@@ -82,15 +82,40 @@ pub trait Placement: Send + Sync {
     }
 }
 
-/// Clamps a policy's answer to the streams it declared (a policy bug must not reach the
-/// engine's stream table).
-pub fn clamp_stream(p: &dyn Placement, s: StreamKind) -> StreamKind {
-    let users = p.user_streams().clamp(1, MAX_STREAMS_PER_KIND);
-    let gcs = p.gc_streams().clamp(1, MAX_STREAMS_PER_KIND);
-    match s {
-        StreamKind::User(k) => StreamKind::User(k.min(users - 1)),
-        StreamKind::Gc(k) => StreamKind::Gc(k.min(gcs - 1)),
-        StreamKind::Checkpoint => StreamKind::User(users - 1),
+/// The streams a volume has: what its policy declared, clamped to `1..=16` of each kind. Taken
+/// once when the volume is built; every answer of the policy is clamped to it, so a policy bug
+/// cannot reach past the engine's stream table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLayout {
+    pub users: u8,
+    pub gcs: u8,
+}
+
+impl StreamLayout {
+    pub fn of(p: &dyn Placement) -> StreamLayout {
+        StreamLayout {
+            users: p.user_streams().clamp(1, MAX_STREAMS_PER_KIND),
+            gcs: p.gc_streams().clamp(1, MAX_STREAMS_PER_KIND),
+        }
+    }
+
+    /// Every stream, user streams first.
+    pub fn kinds(self) -> impl Iterator<Item = StreamKind> {
+        (0..self.users).map(StreamKind::User).chain((0..self.gcs).map(StreamKind::Gc))
+    }
+
+    /// Index of a policy's answer, clamped to the declared streams, in [`StreamLayout::kinds`].
+    pub fn index(self, s: StreamKind) -> usize {
+        match s {
+            StreamKind::User(k) => k.min(self.users - 1) as usize,
+            StreamKind::Gc(k) => self.users as usize + k.min(self.gcs - 1) as usize,
+            StreamKind::Checkpoint => self.users as usize - 1,
+        }
+    }
+
+    /// The last GC stream (relocated tombstones go there).
+    pub fn last_gc(self) -> StreamKind {
+        StreamKind::Gc(self.gcs - 1)
     }
 }
 
@@ -127,26 +152,36 @@ impl PageClock {
     /// Forgets pages `[first, first + count)`.
     pub fn forget(&self, first: u64, count: u64) {
         let t = self.times.read();
-        let end = first.saturating_add(count).min(t.len() as u64);
-        for p in first.min(end)..end {
-            t[p as usize].store(0, Relaxed);
+        for slot in &t[page_range(t.len(), first, count)] {
+            slot.store(0, Relaxed);
         }
     }
 
     pub fn resize(&self, pages: u64) {
-        let mut t = self.times.write();
-        if pages as usize > t.len() {
-            let grown: Box<[AtomicU32]> = t
-                .iter()
-                .map(|a| AtomicU32::new(a.load(Relaxed)))
-                .chain((t.len() as u64..pages).map(|_| AtomicU32::new(0)))
-                .collect();
-            *t = grown;
-        }
+        grow_slots(
+            &mut self.times.write(),
+            pages,
+            |a| AtomicU32::new(a.load(Relaxed)),
+            || AtomicU32::new(0),
+        );
     }
 
     pub fn bytes(&self) -> u64 {
         self.times.read().len() as u64 * 4
+    }
+}
+
+/// The slots of pages `[first, first + count)` that exist in a table of `len` pages.
+pub fn page_range(len: usize, first: u64, count: u64) -> std::ops::Range<usize> {
+    let end = first.saturating_add(count).min(len as u64);
+    first.min(end) as usize..end as usize
+}
+
+/// Grows a per-page table to `pages` slots (never shrinks it), copying the existing slots.
+pub fn grow_slots<T>(slots: &mut Box<[T]>, pages: u64, copy: impl Fn(&T) -> T, fresh: impl Fn() -> T) {
+    if pages as usize > slots.len() {
+        let grown: Box<[T]> = slots.iter().map(copy).chain((slots.len() as u64..pages).map(|_| fresh())).collect();
+        *slots = grown;
     }
 }
 
@@ -220,11 +255,16 @@ mod tests {
         assert_eq!(c.stamp(9, 30), None);
         assert_eq!(c.stamp(9, 31), Some(1));
         assert_eq!(c.bytes(), 40);
+        assert_eq!(page_range(4, 9, 3), 4..4);
+        assert_eq!(page_range(4, 2, u64::MAX), 2..4);
     }
 
     #[test]
     fn answers_are_clamped_to_declared_streams() {
-        assert_eq!(clamp_stream(&UserGc, StreamKind::User(5)), StreamKind::User(0));
-        assert_eq!(clamp_stream(&UserGc, StreamKind::Gc(3)), StreamKind::Gc(0));
+        let l = StreamLayout::of(&UserGc);
+        assert_eq!(l.kinds().collect::<Vec<_>>(), [StreamKind::User(0), StreamKind::Gc(0)]);
+        assert_eq!(l.index(StreamKind::User(5)), 0);
+        assert_eq!(l.index(StreamKind::Gc(3)), 1);
+        assert_eq!(l.last_gc(), StreamKind::Gc(0));
     }
 }
