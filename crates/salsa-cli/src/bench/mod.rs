@@ -434,8 +434,10 @@ fn drive(
                         let res = if write {
                             // Distinct contents per write, so nothing can pass by accident.
                             stamp += 1;
+                            // A trace may carry requests shorter than the stamp.
                             for chunk in buf.chunks_mut(4096) {
-                                chunk[..8].copy_from_slice(&stamp.to_le_bytes());
+                                let n = chunk.len().min(8);
+                                chunk[..n].copy_from_slice(&stamp.to_le_bytes()[..n]);
                             }
                             vol.write(offset, &buf)
                         } else {
