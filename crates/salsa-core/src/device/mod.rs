@@ -15,11 +15,15 @@ mod crash;
 mod fault;
 pub mod file;
 mod memory;
+pub mod zone;
+mod zoned_emulator;
 
 pub use crash::{CrashDevice, CrashPlan};
 pub use fault::{FaultDevice, FaultPlan};
 pub use file::FileDevice;
 pub use memory::MemoryDevice;
+pub use zone::{Zone, ZoneCondition, ZoneKind, Zoned};
+pub use zoned_emulator::{ZonedEmulator, ZonedGeometry};
 
 use std::io;
 
@@ -69,6 +73,10 @@ pub trait Device: Send + Sync {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes every write that returned before this call durable.
     fn sync(&self) -> io::Result<()>;
+    /// Zone management, for zoned devices (host-managed SMR, ZNS); `None` for flat devices.
+    fn zones(&self) -> Option<&dyn Zoned> {
+        None
+    }
     /// Counters the device keeps about itself (models report wear here), as name/value pairs.
     fn counters(&self) -> Vec<(String, u64)> {
         Vec::new()
