@@ -1,19 +1,40 @@
 //! The array layer: combines the pool's devices linearly into one physical address space of
 //! segments, and does the I/O for a physical grain address.
 //!
-//! Owns: the mapping from a global segment index to (device, byte offset). Invariants: a segment
-//! never crosses a device boundary; every access stays inside one segment.
+//! Owns: the mapping from a global segment index to (device, byte offset), and the write order
+//! of segments that sit in sequential zones. Invariants: a segment never crosses a device
+//! boundary; every access stays inside one segment; a segment in a sequential zone is written
+//! strictly at its write pointer even when many threads write it at once (a write waits for the
+//! writes before it), is read only below its write pointer, and is reset before it is reused.
 
-use crate::device::{Device, StorageType};
+use crate::device::{zone::report_zone, Device, StorageType, ZoneKind};
 use crate::error::{Error, Result};
-use crate::format::DEVICE_RESERVED_BYTES;
+use crate::layout::DeviceLayout;
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a write waits for the writes ahead of it in its zone before the array gives up
+/// (they can only be missing if an earlier write failed, which poisons the pool anyway).
+const ZONE_ORDER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One member device and the segments it holds.
 pub struct Member {
     pub device: Arc<dyn Device>,
     pub first_segment: u32,
     pub segment_count: u32,
+    pub layout: DeviceLayout,
+}
+
+/// Write order of the segments that sit in sequential zones.
+struct ZoneOrder {
+    /// Per segment: `Some(write pointer in bytes from the segment start, and the condition its
+    /// waiting writers sleep on)` for a segment in a sequential zone, `None` for one that takes
+    /// random writes.
+    write_pointer: Vec<Option<(Mutex<u64>, Condvar)>>,
+    /// Set when a write to a sequential zone failed: the writes behind it can never happen.
+    broken: AtomicBool,
 }
 
 /// Linear concatenation of the members.
@@ -24,26 +45,69 @@ pub struct Array {
     grains_per_segment: u64,
     /// Member index of every segment, for O(1) lookup.
     owner: Vec<u16>,
+    /// Storage type of every segment (a zoned device mixes conventional and sequential zones).
+    types: Vec<StorageType>,
+    zones: ZoneOrder,
     /// Some member uses `O_DIRECT`; fixed when the array is built (asked on every page read).
     aligned_buffers: bool,
 }
 
 impl Array {
-    pub fn new(members: Vec<Member>, segment_bytes: u64, grain_bytes: u64) -> Array {
+    /// Builds the array; on zoned members it reads every segment's zone (kind, write pointer).
+    pub fn new(members: Vec<Member>, segment_bytes: u64, grain_bytes: u64) -> Result<Array> {
         let mut owner = Vec::new();
+        let mut types = Vec::new();
+        let mut write_pointer = Vec::new();
         for (i, m) in members.iter().enumerate() {
             assert_eq!(m.first_segment as usize, owner.len(), "members must be contiguous");
             owner.extend(std::iter::repeat_n(i as u16, m.segment_count as usize));
+            for k in 0..m.segment_count as u64 {
+                let offset = m.layout.segments_offset_bytes + k * segment_bytes;
+                match m.device.zones() {
+                    None => {
+                        types.push(m.device.storage_type());
+                        write_pointer.push(None);
+                    }
+                    Some(z) => {
+                        let zone = report_zone(z, (offset / z.zone_bytes()) as u32).map_err(|source| Error::Io {
+                            device: m.device.name().to_string(),
+                            op: "report zones",
+                            offset,
+                            source,
+                        })?;
+                        if zone.start_bytes != offset || zone.len_bytes != segment_bytes {
+                            return Err(Error::Corrupt(format!(
+                                "{}: segment at {offset} does not match its zone ({} bytes at {})",
+                                m.device.name(),
+                                zone.len_bytes,
+                                zone.start_bytes
+                            )));
+                        }
+                        if zone.kind == ZoneKind::Conventional {
+                            types.push(StorageType::SmrConventional);
+                            write_pointer.push(None);
+                        } else {
+                            types.push(m.device.storage_type());
+                            write_pointer.push(Some((Mutex::new(zone.readable_bytes()), Condvar::new())));
+                        }
+                    }
+                }
+            }
         }
         let aligned_buffers = members.iter().any(|m| m.device.alignment_bytes() > 512);
-        Array {
+        Ok(Array {
             members,
             segment_bytes,
             grain_bytes,
             grains_per_segment: segment_bytes / grain_bytes,
             owner,
+            types,
+            zones: ZoneOrder {
+                write_pointer,
+                broken: AtomicBool::new(false),
+            },
             aligned_buffers,
-        }
+        })
     }
 
     pub fn members(&self) -> &[Member] {
@@ -60,7 +124,20 @@ impl Array {
     }
 
     pub fn storage_type(&self, segment: u32) -> StorageType {
-        self.members[self.owner[segment as usize] as usize].device.storage_type()
+        self.types[segment as usize]
+    }
+
+    fn member(&self, segment: u32) -> &Member {
+        &self.members[self.owner[segment as usize] as usize]
+    }
+
+    /// Byte offset of `segment` on its device.
+    fn segment_offset(&self, segment: u32) -> (&Member, u64) {
+        let m = self.member(segment);
+        (
+            m,
+            m.layout.segments_offset_bytes + (segment - m.first_segment) as u64 * self.segment_bytes,
+        )
     }
 
     /// Device and byte offset of grain `grain_in_segment` of `segment`.
@@ -69,9 +146,41 @@ impl Array {
             grain_in_segment * self.grain_bytes + len as u64 <= self.segment_bytes,
             "access crosses the end of segment {segment}"
         );
-        let m = &self.members[self.owner[segment as usize] as usize];
-        let offset = DEVICE_RESERVED_BYTES + (segment - m.first_segment) as u64 * self.segment_bytes + grain_in_segment * self.grain_bytes;
-        (m.device.as_ref(), offset)
+        let (m, base) = self.segment_offset(segment);
+        (m.device.as_ref(), base + grain_in_segment * self.grain_bytes)
+    }
+
+    /// Grains of `segment` that can be read: all of them, or those below the write pointer of
+    /// a sequential zone.
+    pub fn readable_grains(&self, segment: u32) -> u64 {
+        match &self.zones.write_pointer[segment as usize] {
+            None => self.grains_per_segment,
+            Some((wp, _)) => *wp.lock() / self.grain_bytes,
+        }
+    }
+
+    /// Makes a segment ready to be written from its start: a sequential zone that holds
+    /// anything is reset. Called when a free segment is handed out, which is only after the
+    /// metadata that emptied it is durable.
+    pub fn prepare_segment(&self, segment: u32) -> Result<()> {
+        let Some((wp, _)) = &self.zones.write_pointer[segment as usize] else {
+            return Ok(());
+        };
+        let mut wp = wp.lock();
+        if *wp == 0 {
+            return Ok(());
+        }
+        let (m, offset) = self.segment_offset(segment);
+        let z = m.device.zones().expect("a segment with a write pointer is on a zoned device");
+        let zone = (offset / z.zone_bytes()) as u32;
+        z.reset_zone(zone).map_err(|source| Error::Io {
+            device: m.device.name().to_string(),
+            op: "reset zone",
+            offset,
+            source,
+        })?;
+        *wp = 0;
+        Ok(())
     }
 
     /// Reads whole grains starting at a physical grain address.
@@ -86,16 +195,53 @@ impl Array {
         })
     }
 
-    /// Writes whole grains starting at a physical grain address.
+    /// Writes whole grains starting at a physical grain address. In a sequential zone the write
+    /// waits until every write before it in the zone is done.
     pub fn write(&self, grain: u64, buf: &[u8]) -> Result<()> {
         let segment = (grain / self.grains_per_segment) as u32;
-        let (dev, offset) = self.locate(segment, grain % self.grains_per_segment, buf.len());
-        dev.write_at(buf, offset).map_err(|source| Error::Io {
+        let in_segment = grain % self.grains_per_segment;
+        let (dev, offset) = self.locate(segment, in_segment, buf.len());
+        let io = |op, source| Error::Io {
             device: dev.name().to_string(),
-            op: "write",
+            op,
             offset,
             source,
-        })
+        };
+        let Some((wp, turn)) = &self.zones.write_pointer[segment as usize] else {
+            return dev.write_at(buf, offset).map_err(|e| io("write", e));
+        };
+        let at = in_segment * self.grain_bytes;
+        let deadline = Instant::now() + ZONE_ORDER_TIMEOUT;
+        let mut wp = wp.lock();
+        while *wp != at {
+            let stuck = if *wp > at {
+                Some("write below the zone's write pointer")
+            } else if self.zones.broken.load(SeqCst) {
+                Some("an earlier write to a sequential zone failed")
+            } else if Instant::now() >= deadline {
+                Some("the writes ahead of this one in its zone never came")
+            } else {
+                None
+            };
+            if let Some(why) = stuck {
+                self.zones.broken.store(true, SeqCst);
+                turn.notify_all();
+                return Err(io(
+                    "write",
+                    std::io::Error::other(format!("{why} (segment {segment}, write pointer at {} bytes, write at {at})", *wp)),
+                ));
+            }
+            turn.wait_for(&mut wp, Duration::from_millis(20));
+        }
+        // The zone lock is held across the write: the writes behind this one wait anyway.
+        let r = dev.write_at(buf, offset);
+        match r {
+            Ok(()) => *wp += buf.len() as u64,
+            Err(_) => self.zones.broken.store(true, SeqCst),
+        }
+        drop(wp);
+        turn.notify_all();
+        r.map_err(|e| io("write", e))
     }
 
     /// Syncs every member.

@@ -64,6 +64,10 @@ pub struct SegmentInfo {
     pub sealed_seq: AtomicU64,
     /// Data sequence number when a stream opened the segment.
     pub opened_seq: AtomicU64,
+    /// Highest id of a record that made one of this segment's entries dead (an overwrite or a
+    /// trim). The segment's old copies may vanish only once that record is durable; otherwise
+    /// a crash could bring back an older value (see [`crate::engine::Engine::gc_release`]).
+    pub last_kill_record: AtomicU64,
     pub storage_type: StorageType,
     /// The GC found live pages its metadata chain does not describe (damage); never a victim.
     pub unmovable: std::sync::atomic::AtomicBool,
@@ -165,6 +169,7 @@ impl Capacity {
                 generation: AtomicU64::new(0),
                 sealed_seq: AtomicU64::new(0),
                 opened_seq: AtomicU64::new(0),
+                last_kill_record: AtomicU64::new(0),
                 storage_type: t,
                 unmovable: std::sync::atomic::AtomicBool::new(false),
                 records: Mutex::new(Vec::new()),
@@ -295,6 +300,7 @@ impl Capacity {
                 assert_eq!(info.state(), SegmentState::Free, "segment {s} on the free queue is not free");
                 assert!(info.is_empty(), "free segment {s} still counts valid data");
                 info.generation.fetch_add(1, SeqCst);
+                info.last_kill_record.store(0, SeqCst);
                 info.set_state(if purpose == Purpose::Checkpoint {
                     SegmentState::Checkpoint
                 } else {

@@ -22,7 +22,8 @@ use crate::controller::record::SealedRecord;
 use crate::device::StorageType;
 use crate::durability::{Tracker, EPOCH_SHIFT};
 use crate::error::{Error, Result};
-use crate::format::{PoolMeta, POOL_META_SLOT_OFFSETS};
+use crate::format::PoolMeta;
+use crate::layout::DeviceLayout;
 use crate::policy::victim::{Candidate, VictimPolicy};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::BTreeMap;
@@ -99,11 +100,21 @@ pub struct Engine {
 }
 
 /// Allocation preference of every stream: SALSA is multi-type by design; this build places
-/// user and GC data on any type, preferring flash, then NVM, then disks.
+/// user and GC data on any type, preferring flash, then NVM, then disks, and keeps the
+/// conventional zones of SMR drives for last (checkpoints want them).
 pub const ANY_TYPE: [StorageType; 5] = [
     StorageType::Flash,
     StorageType::Nvm,
+    StorageType::Hdd,
+    StorageType::SmrSequential,
     StorageType::SmrConventional,
+];
+
+/// Allocation preference of checkpoints: conventional zones first, where a zoned drive has them.
+pub const CHECKPOINT_TYPES: [StorageType; 5] = [
+    StorageType::SmrConventional,
+    StorageType::Nvm,
+    StorageType::Flash,
     StorageType::Hdd,
     StorageType::SmrSequential,
 ];
@@ -222,7 +233,8 @@ impl Engine {
 
     /// Writes the pool metadata into the slot after the current one and syncs it.
     pub fn write_pool_meta(&self, meta: &mut PoolMeta) -> Result<()> {
-        write_meta_slot(self.array.members()[0].device.as_ref(), meta)
+        let m = &self.array.members()[0];
+        write_meta_slot(m.device.as_ref(), &m.layout, meta)
     }
 
     // ----- records and flush -----
@@ -314,6 +326,10 @@ impl Engine {
         loop {
             self.check_writable()?;
             if let Some(s) = self.capacity.try_allocate(&ANY_TYPE, purpose) {
+                if let Err(e) = self.array.prepare_segment(s) {
+                    self.poison(&e);
+                    return Err(e);
+                }
                 if self.capacity.free_segments() < self.capacity.watermarks.low {
                     self.wake_gc();
                 }
@@ -507,8 +523,17 @@ impl Engine {
         if victims.is_empty() {
             return Ok(0);
         }
+        // A victim also holds dead copies the GC did not move: older values of pages whose
+        // newer value (or trim) is in a later record. Those records must be durable before the
+        // victim is reused, or a crash could lose the newer value and the older copy both,
+        // and bring back a value older still.
+        let kill_through = victims
+            .iter()
+            .map(|&s| self.capacity.segment(s).last_kill_record.load(SeqCst))
+            .max()
+            .unwrap_or(0);
         for v in self.volumes_snapshot() {
-            for r in v.seal_gc_records(self) {
+            for r in v.seal_records_for_release(self, kill_through) {
                 self.write_record(r)?;
             }
         }
@@ -565,19 +590,24 @@ impl Engine {
 }
 
 /// Bumps the generation of `meta` and writes it into the slot the generation selects (the two
-/// slots alternate, so a torn write leaves the previous copy intact), then syncs.
-pub fn write_meta_slot(dev: &dyn crate::device::Device, meta: &mut PoolMeta) -> Result<()> {
+/// slots alternate, so a torn write leaves the previous copy intact), then syncs. A slot in a
+/// sequential zone is reset first (the other slot still holds the previous generation).
+pub fn write_meta_slot(dev: &dyn crate::device::Device, layout: &DeviceLayout, meta: &mut PoolMeta) -> Result<()> {
     meta.generation += 1;
     let bytes = meta.encode();
     let mut buf = crate::util::AlignedBuf::zeroed(bytes.len());
     buf.copy_from_slice(&bytes);
-    let offset = POOL_META_SLOT_OFFSETS[(meta.generation % 2) as usize];
+    let offset = layout.meta_slot_offsets[(meta.generation % 2) as usize];
     let io = |op, source| Error::Io {
         device: dev.name().to_string(),
         op,
         offset,
         source,
     };
+    if let Some(zone) = crate::layout::in_sequential_zone(dev, offset)? {
+        let z = dev.zones().expect("a sequential zone is on a zoned device");
+        z.reset_zone(zone).map_err(|e| io("reset zone", e))?;
+    }
     dev.write_at(&buf, offset).map_err(|e| io("write pool metadata", e))?;
     dev.sync().map_err(|e| io("sync pool metadata", e))?;
     Ok(())

@@ -4,10 +4,11 @@
 //! panic.
 
 use crate::device::StorageType;
+use crate::layout::DeviceLayout;
 use crate::util::{Decoder, Encoder, Truncated};
 
 /// Format version written by this build; newer versions are refused.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Longest policy name stored on disk.
 pub const MAX_POLICY_NAME_BYTES: usize = 32;
 /// Size of the superblock at offset 0 of every device.
@@ -139,6 +140,8 @@ pub struct Superblock {
     pub gc_aging_milli: u32,
     /// Spare space the pool was formatted with, in hundredths of a percent of physical space.
     pub spare_basis_points: u32,
+    /// Where this device's metadata slots and segments sit.
+    pub layout: DeviceLayout,
 }
 
 impl Superblock {
@@ -159,7 +162,11 @@ impl Superblock {
             .u32(self.meta_interval_pages);
         encode_name(&mut e, &self.victim_policy);
         encode_name(&mut e, &self.default_placement);
-        e.u32(self.gc_aging_milli).u32(self.spare_basis_points);
+        e.u32(self.gc_aging_milli)
+            .u32(self.spare_basis_points)
+            .u64(self.layout.segments_offset_bytes)
+            .u64(self.layout.meta_slot_offsets[0])
+            .u64(self.layout.meta_slot_offsets[1]);
         let mut block = vec![0u8; SUPERBLOCK_BYTES];
         seal_block(&e.bytes, &mut block);
         block
@@ -183,6 +190,10 @@ impl Superblock {
             default_placement: decode_name(&mut d, "default placement policy")?,
             gc_aging_milli: d.u32("aging factor")?,
             spare_basis_points: d.u32("spare")?,
+            layout: DeviceLayout {
+                segments_offset_bytes: d.u64("segments offset")?,
+                meta_slot_offsets: [d.u64("metadata slot 0")?, d.u64("metadata slot 1")?],
+            },
         };
         sb.validate()?;
         Ok(sb)
@@ -203,12 +214,9 @@ impl Superblock {
         if end.is_none_or(|e| e > self.total_segments as u64) {
             return bad("segment range");
         }
-        let need = (self.segment_count as u64)
-            .checked_mul(self.segment_bytes)
-            .and_then(|b| b.checked_add(DEVICE_RESERVED_BYTES));
-        if need.is_none_or(|n| n > self.device_size_bytes) {
-            return bad("segments exceed device size");
-        }
+        self.layout
+            .validate(self.device_size_bytes, self.segment_bytes, self.segment_count)
+            .map_err(FormatError::Invalid)?;
         if self.meta_interval_pages == 0 {
             return bad("metadata interval");
         }

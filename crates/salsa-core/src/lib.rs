@@ -17,6 +17,7 @@ pub mod durability;
 pub mod engine;
 pub mod error;
 pub mod format;
+pub mod layout;
 pub mod policy;
 pub mod pool;
 pub mod recovery;

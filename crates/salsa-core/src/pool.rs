@@ -10,8 +10,9 @@ use crate::engine::{Engine, Geometry};
 use crate::error::{Error, Result};
 use crate::format::{
     meta_entries_per_page, CheckpointRef, FormatError, PoolMeta, Superblock, VolumeRecord, DEVICE_RESERVED_BYTES, FORMAT_VERSION,
-    MAX_CHECKPOINT_SEGMENTS, MAX_VOLUMES, MAX_VOLUME_NAME_BYTES, POOL_META_SLOT_BYTES, POOL_META_SLOT_OFFSETS, SUPERBLOCK_BYTES,
+    MAX_CHECKPOINT_SEGMENTS, MAX_VOLUMES, MAX_VOLUME_NAME_BYTES, POOL_META_SLOT_BYTES, SUPERBLOCK_BYTES,
 };
+use crate::layout::DeviceLayout;
 use crate::policy::{Registry, VictimParams};
 use crate::util::AlignedBuf;
 use parking_lot::Mutex;
@@ -163,9 +164,11 @@ fn io_err(dev: &dyn Device, op: &'static str, offset: u64, source: std::io::Erro
     }
 }
 
+/// Reads a block the pool may or may not have written; on a zoned device whatever lies beyond a
+/// write pointer reads as zeros.
 fn read_block(dev: &dyn Device, offset: u64, len: usize) -> Result<AlignedBuf> {
     let mut b = AlignedBuf::zeroed(len);
-    dev.read_at(&mut b, offset).map_err(|e| io_err(dev, "read", offset, e))?;
+    crate::device::zone::read_written(dev, &mut b, offset).map_err(|e| io_err(dev, "read", offset, e))?;
     Ok(b)
 }
 
@@ -200,6 +203,27 @@ pub fn device_is_blank(dev: &dyn Device) -> Result<bool> {
     let len = dev.size_bytes().min(1 << 20) as usize;
     let b = read_block(dev, 0, len.next_multiple_of(4096).min(dev.size_bytes() as usize))?;
     Ok(b.iter().all(|&x| x == 0))
+}
+
+/// Formats the head of a device: the superblock, and zeros over the metadata slots so nothing
+/// of an earlier pool survives in them. Sequential zones are reset first.
+fn write_superblock(d: &dyn Device, sb: &Superblock) -> Result<()> {
+    let head = sb.layout.meta_slot_offsets[0].min(sb.layout.meta_slot_offsets[1]);
+    let mut buf = match crate::layout::in_sequential_zone(d, 0)? {
+        Some(zone) => {
+            let z = d.zones().expect("a sequential zone is on a zoned device");
+            z.reset_zone(zone).map_err(|e| io_err(d, "reset zone", 0, e))?;
+            AlignedBuf::zeroed(SUPERBLOCK_BYTES)
+        }
+        None => AlignedBuf::zeroed(
+            (head + POOL_META_SLOT_BYTES as u64)
+                .max(DEVICE_RESERVED_BYTES)
+                .min(sb.layout.segments_offset_bytes) as usize,
+        ),
+    };
+    buf[..SUPERBLOCK_BYTES].copy_from_slice(&sb.encode());
+    d.write_at(&buf, 0).map_err(|e| io_err(d, "write superblock", 0, e))?;
+    d.sync().map_err(|e| io_err(d, "sync", 0, e))
 }
 
 fn validate_volume(name: &str, page_bytes: u32, grain_bytes: u32, size_bytes: u64) -> Result<()> {
@@ -254,8 +278,14 @@ impl Pool {
         opts.policies
             .check_placement(&cfg.default_placement)
             .map_err(Error::InvalidConfig)?;
+        let zone_bytes = devices.iter().find_map(|d| d.zones().map(|z| z.zone_bytes()));
         let total: u64 = devices.iter().map(|d| d.size_bytes().saturating_sub(DEVICE_RESERVED_BYTES)).sum();
-        let segment_bytes = cfg.segment_bytes.unwrap_or_else(|| default_segment_bytes(total));
+        let segment_bytes = match (cfg.segment_bytes, zone_bytes) {
+            (Some(b), _) => b,
+            // Segments align to zones: one segment per zone.
+            (None, Some(z)) => z,
+            (None, None) => default_segment_bytes(total),
+        };
         if !((1 << 20)..=(1 << 30)).contains(&segment_bytes) || !segment_bytes.is_multiple_of(cfg.grain_bytes as u64) {
             return Err(Error::InvalidConfig(format!(
                 "segment size {segment_bytes} must be 1 MiB to 1 GiB and a multiple of the grain"
@@ -270,17 +300,19 @@ impl Pool {
         let mut first = 0u32;
         let mut sbs = Vec::new();
         for (i, d) in devices.iter().enumerate() {
-            let count = d.size_bytes().saturating_sub(DEVICE_RESERVED_BYTES) / segment_bytes;
+            let (layout, count) = DeviceLayout::plan(d.as_ref(), segment_bytes)?;
             if count == 0 {
                 return Err(Error::InvalidConfig(format!(
-                    "device {} ({} bytes) is too small for one {segment_bytes}-byte segment after the 1 MiB header",
+                    "device {} ({} bytes) is too small for one {segment_bytes}-byte segment after its {}-byte header",
                     d.name(),
-                    d.size_bytes()
+                    d.size_bytes(),
+                    layout.segments_offset_bytes
                 )));
             }
-            sbs.push((count as u32, first, i));
+            let count = u32::try_from(count).map_err(|_| Error::InvalidConfig("too many segments".into()))?;
+            sbs.push((count, first, i, layout));
             first = first
-                .checked_add(count as u32)
+                .checked_add(count)
                 .ok_or_else(|| Error::InvalidConfig("too many segments".into()))?;
         }
         if first < 16 {
@@ -288,7 +320,7 @@ impl Pool {
                 "the pool needs at least 16 segments; it has {first}: use smaller segments or bigger devices"
             )));
         }
-        for (count, start, i) in sbs {
+        for (count, start, i, layout) in sbs {
             let d = &devices[i];
             let sb = Superblock {
                 pool_id,
@@ -306,15 +338,9 @@ impl Pool {
                 default_placement: cfg.default_placement.clone(),
                 gc_aging_milli: (cfg.gc_aging * 1000.0).round() as u32,
                 spare_basis_points: (cfg.spare_percent * 100.0).round() as u32,
+                layout,
             };
-            let mut buf = AlignedBuf::zeroed(DEVICE_RESERVED_BYTES as usize);
-            buf[..SUPERBLOCK_BYTES].copy_from_slice(&sb.encode());
-            // Clear the metadata slots too, so nothing of an earlier pool survives in them.
-            d.write_at(&buf, 0).map_err(|e| io_err(d.as_ref(), "write superblock", 0, e))?;
-            // Invalidate the first segment header of every segment: a stale header from an
-            // earlier format could otherwise never match (different pool id), so this is
-            // only hygiene for tools that look at raw devices.
-            d.sync().map_err(|e| io_err(d.as_ref(), "sync", 0, e))?;
+            write_superblock(d.as_ref(), &sb)?;
         }
         let mut meta = PoolMeta {
             pool_id,
@@ -325,7 +351,11 @@ impl Pool {
             volumes: vec![],
             checkpoint: None,
         };
-        crate::engine::write_meta_slot(devices[0].as_ref(), &mut meta)?;
+        crate::engine::write_meta_slot(
+            devices[0].as_ref(),
+            &DeviceLayout::plan(devices[0].as_ref(), segment_bytes)?.0,
+            &mut meta,
+        )?;
         let mut pool = Pool::open(devices, opts)?;
         pool.opened_from = OpenedFrom::NewPool;
         Ok(pool)
@@ -405,6 +435,7 @@ impl Pool {
                 device,
                 first_segment: sb.first_segment,
                 segment_count: sb.segment_count,
+                layout: sb.layout,
             });
         }
         if next_segment != first.total_segments {
@@ -414,8 +445,9 @@ impl Pool {
             });
         }
         let dev0 = members[0].device.clone();
+        let layout0 = members[0].layout;
         let mut best: Option<PoolMeta> = None;
-        for off in POOL_META_SLOT_OFFSETS {
+        for off in layout0.meta_slot_offsets {
             let b = read_block(dev0.as_ref(), off, POOL_META_SLOT_BYTES)?;
             if let Ok(m) = PoolMeta::decode(&b) {
                 if m.pool_id == first.pool_id && best.as_ref().is_none_or(|b| m.generation > b.generation) {
@@ -444,7 +476,7 @@ impl Pool {
             meta_entries: meta_entries_per_page(grain as usize) as u32,
             meta_interval_pages: first.meta_interval_pages.min(meta_entries_per_page(grain as usize) as u32),
         };
-        let array = Array::new(members, first.segment_bytes, grain as u64);
+        let array = Array::new(members, first.segment_bytes, grain as u64)?;
         let capacity = Capacity::new((0..first.total_segments).map(|s| array.storage_type(s)).collect(), gps);
         // Mark the pool in use before anything else is written; its new generation is this
         // session's epoch, so every id and sequence number of this session is larger than any
@@ -454,7 +486,7 @@ impl Pool {
         meta.checkpoint = None;
         meta.session_id = rand::thread_rng().gen();
         if !opts.read_only {
-            crate::engine::write_meta_slot(dev0.as_ref(), &mut meta)?;
+            crate::engine::write_meta_slot(dev0.as_ref(), &layout0, &mut meta)?;
         }
         let policy = opts
             .policies
@@ -801,8 +833,15 @@ impl Pool {
         let mut segs = Vec::new();
         if needed <= MAX_CHECKPOINT_SEGMENTS {
             while segs.len() < needed {
-                match self.eng.capacity.try_allocate(&crate::engine::ANY_TYPE, Purpose::Checkpoint) {
-                    Some(s) => segs.push(s),
+                match self
+                    .eng
+                    .capacity
+                    .try_allocate(&crate::engine::CHECKPOINT_TYPES, Purpose::Checkpoint)
+                {
+                    Some(s) => {
+                        segs.push(s);
+                        self.eng.array.prepare_segment(s)?;
+                    }
                     None => break,
                 }
             }

@@ -258,9 +258,15 @@ pub fn load_checkpoint(eng: &Engine, cp: &CheckpointRef, session_id: u64) -> Res
         if s >= eng.geo.total_segments || blob.len() as u64 >= cp.bytes {
             return Err(Error::Corrupt("checkpoint segment list".into()));
         }
-        let mut buf = AlignedBuf::zeroed(sb);
-        eng.array.read(s as u64 * eng.geo.grains_per_segment as u64, &mut buf)?;
+        // Only the bytes the checkpoint wrote: the tail of its last segment may be unwritten
+        // (and unreadable, in a sequential zone).
         let take = (cp.bytes as usize - blob.len()).min(sb);
+        let grains = take.div_ceil(eng.geo.grain_bytes as usize);
+        if (grains as u64) > eng.array.readable_grains(s) {
+            return Err(Error::Corrupt(format!("checkpoint segment {s} was not written to its end")));
+        }
+        let mut buf = AlignedBuf::zeroed(grains * eng.geo.grain_bytes as usize);
+        eng.array.read(s as u64 * eng.geo.grains_per_segment as u64, &mut buf)?;
         blob.extend_from_slice(&buf[..take]);
     }
     if blob.len() as u64 != cp.bytes || crc32c::crc32c(&blob) != cp.crc {

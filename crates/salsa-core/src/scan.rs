@@ -34,6 +34,12 @@ pub fn walk_segment(
     let gb = geo.grain_bytes;
     let gps = geo.grains_per_segment as usize;
     let base = segment as u64 * gps as u64;
+    // Only what was written can be read (a sequential zone fails reads past its write pointer).
+    let readable = (array.readable_grains(segment) as usize).min(gps);
+    if readable == 0 {
+        return Ok(None);
+    }
+    let gps = readable;
     let window_grains = (WINDOW_BYTES_MAX / gb).min(gps);
     let mut w = Window {
         buf: AlignedBuf::zeroed(window_grains * gb),

@@ -5,7 +5,8 @@
 mod common;
 use common::*;
 use proptest::prelude::*;
-use salsa_core::device::MemoryDevice;
+use salsa_core::device::{MemoryDevice, ZonedEmulator, ZonedGeometry};
+use salsa_core::StorageType;
 use salsa_core::{Device, Error, Pool};
 use std::sync::Arc;
 
@@ -90,7 +91,22 @@ fn clamp(model: &[u8], offset: u64, len: u64) -> (u64, u64) {
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 56 * MIB));
+    run_on(Arc::new(MemoryDevice::new("mem", 56 * MIB)), ops)
+}
+
+/// The same model on an emulated host-managed zoned drive without conventional zones (so the
+/// pool metadata alternates between two sequential zones), 1 MiB zones.
+fn run_zoned(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let backing = Arc::new(MemoryDevice::new("mem", 57 * MIB));
+    let geo = ZonedGeometry {
+        zone_bytes: MIB,
+        conventional_zones: 0,
+        storage_type: StorageType::SmrSequential,
+    };
+    run_on(Arc::new(ZonedEmulator::open_or_create(backing, geo).unwrap()), ops)
+}
+
+fn run_on(dev: Arc<dyn Device>, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut pool = Some(Pool::create(vec![dev.clone()], &tiny_config(), &inline_gc()).unwrap());
     let mut model: Vec<Option<Vec<u8>>> = vec![None; VOLS];
     for (v, m) in model.iter_mut().enumerate().take(2) {
@@ -245,6 +261,14 @@ proptest! {
     #[test]
     fn engine_matches_model(ops in proptest::collection::vec(op(), 1..120)) {
         run(ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn engine_matches_model_on_zoned_drive(ops in proptest::collection::vec(op(), 1..120)) {
+        run_zoned(ops)?;
     }
 }
 

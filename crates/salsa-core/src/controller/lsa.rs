@@ -300,12 +300,13 @@ impl LsaVolume {
         out
     }
 
-    /// Seals every open record that holds GC moves (a GC release makes them durable).
-    pub fn seal_gc_records(&self, eng: &Engine) -> Vec<SealedRecord> {
+    /// Seals every open record that a GC release needs durable: those holding GC moves, and
+    /// those up to record `kill_through`, which made entries of the released victims dead.
+    pub fn seal_records_for_release(&self, eng: &Engine, kill_through: u64) -> Vec<SealedRecord> {
         let mut out = Vec::new();
         for s in self.streams.iter() {
             let mut st = s.lock();
-            if st.rec.as_ref().is_some_and(|r| r.gc_moves) {
+            if st.rec.as_ref().is_some_and(|r| r.gc_moves || r.buf.record_id <= kill_through) {
                 out.extend(self.seal_record(eng, &mut st));
             }
         }
@@ -402,18 +403,20 @@ impl LsaVolume {
         }
     }
 
-    /// Accounts for a map entry that was replaced.
-    fn invalidate(&self, eng: &Engine, old: Entry) {
+    /// Accounts for a map entry that record `killer` replaced.
+    fn invalidate(&self, eng: &Engine, old: Entry, killer: u64) {
         match old {
             Entry::Unmapped => self.count_mapped(eng, true),
             Entry::Mapped(g) => {
                 let s = (g / eng.geo.grains_per_segment as u64) as u32;
+                eng.capacity.segment(s).last_kill_record.fetch_max(killer, SeqCst);
                 if eng.capacity.sub_valid(s, self.page_grains) {
                     eng.segment_emptied(s);
                 }
             }
             Entry::Trimmed(s) => {
                 self.count_mapped(eng, true);
+                eng.capacity.segment(s).last_kill_record.fetch_max(killer, SeqCst);
                 if eng.capacity.sub_tombstone(s) {
                     eng.segment_emptied(s);
                 }
@@ -477,9 +480,9 @@ impl LsaVolume {
             let _stripe = self.stripe(page).lock();
             let seq = eng.next_seq();
             rec.push(MetaEntry::Data { page, seq, crc });
-            map.swap(page, Entry::Mapped(grain))
+            (map.swap(page, Entry::Mapped(grain)), rec.buf.record_id)
         })?;
-        self.invalidate(eng, old);
+        self.invalidate(eng, old.0, old.1);
         Ok(())
     }
 
@@ -559,15 +562,17 @@ impl LsaVolume {
                     eng.capacity.sub_tombstone(seg);
                 }
             }
-            olds
+            (olds, rec.buf.record_id)
         })?;
+        let (olds, killer) = olds;
         for old in olds {
             match old {
                 Entry::Mapped(_) => {
                     self.count_mapped(eng, false);
-                    self.invalidate(eng, old);
+                    self.invalidate(eng, old, killer);
                 }
                 Entry::Trimmed(s) => {
+                    eng.capacity.segment(s).last_kill_record.fetch_max(killer, SeqCst);
                     if eng.capacity.sub_tombstone(s) {
                         eng.segment_emptied(s);
                     }

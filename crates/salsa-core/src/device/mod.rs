@@ -67,6 +67,11 @@ pub trait Device: Send + Sync {
     fn alignment_bytes(&self) -> usize {
         512
     }
+    /// Alignment the device prefers for large sequential writes (a drive-managed SMR band, an
+    /// erase block); the pool starts its segments on such a boundary. 0 when it has none.
+    fn preferred_alignment_bytes(&self) -> u64 {
+        0
+    }
     /// Reads exactly `buf.len()` bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`. Not durable until [`Device::sync`].
