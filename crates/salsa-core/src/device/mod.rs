@@ -1,8 +1,10 @@
 //! Devices: the bottom layer. A device is a flat array of bytes that can be read, written and
 //! synced at aligned offsets. Everything above sees only the [`Device`] trait.
 //!
-//! Owns: the [`Device`] contract, the storage types, and the implementations (regular files and
-//! block devices, memory) plus the test decorators (crash simulation, fault injection).
+//! Owns: the [`Device`] contract, the storage types, the zone model, and the implementations:
+//! regular files and block devices, memory, the emulations of devices this machine lacks (a
+//! host-managed zoned drive, a commodity SSD, a drive-managed SMR disk, each with its counters)
+//! and the test decorators (crash simulation, fault injection).
 //!
 //! Contract every implementation keeps (the "assumptions about the underlying media"):
 //! - A write that returned `Ok` is visible to every later read, but is durable only after a
@@ -15,6 +17,8 @@ mod crash;
 mod fault;
 pub mod file;
 mod memory;
+mod smr_model;
+mod ssd_model;
 pub mod zone;
 mod zoned_emulator;
 
@@ -22,6 +26,8 @@ pub use crash::{CrashDevice, CrashPlan};
 pub use fault::{FaultDevice, FaultPlan};
 pub use file::FileDevice;
 pub use memory::MemoryDevice;
+pub use smr_model::{DiskTimer, DiskTiming, DriveManagedSmr, SmrParams, TimedDisk};
+pub use ssd_model::{SsdModel, SsdParams};
 pub use zone::{Zone, ZoneCondition, ZoneKind, Zoned};
 pub use zoned_emulator::{ZonedEmulator, ZonedGeometry};
 

@@ -1,0 +1,470 @@
+//! A model of a commodity SSD: a page-mapped flash translation layer with greedy garbage
+//! collection, a small write cache, a small mapping cache (DRAM-less drives keep most of their
+//! map in flash), and time modelled per NAND operation over several channels.
+//!
+//! Owns: the FTL state (logical-to-physical map by mapping unit, valid counts per erase block,
+//! free blocks per channel), the counters (host writes, NAND programs and reads, block erases),
+//! and the model clock. The data itself is kept by logical address on a backing device (memory
+//! or a file), so SALSA runs on the model for real; the FTL decides only what the flash would
+//! have done and how long it would have taken.
+//!
+//! What makes a drive like this amplify writes, and what the model therefore keeps:
+//! - the mapping unit is the NAND page (16 KiB by default): a host write that covers a unit
+//!   only in part is a read-modify-write of the unit inside the drive;
+//! - greedy GC over erase blocks: every valid unit of a victim is read and programmed again;
+//! - the map cache holds a fraction of the map (translation pages of one NAND page each); a
+//!   miss reads a translation page, and evicting a dirty one programs it;
+//! - the write cache gathers units until they are complete or evicted (so sequential writes
+//!   never pay the read-modify-write), and is written out on a flush.
+//!
+//! Time: each NAND operation occupies its channel for its latency (the channel of a block is
+//! `block % channels`; programs rotate over the channels). The model clock is the busiest
+//! channel's total, i.e. the time the drive needs when the host keeps it saturated (deep
+//! queues). Host transfer time is not modelled.
+
+use super::{check_range, Device, StorageType};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::sync::Arc;
+
+const UNMAPPED: u32 = u32::MAX;
+
+/// Parameters of the model (see the module doc for the defaults' rationale).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SsdParams {
+    /// Capacity the host sees.
+    pub capacity_bytes: u64,
+    /// Flash beyond the capacity, in percent of the capacity.
+    pub over_provisioning_percent: f64,
+    /// Mapping unit and NAND page.
+    pub unit_bytes: u64,
+    pub erase_block_bytes: u64,
+    pub channels: u32,
+    pub write_cache_bytes: u64,
+    /// Bytes of map the drive caches; `None` keeps the whole map in DRAM.
+    pub map_cache_bytes: Option<u64>,
+    pub read_us: u64,
+    pub program_us: u64,
+    pub erase_us: u64,
+}
+
+impl SsdParams {
+    /// A DRAM-less TLC drive of `capacity_bytes`: 16 KiB pages, 4 MiB erase blocks, 8 channels,
+    /// 7% over-provisioning, 1 MiB write cache, a map cache of 1/16 of the map.
+    pub fn commodity(capacity_bytes: u64) -> SsdParams {
+        let unit = 16 << 10;
+        SsdParams {
+            capacity_bytes,
+            over_provisioning_percent: 7.0,
+            unit_bytes: unit,
+            erase_block_bytes: 4 << 20,
+            channels: 8,
+            write_cache_bytes: 1 << 20,
+            map_cache_bytes: Some((capacity_bytes / unit * 4 / 16).max(unit)),
+            read_us: 60,
+            program_us: 700,
+            erase_us: 3500,
+        }
+    }
+
+    fn validate(&self) -> io::Result<()> {
+        let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidInput, m));
+        if self.unit_bytes < 512 || !self.unit_bytes.is_power_of_two() {
+            return bad(format!(
+                "SSD model: unit {} must be a power of two of at least 512 bytes",
+                self.unit_bytes
+            ));
+        }
+        if self.erase_block_bytes < self.unit_bytes || !self.erase_block_bytes.is_multiple_of(self.unit_bytes) {
+            return bad("SSD model: the erase block must be a multiple of the unit".into());
+        }
+        if self.capacity_bytes == 0 || !self.capacity_bytes.is_multiple_of(self.unit_bytes) {
+            return bad("SSD model: capacity must be a positive multiple of the unit".into());
+        }
+        if self.capacity_bytes / self.unit_bytes >= UNMAPPED as u64 / 2 {
+            return bad("SSD model: capacity too large for the model's 32-bit map".into());
+        }
+        if !(0.0..=400.0).contains(&self.over_provisioning_percent) || self.channels == 0 || self.channels > 256 {
+            return bad("SSD model: over-provisioning must be 0-400% and channels 1-256".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct Counters {
+    host_write_bytes: u64,
+    host_read_bytes: u64,
+    program_units: u64,
+    map_program_units: u64,
+    read_units: u64,
+    map_read_units: u64,
+    erases: u64,
+    rmw_units: u64,
+    gc_moved_units: u64,
+}
+
+struct Ftl {
+    p: SsdParams,
+    units_per_block: u32,
+    l2p: Vec<u32>,
+    p2l: Vec<u32>,
+    valid: Vec<u32>,
+    /// Next unit to program in each block.
+    written: Vec<u32>,
+    free: Vec<VecDeque<u32>>,
+    free_total: u32,
+    open: Vec<Option<u32>>,
+    next_channel: usize,
+    /// Write cache: unit -> bitmap of 512-byte sectors present; FIFO order of insertion.
+    cache: HashMap<u32, Vec<bool>>,
+    cache_order: VecDeque<u32>,
+    cache_units: usize,
+    /// Map cache: translation page -> (last use, dirty); LRU order by last use.
+    map_cache: HashMap<u32, (u64, bool)>,
+    map_lru: BTreeMap<u64, u32>,
+    map_cache_pages: Option<usize>,
+    entries_per_translation_page: u64,
+    tick: u64,
+    busy_ns: Vec<u64>,
+    c: Counters,
+}
+
+impl Ftl {
+    fn new(p: SsdParams) -> Ftl {
+        let units = p.capacity_bytes / p.unit_bytes;
+        let upb = (p.erase_block_bytes / p.unit_bytes) as u32;
+        let physical_units = (units as f64 * (1.0 + p.over_provisioning_percent / 100.0)).ceil() as u64;
+        // Enough blocks for the data plus one open block per channel and the GC's headroom.
+        let blocks = (physical_units.div_ceil(upb as u64) as u32).max((units.div_ceil(upb as u64) as u32) + 2 * p.channels + 2);
+        let mut free = vec![VecDeque::new(); p.channels as usize];
+        for b in 0..blocks {
+            free[(b % p.channels) as usize].push_back(b);
+        }
+        let entries = (p.unit_bytes / 4).max(1);
+        Ftl {
+            p,
+            units_per_block: upb,
+            l2p: vec![UNMAPPED; units as usize],
+            p2l: vec![UNMAPPED; blocks as usize * upb as usize],
+            valid: vec![0; blocks as usize],
+            written: vec![0; blocks as usize],
+            free,
+            free_total: blocks,
+            open: vec![None; p.channels as usize],
+            next_channel: 0,
+            cache: HashMap::new(),
+            cache_order: VecDeque::new(),
+            cache_units: (p.write_cache_bytes / p.unit_bytes) as usize,
+            map_cache: HashMap::new(),
+            map_lru: BTreeMap::new(),
+            map_cache_pages: p.map_cache_bytes.map(|b| (b / p.unit_bytes).max(1) as usize),
+            entries_per_translation_page: entries,
+            tick: 0,
+            busy_ns: vec![0; p.channels as usize],
+            c: Counters::default(),
+        }
+    }
+
+    fn channel_of(&self, block: u32) -> usize {
+        (block % self.p.channels) as usize
+    }
+
+    fn occupy(&mut self, channel: usize, us: u64) {
+        self.busy_ns[channel] += us * 1000;
+    }
+
+    fn sectors_per_unit(&self) -> usize {
+        (self.p.unit_bytes / 512) as usize
+    }
+
+    /// Looks up (and with `dirty`, updates) the map entry of `unit` through the map cache.
+    fn map_access(&mut self, unit: u32, dirty: bool) {
+        let Some(capacity) = self.map_cache_pages else { return };
+        let tp = (unit as u64 / self.entries_per_translation_page) as u32;
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some((last, d)) = self.map_cache.get_mut(&tp) {
+            self.map_lru.remove(last);
+            *last = tick;
+            *d |= dirty;
+            self.map_lru.insert(tick, tp);
+            return;
+        }
+        // Miss: read the translation page from flash.
+        self.c.map_read_units += 1;
+        let ch = tp as usize % self.busy_ns.len();
+        self.occupy(ch, self.p.read_us);
+        self.map_cache.insert(tp, (tick, dirty));
+        self.map_lru.insert(tick, tp);
+        while self.map_cache.len() > capacity {
+            let Some((&oldest, &victim)) = self.map_lru.iter().next() else {
+                break;
+            };
+            self.map_lru.remove(&oldest);
+            if let Some((_, true)) = self.map_cache.remove(&victim) {
+                // Translation pages live in their own blocks, rewritten so often that they are
+                // nearly all invalid when erased: one erase per block of them.
+                self.c.map_program_units += 1;
+                let ch = victim as usize % self.busy_ns.len();
+                self.occupy(ch, self.p.program_us);
+                if self.c.map_program_units.is_multiple_of(self.units_per_block as u64) {
+                    self.c.erases += 1;
+                    self.occupy(ch, self.p.erase_us);
+                }
+            }
+        }
+    }
+
+    /// Takes a free block on `channel` (or any channel).
+    fn take_free(&mut self, channel: usize) -> u32 {
+        let ch = if self.free[channel].is_empty() {
+            (0..self.free.len()).max_by_key(|&c| self.free[c].len()).unwrap_or(channel)
+        } else {
+            channel
+        };
+        let b = self.free[ch].pop_front().expect("the GC keeps free blocks");
+        self.free_total -= 1;
+        b
+    }
+
+    /// Programs `unit` at the write frontier (rotating over the channels).
+    fn program(&mut self, unit: u32, gc: bool) {
+        if !gc {
+            self.collect_garbage();
+        }
+        let ch = self.next_channel;
+        self.next_channel = (self.next_channel + 1) % self.open.len();
+        let block = match self.open[ch] {
+            Some(b) => b,
+            None => {
+                let b = self.take_free(ch);
+                self.open[ch] = Some(b);
+                b
+            }
+        };
+        let ppn = block * self.units_per_block + self.written[block as usize];
+        self.written[block as usize] += 1;
+        if self.written[block as usize] == self.units_per_block {
+            self.open[ch] = None;
+        }
+        let old = self.l2p[unit as usize];
+        if old != UNMAPPED {
+            self.p2l[old as usize] = UNMAPPED;
+            self.valid[(old / self.units_per_block) as usize] -= 1;
+        }
+        self.l2p[unit as usize] = ppn;
+        self.p2l[ppn as usize] = unit;
+        self.valid[block as usize] += 1;
+        self.c.program_units += 1;
+        if gc {
+            self.c.gc_moved_units += 1;
+        }
+        let bch = self.channel_of(block);
+        self.occupy(bch, self.p.program_us);
+        self.map_access(unit, true);
+    }
+
+    /// Greedy GC: while free blocks run short, clean the closed block with the fewest valid
+    /// units.
+    fn collect_garbage(&mut self) {
+        let reserve = self.p.channels + 2;
+        while self.free_total < reserve {
+            let open: Vec<u32> = self.open.iter().flatten().copied().collect();
+            let victim = (0..self.valid.len() as u32)
+                .filter(|&b| self.written[b as usize] == self.units_per_block && !open.contains(&b))
+                .min_by_key(|&b| self.valid[b as usize]);
+            // A victim without invalid units frees nothing (the map cannot be that full, as
+            // flash exceeds the capacity, but never loop on it).
+            let Some(victim) = victim.filter(|&b| self.valid[b as usize] < self.units_per_block) else {
+                return;
+            };
+            let vch = self.channel_of(victim);
+            let base = victim * self.units_per_block;
+            for ppn in base..base + self.units_per_block {
+                let unit = self.p2l[ppn as usize];
+                if unit != UNMAPPED {
+                    self.c.read_units += 1;
+                    self.occupy(vch, self.p.read_us);
+                    self.program(unit, true);
+                }
+            }
+            assert_eq!(self.valid[victim as usize], 0, "SSD model: GC left valid units in block {victim}");
+            self.written[victim as usize] = 0;
+            self.c.erases += 1;
+            self.occupy(vch, self.p.erase_us);
+            self.free[vch].push_back(victim);
+            self.free_total += 1;
+        }
+    }
+
+    /// Writes a unit out of the write cache: a unit not wholly present is read first, when the
+    /// flash holds an older copy of it.
+    fn write_out(&mut self, unit: u32, complete: bool) {
+        if !complete && self.l2p[unit as usize] != UNMAPPED {
+            self.c.rmw_units += 1;
+            self.read_unit(unit);
+        }
+        self.program(unit, false);
+    }
+
+    fn read_unit(&mut self, unit: u32) {
+        self.map_access(unit, false);
+        let ppn = self.l2p[unit as usize];
+        if ppn != UNMAPPED {
+            self.c.read_units += 1;
+            let ch = self.channel_of(ppn / self.units_per_block);
+            self.occupy(ch, self.p.read_us);
+        }
+    }
+
+    fn host_write(&mut self, offset: u64, len: u64) {
+        self.c.host_write_bytes += len;
+        let ub = self.p.unit_bytes;
+        let spu = self.sectors_per_unit();
+        let mut at = offset;
+        let end = offset + len;
+        while at < end {
+            let unit = (at / ub) as u32;
+            let unit_end = ((at / ub) + 1) * ub;
+            let piece_end = unit_end.min(end);
+            let (s0, s1) = (((at % ub) / 512) as usize, (((piece_end - 1) % ub) / 512 + 1) as usize);
+            if self.cache_units == 0 {
+                let complete = s0 == 0 && s1 == spu;
+                self.write_out(unit, complete);
+            } else {
+                let present = self.cache.entry(unit).or_insert_with(|| {
+                    self.cache_order.push_back(unit);
+                    vec![false; spu]
+                });
+                present[s0..s1].iter_mut().for_each(|x| *x = true);
+                while self.cache.len() > self.cache_units {
+                    self.evict_one();
+                }
+            }
+            at = piece_end;
+        }
+    }
+
+    fn evict_one(&mut self) {
+        let Some(unit) = self.cache_order.pop_front() else { return };
+        if let Some(present) = self.cache.remove(&unit) {
+            let complete = present.iter().all(|&x| x);
+            self.write_out(unit, complete);
+        }
+    }
+
+    fn flush(&mut self) {
+        while !self.cache.is_empty() {
+            self.evict_one();
+        }
+    }
+
+    fn host_read(&mut self, offset: u64, len: u64) {
+        self.c.host_read_bytes += len;
+        let ub = self.p.unit_bytes;
+        let first = offset / ub;
+        let last = (offset + len - 1) / ub;
+        for unit in first..=last {
+            if !self.cache.contains_key(&(unit as u32)) {
+                self.read_unit(unit as u32);
+            }
+        }
+    }
+
+    fn model_time_us(&self) -> u64 {
+        self.busy_ns.iter().copied().max().unwrap_or(0) / 1000
+    }
+}
+
+/// The SSD model as a device.
+pub struct SsdModel {
+    name: String,
+    backing: Arc<dyn Device>,
+    params: SsdParams,
+    ftl: Mutex<Ftl>,
+}
+
+impl SsdModel {
+    /// A fresh (low-level formatted: every unit unmapped) drive whose data lives on `backing`,
+    /// which must hold at least the capacity.
+    pub fn new(backing: Arc<dyn Device>, params: SsdParams) -> io::Result<SsdModel> {
+        params.validate()?;
+        if backing.size_bytes() < params.capacity_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "SSD model: {} holds {} bytes, less than the capacity {}",
+                    backing.name(),
+                    backing.size_bytes(),
+                    params.capacity_bytes
+                ),
+            ));
+        }
+        Ok(SsdModel {
+            name: format!("ssd:{}", backing.name()),
+            backing,
+            params,
+            ftl: Mutex::new(Ftl::new(params)),
+        })
+    }
+
+    pub fn params(&self) -> SsdParams {
+        self.params
+    }
+}
+
+impl Device for SsdModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn size_bytes(&self) -> u64 {
+        self.params.capacity_bytes
+    }
+    fn storage_type(&self) -> StorageType {
+        StorageType::Flash
+    }
+    fn alignment_bytes(&self) -> usize {
+        self.backing.alignment_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_range(self.params.capacity_bytes, offset, buf.len())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.backing.read_at(buf, offset)?;
+        self.ftl.lock().host_read(offset, buf.len() as u64);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        check_range(self.params.capacity_bytes, offset, buf.len())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.backing.write_at(buf, offset)?;
+        self.ftl.lock().host_write(offset, buf.len() as u64);
+        Ok(())
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.ftl.lock().flush();
+        self.backing.sync()
+    }
+    fn counters(&self) -> Vec<(String, u64)> {
+        let f = self.ftl.lock();
+        let ub = self.params.unit_bytes;
+        let c = f.c;
+        vec![
+            ("host_write_bytes".into(), c.host_write_bytes),
+            ("host_read_bytes".into(), c.host_read_bytes),
+            ("nand_program_bytes".into(), (c.program_units + c.map_program_units) * ub),
+            ("nand_data_program_bytes".into(), c.program_units * ub),
+            ("nand_map_program_bytes".into(), c.map_program_units * ub),
+            ("nand_read_bytes".into(), (c.read_units + c.map_read_units) * ub),
+            ("block_erases".into(), c.erases),
+            ("read_modify_write_units".into(), c.rmw_units),
+            ("gc_moved_bytes".into(), c.gc_moved_units * ub),
+            ("model_time_us".into(), f.model_time_us()),
+        ]
+    }
+}

@@ -1,0 +1,116 @@
+//! The SSD and drive-managed SMR models keep the data they are given, and their counters and
+//! clocks behave as the drives they model: random small writes amplify, sequential ones do not.
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use salsa_core::device::{DiskTiming, DriveManagedSmr, MemoryDevice, SmrParams, SsdModel, SsdParams, TimedDisk};
+use salsa_core::Device;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+
+fn counter(d: &dyn Device, name: &str) -> u64 {
+    d.counters()
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .unwrap_or_else(|| panic!("no counter {name}"))
+        .1
+}
+
+fn ssd(capacity: u64) -> SsdModel {
+    let mut p = SsdParams::commodity(capacity);
+    p.erase_block_bytes = MIB;
+    SsdModel::new(Arc::new(MemoryDevice::new("mem", capacity)), p).unwrap()
+}
+
+#[test]
+fn ssd_keeps_data_and_random_small_writes_amplify() {
+    let cap = 64 * MIB;
+    let d = ssd(cap);
+    // Fill sequentially: whole units, in order, so flash holds each once.
+    let chunk = vec![7u8; MIB as usize];
+    for i in 0..cap / MIB {
+        d.write_at(&chunk, i * MIB).unwrap();
+    }
+    d.sync().unwrap();
+    let seq_wa = counter(&d, "nand_data_program_bytes") as f64 / counter(&d, "host_write_bytes") as f64;
+    assert!(
+        (0.99..1.01).contains(&seq_wa),
+        "a sequential fill programs each unit once: {seq_wa}"
+    );
+    assert_eq!(counter(&d, "read_modify_write_units"), 0);
+    // Random 4 KiB overwrites, twice the capacity, checked against a model of the contents.
+    let mut rng = SmallRng::seed_from_u64(1);
+    let mut model: HashMap<u64, u8> = HashMap::new();
+    let host0 = counter(&d, "host_write_bytes");
+    let nand0 = counter(&d, "nand_program_bytes");
+    let t0 = counter(&d, "model_time_us");
+    for i in 0..(2 * cap / 4096) {
+        let page = rng.gen_range(0..cap / 4096);
+        let v = (i % 251) as u8;
+        d.write_at(&[v; 4096], page * 4096).unwrap();
+        model.insert(page, v);
+    }
+    d.sync().unwrap();
+    let wa = (counter(&d, "nand_program_bytes") - nand0) as f64 / (counter(&d, "host_write_bytes") - host0) as f64;
+    assert!(wa > 4.0, "4 KiB random writes into 16 KiB units at 7% spare amplify a lot: {wa}");
+    assert!(counter(&d, "block_erases") > 0 && counter(&d, "read_modify_write_units") > 0);
+    assert!(counter(&d, "model_time_us") > t0);
+    let mut buf = vec![0u8; 4096];
+    for (page, v) in model.iter().take(2000) {
+        d.read_at(&mut buf, page * 4096).unwrap();
+        assert!(buf.iter().all(|b| b == v), "page {page}");
+    }
+    assert!(d.write_at(&[0u8; 4096], cap).is_err(), "a write past the end");
+}
+
+#[test]
+fn dm_smr_cache_fills_and_cleaning_is_slow() {
+    let cap = 512 * MIB;
+    let p = SmrParams::drive_managed(cap);
+    let d = DriveManagedSmr::new(Arc::new(MemoryDevice::new("mem", cap)), p).unwrap();
+    assert_eq!(d.preferred_alignment_bytes(), p.band_bytes);
+    // Sequential band writes go home, without touching the cache.
+    let band = vec![1u8; p.band_bytes as usize];
+    d.write_at(&band, 0).unwrap();
+    d.write_at(&band, p.band_bytes).unwrap();
+    assert_eq!(counter(&d, "media_cache_write_bytes"), 0);
+    let t_seq = counter(&d, "model_time_us");
+    let seq_rate = 2.0 * p.band_bytes as f64 / t_seq as f64;
+    // Random 64 KiB writes: first into the cache, then every write waits for band cleaning.
+    let mut rng = SmallRng::seed_from_u64(2);
+    let blocks = cap / 65536;
+    let mut written = 0u64;
+    while counter(&d, "bands_cleaned") < 20 {
+        let b = rng.gen_range(0..blocks);
+        d.write_at(&[2u8; 65536], b * 65536).unwrap();
+        written += 65536;
+        assert!(written < 4 * cap, "the cache never filled");
+    }
+    let t0 = counter(&d, "model_time_us");
+    let w0 = counter(&d, "host_write_bytes");
+    for _ in 0..200 {
+        let b = rng.gen_range(0..blocks);
+        d.write_at(&[3u8; 65536], b * 65536).unwrap();
+    }
+    let rate = (counter(&d, "host_write_bytes") - w0) as f64 / (counter(&d, "model_time_us") - t0) as f64;
+    assert!(
+        rate * 20.0 < seq_rate,
+        "random writes after the cache fills run far below the media rate: {rate} vs {seq_rate} bytes/us"
+    );
+    let mut buf = vec![0u8; 4096];
+    d.read_at(&mut buf, p.band_bytes + 4096).unwrap();
+    assert!(buf.iter().all(|&b| b == 1 || b == 2 || b == 3));
+}
+
+#[test]
+fn timed_disk_charges_seeks_only_for_jumps() {
+    let d = TimedDisk::new(Arc::new(MemoryDevice::new("mem", 64 * MIB)), DiskTiming::default());
+    for i in 0..16 {
+        d.write_at(&[0u8; 65536], i * 65536).unwrap();
+    }
+    assert_eq!(counter(&d, "seeks"), 1, "one positioning, then a sequential stream");
+    d.write_at(&[0u8; 4096], 32 * MIB).unwrap();
+    assert_eq!(counter(&d, "seeks"), 2);
+}
