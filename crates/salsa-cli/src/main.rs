@@ -165,6 +165,10 @@ enum Command {
     /// Run a workload against fresh pools, one per policy pair, and report WA, throughput and
     /// latency as JSON and SVG charts.
     Bench(BenchArgs),
+    /// Benchmark on an emulated device (SSD, drive-managed or host-managed SMR, zoned): the
+    /// workload through SALSA and straight on the raw device, side by side on identical fresh
+    /// models; reports device write amplification, wear and modelled throughput over time.
+    BenchDevice(BenchDeviceArgs),
     /// Benchmark: random overwrites through SALSA against the same writes straight to the file
     /// with O_DIRECT, side by side.
     BenchRaw {
@@ -200,6 +204,53 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(clap::Args)]
+struct BenchDeviceArgs {
+    /// The model: ssd:size=2G[,op=7,unit=16K,block=4M,channels=8,cache=1M,mapcache=SIZE|full],
+    /// dmsmr:size=4G[,band=32M,cache=8M], hmsmr:size=4G[,zone=32M,conv=4] or
+    /// zoned:size=...; add file=PATH to keep its data in a file instead of memory.
+    #[arg(long)]
+    device: DeviceSpec,
+    /// Workload (as for `salsa bench`).
+    #[arg(long, default_value = "uniform")]
+    workload: workload::Spec,
+    #[arg(long, default_value_t = 0.0)]
+    read_percent: f64,
+    #[arg(long, value_parser = parse_size, default_value = "4K")]
+    block_size: u64,
+    #[arg(long, default_value_t = 32)]
+    queue_depth: usize,
+    /// SALSA's spare space, in percent of the device.
+    #[arg(long, default_value_t = 20.0)]
+    spare: f64,
+    #[arg(long, value_parser = parse_size)]
+    segment_size: Option<u64>,
+    /// SALSA volume page size.
+    #[arg(long, value_parser = parse_size, default_value = "4K")]
+    page_size: u64,
+    #[arg(long, default_value = "salsa")]
+    placement: String,
+    #[arg(long, alias = "gc-policy", default_value = "aging-greedy")]
+    victim: String,
+    /// Run only SALSA (no raw-device run).
+    #[arg(long)]
+    no_raw: bool,
+    /// Skip the precondition (one sequential and one random pass).
+    #[arg(long)]
+    no_precondition: bool,
+    /// Volumes written while measuring.
+    #[arg(long, default_value_t = 2.0)]
+    measure: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Directory for results.json, throughput.svg and wear.svg.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -275,6 +326,31 @@ struct BenchArgs {
     /// Print the results as JSON on stdout.
     #[arg(long)]
     json: bool,
+}
+
+fn run_device_bench(a: &BenchDeviceArgs) -> Result<(), String> {
+    let p = bench::device::Params {
+        device: a.device.clone(),
+        workload: a.workload.clone(),
+        read_percent: a.read_percent,
+        block_bytes: a.block_size,
+        queue_depth: a.queue_depth,
+        spare_percent: a.spare,
+        segment_bytes: a.segment_size,
+        page_bytes: u32::try_from(a.page_size).map_err(|_| "page size too large".to_string())?,
+        placement: a.placement.clone(),
+        victim: a.victim.clone(),
+        raw: !a.no_raw,
+        precondition: !a.no_precondition,
+        measure_volumes: a.measure,
+        seed: a.seed,
+        out_dir: a.out.clone(),
+    };
+    let report = bench::device::run(&p, a.json)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+    }
+    Ok(())
 }
 
 fn run_workload_bench(a: &BenchArgs) -> Result<(), String> {
@@ -661,6 +737,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Bench(args) => run_workload_bench(args),
+        Command::BenchDevice(a) => run_device_bench(a),
         Command::BenchRaw {
             file,
             memory,
@@ -933,6 +1010,7 @@ fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) -> Result<(
     let default = [DeviceSpec {
         path: "salsa-data/pool.img".into(),
         size_bytes: Some(1 << 30),
+        model: None,
     }];
     let specs = if specs.is_empty() { &default[..] } else { specs };
     let pool = Arc::new(open_or_create(specs, format, args.read_only, args.page_cache)?);

@@ -1,10 +1,162 @@
-//! Parsing of device specs (`PATH[:SIZE]`) and human sizes (`512M`, `1G`, `4096`).
+//! Parsing of device specs and human sizes (`512M`, `1G`, `4096`).
+//!
+//! A device spec is a file or block device, `PATH[:SIZE]`, or an emulated device:
+//! - `zoned:size=4G,zone=256M,conv=4,type=smr|zns[,file=PATH]`: a host-managed zoned drive,
+//!   its zone state kept with its data (in the file, which persists, or in memory);
+//! - `hmsmr:...`: the same with the timing of a disk (so throughput can be modelled);
+//! - `ssd:size=2G[,op=7,unit=16K,block=4M,channels=8,cache=1M,mapcache=32K|full,file=PATH]`: a
+//!   commodity SSD model;
+//! - `dmsmr:size=4G[,band=32M,cache=8M,file=PATH]`: a drive-managed SMR model.
+//!
+//! The models' translation state lives in memory (a restart finds a freshly formatted drive
+//! holding the same data); a zoned drive's state persists in its file.
 
 use salsa_core::device::file::FileOpenOptions;
-use salsa_core::device::FileDevice;
-use salsa_core::Device;
+use salsa_core::device::{
+    DiskTiming, DriveManagedSmr, FileDevice, MemoryDevice, SmrParams, SsdModel, SsdParams, TimedDisk, ZonedEmulator, ZonedGeometry,
+};
+use salsa_core::{Device, StorageType};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// Kinds of emulated device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    Zoned,
+    HostManagedSmr,
+    Ssd,
+    DriveManagedSmr,
+}
+
+/// An emulated device named on the command line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSpec {
+    pub kind: ModelKind,
+    pub params: BTreeMap<String, String>,
+}
+
+impl ModelSpec {
+    fn parse(kind: ModelKind, args: &str) -> Result<ModelSpec, String> {
+        let allowed: &[&str] = match kind {
+            ModelKind::Zoned | ModelKind::HostManagedSmr => &["size", "zone", "conv", "type", "file"],
+            ModelKind::Ssd => &[
+                "size",
+                "op",
+                "unit",
+                "block",
+                "channels",
+                "cache",
+                "mapcache",
+                "file",
+                "read_us",
+                "program_us",
+                "erase_us",
+            ],
+            ModelKind::DriveManagedSmr => &["size", "band", "cache", "file"],
+        };
+        let mut params = BTreeMap::new();
+        for kv in args.split(',').filter(|x| !x.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("device parameter {kv:?} is not KEY=VALUE"))?;
+            if !allowed.contains(&k) {
+                return Err(format!("unknown device parameter {k:?}; this device takes {}", allowed.join(", ")));
+            }
+            if params.insert(k.to_string(), v.to_string()).is_some() {
+                return Err(format!("device parameter {k:?} given twice"));
+            }
+        }
+        if !params.contains_key("size") && !params.contains_key("file") {
+            return Err("an emulated device needs size=SIZE (and file=PATH to keep its data in a file)".into());
+        }
+        Ok(ModelSpec { kind, params })
+    }
+
+    fn size(&self, key: &str, default: u64) -> Result<u64, String> {
+        self.params.get(key).map_or(Ok(default), |v| parse_size(v))
+    }
+
+    fn number(&self, key: &str, default: f64) -> Result<f64, String> {
+        self.params.get(key).map_or(Ok(default), |v| {
+            v.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| format!("device parameter {key}={v:?} is not a non-negative number"))
+        })
+    }
+
+    /// The backing store for `bytes` of data: the file (created at that size when missing) or
+    /// memory.
+    fn backing(&self, bytes: u64, read_only: bool) -> Result<Arc<dyn Device>, String> {
+        match self.params.get("file") {
+            Some(path) => {
+                let spec = DeviceSpec {
+                    path: path.into(),
+                    size_bytes: Some(bytes),
+                    model: None,
+                };
+                spec.open_with(read_only, true)
+            }
+            None => Ok(Arc::new(MemoryDevice::new("memory", bytes))),
+        }
+    }
+
+    fn open(&self, read_only: bool) -> Result<Arc<dyn Device>, String> {
+        let size = self.size("size", 0)?;
+        match self.kind {
+            ModelKind::Zoned | ModelKind::HostManagedSmr => {
+                let zone_bytes = self.size("zone", 256 << 20)?;
+                let conventional = self.number("conv", 4.0)? as u32;
+                let storage_type = match self.params.get("type").map(String::as_str) {
+                    None | Some("smr") => StorageType::SmrSequential,
+                    Some("zns") => StorageType::Flash,
+                    Some(other) => return Err(format!("zoned type {other:?}: use smr or zns")),
+                };
+                // Room for the zone state after the zones.
+                let backing = self.backing(size + (1 << 20), read_only)?;
+                let geo = ZonedGeometry {
+                    zone_bytes,
+                    conventional_zones: conventional,
+                    storage_type,
+                };
+                let z: Arc<dyn Device> = Arc::new(ZonedEmulator::open_or_create(backing, geo).map_err(|e| e.to_string())?);
+                Ok(if self.kind == ModelKind::HostManagedSmr {
+                    Arc::new(TimedDisk::new(z, DiskTiming::default()))
+                } else {
+                    z
+                })
+            }
+            ModelKind::Ssd => {
+                let mut p = SsdParams::commodity(size);
+                p.over_provisioning_percent = self.number("op", p.over_provisioning_percent)?;
+                p.unit_bytes = self.size("unit", p.unit_bytes)?;
+                p.erase_block_bytes = self.size("block", p.erase_block_bytes)?;
+                p.channels = self.number("channels", p.channels as f64)? as u32;
+                p.write_cache_bytes = self.size("cache", p.write_cache_bytes)?;
+                p.map_cache_bytes = match self.params.get("mapcache").map(String::as_str) {
+                    Some("full") => None,
+                    Some(v) => Some(parse_size(v)?),
+                    None => Some(SsdParams::default_map_cache_bytes(size, p.unit_bytes)),
+                };
+                p.read_us = self.number("read_us", p.read_us as f64)? as u64;
+                p.program_us = self.number("program_us", p.program_us as f64)? as u64;
+                p.erase_us = self.number("erase_us", p.erase_us as f64)? as u64;
+                Ok(Arc::new(
+                    SsdModel::new(self.backing(size, read_only)?, p).map_err(|e| e.to_string())?,
+                ))
+            }
+            ModelKind::DriveManagedSmr => {
+                let mut p = SmrParams::drive_managed(size);
+                p.band_bytes = self.size("band", p.band_bytes)?;
+                p.media_cache_bytes = self.size("cache", p.media_cache_bytes)?;
+                Ok(Arc::new(
+                    DriveManagedSmr::new(self.backing(size, read_only)?, p).map_err(|e| e.to_string())?,
+                ))
+            }
+        }
+    }
+}
 
 /// Parses `4096`, `64K`, `512M`, `1G`, `2T` (binary units).
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -31,22 +183,43 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// A device named on the command line.
 #[derive(Debug, Clone)]
 pub struct DeviceSpec {
+    /// The file (for a model: the file its data is kept in; empty for memory).
     pub path: PathBuf,
     pub size_bytes: Option<u64>,
+    /// An emulated device instead of the file itself.
+    pub model: Option<ModelSpec>,
 }
 
 impl std::str::FromStr for DeviceSpec {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
+        let models = [
+            ("zoned:", ModelKind::Zoned),
+            ("hmsmr:", ModelKind::HostManagedSmr),
+            ("ssd:", ModelKind::Ssd),
+            ("dmsmr:", ModelKind::DriveManagedSmr),
+        ];
+        for (prefix, kind) in models {
+            if let Some(args) = s.strip_prefix(prefix) {
+                let model = ModelSpec::parse(kind, args)?;
+                return Ok(DeviceSpec {
+                    path: model.params.get("file").map(PathBuf::from).unwrap_or_default(),
+                    size_bytes: model.params.get("size").map(|v| parse_size(v)).transpose()?,
+                    model: Some(model),
+                });
+            }
+        }
         match s.rsplit_once(':') {
             Some((path, size)) if !path.is_empty() && size.chars().next().is_some_and(|c| c.is_ascii_digit()) => Ok(DeviceSpec {
                 path: path.into(),
                 size_bytes: Some(parse_size(size)?),
+                model: None,
             }),
             _ if s.is_empty() => Err("empty device path".into()),
             _ => Ok(DeviceSpec {
                 path: s.into(),
                 size_bytes: None,
+                model: None,
             }),
         }
     }
@@ -61,6 +234,9 @@ impl DeviceSpec {
     /// Opens the device; with `page_cache`, through the kernel's page cache instead of
     /// `O_DIRECT` (flushes still sync the device).
     pub fn open_with(&self, read_only: bool, page_cache: bool) -> Result<Arc<dyn Device>, String> {
+        if let Some(m) = &self.model {
+            return m.open(read_only);
+        }
         let opts = FileOpenOptions {
             create_size_bytes: self.size_bytes,
             direct: !page_cache,
@@ -89,5 +265,23 @@ mod tests {
         assert_eq!(d.size_bytes, Some(1 << 30));
         let d: DeviceSpec = "/dev/sdb".parse().unwrap();
         assert_eq!(d.size_bytes, None);
+    }
+
+    #[test]
+    fn model_specs_parse_and_open() {
+        let d: DeviceSpec = "ssd:size=64M,op=7,unit=16K,block=1M".parse().unwrap();
+        assert_eq!(d.model.as_ref().map(|m| m.kind), Some(ModelKind::Ssd));
+        let dev = d.open(false).unwrap();
+        assert_eq!(dev.size_bytes(), 64 << 20);
+        let d: DeviceSpec = "zoned:size=64M,zone=4M,conv=1".parse().unwrap();
+        let dev = d.open(false).unwrap();
+        assert_eq!(dev.zones().map(|z| (z.zone_count(), z.zone_bytes())), Some((16, 4 << 20)));
+        let dev = "dmsmr:size=256M,band=32M".parse::<DeviceSpec>().unwrap().open(false).unwrap();
+        assert_eq!(dev.preferred_alignment_bytes(), 32 << 20);
+        let e = "ssd:size=64M,colour=blue".parse::<DeviceSpec>().unwrap_err();
+        assert!(e.contains("unknown device parameter"), "{e}");
+        assert!("ssd:op=7".parse::<DeviceSpec>().is_err(), "no size");
+        assert!("zoned:size=64M,type=tape".parse::<DeviceSpec>().unwrap().open(false).is_err());
+        assert!("ssd:size=64M,unit=3K".parse::<DeviceSpec>().unwrap().open(false).is_err());
     }
 }

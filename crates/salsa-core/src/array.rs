@@ -6,6 +6,7 @@
 //! boundary; every access stays inside one segment; a segment in a sequential zone is written
 //! strictly at its write pointer even when many threads write it at once (a write waits for the
 //! writes before it), is read only below its write pointer, and is reset before it is reused.
+//! Segments of devices that prefer sequential writes are also written strictly in order.
 
 use crate::device::{zone::report_zone, Device, StorageType, ZoneKind};
 use crate::error::{Error, Result};
@@ -30,9 +31,13 @@ pub struct Member {
 /// Write order of the segments that sit in sequential zones.
 struct ZoneOrder {
     /// Per segment: `Some(write pointer in bytes from the segment start, and the condition its
-    /// waiting writers sleep on)` for a segment in a sequential zone, `None` for one that takes
-    /// random writes.
+    /// waiting writers sleep on)` for a segment written strictly in order, `None` for one that
+    /// takes writes in any order.
     write_pointer: Vec<Option<(Mutex<u64>, Condvar)>>,
+    /// Per segment: it sits in a sequential zone (reads stop at the write pointer, reuse
+    /// resets the zone). Segments of devices that only prefer sequential writes (a
+    /// drive-managed SMR disk detects sequential streams) are ordered but not zoned.
+    zoned: Vec<bool>,
     /// Set when a write to a sequential zone failed: the writes behind it can never happen.
     broken: AtomicBool,
 }
@@ -58,7 +63,10 @@ impl Array {
         let mut owner = Vec::new();
         let mut types = Vec::new();
         let mut write_pointer = Vec::new();
+        let mut zoned = Vec::new();
         for (i, m) in members.iter().enumerate() {
+            // A device that declares a preferred write size rewards in-order segments.
+            let ordered = m.device.preferred_alignment_bytes() > 0;
             assert_eq!(m.first_segment as usize, owner.len(), "members must be contiguous");
             owner.extend(std::iter::repeat_n(i as u16, m.segment_count as usize));
             for k in 0..m.segment_count as u64 {
@@ -66,7 +74,10 @@ impl Array {
                 match m.device.zones() {
                     None => {
                         types.push(m.device.storage_type());
-                        write_pointer.push(None);
+                        // Written in order from the start once allocated (reads are not
+                        // limited: data of earlier sessions stays readable).
+                        write_pointer.push(ordered.then(|| (Mutex::new(0), Condvar::new())));
+                        zoned.push(false);
                     }
                     Some(z) => {
                         let zone = report_zone(z, (offset / z.zone_bytes()) as u32).map_err(|source| Error::Io {
@@ -86,9 +97,11 @@ impl Array {
                         if zone.kind == ZoneKind::Conventional {
                             types.push(StorageType::SmrConventional);
                             write_pointer.push(None);
+                            zoned.push(false);
                         } else {
                             types.push(m.device.storage_type());
                             write_pointer.push(Some((Mutex::new(zone.readable_bytes()), Condvar::new())));
+                            zoned.push(true);
                         }
                     }
                 }
@@ -104,6 +117,7 @@ impl Array {
             types,
             zones: ZoneOrder {
                 write_pointer,
+                zoned,
                 broken: AtomicBool::new(false),
             },
             aligned_buffers,
@@ -154,8 +168,8 @@ impl Array {
     /// a sequential zone.
     pub fn readable_grains(&self, segment: u32) -> u64 {
         match &self.zones.write_pointer[segment as usize] {
-            None => self.grains_per_segment,
-            Some((wp, _)) => *wp.lock() / self.grain_bytes,
+            Some((wp, _)) if self.zones.zoned[segment as usize] => *wp.lock() / self.grain_bytes,
+            _ => self.grains_per_segment,
         }
     }
 
@@ -168,6 +182,10 @@ impl Array {
         };
         let mut wp = wp.lock();
         if *wp == 0 {
+            return Ok(());
+        }
+        if !self.zones.zoned[segment as usize] {
+            *wp = 0;
             return Ok(());
         }
         let (m, offset) = self.segment_offset(segment);

@@ -284,7 +284,11 @@ impl Pool {
             (Some(b), _) => b,
             // Segments align to zones: one segment per zone.
             (None, Some(z)) => z,
-            (None, None) => default_segment_bytes(total),
+            // At least a device's preferred write size (an SSD's block stripe, an SMR band).
+            (None, None) => {
+                let preferred = devices.iter().map(|d| d.preferred_alignment_bytes()).max().unwrap_or(0);
+                default_segment_bytes(total).max(preferred.next_power_of_two().min(1 << 30))
+            }
         };
         if !((1 << 20)..=(1 << 30)).contains(&segment_bytes) || !segment_bytes.is_multiple_of(cfg.grain_bytes as u64) {
             return Err(Error::InvalidConfig(format!(
@@ -571,6 +575,11 @@ impl Pool {
 
     pub fn opened_from(&self) -> OpenedFrom {
         self.opened_from
+    }
+
+    /// The member devices, in pool order.
+    pub fn devices(&self) -> Vec<Arc<dyn Device>> {
+        self.eng.array.members().iter().map(|m| m.device.clone()).collect()
     }
 
     pub fn pool_id(&self) -> u128 {

@@ -50,22 +50,30 @@ pub struct SsdParams {
 }
 
 impl SsdParams {
-    /// A DRAM-less TLC drive of `capacity_bytes`: 16 KiB pages, 4 MiB erase blocks, 8 channels,
-    /// 7% over-provisioning, 1 MiB write cache, a map cache of 1/16 of the map.
+    /// A DRAM-less TLC drive of `capacity_bytes`: 16 KiB pages, 8 channels, 7%
+    /// over-provisioning, 1 MiB write cache, a map cache of 1/8 of the map (at least four
+    /// translation pages). Erase blocks are 4 MiB, scaled down for small models so that the
+    /// drive has at least 2048 of them (a real drive has hundreds of thousands; with few, the
+    /// blocks held open per channel would eat the over-provisioning).
     pub fn commodity(capacity_bytes: u64) -> SsdParams {
         let unit = 16 << 10;
         SsdParams {
             capacity_bytes,
             over_provisioning_percent: 7.0,
             unit_bytes: unit,
-            erase_block_bytes: 4 << 20,
+            erase_block_bytes: (capacity_bytes / 2048).clamp(256 << 10, 4 << 20).next_power_of_two().min(4 << 20),
             channels: 8,
             write_cache_bytes: 1 << 20,
-            map_cache_bytes: Some((capacity_bytes / unit * 4 / 16).max(unit)),
+            map_cache_bytes: Some(Self::default_map_cache_bytes(capacity_bytes, unit)),
             read_us: 60,
             program_us: 700,
             erase_us: 3500,
         }
+    }
+
+    /// 1/8 of the map (4 bytes per unit), at least four translation pages of one unit each.
+    pub fn default_map_cache_bytes(capacity_bytes: u64, unit_bytes: u64) -> u64 {
+        (capacity_bytes / unit_bytes * 4 / 8).max(4 * unit_bytes)
     }
 
     fn validate(&self) -> io::Result<()> {
@@ -263,7 +271,10 @@ impl Ftl {
         }
         let bch = self.channel_of(block);
         self.occupy(bch, self.p.program_us);
-        self.map_access(unit, true);
+        // The GC batches its map updates per translation page (see collect_garbage).
+        if !gc {
+            self.map_access(unit, true);
+        }
     }
 
     /// Greedy GC: while free blocks run short, clean the closed block with the fewest valid
@@ -282,13 +293,21 @@ impl Ftl {
             };
             let vch = self.channel_of(victim);
             let base = victim * self.units_per_block;
+            let mut pages = Vec::new();
             for ppn in base..base + self.units_per_block {
                 let unit = self.p2l[ppn as usize];
                 if unit != UNMAPPED {
                     self.c.read_units += 1;
                     self.occupy(vch, self.p.read_us);
                     self.program(unit, true);
+                    pages.push(unit as u64 / self.entries_per_translation_page);
                 }
+            }
+            // One map update per translation page the moved units belong to (DFTL's batching).
+            pages.sort_unstable();
+            pages.dedup();
+            for tp in pages {
+                self.map_access((tp * self.entries_per_translation_page) as u32, true);
             }
             assert_eq!(self.valid[victim as usize], 0, "SSD model: GC left valid units in block {victim}");
             self.written[victim as usize] = 0;
@@ -427,6 +446,14 @@ impl Device for SsdModel {
     }
     fn alignment_bytes(&self) -> usize {
         self.backing.alignment_bytes()
+    }
+    /// A stripe of one erase block on every channel, and at least 8 MiB: a host that
+    /// interleaves a few sequential streams in writes of about 1 MiB (SALSA's records) fills
+    /// whole blocks with data that dies together only when each stream writes that much in
+    /// order. Measured on this model: 2 MiB segments make the drive's internal WA 7 to 10,
+    /// 8 MiB and more keep it at 1.0 (docs/BENCHMARKS.md).
+    fn preferred_alignment_bytes(&self) -> u64 {
+        (self.params.erase_block_bytes * self.params.channels as u64).max(8 << 20)
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_range(self.params.capacity_bytes, offset, buf.len())?;

@@ -1,0 +1,412 @@
+//! `salsa bench-device`: the paper's microbenchmarks (section V-A) on an emulated device. The
+//! same workload runs, in one invocation and on identical fresh models, once through SALSA and
+//! once straight on the raw device (on a partition of the size of SALSA's volume, as the paper
+//! did), and the report compares what the device did: its internal write amplification, the
+//! flash or media writes per user byte (wear), and throughput over the device's modelled time.
+//!
+//! Owns: the two targets (raw partition, SALSA volume), the precondition (one sequential and
+//! one random pass, as the paper), the sampler of device counters, and the report and charts.
+
+use super::plot;
+use super::workload::{Generator, Request, Spec};
+use crate::spec::DeviceSpec;
+use parking_lot::Mutex;
+use salsa_core::{Device, OpenOptions, Pool, PoolConfig};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// What one `salsa bench-device` runs.
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub device: DeviceSpec,
+    pub workload: Spec,
+    pub read_percent: f64,
+    pub block_bytes: u64,
+    pub queue_depth: usize,
+    pub spare_percent: f64,
+    pub segment_bytes: Option<u64>,
+    pub page_bytes: u32,
+    pub placement: String,
+    pub victim: String,
+    /// Also run the raw device.
+    pub raw: bool,
+    /// Precondition: one sequential and one random pass over the target.
+    pub precondition: bool,
+    /// Writes measured, in target sizes.
+    pub measure_volumes: f64,
+    pub seed: u64,
+    pub out_dir: Option<PathBuf>,
+}
+
+/// Where the workload goes.
+enum Target {
+    Raw { dev: Arc<dyn Device>, size: u64 },
+    Salsa { pool: Pool, vol: salsa_core::Volume },
+}
+
+impl Target {
+    fn size(&self) -> u64 {
+        match self {
+            Target::Raw { size, .. } => *size,
+            Target::Salsa { vol, .. } => vol.size_bytes(),
+        }
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), String> {
+        match self {
+            Target::Raw { dev, .. } => dev.write_at(data, offset).map_err(|e| e.to_string()),
+            Target::Salsa { vol, .. } => vol.write(offset, data).map_err(|e| e.to_string()),
+        }
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+        match self {
+            Target::Raw { dev, .. } => dev.read_at(buf, offset).map_err(|e| e.to_string()),
+            Target::Salsa { vol, .. } => vol.read(offset, buf).map_err(|e| e.to_string()),
+        }
+    }
+    fn devices(&self) -> Vec<Arc<dyn Device>> {
+        match self {
+            Target::Raw { dev, .. } => vec![dev.clone()],
+            Target::Salsa { pool, .. } => pool.devices(),
+        }
+    }
+}
+
+/// Device counters summed over the target's devices.
+#[derive(Debug, Clone, Copy, Default)]
+struct DeviceSample {
+    user_bytes: u64,
+    user_written: u64,
+    host_written: u64,
+    /// Flash programs (SSD) or media writes (disks), bytes.
+    media_written: u64,
+    erases: u64,
+    model_us: u64,
+}
+
+fn sample(t: &Target, user_bytes: u64, user_written: u64) -> DeviceSample {
+    let mut s = DeviceSample {
+        user_bytes,
+        user_written,
+        ..DeviceSample::default()
+    };
+    for d in t.devices() {
+        for (k, v) in d.counters() {
+            match k.as_str() {
+                "host_write_bytes" => s.host_written += v,
+                "nand_program_bytes" | "media_write_bytes" => s.media_written += v,
+                "block_erases" => s.erases += v,
+                "model_time_us" => s.model_us = s.model_us.max(v),
+                _ => {}
+            }
+        }
+    }
+    s
+}
+
+/// One aligned buffer per worker (O_DIRECT backings need it).
+fn aligned(len: usize) -> salsa_core::util::AlignedBuf {
+    salsa_core::util::AlignedBuf::zeroed(len)
+}
+
+/// Runs `bytes` of the workload at the queue depth; samples the devices every `sample_bytes`.
+fn run_workload(
+    t: &Target,
+    gen: &mut Generator,
+    p: &Params,
+    bytes: u64,
+    samples: &Mutex<Vec<DeviceSample>>,
+    sample_bytes: u64,
+) -> Result<(), String> {
+    let gen = Mutex::new(gen);
+    let done = AtomicU64::new(0);
+    let written = AtomicU64::new(0);
+    let next_sample = AtomicU64::new(sample_bytes);
+    let failed = AtomicBool::new(false);
+    let error: Mutex<Option<String>> = Mutex::new(None);
+    let bar = crate::progress_bar("measure");
+    std::thread::scope(|s| {
+        for worker in 0..p.queue_depth.max(1) {
+            let (gen, done, written, next_sample, failed, error, bar) = (&gen, &done, &written, &next_sample, &failed, &error, &bar);
+            s.spawn(move || {
+                let mut buf = aligned(p.block_bytes as usize);
+                let mut stamp = (p.seed << 20) ^ (worker as u64) << 48;
+                while !failed.load(Relaxed) && done.load(Relaxed) < bytes {
+                    let Some(Request { write, offset, len, .. }) = gen.lock().next_request() else {
+                        break;
+                    };
+                    let len = len.min(t.size().saturating_sub(offset)) as usize;
+                    if len == 0 {
+                        continue;
+                    }
+                    let r = if write {
+                        stamp += 1;
+                        for chunk in buf[..len].chunks_mut(4096) {
+                            let n = chunk.len().min(8);
+                            chunk[..n].copy_from_slice(&stamp.to_le_bytes()[..n]);
+                        }
+                        written.fetch_add(len as u64, Relaxed);
+                        t.write(offset, &buf[..len])
+                    } else {
+                        t.read(offset, &mut buf[..len])
+                    };
+                    if let Err(e) = r {
+                        failed.store(true, Relaxed);
+                        *error.lock() = Some(e);
+                        break;
+                    }
+                    let d = done.fetch_add(len as u64, Relaxed) + len as u64;
+                    let due = next_sample.load(Relaxed);
+                    if d >= due && next_sample.compare_exchange(due, due + sample_bytes, Relaxed, Relaxed).is_ok() {
+                        samples.lock().push(sample(t, d, written.load(Relaxed)));
+                        bar(d.min(bytes) >> 20, bytes >> 20);
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = error.into_inner() {
+        return Err(e);
+    }
+    let d = done.load(Relaxed);
+    samples.lock().push(sample(t, d, written.load(Relaxed)));
+    Ok(())
+}
+
+/// Sequential pass, then one random pass (different pattern from the measured one).
+fn precondition(t: &Target, p: &Params) -> Result<(), String> {
+    let size = t.size();
+    let chunk_len = (1usize << 20).min(size as usize);
+    let chunk = {
+        let mut b = aligned(chunk_len);
+        b.fill(0x5a);
+        b
+    };
+    let bar = crate::progress_bar("precondition");
+    let mut off = 0;
+    while off < size {
+        let n = (size - off).min(chunk_len as u64) as usize;
+        t.write(off, &chunk[..n])?;
+        off += n as u64;
+        bar(off >> 20, size >> 21);
+    }
+    let spec = Spec::Uniform;
+    let mut gen = Generator::new(&spec, size, p.block_bytes, 0.0, p.seed ^ 0xfeed, None)?;
+    let mut buf = aligned(p.block_bytes as usize);
+    buf.fill(0xa5);
+    let mut done = 0;
+    while done < size {
+        let Some(r) = gen.next_request() else { break };
+        let len = r.len.min(size - r.offset) as usize;
+        t.write(r.offset, &buf[..len])?;
+        done += len as u64;
+        bar((size + done) >> 21, size >> 20);
+    }
+    Ok(())
+}
+
+/// What one target measured.
+struct Outcome {
+    label: &'static str,
+    json: Value,
+    /// (modelled seconds, MB/s) per sample.
+    throughput: Vec<(f64, f64)>,
+    /// (user volumes written, media bytes per user byte so far).
+    wear: Vec<(f64, f64)>,
+    mbps: f64,
+    wear_per_user_byte: f64,
+}
+
+fn measure(label: &'static str, t: &Target, p: &Params, quiet: bool) -> Result<Outcome, String> {
+    let say = |m: &str| {
+        if !quiet {
+            eprintln!("[{label}] {m}");
+        }
+    };
+    let size = t.size();
+    if p.precondition {
+        say(&format!("precondition: a sequential and a random pass over {} MiB", size >> 20));
+        precondition(t, p)?;
+    }
+    let mut gen = Generator::new(&p.workload, size, p.block_bytes, p.read_percent, p.seed, None)?;
+    let bytes = (size as f64 * p.measure_volumes) as u64;
+    say(&format!(
+        "measuring {:.1} volume(s) of {} at queue depth {}",
+        p.measure_volumes, p.workload, p.queue_depth
+    ));
+    let start = sample(t, 0, 0);
+    let samples = Mutex::new(vec![start]);
+    run_workload(t, &mut gen, p, bytes, &samples, (bytes / 100).max(p.block_bytes))?;
+    let mut samples = samples.into_inner();
+    // Workers push samples concurrently; order them by progress.
+    samples.sort_by_key(|s| (s.user_bytes, s.model_us));
+    let last = *samples.last().expect("a final sample");
+    let mut throughput = Vec::new();
+    let mut wear = Vec::new();
+    let mut rates = Vec::new();
+    for w in samples.windows(2) {
+        let dt = w[1].model_us.saturating_sub(w[0].model_us) as f64;
+        if dt > 0.0 {
+            let v = w[1].user_bytes.saturating_sub(w[0].user_bytes) as f64 / dt;
+            throughput.push(((w[1].model_us - start.model_us) as f64 / 1e6, v));
+            rates.push(v);
+        }
+        if w[1].user_written > 0 {
+            wear.push((
+                w[1].user_written as f64 / size as f64,
+                w[1].media_written.saturating_sub(start.media_written) as f64 / w[1].user_written as f64,
+            ));
+        }
+    }
+    let user = last.user_bytes as f64;
+    let user_written = last.user_written as f64;
+    let host = (last.host_written - start.host_written) as f64;
+    let media = (last.media_written - start.media_written) as f64;
+    let model_s = (last.model_us - start.model_us) as f64 / 1e6;
+    let mbps = if model_s > 0.0 { user / model_s / 1e6 } else { 0.0 };
+    let wear_per_user_byte = if user_written > 0.0 { media / user_written } else { 0.0 };
+    let median = super::median(rates);
+    let mut json = json!({
+        "target": label,
+        "device": p.device.model.as_ref().map(|m| format!("{:?} {:?}", m.kind, m.params)),
+        "workload": p.workload.to_string(),
+        "read_percent": p.read_percent,
+        "block_bytes": p.block_bytes,
+        "queue_depth": p.queue_depth,
+        "target_bytes": size,
+        "user_bytes": user,
+        "user_bytes_written": user_written,
+        "device_host_bytes_written": host,
+        "device_media_bytes_written": media,
+        "device_internal_wa": if host > 0.0 { media / host } else { 0.0 },
+        "media_bytes_per_user_byte": wear_per_user_byte,
+        "host_wa": if user_written > 0.0 { host / user_written } else { 0.0 },
+        "block_erases": last.erases - start.erases,
+        "model_seconds": model_s,
+        "throughput_mbps_model": mbps,
+        "throughput_mbps_model_median": median / 1.0,
+        "device_counters": t.devices().iter().map(|d| json!({"device": d.name(), "counters": d.counters().into_iter().collect::<std::collections::BTreeMap<_, _>>()})).collect::<Vec<_>>(),
+    });
+    if let Target::Salsa { pool, .. } = t {
+        let s = pool.stats();
+        json["salsa_wa"] = json!(s.write_amplification);
+        json["spare_percent"] = json!(p.spare_percent);
+        json["segment_bytes"] = json!(pool.geometry().segment_bytes);
+    }
+    say(&format!(
+        "modelled {mbps:.1} MB/s (median {median:.1}), media writes per user byte {wear_per_user_byte:.2}, device-internal WA {:.2}",
+        json["device_internal_wa"].as_f64().unwrap_or(0.0)
+    ));
+    Ok(Outcome {
+        label,
+        json,
+        throughput,
+        wear,
+        mbps,
+        wear_per_user_byte,
+    })
+}
+
+fn fresh_device(p: &Params) -> Result<Arc<dyn Device>, String> {
+    if !p.device.path.as_os_str().is_empty() {
+        let _ = std::fs::remove_file(&p.device.path);
+    }
+    p.device.open(false)
+}
+
+/// Runs SALSA and (optionally) raw; returns the report as JSON and writes it with its charts.
+pub fn run(p: &Params, quiet: bool) -> Result<Value, String> {
+    if p.device.model.is_none() {
+        return Err("bench-device runs on an emulated device: give --device ssd:..., dmsmr:..., hmsmr:... or zoned:...".into());
+    }
+    if p.block_bytes == 0 || !p.block_bytes.is_multiple_of(4096) || !(0.0..=100.0).contains(&p.read_percent) {
+        return Err("block size must be a positive multiple of 4 KiB and the read percentage 0 to 100".into());
+    }
+    let mut outcomes = Vec::new();
+    let salsa = {
+        let dev = fresh_device(p)?;
+        let cfg = PoolConfig {
+            spare_percent: p.spare_percent,
+            segment_bytes: p.segment_bytes,
+            victim_policy: p.victim.clone(),
+            default_placement: p.placement.clone(),
+            ..PoolConfig::default()
+        };
+        let pool = Pool::create(vec![dev], &cfg, &OpenOptions::default()).map_err(|e| format!("SALSA on the model: {e}"))?;
+        let size = pool.logical_capacity_bytes() / p.block_bytes * p.block_bytes;
+        let vol = pool.create_volume("bench", size, p.page_bytes).map_err(|e| e.to_string())?;
+        let t = Target::Salsa { pool, vol };
+        let o = measure("salsa", &t, p, quiet)?;
+        if let Target::Salsa { pool, vol } = t {
+            drop(vol);
+            pool.close().map_err(|e| e.to_string())?;
+        }
+        (o, size)
+    };
+    let salsa_size = salsa.1;
+    outcomes.push(salsa.0);
+    // A host-managed zoned drive refuses random writes: there is no raw run to compare with.
+    let zoned = fresh_device(p)?.zones().is_some();
+    if p.raw && zoned && !quiet {
+        eprintln!("[raw] skipped: a host-managed zoned drive takes writes only at its write pointers");
+    }
+    if p.raw && !zoned {
+        let dev = fresh_device(p)?;
+        // The paper's fair comparison: a raw partition of the size of SALSA's volume.
+        let t = Target::Raw { dev, size: salsa_size };
+        outcomes.push(measure("raw", &t, p, quiet)?);
+    }
+    let mut report = json!({ "runs": outcomes.iter().map(|o| o.json.clone()).collect::<Vec<_>>() });
+    if let [s, r] = &outcomes[..] {
+        report["throughput_ratio_salsa_over_raw"] = json!(if r.mbps > 0.0 { s.mbps / r.mbps } else { 0.0 });
+        report["wear_ratio_raw_over_salsa"] = json!(if s.wear_per_user_byte > 0.0 {
+            r.wear_per_user_byte / s.wear_per_user_byte
+        } else {
+            0.0
+        });
+        if !quiet {
+            eprintln!(
+                "SALSA vs raw: {:.2}x the modelled throughput, {:.2}x less wear",
+                report["throughput_ratio_salsa_over_raw"].as_f64().unwrap_or(0.0),
+                report["wear_ratio_raw_over_salsa"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    if let Some(dir) = &p.out_dir {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let put = |name: &str, text: String| std::fs::write(dir.join(name), text).map_err(|e| format!("{}: {e}", dir.join(name).display()));
+        let series = |f: fn(&Outcome) -> &Vec<(f64, f64)>| -> Vec<plot::Series> {
+            outcomes
+                .iter()
+                .map(|o| plot::Series {
+                    name: o.label.to_string(),
+                    points: f(o).clone(),
+                })
+                .collect()
+        };
+        let w = &p.workload;
+        put(
+            "throughput.svg",
+            plot::line_chart(
+                &format!("Modelled throughput, {w}"),
+                "modelled seconds",
+                "MB/s (user reads + writes)",
+                &series(|o| &o.throughput),
+                false,
+            ),
+        )?;
+        put(
+            "wear.svg",
+            plot::line_chart(
+                &format!("Wear, {w}"),
+                "volumes written",
+                "media bytes written per user byte",
+                &series(|o| &o.wear),
+                false,
+            ),
+        )?;
+        put("results.json", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?)?;
+    }
+    Ok(report)
+}
