@@ -206,6 +206,24 @@ enum Command {
     },
 }
 
+/// What the benchmarks send: the workload, its read share, request size and queue depth.
+#[derive(clap::Args)]
+struct LoadArgs {
+    /// Workload: seq, uniform, hotcold:W/S (W% of writes to S% of the space), zipf:SKEW,
+    /// dynzipf:SKEW[:INTERVAL] (SepBIT's: the hottest 20% of ranks move every INTERVAL
+    /// written), trace:PATH (MSR, Alibaba or fio iolog).
+    #[arg(long, default_value = "uniform")]
+    workload: workload::Spec,
+    /// Percentage of requests that are reads.
+    #[arg(long, default_value_t = 0.0)]
+    read_percent: f64,
+    #[arg(long, value_parser = parse_size, default_value = "4K")]
+    block_size: u64,
+    /// Requests in flight (one thread each).
+    #[arg(long, default_value_t = 32)]
+    queue_depth: usize,
+}
+
 #[derive(clap::Args)]
 struct BenchDeviceArgs {
     /// The model: ssd:size=2G[,op=7,unit=16K,block=4M,channels=8,cache=1M,mapcache=SIZE|full],
@@ -213,15 +231,8 @@ struct BenchDeviceArgs {
     /// zoned:size=...; add file=PATH to keep its data in a file instead of memory.
     #[arg(long)]
     device: DeviceSpec,
-    /// Workload (as for `salsa bench`).
-    #[arg(long, default_value = "uniform")]
-    workload: workload::Spec,
-    #[arg(long, default_value_t = 0.0)]
-    read_percent: f64,
-    #[arg(long, value_parser = parse_size, default_value = "4K")]
-    block_size: u64,
-    #[arg(long, default_value_t = 32)]
-    queue_depth: usize,
+    #[command(flatten)]
+    load: LoadArgs,
     /// SALSA's spare space, in percent of the device.
     #[arg(long, default_value_t = 20.0)]
     spare: f64,
@@ -255,11 +266,8 @@ struct BenchDeviceArgs {
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// Workload: seq, uniform, hotcold:W/S (W% of writes to S% of the space), zipf:SKEW,
-    /// dynzipf:SKEW[:INTERVAL] (SepBIT's: the hottest 20% of ranks move every INTERVAL
-    /// written), trace:PATH (MSR, Alibaba or fio iolog).
-    #[arg(long, default_value = "uniform")]
-    workload: workload::Spec,
+    #[command(flatten)]
+    load: LoadArgs,
     /// Pool in memory of this size (the default).
     #[arg(long, value_parser = parse_size, default_value = "1G", conflicts_with = "device")]
     memory: u64,
@@ -280,14 +288,6 @@ struct BenchArgs {
     /// Aging factor of aging-greedy.
     #[arg(long, default_value_t = 0.1)]
     aging: f64,
-    /// Percentage of requests that are reads.
-    #[arg(long, default_value_t = 0.0)]
-    read_percent: f64,
-    #[arg(long, value_parser = parse_size, default_value = "4K")]
-    block_size: u64,
-    /// Requests in flight (one thread each).
-    #[arg(long, default_value_t = 32)]
-    queue_depth: usize,
     /// Skip writing the volume once before the workload.
     #[arg(long)]
     no_precondition: bool,
@@ -331,10 +331,10 @@ struct BenchArgs {
 fn run_device_bench(a: &BenchDeviceArgs) -> Result<(), String> {
     let p = bench::device::Params {
         device: a.device.clone(),
-        workload: a.workload.clone(),
-        read_percent: a.read_percent,
-        block_bytes: a.block_size,
-        queue_depth: a.queue_depth,
+        workload: a.load.workload.clone(),
+        read_percent: a.load.read_percent,
+        block_bytes: a.load.block_size,
+        queue_depth: a.load.queue_depth,
         spare_percent: a.spare,
         segment_bytes: a.segment_size,
         page_bytes: u32::try_from(a.page_size).map_err(|_| "page size too large".to_string())?,
@@ -374,10 +374,10 @@ fn run_workload_bench(a: &BenchArgs) -> Result<(), String> {
         },
         spare_percent: a.spare,
         segment_bytes: a.segment_size,
-        workload: a.workload.clone(),
-        read_percent: a.read_percent,
-        block_bytes: a.block_size,
-        queue_depth: a.queue_depth.clamp(1, 1024),
+        workload: a.load.workload.clone(),
+        read_percent: a.load.read_percent,
+        block_bytes: a.load.block_size,
+        queue_depth: a.load.queue_depth.clamp(1, 1024),
         precondition: !a.no_precondition,
         warmup_volumes: a.warmup,
         measure_volumes: a.measure,

@@ -285,7 +285,7 @@ fn measure(label: &'static str, t: &Target, p: &Params, quiet: bool) -> Result<O
         "block_erases": last.erases - start.erases,
         "model_seconds": model_s,
         "throughput_mbps_model": mbps,
-        "throughput_mbps_model_median": median / 1.0,
+        "throughput_mbps_model_median": median,
         "device_counters": t.devices().iter().map(|d| json!({"device": d.name(), "counters": d.counters().into_iter().collect::<std::collections::BTreeMap<_, _>>()})).collect::<Vec<_>>(),
     });
     if let Target::Salsa { pool, .. } = t {
@@ -336,18 +336,18 @@ pub fn run(p: &Params, quiet: bool) -> Result<Value, String> {
         let pool = Pool::create(vec![dev], &cfg, &OpenOptions::default()).map_err(|e| format!("SALSA on the model: {e}"))?;
         let size = pool.logical_capacity_bytes() / p.block_bytes * p.block_bytes;
         let vol = pool.create_volume("bench", size, p.page_bytes).map_err(|e| e.to_string())?;
+        // A host-managed zoned drive refuses random writes: there is no raw run to compare with.
+        let zoned = pool.devices().iter().any(|d| d.zones().is_some());
         let t = Target::Salsa { pool, vol };
         let o = measure("salsa", &t, p, quiet)?;
         if let Target::Salsa { pool, vol } = t {
             drop(vol);
             pool.close().map_err(|e| e.to_string())?;
         }
-        (o, size)
+        (o, size, zoned)
     };
-    let salsa_size = salsa.1;
-    outcomes.push(salsa.0);
-    // A host-managed zoned drive refuses random writes: there is no raw run to compare with.
-    let zoned = fresh_device(p)?.zones().is_some();
+    let (salsa, salsa_size, zoned) = salsa;
+    outcomes.push(salsa);
     if p.raw && zoned && !quiet {
         eprintln!("[raw] skipped: a host-managed zoned drive takes writes only at its write pointers");
     }
@@ -374,17 +374,8 @@ pub fn run(p: &Params, quiet: bool) -> Result<Value, String> {
         }
     }
     if let Some(dir) = &p.out_dir {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let put = |name: &str, text: String| std::fs::write(dir.join(name), text).map_err(|e| format!("{}: {e}", dir.join(name).display()));
-        let series = |f: fn(&Outcome) -> &Vec<(f64, f64)>| -> Vec<plot::Series> {
-            outcomes
-                .iter()
-                .map(|o| plot::Series {
-                    name: o.label.to_string(),
-                    points: f(o).clone(),
-                })
-                .collect()
-        };
+        let put = super::report_writer(dir)?;
+        let series = |f: fn(&Outcome) -> &Vec<(f64, f64)>| super::chart_series(&outcomes, |o| o.label, f);
         let w = &p.workload;
         put(
             "throughput.svg",

@@ -474,18 +474,25 @@ fn drive(
     Ok((hw, hr))
 }
 
-fn write_report(p: &Params, dir: &std::path::Path, outcomes: &[Outcome]) -> Result<(), String> {
+/// Creates a report directory and returns the function that writes a file into it.
+fn report_writer(dir: &std::path::Path) -> Result<impl Fn(&str, String) -> Result<(), String> + '_, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let put = |name: &str, text: String| std::fs::write(dir.join(name), text).map_err(|e| format!("{}: {e}", dir.join(name).display()));
-    let series = |f: fn(&Outcome) -> &Vec<(f64, f64)>| -> Vec<plot::Series> {
-        outcomes
-            .iter()
-            .map(|o| plot::Series {
-                name: o.label.clone(),
-                points: f(o).clone(),
-            })
-            .collect()
-    };
+    Ok(move |name: &str, text: String| std::fs::write(dir.join(name), text).map_err(|e| format!("{}: {e}", dir.join(name).display())))
+}
+
+/// One chart series per run: its label and the points `points` picks from it.
+fn chart_series<T>(runs: &[T], label: impl Fn(&T) -> &str, points: impl Fn(&T) -> &Vec<(f64, f64)>) -> Vec<plot::Series> {
+    runs.iter()
+        .map(|r| plot::Series {
+            name: label(r).to_string(),
+            points: points(r).clone(),
+        })
+        .collect()
+}
+
+fn write_report(p: &Params, dir: &std::path::Path, outcomes: &[Outcome]) -> Result<(), String> {
+    let put = report_writer(dir)?;
+    let series = |f: fn(&Outcome) -> &Vec<(f64, f64)>| chart_series(outcomes, |o| &o.label, f);
     let w = &p.workload;
     put(
         "throughput.svg",

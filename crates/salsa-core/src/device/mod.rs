@@ -94,6 +94,25 @@ pub trait Device: Send + Sync {
     }
 }
 
+/// I/O of a device model that keeps its data by logical address on a backing device: checks the
+/// range, does the I/O (`io`), then lets the model account for it (`account(offset, len)`),
+/// only for I/O that happened.
+pub(crate) fn modelled_io(
+    capacity_bytes: u64,
+    offset: u64,
+    len: usize,
+    io: impl FnOnce() -> io::Result<()>,
+    account: impl FnOnce(u64, u64),
+) -> io::Result<()> {
+    check_range(capacity_bytes, offset, len)?;
+    if len == 0 {
+        return Ok(());
+    }
+    io()?;
+    account(offset, len as u64);
+    Ok(())
+}
+
 /// Checks that an access lies inside the device, with checked arithmetic.
 pub(crate) fn check_range(size: u64, offset: u64, len: usize) -> io::Result<()> {
     match offset.checked_add(len as u64) {

@@ -18,7 +18,7 @@
 //! plus its transfer at the media rate. The data is kept by logical address on a backing
 //! device, so SALSA runs on the model for real.
 
-use super::{check_range, Device, StorageType, Zoned};
+use super::{modelled_io, Device, StorageType, Zoned};
 use parking_lot::Mutex;
 use std::collections::{HashSet, VecDeque};
 use std::io;
@@ -278,22 +278,23 @@ impl Device for DriveManagedSmr {
         self.params.band_bytes
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_range(self.params.capacity_bytes, offset, buf.len())?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        self.backing.read_at(buf, offset)?;
-        self.state.lock().read(offset, buf.len() as u64);
-        Ok(())
+        let len = buf.len();
+        modelled_io(
+            self.params.capacity_bytes,
+            offset,
+            len,
+            || self.backing.read_at(buf, offset),
+            |at, n| self.state.lock().read(at, n),
+        )
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        check_range(self.params.capacity_bytes, offset, buf.len())?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        self.backing.write_at(buf, offset)?;
-        self.state.lock().write(offset, buf.len() as u64);
-        Ok(())
+        modelled_io(
+            self.params.capacity_bytes,
+            offset,
+            buf.len(),
+            || self.backing.write_at(buf, offset),
+            |at, n| self.state.lock().write(at, n),
+        )
     }
     fn sync(&self) -> io::Result<()> {
         self.backing.sync()

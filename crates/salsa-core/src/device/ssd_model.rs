@@ -22,7 +22,7 @@
 //! channel's total, i.e. the time the drive needs when the host keeps it saturated (deep
 //! queues). Host transfer time is not modelled.
 
-use super::{check_range, Device, StorageType};
+use super::{modelled_io, Device, StorageType};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
@@ -456,22 +456,23 @@ impl Device for SsdModel {
         (self.params.erase_block_bytes * self.params.channels as u64).max(8 << 20)
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_range(self.params.capacity_bytes, offset, buf.len())?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        self.backing.read_at(buf, offset)?;
-        self.ftl.lock().host_read(offset, buf.len() as u64);
-        Ok(())
+        let len = buf.len();
+        modelled_io(
+            self.params.capacity_bytes,
+            offset,
+            len,
+            || self.backing.read_at(buf, offset),
+            |at, n| self.ftl.lock().host_read(at, n),
+        )
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        check_range(self.params.capacity_bytes, offset, buf.len())?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        self.backing.write_at(buf, offset)?;
-        self.ftl.lock().host_write(offset, buf.len() as u64);
-        Ok(())
+        modelled_io(
+            self.params.capacity_bytes,
+            offset,
+            buf.len(),
+            || self.backing.write_at(buf, offset),
+            |at, n| self.ftl.lock().host_write(at, n),
+        )
     }
     fn sync(&self) -> io::Result<()> {
         self.ftl.lock().flush();
