@@ -223,3 +223,27 @@ fn device_bench_on_host_managed_smr_and_bad_specs() {
     let (ok, _, stderr) = salsa(&["bench-device", "--device", "/tmp/plain-file:64M"]);
     assert!(!ok && stderr.contains("emulated device"), "{stderr}");
 }
+
+/// Recording the device trace keeps what the device is: on a zoned drive the pool still sees
+/// the zones (it would otherwise write and read as on a flat disk, and the drive refuses that).
+#[test]
+fn device_trace_on_a_zoned_drive() {
+    let dir = scratch("zoned-trace");
+    let trace = dir.join("zoned.log");
+    let (ok, _, stderr) = salsa(&[
+        "bench",
+        "--device",
+        "zoned:size=96M,zone=1M,conv=2",
+        "--warmup",
+        "0.2",
+        "--measure",
+        "0.2",
+        "--queue-depth",
+        "2",
+        "--device-trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(std::fs::read_to_string(&trace).unwrap().lines().count() > 10);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

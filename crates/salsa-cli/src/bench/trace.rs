@@ -266,6 +266,12 @@ impl Device for RecordingDevice {
     fn alignment_bytes(&self) -> usize {
         self.inner.alignment_bytes()
     }
+    fn preferred_alignment_bytes(&self) -> u64 {
+        self.inner.preferred_alignment_bytes()
+    }
+    fn zones(&self) -> Option<&dyn salsa_core::device::Zoned> {
+        self.inner.zones()
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         let len = buf.len();
         self.timed(false, offset, len, || self.inner.read_at(buf, offset))
