@@ -97,6 +97,31 @@ pub struct Engine {
     pub read_only: bool,
     /// Recycled record and read buffers.
     pub buffers: Arc<crate::util::BufferPool>,
+    /// Victims being cleaned and the free segments promised to them (see [`Engine::gc_admit`]).
+    gc_budget: Mutex<GcBudget>,
+    gc_budget_changed: Condvar,
+}
+
+/// What the GC workers cleaning at this moment may still need.
+#[derive(Default)]
+struct GcBudget {
+    cleaning: u32,
+    promised_segments: u32,
+}
+
+/// A GC worker's permission to clean one victim; gives its promise back when dropped.
+struct GcAdmission<'a> {
+    eng: &'a Engine,
+    segments: u32,
+}
+
+impl Drop for GcAdmission<'_> {
+    fn drop(&mut self) {
+        let mut b = self.eng.gc_budget.lock();
+        b.cleaning -= 1;
+        b.promised_segments -= self.segments;
+        self.eng.gc_budget_changed.notify_all();
+    }
 }
 
 /// Allocation preference of every stream: SALSA is multi-type by design; this build places
@@ -156,6 +181,8 @@ impl Engine {
             invalidations_in_flight: AtomicU64::new(0),
             read_only,
             buffers: Arc::new(crate::util::BufferPool::new(64 << 20)),
+            gc_budget: Mutex::new(GcBudget::default()),
+            gc_budget_changed: Condvar::new(),
         }
     }
 
@@ -323,6 +350,7 @@ impl Engine {
     /// background worker) while free segments are at the reserve; they fail only when the GC
     /// can free nothing.
     pub fn allocate_segment(&self, purpose: Purpose) -> Result<u32> {
+        let mut gc_waits = 0;
         loop {
             self.check_writable()?;
             if let Some(s) = self.capacity.try_allocate(&ANY_TYPE, purpose) {
@@ -339,6 +367,13 @@ impl Engine {
                 Purpose::Gc => {
                     if self.capacity.pending_segments() > 0 {
                         self.flush()?;
+                        continue;
+                    }
+                    // Another worker's victim may be about to become free (its promise was
+                    // smaller than what it took); wait for it a bounded time.
+                    if gc_waits < 100 && self.gc_budget.lock().cleaning > 1 {
+                        gc_waits += 1;
+                        self.capacity.wait_for_free(0, Duration::from_millis(20));
                         continue;
                     }
                     return Err(Error::NoSpace("garbage collection ran out of free segments".into()));
@@ -476,6 +511,13 @@ impl Engine {
             return Ok(false);
         };
         let info = self.capacity.segment(victim);
+        let Some(_admission) = self.gc_admit(self.segments_to_clean(info.valid_grains.load(SeqCst))) else {
+            // The space left is promised to victims other workers are cleaning: let them
+            // finish (and free theirs) rather than start one that could strand both halfway.
+            info.cas_state(SegmentState::Victim, SegmentState::Allocated);
+            self.gc_wait_for_budget();
+            return Ok(true);
+        };
         if !info.records.lock().is_empty() {
             // Its last records are still on their way to the device; the GC reads the device.
             self.flush()?;
@@ -515,6 +557,35 @@ impl Engine {
         Ok(true)
     }
 
+    /// Free segments relocating `valid_grains` may take: the data and its metadata pages, plus
+    /// one for the GC stream's open segment filling up on the way.
+    fn segments_to_clean(&self, valid_grains: u32) -> u32 {
+        valid_grains.div_ceil(self.data_grains_per_segment()) + 1
+    }
+
+    /// Admits a victim needing `segments` free segments when the segments free or about to be
+    /// freed cover it and every promise to victims being cleaned. A lone worker is always
+    /// admitted (it can always finish: writers stop at the GC reserve), so the GC never
+    /// deadlocks; several workers clean in parallel only while space allows.
+    fn gc_admit(&self, segments: u32) -> Option<GcAdmission<'_>> {
+        let mut b = self.gc_budget.lock();
+        let available = self.capacity.free_segments() + self.capacity.pending_segments() as u32;
+        if b.cleaning > 0 && b.promised_segments + segments > available {
+            return None;
+        }
+        b.cleaning += 1;
+        b.promised_segments += segments;
+        Some(GcAdmission { eng: self, segments })
+    }
+
+    /// Waits a little for a cleaning worker to finish (its victim then becomes free).
+    fn gc_wait_for_budget(&self) {
+        let mut b = self.gc_budget.lock();
+        if b.cleaning > 0 {
+            self.gc_budget_changed.wait_for(&mut b, Duration::from_millis(50));
+        }
+    }
+
     /// Frees the segments the GC has emptied so far: seals the GC streams' open records, waits
     /// for every sealed record still on its way to the device, syncs. The user streams stay
     /// open (a full flush would cut their records short for nothing).
@@ -551,6 +622,12 @@ impl Engine {
         Ok(n)
     }
 
+    /// Grains of a segment that hold data: all but the header and the metadata pages.
+    pub fn data_grains_per_segment(&self) -> u32 {
+        let gps = self.geo.grains_per_segment;
+        gps - 1 - gps.div_ceil(self.geo.meta_interval_pages + 1)
+    }
+
     /// How many cleaned segments the GC lets wait for one shared sync.
     fn gc_release_batch(&self) -> u32 {
         (self.geo.total_segments / 512).clamp(2, 16)
@@ -573,15 +650,16 @@ impl Engine {
     /// Grains the pool can hold as mapped data while leaving the GC room to work: the data
     /// grains of every segment except those the watermarks, open streams and GC need.
     pub fn usable_grains(&self) -> u64 {
-        self.usable_grains_with(self.volumes.read().len() as u64)
+        let streams = self.volumes.read().values().map(|v| v.stream_count() as u64).sum();
+        self.usable_grains_for_streams(streams)
     }
 
-    /// [`Engine::usable_grains`] for a given number of volumes.
-    pub fn usable_grains_with(&self, vols: u64) -> u64 {
+    /// [`Engine::usable_grains`] when the volumes have `streams` streams in all: each stream
+    /// may hold a partly written segment whose rest no other stream can use.
+    pub fn usable_grains_for_streams(&self, streams: u64) -> u64 {
         let wm = self.capacity.watermarks;
-        let gps = self.geo.grains_per_segment as u64;
-        let data_per_segment = gps - 1 - gps.div_ceil(self.geo.meta_interval_pages as u64 + 1);
-        let reserved = wm.high as u64 + 3 * vols + 2;
+        let data_per_segment = self.data_grains_per_segment() as u64;
+        let reserved = wm.high as u64 + streams + 2;
         let segs = (self.geo.total_segments as u64).saturating_sub(reserved);
         // Keep 3% of the remaining space free so the GC never degenerates into copying full
         // segments around.

@@ -13,6 +13,7 @@ use crate::format::{
     MAX_CHECKPOINT_SEGMENTS, MAX_VOLUMES, MAX_VOLUME_NAME_BYTES, POOL_META_SLOT_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::layout::DeviceLayout;
+use crate::policy::placement::StreamLayout;
 use crate::policy::{Registry, VictimParams};
 use crate::util::AlignedBuf;
 use parking_lot::Mutex;
@@ -594,8 +595,20 @@ impl Pool {
     pub fn logical_capacity_bytes(&self) -> u64 {
         let physical = self.eng.geo.total_grains * self.eng.geo.grain_bytes as u64;
         let bytes = physical / 10_000 * (10_000 - self.spare_basis_points as u64);
-        let usable = self.eng.usable_grains_with(1) * self.eng.geo.grain_bytes as u64;
+        let usable = self.usable_bytes_for(&[self.default_placement.as_str()]).unwrap_or(0);
         bytes.min(usable) / 65536 * 65536
+    }
+
+    /// Bytes of data the pool can hold when its volumes have the given placement policies (one
+    /// entry per volume): each stream of each volume may keep a segment open, which the GC
+    /// needs on top of its reserve. Errs on an unknown placement.
+    pub fn usable_bytes_for(&self, placements: &[&str]) -> Result<u64> {
+        let mut streams = 0u64;
+        for name in placements {
+            let p = self.policies.placement(name, 1).map_err(Error::InvalidArgument)?;
+            streams += StreamLayout::of(p.as_ref()).count() as u64;
+        }
+        Ok(self.eng.usable_grains_for_streams(streams) * self.eng.geo.grain_bytes as u64)
     }
 
     /// Spare space the pool was formatted with, in percent.

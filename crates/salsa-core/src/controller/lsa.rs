@@ -449,6 +449,11 @@ impl LsaVolume {
         })
     }
 
+    /// Streams this volume writes (user and GC), each with at most one open segment.
+    pub fn stream_count(&self) -> u32 {
+        self.layout.count()
+    }
+
     // ----- I/O -----
 
     /// Refuses, before anything is written, a request that would map more new pages than the

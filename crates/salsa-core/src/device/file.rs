@@ -3,8 +3,14 @@
 //!
 //! The file is locked with `flock(LOCK_EX)` for as long as it is open, so a second process can
 //! not serve the same pool.
+//!
+//! A zoned block device (host-managed SMR, ZNS) is recognised at open and exposes its zones
+//! through [`KernelZones`]; it must be opened with `O_DIRECT`, so that writes reach the drive
+//! in the order the pool issues them.
 
-use super::{check_range, Device};
+use super::kernel_zones::KernelZones;
+use super::zone::Zoned;
+use super::{check_range, Device, StorageType};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
@@ -17,6 +23,8 @@ pub struct FileDevice {
     file: File,
     size_bytes: u64,
     direct: bool,
+    zones: Option<KernelZones>,
+    storage_type: StorageType,
 }
 
 /// How to open a file device.
@@ -76,16 +84,34 @@ impl FileDevice {
         };
         lock_exclusive(&file, &name)?;
         let meta = file.metadata()?;
-        let size_bytes = if meta.file_type().is_block_device() {
-            block_device_size(&file)?
-        } else {
-            meta.len()
-        };
+        let (mut size_bytes, mut zones, mut storage_type) = (meta.len(), None, StorageType::Flash);
+        if meta.file_type().is_block_device() {
+            use std::os::unix::fs::MetadataExt;
+            size_bytes = block_device_size(&file)?;
+            zones = KernelZones::probe(&file, &name, size_bytes)?;
+            if let Some(z) = &zones {
+                if !direct {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        format!("{name} is a zoned block device and refuses O_DIRECT; SALSA writes zones only with direct I/O"),
+                    ));
+                }
+                // A smaller last zone is left unused.
+                size_bytes = z.zone_count() as u64 * z.zone_bytes();
+                storage_type = if rotational(meta.rdev()) {
+                    StorageType::SmrSequential
+                } else {
+                    StorageType::Flash
+                };
+            }
+        }
         Ok(FileDevice {
             name,
             file,
             size_bytes,
             direct,
+            zones,
+            storage_type,
         })
     }
 
@@ -111,6 +137,18 @@ fn lock_exclusive(file: &File, name: &str) -> io::Result<()> {
     Err(err)
 }
 
+/// Whether the block device `rdev` spins, from sysfs (a partition asks its disk); a disk
+/// unless sysfs says otherwise.
+fn rotational(rdev: u64) -> bool {
+    let (major, minor) = (libc::major(rdev as libc::dev_t), libc::minor(rdev as libc::dev_t));
+    let base = format!("/sys/dev/block/{major}:{minor}");
+    [format!("{base}/queue/rotational"), format!("{base}/../queue/rotational")]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .map(|s| s.trim() != "0")
+        .unwrap_or(true)
+}
+
 fn block_device_size(file: &File) -> io::Result<u64> {
     use std::io::{Seek, SeekFrom};
     let mut f = file;
@@ -125,6 +163,12 @@ impl Device for FileDevice {
     }
     fn size_bytes(&self) -> u64 {
         self.size_bytes
+    }
+    fn storage_type(&self) -> StorageType {
+        self.storage_type
+    }
+    fn zones(&self) -> Option<&dyn Zoned> {
+        self.zones.as_ref().map(|z| z as &dyn Zoned)
     }
     fn alignment_bytes(&self) -> usize {
         if self.direct {

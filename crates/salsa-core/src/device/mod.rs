@@ -16,6 +16,7 @@
 mod crash;
 mod fault;
 pub mod file;
+pub mod kernel_zones;
 mod memory;
 mod smr_model;
 mod ssd_model;

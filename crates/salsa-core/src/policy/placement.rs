@@ -99,6 +99,11 @@ impl StreamLayout {
         }
     }
 
+    /// How many streams, of both kinds.
+    pub fn count(self) -> u32 {
+        self.users as u32 + self.gcs as u32
+    }
+
     /// Every stream, user streams first.
     pub fn kinds(self) -> impl Iterator<Item = StreamKind> {
         (0..self.users).map(StreamKind::User).chain((0..self.gcs).map(StreamKind::Gc))
