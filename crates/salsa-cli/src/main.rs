@@ -200,6 +200,10 @@ enum Command {
         segment_size: Option<u64>,
         #[arg(long, alias = "gc-policy", default_value = "aging-greedy")]
         victim: String,
+        /// SALSA goes through the kernel's page cache instead of O_DIRECT (the baseline stays
+        /// O_DIRECT); its GC then re-reads victims from memory where they are still cached.
+        #[arg(long)]
+        page_cache: bool,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -750,6 +754,7 @@ fn main() -> ExitCode {
             baseline_seconds,
             segment_size,
             victim,
+            page_cache,
             json,
         } => run_bench(
             &bench::raw::BenchParams {
@@ -763,6 +768,7 @@ fn main() -> ExitCode {
                 baseline_seconds: *baseline_seconds,
                 segment_bytes: *segment_size,
                 victim_policy: victim.clone(),
+                page_cache: *page_cache,
             },
             *json,
         ),
@@ -801,6 +807,7 @@ fn run_bench(p: &bench::raw::BenchParams, json: bool) -> Result<(), String> {
             "spare_percent": p.spare_percent,
             "queue_depth": p.queue_depth,
             "block_bytes": p.block_bytes,
+            "salsa_io": if p.page_cache { "page-cache" } else { "direct" },
             "gc_write_amplification": r.gc_write_amplification,
             "device_write_amplification": r.device_write_amplification,
             "analytic_greedy_wa": r.analytic_wa,

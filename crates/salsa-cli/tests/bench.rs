@@ -247,3 +247,47 @@ fn device_trace_on_a_zoned_drive() {
     assert!(std::fs::read_to_string(&trace).unwrap().lines().count() > 10);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `bench-raw` runs the raw O_DIRECT baseline and SALSA on the same file, in both of SALSA's
+/// I/O modes, and reports throughput, the ratio and write amplification; the scratch file is
+/// removed afterwards.
+#[test]
+fn raw_baseline_against_salsa_in_both_io_modes() {
+    let dir = scratch("raw");
+    let file = dir.join("bench.img");
+    for (flag, mode) in [(None, "direct"), (Some("--page-cache"), "page-cache")] {
+        let mut args = vec![
+            "bench-raw",
+            "--file",
+            file.to_str().unwrap(),
+            "--size",
+            "96M",
+            "--queue-depth",
+            "8",
+            "--warmup",
+            "1",
+            "--measure",
+            "1",
+            "--baseline-seconds",
+            "1",
+            "--json",
+        ];
+        args.extend(flag);
+        let (ok, out, err) = salsa(&args);
+        assert!(ok, "bench-raw {flag:?} failed: {err}");
+        let v = json_of(out.lines().last().unwrap_or(""));
+        assert_eq!(v["salsa_io"], mode);
+        let (salsa_mbps, raw_mbps) = (
+            v["salsa_mbps_median"].as_f64().unwrap(),
+            v["baseline_mbps_median"].as_f64().unwrap(),
+        );
+        assert!(salsa_mbps > 0.0 && raw_mbps > 0.0, "{v}");
+        assert!((v["throughput_ratio"].as_f64().unwrap() - salsa_mbps / raw_mbps).abs() < 1e-9);
+        // Random overwrites at 20% spare: the GC ran, and WA is near the analytic 2.69.
+        let wa = v["gc_write_amplification"].as_f64().unwrap();
+        assert!(wa > 1.5 && wa < 4.0, "WA {wa}");
+        assert!(!file.exists(), "the scratch file is left behind");
+    }
+    let (ok, _, err) = salsa(&["bench-raw", "--file", file.to_str().unwrap(), "--block-size", "1000"]);
+    assert!(!ok && err.contains("multiple of 4 KiB"), "{err}");
+}
