@@ -622,10 +622,10 @@ impl Engine {
         Ok(n)
     }
 
-    /// Grains of a segment that hold data: all but the header and the metadata pages.
+    /// Grains of a segment that hold data: all but the metadata pages.
     pub fn data_grains_per_segment(&self) -> u32 {
         let gps = self.geo.grains_per_segment;
-        gps - 1 - gps.div_ceil(self.geo.meta_interval_pages + 1)
+        gps - gps.div_ceil(self.geo.meta_interval_pages + 1)
     }
 
     /// How many cleaned segments the GC lets wait for one shared sync.

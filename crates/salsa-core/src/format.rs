@@ -8,7 +8,7 @@ use crate::layout::DeviceLayout;
 use crate::util::{Decoder, Encoder, Truncated};
 
 /// Format version written by this build; newer versions are refused.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// Longest policy name stored on disk.
 pub const MAX_POLICY_NAME_BYTES: usize = 32;
 /// Size of the superblock at offset 0 of every device.
@@ -29,7 +29,6 @@ pub const MAX_CHECKPOINT_SEGMENTS: usize = 16 << 10;
 
 const SUPERBLOCK_MAGIC: &[u8; 8] = b"SALSASB1";
 const POOL_META_MAGIC: &[u8; 8] = b"SALSAPM1";
-const SEGMENT_MAGIC: &[u8; 8] = b"SALSASG1";
 const RECORD_MAGIC: &[u8; 8] = b"SALSARC1";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"SALSACP1";
 
@@ -409,7 +408,8 @@ impl StreamKind {
     }
 }
 
-/// Grain 0 of every segment in use.
+/// The identity of a segment in use, as every metadata page in it repeats it (there is no
+/// header grain: the first record's metadata page starts the segment).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentHeader {
     pub pool_id: u128,
@@ -423,33 +423,6 @@ pub struct SegmentHeader {
     pub opened_seq: u64,
 }
 
-impl SegmentHeader {
-    pub fn encode_into(&self, block: &mut [u8]) {
-        let mut e = Encoder::default();
-        e.raw(SEGMENT_MAGIC)
-            .u32(FORMAT_VERSION)
-            .u128(self.pool_id)
-            .u32(self.segment)
-            .u64(self.incarnation)
-            .u32(self.volume_id)
-            .u8(self.stream.to_u8())
-            .u64(self.opened_seq);
-        seal_block(&e.bytes, block);
-    }
-
-    pub fn decode(block: &[u8]) -> Result<SegmentHeader, FormatError> {
-        let mut d = open_block(block, SEGMENT_MAGIC)?;
-        Ok(SegmentHeader {
-            pool_id: d.u128("pool id")?,
-            segment: d.u32("segment")?,
-            incarnation: d.u64("incarnation")?,
-            volume_id: d.u32("volume id")?,
-            stream: StreamKind::from_u8(d.u8("stream")?).ok_or_else(|| FormatError::Invalid("stream kind".into()))?,
-            opened_seq: d.u64("opened seq")?,
-        })
-    }
-}
-
 /// One entry of a metadata page: a data page written in this record, or a trimmed range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetaEntry {
@@ -459,12 +432,20 @@ pub enum MetaEntry {
     Trim { page: u64, count: u64, seq: u64 },
 }
 
-const ENTRY_BYTES: usize = 32;
-const RECORD_HEADER_BYTES: usize = 8 + 4 + 16 + 4 + 8 + 8 + 8 + 4 + 4 + 4 + 4;
+/// An entry is `page u32, crc-or-count u32, seq u64`; which entries are trims is a bitmap in
+/// front of them (one bit per entry), so data and trim entries take one slot each.
+const ENTRY_BYTES: usize = 16;
+const RECORD_HEADER_BYTES: usize = 8 + 4 + 16 + 4 + 8 + 4 + 1 + 8 + 8 + 8 + 4 + 4 + 4 + 4;
 
-/// How many entries fit one metadata page of `grain_bytes`.
+/// How many entries (and their kind bits) fit one metadata page of `grain_bytes`.
 pub fn meta_entries_per_page(grain_bytes: usize) -> usize {
-    (grain_bytes - RECORD_HEADER_BYTES - 4) / ENTRY_BYTES
+    let room = grain_bytes.saturating_sub(RECORD_HEADER_BYTES + 4);
+    let fits = |n: usize| n * ENTRY_BYTES + n.div_ceil(8) <= room;
+    let mut n = room * 8 / (ENTRY_BYTES * 8 + 1);
+    while n > 0 && !fits(n) {
+        n -= 1;
+    }
+    n
 }
 
 /// The metadata page at the head of every record: a record is this page followed by the data
@@ -474,6 +455,10 @@ pub struct RecordMeta {
     pub pool_id: u128,
     pub segment: u32,
     pub incarnation: u64,
+    /// The segment's owner, stream and age (the same in every record of one incarnation).
+    pub volume_id: u32,
+    pub stream: StreamKind,
+    pub opened_seq: u64,
     /// Global, increasing with creation order.
     pub record_id: u64,
     /// Every record with an id up to this one was durable when this record was written.
@@ -486,6 +471,18 @@ pub struct RecordMeta {
 }
 
 impl RecordMeta {
+    /// The identity of the segment this record is in.
+    pub fn segment_header(&self) -> SegmentHeader {
+        SegmentHeader {
+            pool_id: self.pool_id,
+            segment: self.segment,
+            incarnation: self.incarnation,
+            volume_id: self.volume_id,
+            stream: self.stream,
+            opened_seq: self.opened_seq,
+        }
+    }
+
     /// Number of data pages the record carries.
     pub fn data_pages(&self) -> usize {
         self.entries.iter().filter(|e| matches!(e, MetaEntry::Data { .. })).count()
@@ -498,19 +495,34 @@ impl RecordMeta {
             .u128(self.pool_id)
             .u32(self.segment)
             .u64(self.incarnation)
+            .u32(self.volume_id)
+            .u8(self.stream.to_u8())
+            .u64(self.opened_seq)
             .u64(self.record_id)
             .u64(self.synced_through)
             .u32(self.start_grain)
             .u32(self.page_grains)
             .u32(self.data_pages() as u32)
             .u32(self.entries.len() as u32);
+        let mut trims = vec![0u8; self.entries.len().div_ceil(8)];
+        for (i, entry) in self.entries.iter().enumerate() {
+            if matches!(entry, MetaEntry::Trim { .. }) {
+                trims[i / 8] |= 1 << (i % 8);
+            }
+        }
+        e.raw(&trims);
+        // Pages and trim lengths fit 32 bits: a volume has at most 2^32 pages
+        // (`MAX_VOLUME_PAGES`, checked when it is created or resized), and a trim covers 1 to
+        // 2^32 pages, stored less one.
+        let narrow = |v: u64, what: &str| u32::try_from(v).unwrap_or_else(|_| panic!("{what} {v} exceeds 32 bits"));
         for entry in &self.entries {
             match *entry {
                 MetaEntry::Data { page, seq, crc } => {
-                    e.u32(0).u32(crc).u64(page).u64(seq).u64(1);
+                    e.u32(narrow(page, "page")).u32(crc).u64(seq);
                 }
                 MetaEntry::Trim { page, count, seq } => {
-                    e.u32(1).u32(0).u64(page).u64(seq).u64(count);
+                    assert!(count >= 1, "empty trim entry");
+                    e.u32(narrow(page, "trim start")).u32(narrow(count - 1, "trim length")).u64(seq);
                 }
             }
         }
@@ -522,6 +534,9 @@ impl RecordMeta {
         let pool_id = d.u128("pool id")?;
         let segment = d.u32("segment")?;
         let incarnation = d.u64("incarnation")?;
+        let volume_id = d.u32("volume id")?;
+        let stream = StreamKind::from_u8(d.u8("stream")?).ok_or_else(|| FormatError::Invalid("stream kind".into()))?;
+        let opened_seq = d.u64("opened seq")?;
         let record_id = d.u64("record id")?;
         let synced_through = d.u64("synced through")?;
         let start_grain = d.u32("start grain")?;
@@ -531,23 +546,33 @@ impl RecordMeta {
         if count > meta_entries_per_page(block.len()) || page_grains == 0 {
             return Err(FormatError::Invalid("entry count".into()));
         }
+        let trims = d.take(count.div_ceil(8), "trim bitmap")?.to_vec();
         let mut entries = Vec::with_capacity(count);
-        for _ in 0..count {
-            let kind = d.u32("entry kind")?;
-            let crc = d.u32("entry crc")?;
-            let page = d.u64("entry page")?;
+        for i in 0..count {
+            let page = d.u32("entry page")? as u64;
+            let crc_or_count = d.u32("entry crc")?;
             let seq = d.u64("entry seq")?;
-            let n = d.u64("entry count")?;
-            entries.push(match kind {
-                0 => MetaEntry::Data { page, seq, crc },
-                1 => MetaEntry::Trim { page, count: n, seq },
-                _ => return Err(FormatError::Invalid("entry kind".into())),
+            entries.push(if trims[i / 8] & (1 << (i % 8)) != 0 {
+                MetaEntry::Trim {
+                    page,
+                    count: crc_or_count as u64 + 1,
+                    seq,
+                }
+            } else {
+                MetaEntry::Data {
+                    page,
+                    seq,
+                    crc: crc_or_count,
+                }
             });
         }
         let meta = RecordMeta {
             pool_id,
             segment,
             incarnation,
+            volume_id,
+            stream,
+            opened_seq,
             record_id,
             synced_through,
             start_grain,
@@ -608,6 +633,9 @@ mod tests {
             pool_id: 7,
             segment: 3,
             incarnation: 11,
+            volume_id: 4,
+            stream: StreamKind::Gc(2),
+            opened_seq: 99,
             record_id: 12,
             synced_through: 10,
             start_grain: 1,
@@ -630,6 +658,53 @@ mod tests {
         assert_eq!(RecordMeta::decode(&block).unwrap(), meta);
         block[100] ^= 1;
         assert_eq!(RecordMeta::decode(&block), Err(FormatError::BadChecksum));
+    }
+
+    #[test]
+    fn a_full_metadata_page_of_mixed_entries_round_trips_at_the_limits() {
+        let n = meta_entries_per_page(4096);
+        assert_eq!(n, 248, "16-byte entries and a kind bit each in a 4 KiB page");
+        let entries = (0..n as u64)
+            .map(|i| {
+                if i % 7 == 3 {
+                    MetaEntry::Trim {
+                        page: if i == 3 { 0 } else { u32::MAX as u64 - i },
+                        count: if i == 3 { 1 << 32 } else { i + 1 },
+                        seq: u64::MAX - i,
+                    }
+                } else {
+                    MetaEntry::Data {
+                        page: u32::MAX as u64 - i,
+                        seq: (7 << 40) + i,
+                        crc: i as u32 ^ 0xa5a5_a5a5,
+                    }
+                }
+            })
+            .collect();
+        let meta = RecordMeta {
+            pool_id: u128::MAX,
+            segment: 9,
+            incarnation: 1,
+            volume_id: u32::MAX,
+            stream: StreamKind::User(15),
+            opened_seq: u64::MAX,
+            record_id: 2,
+            synced_through: 1,
+            start_grain: 1,
+            page_grains: 1,
+            entries,
+        };
+        let mut block = vec![0u8; 4096];
+        meta.encode_into(&mut block);
+        assert_eq!(RecordMeta::decode(&block).unwrap(), meta);
+        // Flipping a trim bit (and fixing the checksum) changes the entry's meaning, never
+        // panics, and keeps the data page count honest.
+        let bit_at = RECORD_HEADER_BYTES;
+        block[bit_at] ^= 1;
+        let n = block.len();
+        let c = crc(&block[..n - 4]);
+        block[n - 4..].copy_from_slice(&c.to_le_bytes());
+        assert!(matches!(RecordMeta::decode(&block), Err(FormatError::Invalid(_))));
     }
 
     #[test]
@@ -667,14 +742,13 @@ mod tests {
             rng.fill(&mut block[..]);
             // Valid magic, version and crc, so the decoders get past the envelope into the body.
             block[8..12].copy_from_slice(&1u32.to_le_bytes());
-            for magic in [RECORD_MAGIC, SUPERBLOCK_MAGIC, POOL_META_MAGIC, SEGMENT_MAGIC] {
+            for magic in [RECORD_MAGIC, SUPERBLOCK_MAGIC, POOL_META_MAGIC] {
                 block[..8].copy_from_slice(magic);
                 let c = crc(&block[..4092]);
                 block[4092..].copy_from_slice(&c.to_le_bytes());
                 let _ = RecordMeta::decode(&block);
                 let _ = Superblock::decode(&block);
                 let _ = PoolMeta::decode(&block);
-                let _ = SegmentHeader::decode(&block);
             }
         }
     }

@@ -1,14 +1,15 @@
 //! Reading a segment's record chain back from the device. Used by the GC (to find what a victim
 //! holds, with the sequence numbers to carry over) and by crash recovery.
 //!
-//! A chain starts with the segment header at grain 0 and the first record at grain 1; each
-//! record's metadata page says how many data pages follow, and the next record starts right
-//! after them. The walk stops at the first page that is not a valid metadata page of this
+//! A chain starts with the first record at grain 0, whose metadata page also names the
+//! segment's incarnation, owner, stream and age; each record's metadata page says how many data
+//! pages follow, and the next record starts right after them. The walk stops at the first page that is not a valid metadata page of this
 //! segment's current incarnation: left-overs of an earlier use of the segment, or a torn write.
 
 use crate::array::Array;
 use crate::error::Result;
 use crate::format::{RecordMeta, SegmentHeader};
+
 use crate::util::{AlignedBuf, BufferPool};
 
 /// Most bytes read from a segment at once.
@@ -47,16 +48,18 @@ pub fn walk_segment(
         len: 0,
         grains: window_grains,
     };
-    // The header alone first: most segments of a young pool were never written.
+    // The first metadata page alone first: most segments of a young pool were never written.
     array.read(base, &mut w.buf[..gb])?;
-    let header = match SegmentHeader::decode(&w.buf[..gb]) {
-        Ok(h) if h.pool_id == geo.pool_id && h.segment == segment => h,
+    let header = match RecordMeta::decode(&w.buf[..gb]) {
+        Ok(m) if m.pool_id == geo.pool_id && m.segment == segment && m.start_grain == 0 => m.segment_header(),
         _ => {
             buffers.put(w.buf);
             return Ok(None);
         }
     };
-    let mut pos = 1usize;
+    w.start = 0;
+    w.len = 1;
+    let mut pos = 0usize;
     let mut last_record = 0u64;
     while w.ensure(array, base, gps, gb, pos, 1)? {
         let off = (pos - w.start) * gb;

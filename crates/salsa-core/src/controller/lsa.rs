@@ -13,7 +13,7 @@ use super::record::{OpenRecord, RecordBuf, SealedRecord};
 use crate::capacity::Purpose;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::format::{MetaEntry, RecordMeta, SegmentHeader, StreamKind, VolumeRecord};
+use crate::format::{MetaEntry, RecordMeta, StreamKind, VolumeRecord};
 use crate::policy::placement::{Placement, Relocation, SegmentView, StreamLayout, UserWrite};
 use crate::scan::walk_segment;
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
@@ -25,6 +25,8 @@ const STRIPES: usize = 256;
 struct OpenSegment {
     segment: u32,
     incarnation: u64,
+    /// Data sequence number when the segment was opened; every record of it repeats it.
+    opened_seq: u64,
     /// Next grain to be used in the segment.
     next_grain: u32,
 }
@@ -187,9 +189,7 @@ impl LsaVolume {
         }
         let Some(os) = st.seg.as_mut() else { return Prep::NeedSegment };
         let gps = eng.geo.grains_per_segment;
-        let header = os.next_grain == 0;
-        let meta_slot = if header { 1 } else { 0 };
-        let data_grains = gps.saturating_sub(os.next_grain + meta_slot + 1);
+        let data_grains = gps.saturating_sub(os.next_grain + 1);
         let pages = (data_grains / self.page_grains).min(eng.geo.meta_interval_pages);
         if pages == 0 {
             let s = os.segment;
@@ -201,7 +201,7 @@ impl LsaVolume {
         if os.incarnation == 0 {
             os.incarnation = record_id;
         }
-        let total_grains = meta_slot + 1 + pages * self.page_grains;
+        let total_grains = 1 + pages * self.page_grains;
         let first_grain = os.segment as u64 * gps as u64 + os.next_grain as u64;
         let buf = Arc::new(RecordBuf {
             record_id,
@@ -220,25 +220,19 @@ impl LsaVolume {
         eng.capacity.segment(os.segment).records.lock().push(buf.clone());
         st.rec = Some(OpenRecord {
             buf,
-            header: header.then(|| SegmentHeader {
+            meta: RecordMeta {
                 pool_id: eng.pool_id,
                 segment: os.segment,
                 incarnation: os.incarnation,
                 volume_id: self.id,
                 stream: st.kind,
-                opened_seq: eng.now_seq(),
-            }),
-            meta: RecordMeta {
-                pool_id: eng.pool_id,
-                segment: os.segment,
-                incarnation: os.incarnation,
+                opened_seq: os.opened_seq,
                 record_id,
                 synced_through: 0,
-                start_grain: os.next_grain + meta_slot,
+                start_grain: os.next_grain,
                 page_grains: self.page_grains,
                 entries: Vec::new(),
             },
-            meta_slot: meta_slot as usize,
             data_grains: 0,
             pages_left: pages,
             entries_left: eng.geo.meta_entries,
@@ -248,7 +242,7 @@ impl LsaVolume {
     }
 
     /// Under the stream lock: closes the open record. An empty one is dropped; otherwise its
-    /// metadata page (and the segment header) are encoded and it is returned for writing.
+    /// metadata page is encoded into its first grain and it is returned for writing.
     fn seal_record(&self, eng: &Engine, st: &mut Stream) -> Option<SealedRecord> {
         let mut rec = st.rec.take()?;
         let seg_info = eng.capacity.segment(rec.buf.segment);
@@ -261,18 +255,12 @@ impl LsaVolume {
         rec.meta.synced_through = eng.tracker.synced_through();
         {
             let mut b = rec.buf.bytes.write();
-            if let Some(h) = &rec.header {
-                h.encode_into(&mut b[..gb]);
-            }
-            let at = rec.meta_slot * gb;
-            rec.meta.encode_into(&mut b[at..at + gb]);
+            rec.meta.encode_into(&mut b[..gb]);
         }
         let used = rec.used_grains();
         rec.buf.span_grains.store(used, SeqCst);
         eng.tracker.mark_sealed(rec.buf.record_id);
-        eng.counters
-            .meta_bytes_written
-            .fetch_add((rec.meta_slot + 1) as u64 * gb as u64, SeqCst);
+        eng.counters.meta_bytes_written.fetch_add(gb as u64, SeqCst);
         let gps = eng.geo.grains_per_segment;
         let os = st.seg.as_mut().expect("open record without open segment");
         os.next_grain += used;
@@ -349,7 +337,7 @@ impl LsaVolume {
                     let at = match page {
                         Some(data) => {
                             let gb = eng.geo.grain_bytes as usize;
-                            let slot = rec.meta_slot + 1 + rec.data_grains as usize;
+                            let slot = 1 + rec.data_grains as usize;
                             rec.buf.bytes.write()[slot * gb..slot * gb + data.len()].copy_from_slice(data);
                             rec.data_grains += self.page_grains;
                             let grain = rec.buf.first_grain + slot as u64;
@@ -388,10 +376,12 @@ impl LsaVolume {
                         let info = eng.capacity.segment(s);
                         info.owner_volume.store(self.id, SeqCst);
                         info.stream.store(st.kind.to_u8(), SeqCst);
-                        info.opened_seq.store(eng.now_seq(), SeqCst);
+                        let opened_seq = eng.now_seq();
+                        info.opened_seq.store(opened_seq, SeqCst);
                         st.seg = Some(OpenSegment {
                             segment: s,
                             incarnation: 0,
+                            opened_seq,
                             next_grain: 0,
                         });
                     } else {

@@ -1,9 +1,9 @@
 //! Records: the unit of every device write. A record is one metadata page followed by the data
-//! pages it describes (and, for the first record of a segment, preceded by the segment header).
+//! pages it describes; the first record of a segment starts at its grain 0.
 //! While a record is open its bytes live in a [`RecordBuf`] that readers can copy from; it is
 //! written to the device in one sequential write when full or on flush.
 
-use crate::format::{MetaEntry, RecordMeta, SegmentHeader};
+use crate::format::{MetaEntry, RecordMeta};
 use crate::util::{AlignedBuf, BufferPool};
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
@@ -49,10 +49,8 @@ impl RecordBuf {
 /// A record being filled by a stream (owned by the stream under its lock).
 pub struct OpenRecord {
     pub buf: Arc<RecordBuf>,
-    pub header: Option<SegmentHeader>,
+    /// Its metadata page, grain 0 of the buffer.
     pub meta: RecordMeta,
-    /// Grain index (in the buffer) of the metadata page.
-    pub meta_slot: usize,
     /// Data grains placed so far.
     pub data_grains: u32,
     /// Data pages this record may still take.
@@ -75,9 +73,9 @@ impl OpenRecord {
         }
         self.meta.entries.push(e);
     }
-    /// Grains the record occupies on the device (header, meta page and data).
+    /// Grains the record occupies on the device (metadata page and data).
     pub fn used_grains(&self) -> u32 {
-        self.meta_slot as u32 + 1 + self.data_grains
+        1 + self.data_grains
     }
 }
 
