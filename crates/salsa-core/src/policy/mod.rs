@@ -85,7 +85,7 @@ impl Registry {
         r.add_placement("user-gc", "one user stream, one GC stream", |_| Box::new(placement::UserGc));
         r.add_placement(
             "heatlog",
-            "SALSA heat logs: 12 user + 12 GC classes by smoothed update interval",
+            "SALSA heat logs: 6 user + 6 GC classes by smoothed update interval",
             |pages| Box::new(heatlog::HeatLog::new(pages)),
         );
         r.add_placement("sepbit", "SepBIT (FAST'22): 6 classes by inferred invalidation time", |pages| {
