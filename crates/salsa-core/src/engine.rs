@@ -17,8 +17,8 @@
 
 use crate::array::Array;
 use crate::capacity::{Capacity, Purpose, SegmentState};
-use crate::controller::lsa::LsaVolume;
 use crate::controller::record::SealedRecord;
+use crate::controller::Controller;
 use crate::device::StorageType;
 use crate::durability::{Tracker, EPOCH_SHIFT};
 use crate::error::{Error, Result};
@@ -72,7 +72,8 @@ pub struct Engine {
     pub tracker: Tracker,
     /// crc32c of the page that starts at each grain (the in-memory half of the back-pointers).
     pub crc_table: Box<[AtomicU32]>,
-    pub volumes: RwLock<BTreeMap<u32, Arc<LsaVolume>>>,
+    /// Every volume, by id, as the core sees it: a controller.
+    pub volumes: RwLock<BTreeMap<u32, Arc<dyn Controller>>>,
     seq: AtomicU64,
     epoch_lock: Mutex<()>,
     poison: Mutex<Option<String>>,
@@ -295,7 +296,7 @@ impl Engine {
         }
     }
 
-    fn volumes_snapshot(&self) -> Vec<Arc<LsaVolume>> {
+    fn volumes_snapshot(&self) -> Vec<Arc<dyn Controller>> {
         self.volumes.read().values().cloned().collect()
     }
 

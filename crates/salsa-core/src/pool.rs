@@ -5,6 +5,7 @@ use crate::array::{Array, Member};
 use crate::capacity::{Capacity, Purpose, SegmentState};
 use crate::controller::lsa::LsaVolume;
 use crate::controller::map::{Encoding, PageMap};
+use crate::controller::Controller;
 use crate::device::Device;
 use crate::engine::{Engine, Geometry};
 use crate::error::{Error, Result};
@@ -137,18 +138,8 @@ pub struct Stats {
     pub device_counters: Vec<(String, String, u64)>,
 }
 
-/// Per-volume statistics.
-#[derive(Debug, Clone)]
-pub struct VolumeStats {
-    pub name: String,
-    pub size_bytes: u64,
-    pub page_bytes: u32,
-    pub mapped_bytes: u64,
-    pub map_memory_bytes: u64,
-    pub placement: String,
-    /// Memory the placement policy holds (per-page history and the like).
-    pub placement_memory_bytes: u64,
-}
+/// A volume's statistics, as its controller reports them.
+pub type VolumeStats = crate::controller::ControllerStats;
 
 fn default_segment_bytes(total_bytes: u64) -> u64 {
     let target = (total_bytes / 1024).max(1 << 20);
@@ -678,12 +669,12 @@ impl Pool {
 
     /// A handle on a volume.
     pub fn volume(&self, name: &str) -> Result<Volume> {
-        let vols = self.eng.volumes.read();
-        let vol = vols
-            .values()
-            .find(|v| v.name == name)
-            .cloned()
-            .ok_or_else(|| Error::VolumeNotFound(name.into()))?;
+        let found = self.eng.volumes.read().values().find(|v| v.name() == name).cloned();
+        let vol = found
+            .ok_or_else(|| Error::VolumeNotFound(name.into()))?
+            .into_any()
+            .downcast::<LsaVolume>()
+            .map_err(|_| Error::InvalidArgument(format!("volume {name:?} is not a page-mapped (LSA) volume")))?;
         Ok(Volume {
             eng: self.eng.clone(),
             vol,
@@ -692,7 +683,7 @@ impl Pool {
 
     /// Names of all volumes.
     pub fn volume_names(&self) -> Vec<String> {
-        self.eng.volumes.read().values().map(|v| v.name.clone()).collect()
+        self.eng.volumes.read().values().map(|v| v.name().to_string()).collect()
     }
 
     /// Grows a volume.
@@ -760,21 +751,7 @@ impl Pool {
         let gc = c.gc_bytes_relocated.load(SeqCst);
         let dev = c.device_bytes_written.load(SeqCst);
         let ratio = |a: u64| if user == 0 { 0.0 } else { a as f64 / user as f64 };
-        let vols: Vec<VolumeStats> = self
-            .eng
-            .volumes
-            .read()
-            .values()
-            .map(|v| VolumeStats {
-                name: v.name.clone(),
-                size_bytes: v.size_bytes(),
-                page_bytes: v.page_bytes,
-                mapped_bytes: v.mapped_pages.load(SeqCst) * v.page_bytes as u64,
-                map_memory_bytes: v.map_memory_bytes(),
-                placement: v.placement_name.clone(),
-                placement_memory_bytes: v.placement_memory_bytes(),
-            })
-            .collect();
+        let vols: Vec<VolumeStats> = self.eng.volumes.read().values().map(|v| v.stats()).collect();
         let mut device_counters = Vec::new();
         for m in self.eng.array.members() {
             for (k, v) in m.device.counters() {

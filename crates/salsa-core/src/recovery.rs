@@ -8,13 +8,12 @@
 //! states are derived from the maps alone.
 
 use crate::capacity::SegmentState;
-use crate::controller::map::Entry;
+use crate::controller::{Reference, ScannedRecord};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::{decode_checkpoint_header, CheckpointRef, MetaEntry, RecordMeta, SegmentHeader, StreamKind};
 use crate::scan::walk_segment;
 use crate::util::{AlignedBuf, Decoder};
-use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
 
 /// What one scan thread found: records, and the headers of segments in use.
@@ -92,62 +91,27 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
     found.sort_unstable_by_key(|f| f.meta.record_id);
     let durable_through = found.iter().map(|f| f.meta.synced_through).max().unwrap_or(0);
     let volumes = eng.volumes.read().clone();
-    let mut best: HashMap<u32, Vec<u64>> = volumes.iter().map(|(id, v)| (*id, vec![0u64; v.pages() as usize])).collect();
-    // Pages for which some data record exists: a winning trim of any other page needs no
-    // tombstone (nothing could resurrect), and keeping one would pin its segment.
-    let mut has_data: HashMap<u32, Vec<bool>> = volumes.iter().map(|(id, v)| (*id, vec![false; v.pages() as usize])).collect();
-    let gps = eng.geo.grains_per_segment as u64;
+    for v in volumes.values() {
+        v.begin_replay();
+    }
     for f in &found {
         if f.header.stream == StreamKind::Checkpoint {
             continue;
         }
-        let (Some(vol), Some(best), Some(has_data)) = (
-            volumes.get(&f.header.volume_id),
-            best.get_mut(&f.header.volume_id),
-            has_data.get_mut(&f.header.volume_id),
-        ) else {
-            continue;
-        };
-        if f.meta.page_grains != vol.page_grains {
-            continue;
-        }
-        let map = vol.map();
-        let trusted = f.meta.record_id <= durable_through;
-        let mut slot = 0usize;
-        for e in &f.meta.entries {
-            match *e {
-                MetaEntry::Data { page, seq, crc } => {
-                    let grain = f.segment as u64 * gps + f.meta.start_grain as u64 + 1 + slot as u64 * vol.page_grains as u64;
-                    let ok = trusted || f.intact[slot];
-                    slot += 1;
-                    if page < map.pages() {
-                        has_data[page as usize] = true;
-                    }
-                    if ok && page < map.pages() && seq >= best[page as usize] {
-                        best[page as usize] = seq;
-                        map.store(page, Entry::Mapped(grain));
-                        eng.crc_table[grain as usize].store(crc, SeqCst);
-                    }
-                }
-                MetaEntry::Trim { page, count, seq } => {
-                    let end = page.saturating_add(count).min(map.pages());
-                    for p in page..end {
-                        if seq >= best[p as usize] {
-                            best[p as usize] = seq;
-                            map.store(p, Entry::Trimmed(f.segment));
-                        }
-                    }
-                }
-            }
+        if let Some(vol) = volumes.get(&f.header.volume_id) {
+            vol.replay(
+                eng,
+                &ScannedRecord {
+                    segment: f.segment,
+                    meta: &f.meta,
+                    intact: &f.intact,
+                    trusted: f.meta.record_id <= durable_through,
+                },
+            );
         }
     }
-    for (id, vol) in &volumes {
-        let map = vol.map();
-        for (p, seen) in has_data[id].iter().enumerate() {
-            if !seen && matches!(map.load(p as u64), Entry::Trimmed(_)) {
-                map.store(p as u64, Entry::Unmapped);
-            }
-        }
+    for v in volumes.values() {
+        v.end_replay();
     }
     let opened: Vec<u64> = headers.iter().map(|h| h.as_ref().map_or(0, |h| h.opened_seq)).collect();
     derive_segment_state(eng, &opened)?;
@@ -179,25 +143,26 @@ pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
     };
     let mut mapped_total = 0u64;
     for (id, vol) in eng.volumes.read().iter() {
-        let map = vol.map();
-        let mut mapped = 0;
-        for p in 0..map.pages() {
-            match map.load(p) {
-                Entry::Unmapped => {}
-                Entry::Mapped(g) => {
-                    let s = (g / gps as u64) as usize;
-                    claim(s, *id)?;
-                    valid[s] += vol.page_grains as u64;
-                    mapped += 1;
+        mapped_total += vol.account(eng, &mut |r| match r {
+            Reference::Data { segment, grains } => {
+                let s = segment as usize;
+                if s >= n {
+                    return Err(Error::Corrupt(format!("volume {id} maps into segment {s} of {n}")));
                 }
-                Entry::Trimmed(s) => {
-                    claim(s as usize, *id)?;
-                    tombs[s as usize] += 1;
-                }
+                claim(s, *id)?;
+                valid[s] += grains as u64;
+                Ok(())
             }
-        }
-        vol.mapped_pages.store(mapped, SeqCst);
-        mapped_total += mapped * vol.page_grains as u64;
+            Reference::Tombstone { segment } => {
+                let s = segment as usize;
+                if s >= n {
+                    return Err(Error::Corrupt(format!("volume {id} keeps a trim in segment {s} of {n}")));
+                }
+                claim(s, *id)?;
+                tombs[s] += 1;
+                Ok(())
+            }
+        })?;
     }
     for s in 0..n {
         if valid[s] > gps as u64 || tombs[s] > u32::MAX as u64 {
@@ -224,7 +189,7 @@ pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
 /// Size of the image [`encode_checkpoint`] would produce now.
 pub fn checkpoint_bytes(eng: &Engine) -> usize {
     let header = crate::format::encode_checkpoint_header(eng.pool_id, 0, 0, 0).len() + 4;
-    let maps: u64 = eng.volumes.read().values().map(|v| 4 + 8 + 1 + v.map().memory_bytes()).sum();
+    let maps: u64 = eng.volumes.read().values().map(|v| 4 + v.image_bytes()).sum();
     header + maps as usize + eng.crc_table.len() * 4 + eng.geo.total_segments as usize * 8
 }
 
@@ -234,11 +199,8 @@ pub fn encode_checkpoint(eng: &Engine, session_id: u64) -> Vec<u8> {
     let vols = eng.volumes.read();
     out.extend_from_slice(&(vols.len() as u32).to_le_bytes());
     for (id, v) in vols.iter() {
-        let map = v.map();
         out.extend_from_slice(&id.to_le_bytes());
-        out.extend_from_slice(&map.pages().to_le_bytes());
-        out.push(map.entry_bytes() as u8);
-        map.encode_into(&mut out);
+        v.encode_image(&mut out);
     }
     for c in eng.crc_table.iter() {
         out.extend_from_slice(&c.load(SeqCst).to_le_bytes());
@@ -285,24 +247,8 @@ pub fn load_checkpoint(eng: &Engine, cp: &CheckpointRef, session_id: u64) -> Res
     }
     for _ in 0..count {
         let id = d.u32("volume id").map_err(|_| bad("truncated"))?;
-        let pages = d.u64("pages").map_err(|_| bad("truncated"))?;
-        let width = d.u8("width").map_err(|_| bad("truncated"))? as u64;
         let vol = vols.get(&id).ok_or_else(|| bad("unknown volume"))?;
-        let map = vol.map();
-        if pages != map.pages() || width != map.entry_bytes() {
-            return Err(bad("map size differs from the volume table"));
-        }
-        let raw = d.take((pages * width) as usize, "map").map_err(|_| bad("truncated map"))?;
-        let max = map.encoding.max_value();
-        for (p, chunk) in raw.chunks_exact(width as usize).enumerate() {
-            let mut v = [0u8; 8];
-            v[..width as usize].copy_from_slice(chunk);
-            let v = u64::from_le_bytes(v);
-            if v > max {
-                return Err(bad("map entry out of range"));
-            }
-            map.store(p as u64, map.encoding.decode(v));
-        }
+        vol.load_image(&mut d)?;
     }
     for c in eng.crc_table.iter() {
         c.store(d.u32("crc").map_err(|_| bad("truncated crc table"))?, SeqCst);
@@ -317,9 +263,6 @@ pub fn load_checkpoint(eng: &Engine, cp: &CheckpointRef, session_id: u64) -> Res
 /// Clears every map (before falling back from a bad checkpoint to a scan).
 pub fn clear_maps(eng: &Engine) {
     for v in eng.volumes.read().values() {
-        let map = v.map();
-        for p in 0..map.pages() {
-            map.store(p, Entry::Unmapped);
-        }
+        v.clear();
     }
 }

@@ -10,12 +10,14 @@
 
 use super::map::{Entry, PageMap};
 use super::record::{OpenRecord, RecordBuf, SealedRecord};
+use super::{Controller, ControllerStats, Reference, ScannedRecord};
 use crate::capacity::Purpose;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::{MetaEntry, RecordMeta, StreamKind, VolumeRecord};
 use crate::policy::placement::{Placement, Relocation, SegmentView, StreamLayout, UserWrite};
 use crate::scan::walk_segment;
+use crate::util::Decoder;
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -86,6 +88,15 @@ pub struct LsaVolume {
     pub gate: RwLock<()>,
     /// Serialise read-modify-writes of the same page.
     rmw: Box<[Mutex<()>]>,
+    /// Scratch of a recovery scan in progress.
+    replay: Mutex<Option<Replay>>,
+}
+
+/// Per page, during a recovery scan: the highest sequence number seen, and whether any data
+/// record mentions the page.
+struct Replay {
+    best_seq: Vec<u64>,
+    has_data: Vec<bool>,
 }
 
 impl LsaVolume {
@@ -119,6 +130,7 @@ impl LsaVolume {
             deleted: AtomicBool::new(false),
             gate: RwLock::new(()),
             rmw: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            replay: Mutex::new(None),
         }
     }
 
@@ -276,46 +288,6 @@ impl LsaVolume {
         })
     }
 
-    /// Seals every stream's open record (for a flush); returns the records to write.
-    pub fn seal_open_records(&self, eng: &Engine) -> Vec<SealedRecord> {
-        let mut out = Vec::new();
-        for s in self.streams.iter() {
-            let mut st = s.lock();
-            if let Some(r) = self.seal_record(eng, &mut st) {
-                out.push(r);
-            }
-        }
-        out
-    }
-
-    /// Seals every open record that a GC release needs durable: those holding GC moves, and
-    /// those up to record `kill_through`, which made entries of the released victims dead.
-    pub fn seal_records_for_release(&self, eng: &Engine, kill_through: u64) -> Vec<SealedRecord> {
-        let mut out = Vec::new();
-        for s in self.streams.iter() {
-            let mut st = s.lock();
-            if st.rec.as_ref().is_some_and(|r| r.gc_moves || r.buf.record_id <= kill_through) {
-                out.extend(self.seal_record(eng, &mut st));
-            }
-        }
-        out
-    }
-
-    /// Closes every stream's segment (clean shutdown, volume deletion).
-    pub fn close_streams(&self, eng: &Engine) -> Vec<SealedRecord> {
-        let mut out = Vec::new();
-        for s in self.streams.iter() {
-            let mut st = s.lock();
-            if let Some(r) = self.seal_record(eng, &mut st) {
-                out.push(r);
-            }
-            if let Some(os) = st.seg.take() {
-                eng.seal_segment(os.segment);
-            }
-        }
-        out
-    }
-
     /// Runs `commit` with an open record that has room for one entry (and one data page when
     /// `page` is given, copied into the record's next slot first). `commit` gets the physical
     /// grain of the page (or the record's segment) and pushes the entry.
@@ -437,11 +409,6 @@ impl LsaVolume {
             mapped_pages: self.mapped_pages.load(SeqCst),
             volume_pages: map.pages(),
         })
-    }
-
-    /// Streams this volume writes (user and GC), each with at most one open segment.
-    pub fn stream_count(&self) -> u32 {
-        self.layout.count()
     }
 
     // ----- I/O -----
@@ -579,10 +546,77 @@ impl LsaVolume {
     }
 
     // ----- GC upcall -----
+}
+
+impl Controller for LsaVolume {
+    fn id(&self) -> u32 {
+        self.id
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Streams this volume writes (user and GC), each with at most one open segment.
+    fn stream_count(&self) -> u32 {
+        self.layout.count()
+    }
+
+    fn stats(&self) -> ControllerStats {
+        ControllerStats {
+            name: self.name.clone(),
+            size_bytes: self.size_bytes(),
+            page_bytes: self.page_bytes,
+            mapped_bytes: self.mapped_pages.load(SeqCst) * self.page_bytes as u64,
+            map_memory_bytes: self.map_memory_bytes(),
+            placement: self.placement_name.clone(),
+            placement_memory_bytes: self.placement_memory_bytes(),
+        }
+    }
+
+    /// Seals every stream's open record (for a flush); returns the records to write.
+    fn seal_open_records(&self, eng: &Engine) -> Vec<SealedRecord> {
+        let mut out = Vec::new();
+        for s in self.streams.iter() {
+            let mut st = s.lock();
+            if let Some(r) = self.seal_record(eng, &mut st) {
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    /// Seals every open record that a GC release needs durable: those holding GC moves, and
+    /// those up to record `kill_through`, which made entries of the released victims dead.
+    fn seal_records_for_release(&self, eng: &Engine, kill_through: u64) -> Vec<SealedRecord> {
+        let mut out = Vec::new();
+        for s in self.streams.iter() {
+            let mut st = s.lock();
+            if st.rec.as_ref().is_some_and(|r| r.gc_moves || r.buf.record_id <= kill_through) {
+                out.extend(self.seal_record(eng, &mut st));
+            }
+        }
+        out
+    }
+
+    /// Closes every stream's segment (clean shutdown, volume deletion).
+    fn close_streams(&self, eng: &Engine) -> Vec<SealedRecord> {
+        let mut out = Vec::new();
+        for s in self.streams.iter() {
+            let mut st = s.lock();
+            if let Some(r) = self.seal_record(eng, &mut st) {
+                out.push(r);
+            }
+            if let Some(os) = st.seg.take() {
+                eng.seal_segment(os.segment);
+            }
+        }
+        out
+    }
 
     /// Moves every live page and live tombstone out of `victim` into the GC stream, keeping
     /// their sequence numbers. A page moves only if the map still points at the victim.
-    pub fn relocate(&self, eng: &Engine, victim: u32) -> Result<()> {
+    fn relocate(&self, eng: &Engine, victim: u32) -> Result<()> {
         let map = self.map.read();
         let gps = eng.geo.grains_per_segment as u64;
         let base = victim as u64 * gps;
@@ -673,5 +707,130 @@ impl LsaVolume {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    fn clear(&self) {
+        let map = self.map.read();
+        for p in 0..map.pages() {
+            map.store(p, Entry::Unmapped);
+        }
+    }
+
+    fn begin_replay(&self) {
+        let pages = self.map.read().pages() as usize;
+        *self.replay.lock() = Some(Replay {
+            best_seq: vec![0; pages],
+            has_data: vec![false; pages],
+        });
+    }
+
+    /// For each page the entry with the highest sequence number wins, data or trim; of equal
+    /// numbers the later record (a GC move over its source) wins. Data pages of a record that
+    /// was not durable count only when their crc matches.
+    fn replay(&self, eng: &Engine, r: &ScannedRecord<'_>) {
+        if r.meta.page_grains != self.page_grains {
+            return;
+        }
+        let mut guard = self.replay.lock();
+        let Some(rs) = guard.as_mut() else { return };
+        let map = self.map.read();
+        let gps = eng.geo.grains_per_segment as u64;
+        let mut slot = 0usize;
+        for e in &r.meta.entries {
+            match *e {
+                MetaEntry::Data { page, seq, crc } => {
+                    let grain = r.segment as u64 * gps + r.meta.start_grain as u64 + 1 + slot as u64 * self.page_grains as u64;
+                    let ok = r.trusted || r.intact.get(slot).copied().unwrap_or(false);
+                    slot += 1;
+                    if page < map.pages() {
+                        rs.has_data[page as usize] = true;
+                    }
+                    if ok && page < map.pages() && seq >= rs.best_seq[page as usize] {
+                        rs.best_seq[page as usize] = seq;
+                        map.store(page, Entry::Mapped(grain));
+                        eng.crc_table[grain as usize].store(crc, SeqCst);
+                    }
+                }
+                MetaEntry::Trim { page, count, seq } => {
+                    let end = page.saturating_add(count).min(map.pages());
+                    for p in page..end {
+                        if seq >= rs.best_seq[p as usize] {
+                            rs.best_seq[p as usize] = seq;
+                            map.store(p, Entry::Trimmed(r.segment));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A winning trim of a page no data record mentions needs no tombstone (nothing could
+    /// resurrect it), and keeping one would pin its segment.
+    fn end_replay(&self) {
+        let Some(rs) = self.replay.lock().take() else { return };
+        let map = self.map.read();
+        for (p, seen) in rs.has_data.iter().enumerate() {
+            if !seen && matches!(map.load(p as u64), Entry::Trimmed(_)) {
+                map.store(p as u64, Entry::Unmapped);
+            }
+        }
+    }
+
+    fn account(&self, eng: &Engine, visit: &mut dyn FnMut(Reference) -> Result<()>) -> Result<u64> {
+        let map = self.map.read();
+        let gps = eng.geo.grains_per_segment as u64;
+        let mut mapped = 0u64;
+        for p in 0..map.pages() {
+            match map.load(p) {
+                Entry::Unmapped => {}
+                Entry::Mapped(g) => {
+                    visit(Reference::Data {
+                        segment: (g / gps) as u32,
+                        grains: self.page_grains,
+                    })?;
+                    mapped += 1;
+                }
+                Entry::Trimmed(segment) => visit(Reference::Tombstone { segment })?,
+            }
+        }
+        self.mapped_pages.store(mapped, SeqCst);
+        Ok(mapped * self.page_grains as u64)
+    }
+
+    fn image_bytes(&self) -> u64 {
+        8 + 1 + self.map.read().memory_bytes()
+    }
+
+    fn encode_image(&self, out: &mut Vec<u8>) {
+        let map = self.map.read();
+        out.extend_from_slice(&map.pages().to_le_bytes());
+        out.push(map.entry_bytes() as u8);
+        map.encode_into(out);
+    }
+
+    fn load_image(&self, d: &mut Decoder<'_>) -> Result<()> {
+        let bad = |what: &str| Error::Corrupt(format!("checkpoint of volume {}: {what}", self.name));
+        let pages = d.u64("pages").map_err(|_| bad("truncated"))?;
+        let width = d.u8("width").map_err(|_| bad("truncated"))? as u64;
+        let map = self.map.read();
+        if pages != map.pages() || width != map.entry_bytes() {
+            return Err(bad("map size differs from the volume table"));
+        }
+        let raw = d.take((pages * width) as usize, "map").map_err(|_| bad("truncated map"))?;
+        let max = map.encoding.max_value();
+        for (p, chunk) in raw.chunks_exact(width as usize).enumerate() {
+            let mut v = [0u8; 8];
+            v[..width as usize].copy_from_slice(chunk);
+            let v = u64::from_le_bytes(v);
+            if v > max {
+                return Err(bad("map entry out of range"));
+            }
+            map.store(p as u64, map.encoding.decode(v));
+        }
+        Ok(())
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
     }
 }

@@ -70,7 +70,9 @@ impl HeatLog {
         }
         let log2_interval = Self::decode(est);
         let rel = log2_interval - (unit.max(1) as f64).log2();
-        ((rel - FIRST_EXP as f64) / CLASS_DOUBLINGS).floor().clamp(0.0, (CLASSES - 1) as f64) as u8
+        ((rel - FIRST_EXP as f64) / CLASS_DOUBLINGS)
+            .floor()
+            .clamp(0.0, (CLASSES - 1) as f64) as u8
     }
 }
 
