@@ -288,6 +288,24 @@ impl LsaVolume {
         })
     }
 
+    /// Seals the open record of every stream whose record `which` picks, and with `close`
+    /// closes every stream's segment too; returns the records to write.
+    fn seal_streams(&self, eng: &Engine, which: impl Fn(&OpenRecord) -> bool, close: bool) -> Vec<SealedRecord> {
+        let mut out = Vec::new();
+        for s in self.streams.iter() {
+            let mut st = s.lock();
+            if st.rec.as_ref().is_some_and(&which) {
+                out.extend(self.seal_record(eng, &mut st));
+            }
+            if close {
+                if let Some(os) = st.seg.take() {
+                    eng.seal_segment(os.segment);
+                }
+            }
+        }
+        out
+    }
+
     /// Runs `commit` with an open record that has room for one entry (and one data page when
     /// `page` is given, copied into the record's next slot first). `commit` gets the physical
     /// grain of the page (or the record's segment) and pushes the entry.
@@ -576,42 +594,18 @@ impl Controller for LsaVolume {
 
     /// Seals every stream's open record (for a flush); returns the records to write.
     fn seal_open_records(&self, eng: &Engine) -> Vec<SealedRecord> {
-        let mut out = Vec::new();
-        for s in self.streams.iter() {
-            let mut st = s.lock();
-            if let Some(r) = self.seal_record(eng, &mut st) {
-                out.push(r);
-            }
-        }
-        out
+        self.seal_streams(eng, |_| true, false)
     }
 
     /// Seals every open record that a GC release needs durable: those holding GC moves, and
     /// those up to record `kill_through`, which made entries of the released victims dead.
     fn seal_records_for_release(&self, eng: &Engine, kill_through: u64) -> Vec<SealedRecord> {
-        let mut out = Vec::new();
-        for s in self.streams.iter() {
-            let mut st = s.lock();
-            if st.rec.as_ref().is_some_and(|r| r.gc_moves || r.buf.record_id <= kill_through) {
-                out.extend(self.seal_record(eng, &mut st));
-            }
-        }
-        out
+        self.seal_streams(eng, |r| r.gc_moves || r.buf.record_id <= kill_through, false)
     }
 
     /// Closes every stream's segment (clean shutdown, volume deletion).
     fn close_streams(&self, eng: &Engine) -> Vec<SealedRecord> {
-        let mut out = Vec::new();
-        for s in self.streams.iter() {
-            let mut st = s.lock();
-            if let Some(r) = self.seal_record(eng, &mut st) {
-                out.push(r);
-            }
-            if let Some(os) = st.seg.take() {
-                eng.seal_segment(os.segment);
-            }
-        }
-        out
+        self.seal_streams(eng, |_| true, true)
     }
 
     /// Moves every live page and live tombstone out of `victim` into the GC stream, keeping
