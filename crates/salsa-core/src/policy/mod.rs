@@ -76,6 +76,9 @@ impl Registry {
         r.add_victim("cost-benefit", "Rosenblum & Ousterhout: (1 - u) age / (1 + u)", |_| {
             Box::new(victim::CostBenefit)
         });
+        r.add_victim("sqrt-cost-benefit", "ours: (1 - u) sqrt(age) / (1 + u)", |_| {
+            Box::new(victim::SqrtAgeCostBenefit)
+        });
         r.add_victim("aging-greedy", "SALSA: greedy discounted by an aging factor", |p| {
             Box::new(victim::AgingGreedy { aging: p.aging })
         });
