@@ -252,3 +252,23 @@ fn a_loop_device_answers_the_zone_ioctls_as_a_conventional_disk() {
     assert_eq!(back, block(7, 4096));
     pool.close().unwrap();
 }
+
+/// Decorators (fault injection, disk timing) show the pool the zones and geometry of the drive
+/// they wrap, so a pool on a decorated zoned drive still writes it zone by zone.
+#[test]
+fn decorators_show_the_zones_of_the_drive_they_wrap() {
+    use salsa_core::device::{DiskTiming, FaultDevice, FaultPlan, TimedDisk};
+    let drive: Arc<dyn Device> = Arc::new(memory_drive(8, 1));
+    let decorated: [Arc<dyn Device>; 2] = [
+        Arc::new(FaultDevice::new(drive.clone(), FaultPlan::default())),
+        Arc::new(TimedDisk::new(drive.clone(), DiskTiming::default())),
+    ];
+    for d in decorated {
+        let z = d.zones().expect("the zones of the wrapped drive");
+        assert_eq!((z.zone_bytes(), z.zone_count()), (ZONE, 8));
+        assert_eq!(d.size_bytes(), drive.size_bytes());
+        assert_eq!(d.storage_type(), drive.storage_type());
+        assert_eq!(d.preferred_alignment_bytes(), drive.preferred_alignment_bytes());
+        assert_eq!(d.alignment_bytes(), drive.alignment_bytes());
+    }
+}

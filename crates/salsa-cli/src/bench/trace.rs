@@ -12,7 +12,6 @@
 //!
 //! Parsing is strict: a malformed line is an error naming the file and line, never a silent skip.
 
-use salsa_core::device::StorageType;
 use salsa_core::Device;
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -257,21 +256,7 @@ impl Device for RecordingDevice {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn storage_type(&self) -> StorageType {
-        self.inner.storage_type()
-    }
-    fn alignment_bytes(&self) -> usize {
-        self.inner.alignment_bytes()
-    }
-    fn preferred_alignment_bytes(&self) -> u64 {
-        self.inner.preferred_alignment_bytes()
-    }
-    fn zones(&self) -> Option<&dyn salsa_core::device::Zoned> {
-        self.inner.zones()
-    }
+    salsa_core::forward_device_properties!(inner);
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         let len = buf.len();
         self.timed(false, offset, len, || self.inner.read_at(buf, offset))

@@ -64,15 +64,7 @@ impl Device for FaultDevice {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn storage_type(&self) -> super::StorageType {
-        self.inner.storage_type()
-    }
-    fn alignment_bytes(&self) -> usize {
-        self.inner.alignment_bytes()
-    }
+    crate::forward_device_properties!(inner);
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.read_at(buf, offset)?;
         let plan = self.plan.lock();

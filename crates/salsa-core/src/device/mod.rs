@@ -95,6 +95,32 @@ pub trait Device: Send + Sync {
     }
 }
 
+/// Inside `impl Device for` a decorator that wraps another device in its field `$inner`:
+/// forwards everything that describes the device (size, storage type, alignments, zones), so
+/// that a decorator cannot hide a property from the pool. (A trace recorder that did not
+/// forward the zones made the pool treat a zoned drive as flat.) A new property of the trait
+/// is forwarded here once, for every decorator.
+#[macro_export]
+macro_rules! forward_device_properties {
+    ($inner:ident) => {
+        fn size_bytes(&self) -> u64 {
+            self.$inner.size_bytes()
+        }
+        fn storage_type(&self) -> $crate::device::StorageType {
+            self.$inner.storage_type()
+        }
+        fn alignment_bytes(&self) -> usize {
+            self.$inner.alignment_bytes()
+        }
+        fn preferred_alignment_bytes(&self) -> u64 {
+            self.$inner.preferred_alignment_bytes()
+        }
+        fn zones(&self) -> Option<&dyn $crate::device::Zoned> {
+            self.$inner.zones()
+        }
+    };
+}
+
 /// I/O of a device model that keeps its data by logical address on a backing device: checks the
 /// range, does the I/O (`io`), then lets the model account for it (`account(offset, len)`),
 /// only for I/O that happened.

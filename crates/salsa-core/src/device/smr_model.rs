@@ -18,7 +18,7 @@
 //! plus its transfer at the media rate. The data is kept by logical address on a backing
 //! device, so SALSA runs on the model for real.
 
-use super::{modelled_io, Device, StorageType, Zoned};
+use super::{modelled_io, Device, StorageType};
 use parking_lot::Mutex;
 use std::collections::{HashSet, VecDeque};
 use std::io;
@@ -346,21 +346,7 @@ impl Device for TimedDisk {
     fn name(&self) -> &str {
         &self.name
     }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn storage_type(&self) -> StorageType {
-        self.inner.storage_type()
-    }
-    fn alignment_bytes(&self) -> usize {
-        self.inner.alignment_bytes()
-    }
-    fn preferred_alignment_bytes(&self) -> u64 {
-        self.inner.preferred_alignment_bytes()
-    }
-    fn zones(&self) -> Option<&dyn Zoned> {
-        self.inner.zones()
-    }
+    crate::forward_device_properties!(inner);
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.read_at(buf, offset)?;
         self.timer.lock().access(offset, buf.len() as u64);
