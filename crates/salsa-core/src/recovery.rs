@@ -143,25 +143,17 @@ pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
     };
     let mut mapped_total = 0u64;
     for (id, vol) in eng.volumes.read().iter() {
-        mapped_total += vol.account(eng, &mut |r| match r {
-            Reference::Data { segment, grains } => {
-                let s = segment as usize;
-                if s >= n {
-                    return Err(Error::Corrupt(format!("volume {id} maps into segment {s} of {n}")));
-                }
-                claim(s, *id)?;
-                valid[s] += grains as u64;
-                Ok(())
+        mapped_total += vol.account(eng, &mut |r| {
+            let s = r.segment() as usize;
+            if s >= n {
+                return Err(Error::Corrupt(format!("volume {id} references segment {s} of {n}")));
             }
-            Reference::Tombstone { segment } => {
-                let s = segment as usize;
-                if s >= n {
-                    return Err(Error::Corrupt(format!("volume {id} keeps a trim in segment {s} of {n}")));
-                }
-                claim(s, *id)?;
-                tombs[s] += 1;
-                Ok(())
+            claim(s, *id)?;
+            match r {
+                Reference::Data { grains, .. } => valid[s] += grains as u64,
+                Reference::Tombstone { .. } => tombs[s] += 1,
             }
+            Ok(())
         })?;
     }
     for s in 0..n {

@@ -49,6 +49,15 @@ pub enum Reference {
     Tombstone { segment: u32 },
 }
 
+impl Reference {
+    /// The segment referenced.
+    pub fn segment(self) -> u32 {
+        match self {
+            Reference::Data { segment, .. } | Reference::Tombstone { segment } => segment,
+        }
+    }
+}
+
 /// What a volume reports for the pool's statistics.
 #[derive(Debug, Clone, Default)]
 pub struct ControllerStats {
