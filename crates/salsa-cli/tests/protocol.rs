@@ -33,6 +33,12 @@ fn malformed_requests_get_error_codes_and_damage_nothing() {
     assert_eq!(c.call(0, CMD_READ, u64::MAX - 100, 4096, &[]).0, EINVAL, "offset overflow");
     assert_eq!(c.call(0, CMD_READ, 0, MAX_REQUEST_BYTES + 1, &[]).0, EINVAL, "oversized read");
     assert_eq!(c.call(0, CMD_BLOCK_STATUS, 0, 4096, &[]).0, EINVAL, "no meta context negotiated");
+    let oversized = vec![0x11u8; MAX_REQUEST_BYTES as usize + 4096];
+    assert_eq!(
+        c.call(0, CMD_WRITE, 0, oversized.len() as u32, &oversized).0,
+        EOVERFLOW,
+        "oversized write; its payload is read and dropped"
+    );
     assert_eq!(c.call(0, CMD_FLUSH, 0, 0, &[]).0, 0);
     // Still in sync and the data intact.
     let (err, data) = c.call(0, CMD_READ, 0, 4096, &[]);
@@ -72,6 +78,36 @@ fn malformed_requests_get_error_codes_and_damage_nothing() {
     let log = srv.log();
     assert!(srv.stop().success(), "{log}");
     assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn pipelined_requests_are_all_answered_with_their_own_data() {
+    let dir = test_dir("pipelined");
+    let srv = Server::start(&dir, "48M", &[]);
+    let mut c = RawClient::connect(&srv.socket, "default");
+    // 200 writes sent without waiting (more than the threads serving a connection), then 200
+    // reads of the same pages: every reply carries its request's cookie and the page written
+    // there, whatever order the replies come in.
+    let page = |i: u64| vec![(i % 251) as u8 + 1; 4096];
+    for i in 0..200u64 {
+        c.send(0, CMD_WRITE, i, i * 4096, 4096, &page(i)).unwrap();
+    }
+    let mut answered = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        let (cookie, err, _) = c.reply(0).unwrap();
+        assert_eq!(err, 0, "write {cookie}");
+        assert!(answered.insert(cookie), "write {cookie} answered twice");
+    }
+    assert_eq!(answered, (0..200).collect());
+    for i in 0..200u64 {
+        c.send(0, CMD_READ, 1000 + i, i * 4096, 4096, &[]).unwrap();
+    }
+    for _ in 0..200 {
+        // Replies to reads may come in any order; each is checked against its own cookie.
+        let (cookie, err, data) = c.reply(4096).unwrap();
+        assert_eq!(err, 0);
+        assert_eq!(data, page(cookie - 1000), "read {cookie}");
+    }
 }
 
 #[test]

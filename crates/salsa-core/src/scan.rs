@@ -43,7 +43,9 @@ pub fn walk_segment(
     let gps = readable;
     let window_grains = (WINDOW_BYTES_MAX / gb).min(gps);
     let mut w = Window {
-        buf: AlignedBuf::zeroed(window_grains * gb),
+        // From the pool, like every buffer that goes back to it: a fresh window per walk would
+        // fill the pool with windows and leave no room for the record buffers writes recycle.
+        buf: buffers.get(window_grains * gb),
         start: 0,
         len: 0,
         grains: window_grains,

@@ -678,15 +678,15 @@ pub fn structured_done(out: &mut Vec<u8>, cookie: u64) {
 
 /// Structured: read data at `offset`.
 pub fn structured_data(out: &mut Vec<u8>, cookie: u64, offset: u64, data: &[u8], done: bool) {
-    chunk_header(
-        out,
-        if done { REPLY_FLAG_DONE } else { 0 },
-        REPLY_TYPE_OFFSET_DATA,
-        cookie,
-        8 + data.len() as u32,
-    );
-    out.extend_from_slice(&offset.to_be_bytes());
+    structured_data_header(out, cookie, offset, data.len() as u32, done);
     out.extend_from_slice(data);
+}
+
+/// Structured: the header of a data chunk of `len` bytes at `offset`; the caller appends the
+/// data itself (so a read can land straight in the reply).
+pub fn structured_data_header(out: &mut Vec<u8>, cookie: u64, offset: u64, len: u32, done: bool) {
+    chunk_header(out, if done { REPLY_FLAG_DONE } else { 0 }, REPLY_TYPE_OFFSET_DATA, cookie, 8 + len);
+    out.extend_from_slice(&offset.to_be_bytes());
 }
 
 /// Structured: a hole (reads as zeros) at `offset`.

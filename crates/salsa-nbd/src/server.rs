@@ -1,27 +1,33 @@
-//! Connection handling: listeners (TCP and Unix), one reader thread per connection driving the
-//! [`proto`](crate::proto) codec, a shared pool of worker threads that execute requests
-//! concurrently, and replies written as each request completes (possibly out of order).
+//! Connection handling: listeners (TCP and Unix), and for each connection a small set of
+//! threads that take turns reading requests through the [`proto`](crate::proto) codec
+//! (leader/follower): the thread that read a request executes it and writes its reply as soon
+//! as it completes (possibly out of order), while another thread reads the next one. No request
+//! is handed from one thread to another, which on few cores is what costs most per request.
 //!
-//! Limits: at most [`MAX_IN_FLIGHT_PER_CONNECTION`] requests per connection are executing or
-//! queued (the reader stops reading until one finishes), at most [`MAX_CONNECTIONS`] connections,
-//! request payloads at most [`proto::MAX_REQUEST_BYTES`].
+//! Limits: at most [`ServerConfig::threads_per_connection`] (capped at
+//! [`MAX_THREADS_PER_CONNECTION`]) requests per connection execute at once; threads start on
+//! demand, when no other thread of the connection is waiting for a request. At most
+//! [`MAX_CONNECTIONS`] connections, request payloads at most [`proto::MAX_REQUEST_BYTES`].
 //!
-//! Shutdown: when the stop flag is raised, listeners stop accepting, readers stop reading new
-//! requests, every request already read completes and is answered, then `serve` returns.
+//! Shutdown: when the stop flag is raised, listeners stop accepting, connections stop reading
+//! new requests, every request already read completes and is answered, then `run` returns.
 
 use crate::proto::{self, Catalog, Command, ExportInfo, Negotiated, ProtocolError, RawRequest, Step};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use salsa_core::{ErrorKind, Pool, Volume};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
-/// Requests one connection may have executing or queued.
-pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 64;
+/// Requests one connection may have executing at once, whatever the configuration asks.
+pub const MAX_THREADS_PER_CONNECTION: usize = 256;
+/// A thread's reply and payload buffers are kept for its next request up to this size (a
+/// 32 MiB request's are not).
+const KEEP_BUFFER_BYTES: usize = 4 << 20;
 /// Connections served at once; more are refused.
 pub const MAX_CONNECTIONS: usize = 256;
 /// Write payloads of rejected requests up to this size are read and discarded to keep the
@@ -36,8 +42,8 @@ pub struct ServerConfig {
     pub tcp: Option<SocketAddr>,
     pub unix: Option<PathBuf>,
     pub read_only: bool,
-    /// Threads executing requests (shared by all connections).
-    pub workers: usize,
+    /// Requests of one connection executed at once, each on its own thread.
+    pub threads_per_connection: usize,
 }
 
 /// The pool's volumes as NBD exports.
@@ -140,14 +146,29 @@ impl Write for Stream {
     }
 }
 
-/// State shared by a connection's reader and the workers answering its requests.
+/// The receiving half of a connection: the socket, bytes read but not yet parsed, and whether
+/// the request stream has ended (client gone or disconnected, protocol error, shutdown).
+struct Receiver {
+    stream: Stream,
+    inbox: Inbox,
+    ended: bool,
+}
+
+/// One connection, served by up to `max_threads` threads in turn (leader/follower): whichever
+/// thread holds the receiver reads the next request, lets go of the receiver and executes the
+/// request itself, so a request never waits for a hand-off to another thread.
 struct Connection {
-    writer: Mutex<Stream>,
+    receiver: StdMutex<Receiver>,
+    writer: StdMutex<Stream>,
     volume: Volume,
     negotiated: Negotiated,
-    in_flight: Mutex<usize>,
-    done: Condvar,
     broken: AtomicBool,
+    /// Threads serving this connection, and how many of them are waiting for a request.
+    threads: AtomicUsize,
+    waiting: AtomicUsize,
+    max_threads: usize,
+    /// Why the request stream ended, when it was an error.
+    error: Mutex<Option<String>>,
 }
 
 impl Connection {
@@ -155,44 +176,79 @@ impl Connection {
         if self.broken.load(SeqCst) {
             return;
         }
-        if self.writer.lock().write_all(bytes).is_err() {
+        let mut writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        if writer.write_all(bytes).is_err() {
             self.broken.store(true, SeqCst);
         }
     }
-    fn finish_one(&self) {
-        let mut n = self.in_flight.lock();
-        *n -= 1;
-        self.done.notify_all();
-    }
 }
 
-struct Job {
-    conn: Arc<Connection>,
+/// A request read whole and validated; a write's payload is in the reading thread's buffer.
+struct Request {
     req: RawRequest,
     cmd: Command,
-    payload: Vec<u8>,
 }
 
-/// Reads more bytes into `buf`; `Ok(false)` at end of stream. Timeouts return `Ok(true)` with
-/// nothing read so the caller can look at the stop flag.
-fn fill(stream: &mut Stream, buf: &mut Vec<u8>) -> io::Result<bool> {
-    let mut chunk = [0u8; 256 << 10];
-    match stream.read(&mut chunk) {
-        Ok(0) => Ok(false),
-        Ok(n) => {
-            buf.extend_from_slice(&chunk[..n]);
-            Ok(true)
+/// Bytes read from a client and not yet parsed: a fixed buffer, initialised once, so reading
+/// costs no allocation and no zeroing per request.
+struct Inbox {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl Inbox {
+    /// Room for the largest message parsed from it whole: a request header, or an option of
+    /// up to [`proto::MAX_OPTION_BYTES`] with its header (longer ones are discarded piecewise).
+    const BYTES: usize = 256 << 10;
+
+    fn new() -> Inbox {
+        Inbox {
+            buf: vec![0u8; Self::BYTES].into_boxed_slice(),
+            start: 0,
+            end: 0,
         }
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-            ) =>
-        {
-            Ok(true)
-        }
-        Err(e) => Err(e),
     }
+
+    fn data(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    fn consume(&mut self, n: usize) {
+        debug_assert!(n <= self.end - self.start);
+        self.start += n.min(self.end - self.start);
+    }
+
+    /// Reads more bytes; `Ok(false)` at end of stream. Timeouts return `Ok(true)` with nothing
+    /// read so the caller can look at the stop flag.
+    fn fill(&mut self, stream: &mut Stream) -> io::Result<bool> {
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        } else if self.end == self.buf.len() {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        if self.end == self.buf.len() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "message larger than the receive buffer"));
+        }
+        match stream.read(&mut self.buf[self.end..]) {
+            Ok(0) => Ok(false),
+            Ok(n) => {
+                self.end += n;
+                Ok(true)
+            }
+            Err(e) if is_retry(&e) => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Errors after which reading may simply go on (after a look at the stop flag).
+fn is_retry(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
 }
 
 fn errno_of(e: &salsa_core::Error) -> u32 {
@@ -205,13 +261,12 @@ fn errno_of(e: &salsa_core::Error) -> u32 {
     }
 }
 
-/// Executes one command and encodes its reply.
-fn execute(job: &Job) -> Vec<u8> {
-    let Job { conn, req, cmd, payload } = job;
+/// Executes one request and appends its reply to `out`.
+fn execute(conn: &Connection, request: &Request, payload: &[u8], out: &mut Vec<u8>) {
+    let Request { req, cmd } = request;
     let vol = &conn.volume;
     let structured = conn.negotiated.structured_replies;
     let cookie = req.cookie;
-    let mut out = Vec::new();
     let fail = |out: &mut Vec<u8>, errno: u32, msg: &str| {
         if structured {
             proto::structured_error(out, cookie, errno, msg);
@@ -229,17 +284,21 @@ fn execute(job: &Job) -> Vec<u8> {
     let with_fua = |r: salsa_core::Result<()>, fua: bool| r.and_then(|_| if fua { vol.flush() } else { Ok(()) });
     let result: salsa_core::Result<()> = match *cmd {
         Command::Read { offset, length, .. } => {
-            let mut data = vec![0u8; length as usize];
-            match vol.read(offset, &mut data) {
-                Ok(()) => {
-                    if structured {
-                        proto::structured_data(&mut out, cookie, offset, &data, true);
-                    } else {
-                        proto::simple_reply(&mut out, cookie, 0, &data);
-                    }
-                    return out;
+            // The data is read straight into the reply, after its header.
+            let start = out.len();
+            if structured {
+                proto::structured_data_header(out, cookie, offset, length, true);
+            } else {
+                proto::simple_reply(out, cookie, 0, &[]);
+            }
+            let data_at = out.len();
+            out.resize(data_at + length as usize, 0);
+            match vol.read(offset, &mut out[data_at..]) {
+                Ok(()) => return,
+                Err(e) => {
+                    out.truncate(start);
+                    Err(e)
                 }
-                Err(e) => Err(e),
             }
         }
         Command::Write { offset, fua, .. } => with_fua(vol.write(offset, payload), fua),
@@ -256,12 +315,8 @@ fn execute(job: &Job) -> Vec<u8> {
             let aligned = offset.is_multiple_of(page) && (length as u64).is_multiple_of(page);
             if fast && (no_hole || !aligned) {
                 // Zeroing would cost as much as writing: tell the client to write instead.
-                fail(
-                    &mut out,
-                    proto::ENOTSUP,
-                    "fast zeroing is only possible for whole pages without NO_HOLE",
-                );
-                return out;
+                fail(out, proto::ENOTSUP, "fast zeroing is only possible for whole pages without NO_HOLE");
+                return;
             }
             let r = if no_hole {
                 vol.write(offset, &vec![0u8; length as usize])
@@ -273,19 +328,18 @@ fn execute(job: &Job) -> Vec<u8> {
         Command::Cache { .. } => Ok(()),
         Command::BlockStatus { offset, length, req_one } => {
             let extents = block_status(vol, offset, length, req_one);
-            proto::structured_block_status(&mut out, cookie, &extents);
-            return out;
+            proto::structured_block_status(out, cookie, &extents);
+            return;
         }
         Command::Disconnect => Ok(()),
     };
     match result {
-        Ok(()) => ok(&mut out),
+        Ok(()) => ok(out),
         Err(e) => {
             tracing::warn!("request {cmd} failed: {e}");
-            fail(&mut out, errno_of(&e), &e.to_string())
+            fail(out, errno_of(&e), &e.to_string())
         }
     }
-    out
 }
 
 /// `base:allocation` extents covering `[offset, offset + length)` (at most 1024 descriptors).
@@ -316,19 +370,20 @@ fn block_status(vol: &Volume, offset: u64, length: u32, req_one: bool) -> Vec<(u
     extents
 }
 
-/// Serves one connection until it disconnects, breaks, or `stop` is raised.
-fn handle(mut stream: Stream, exports: &Exports, jobs: &crossbeam_channel::Sender<Job>, stop: &AtomicBool) -> Result<(), String> {
+/// Serves one connection until it disconnects, breaks, or `stop` is raised, with at most
+/// `max_threads` threads executing its requests.
+fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, stop: &AtomicBool) -> Result<(), String> {
     stream.set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     proto::Handshake::greeting(&mut out);
     stream.write_all(&out).map_err(|e| e.to_string())?;
     let mut hs = proto::Handshake::new();
-    let mut buf = Vec::new();
+    let mut inbox = Inbox::new();
     let negotiated = loop {
         let mut consumed = 0;
         out.clear();
-        let step = hs.step(&buf, &mut consumed, &mut out, exports);
-        buf.drain(..consumed);
+        let step = hs.step(inbox.data(), &mut consumed, &mut out, exports);
+        inbox.consume(consumed);
         if !out.is_empty() {
             stream.write_all(&out).map_err(|e| e.to_string())?;
         }
@@ -339,7 +394,7 @@ fn handle(mut stream: Stream, exports: &Exports, jobs: &crossbeam_channel::Sende
                 if stop.load(SeqCst) {
                     return Ok(());
                 }
-                if !fill(&mut stream, &mut buf).map_err(|e| e.to_string())? {
+                if !inbox.fill(&mut stream).map_err(|e| e.to_string())? {
                     return Ok(());
                 }
             }
@@ -350,76 +405,118 @@ fn handle(mut stream: Stream, exports: &Exports, jobs: &crossbeam_channel::Sende
     let Some(volume) = exports.volume(&negotiated.export.name) else {
         return Err("export vanished".into());
     };
-    let conn = Arc::new(Connection {
-        writer: Mutex::new(stream.try_clone().map_err(|e| e.to_string())?),
+    let closer = stream.try_clone().map_err(|e| e.to_string())?;
+    let conn = Connection {
+        writer: StdMutex::new(stream.try_clone().map_err(|e| e.to_string())?),
+        receiver: StdMutex::new(Receiver {
+            stream,
+            inbox,
+            ended: false,
+        }),
         volume,
         negotiated,
-        in_flight: Mutex::new(0),
-        done: Condvar::new(),
         broken: AtomicBool::new(false),
-    });
-    let result = transmission(&mut stream, &mut buf, &conn, jobs, stop);
-    // Every request read is answered before the connection closes.
-    let mut n = conn.in_flight.lock();
-    while *n > 0 {
-        conn.done.wait_for(&mut n, POLL);
+        threads: AtomicUsize::new(1),
+        waiting: AtomicUsize::new(0),
+        max_threads: max_threads.max(1),
+        error: Mutex::new(None),
+    };
+    // Every request read is answered before the connection closes: the scope waits for every
+    // thread to finish the request it took.
+    std::thread::scope(|scope| serve_requests(scope, &conn, stop));
+    closer.shutdown();
+    match conn.error.into_inner() {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    drop(n);
-    stream.shutdown();
-    result
 }
 
-fn transmission(
-    stream: &mut Stream,
-    buf: &mut Vec<u8>,
-    conn: &Arc<Connection>,
-    jobs: &crossbeam_channel::Sender<Job>,
-    stop: &AtomicBool,
-) -> Result<(), String> {
+/// One of a connection's threads: takes the next request, executes it, answers it, until the
+/// request stream ends. While it executes, another thread (started here if none is waiting and
+/// the limit allows) takes the next request.
+fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>, conn: &'env Connection, stop: &'env AtomicBool) {
+    let mut out = Vec::new();
+    let mut payload = Vec::new();
+    loop {
+        conn.waiting.fetch_add(1, SeqCst);
+        let request = {
+            // A thread that panicked while holding the receiver cannot have left it half
+            // updated in a way that matters: the stream is then ended below.
+            let mut rx = conn.receiver.lock().unwrap_or_else(PoisonError::into_inner);
+            if rx.ended {
+                None
+            } else {
+                match next_request(&mut rx, conn, stop, &mut payload) {
+                    Ok(Some(r)) => Some(r),
+                    Ok(None) => {
+                        rx.ended = true;
+                        None
+                    }
+                    Err(e) => {
+                        rx.ended = true;
+                        *conn.error.lock() = Some(e);
+                        None
+                    }
+                }
+            }
+        };
+        let still_waiting = conn.waiting.fetch_sub(1, SeqCst) - 1;
+        let Some(request) = request else { return };
+        if still_waiting == 0
+            && conn
+                .threads
+                .fetch_update(SeqCst, SeqCst, |n| (n < conn.max_threads).then_some(n + 1))
+                .is_ok()
+        {
+            scope.spawn(move || serve_requests(scope, conn, stop));
+        }
+        out.clear();
+        execute(conn, &request, &payload[..request.req.payload_bytes() as usize], &mut out);
+        conn.send(&out);
+        if out.capacity() > KEEP_BUFFER_BYTES {
+            out = Vec::new();
+        }
+        if payload.len() > KEEP_BUFFER_BYTES {
+            payload = Vec::new();
+        }
+    }
+}
+
+/// Reads the next request whole, a write's payload into `payload` (grown as needed, never
+/// shrunk here); answers invalid requests itself. `Ok(None)` when the stream ends cleanly: the
+/// client disconnected or went away, a reply could not be sent, or `stop`.
+fn next_request(rx: &mut Receiver, conn: &Connection, stop: &AtomicBool, payload: &mut Vec<u8>) -> Result<Option<Request>, String> {
+    let Receiver { stream, inbox, .. } = rx;
     loop {
         if stop.load(SeqCst) || conn.broken.load(SeqCst) {
-            return Ok(());
+            return Ok(None);
         }
-        let req = match proto::parse_request(buf) {
+        let req = match proto::parse_request(inbox.data()) {
             Ok(Some(r)) => r,
             Ok(None) => {
-                if !fill(stream, buf).map_err(|e| e.to_string())? {
-                    return Ok(()); // client went away
+                if !inbox.fill(stream).map_err(|e| e.to_string())? {
+                    return Ok(None); // client went away
                 }
                 continue;
             }
             Err(e) => return Err(e.to_string()),
         };
-        let payload_len = req.payload_bytes();
-        if payload_len > MAX_DISCARD_BYTES {
-            return Err(ProtocolError::PayloadTooLarge(payload_len).to_string());
-        }
-        // The payload goes straight into its own buffer: what is already buffered, then the
-        // rest read from the socket directly (no copy through `buf`, no shifting of `buf`).
-        let have = (buf.len() - proto::REQUEST_HEADER_BYTES).min(payload_len as usize);
-        let mut payload = Vec::with_capacity(payload_len as usize);
-        payload.extend_from_slice(&buf[proto::REQUEST_HEADER_BYTES..proto::REQUEST_HEADER_BYTES + have]);
-        buf.drain(..proto::REQUEST_HEADER_BYTES + have);
-        while payload.len() < payload_len as usize {
-            // read_to_end fills spare capacity without zeroing it first.
-            let want = (payload_len as usize - payload.len()) as u64;
-            match (&mut *stream).take(want).read_to_end(&mut payload) {
-                Ok(0) => return Ok(()), // vanished mid-payload: the partial write is never applied
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    if stop.load(SeqCst) {
-                        return Ok(());
-                    }
-                }
-                Err(e) => return Err(e.to_string()),
+        inbox.consume(proto::REQUEST_HEADER_BYTES);
+        let payload_bytes = req.payload_bytes() as usize;
+        let cmd = proto::validate(&req, &conn.negotiated);
+        if cmd.is_ok() {
+            // The payload goes straight into the thread's buffer: what is already buffered, then
+            // the rest read from the socket directly.
+            if payload.len() < payload_bytes {
+                payload.resize(payload_bytes, 0);
             }
+            if !read_exact_or_stop(stream, inbox, &mut payload[..payload_bytes], stop)? {
+                return Ok(None); // vanished mid-payload: the partial write is never applied
+            }
+        } else if !discard(stream, inbox, payload_bytes, stop)? {
+            return Ok(None);
         }
-        let cmd = match proto::validate(&req, &conn.negotiated) {
+        let cmd = match cmd {
             Ok(c) => c,
             Err(errno) => {
                 let mut out = Vec::new();
@@ -433,26 +530,49 @@ fn transmission(
             }
         };
         if cmd == Command::Disconnect {
-            return Ok(());
+            return Ok(None);
         }
-        {
-            let mut n = conn.in_flight.lock();
-            while *n >= MAX_IN_FLIGHT_PER_CONNECTION {
-                conn.done.wait_for(&mut n, POLL);
+        return Ok(Some(Request { req, cmd }));
+    }
+}
+
+/// Fills `dest` with what the inbox holds, then from the socket. `Ok(false)` if the stream
+/// ends first or `stop` is raised while waiting.
+fn read_exact_or_stop(stream: &mut Stream, inbox: &mut Inbox, dest: &mut [u8], stop: &AtomicBool) -> Result<bool, String> {
+    let have = inbox.data().len().min(dest.len());
+    dest[..have].copy_from_slice(&inbox.data()[..have]);
+    inbox.consume(have);
+    let mut done = have;
+    while done < dest.len() {
+        match stream.read(&mut dest[done..]) {
+            Ok(0) => return Ok(false),
+            Ok(n) => done += n,
+            Err(e) if is_retry(&e) => {
+                if stop.load(SeqCst) {
+                    return Ok(false);
+                }
             }
-            *n += 1;
+            Err(e) => return Err(e.to_string()),
         }
-        if jobs
-            .send(Job {
-                conn: conn.clone(),
-                req,
-                cmd,
-                payload,
-            })
-            .is_err()
-        {
-            conn.finish_one();
-            return Err("worker pool stopped".into());
+    }
+    Ok(true)
+}
+
+/// Reads and drops the `n`-byte payload of a refused request so the stream stays in step (a
+/// payload above [`MAX_DISCARD_BYTES`] closes the connection instead).
+fn discard(stream: &mut Stream, inbox: &mut Inbox, mut n: usize, stop: &AtomicBool) -> Result<bool, String> {
+    if n > MAX_DISCARD_BYTES as usize {
+        return Err(ProtocolError::PayloadTooLarge(n as u32).to_string());
+    }
+    loop {
+        let take = inbox.data().len().min(n);
+        inbox.consume(take);
+        n -= take;
+        if n == 0 {
+            return Ok(true);
+        }
+        if stop.load(SeqCst) || !inbox.fill(stream).map_err(|e| e.to_string())? {
+            return Ok(false);
         }
     }
 }
@@ -474,7 +594,7 @@ pub struct Listening {
     tcp: Option<TcpListener>,
     unix: Option<(UnixListener, PathBuf)>,
     exports: Arc<Exports>,
-    workers: usize,
+    threads_per_connection: usize,
 }
 
 impl Listening {
@@ -503,7 +623,7 @@ impl Listening {
             tcp,
             unix,
             exports: Arc::new(Exports::new(pool, cfg.read_only)),
-            workers: cfg.workers.clamp(1, 1024),
+            threads_per_connection: cfg.threads_per_connection.clamp(1, MAX_THREADS_PER_CONNECTION),
         })
     }
 
@@ -515,19 +635,6 @@ impl Listening {
     /// Accepts and serves connections until `stop` is raised, then waits for every connection
     /// to answer what it has read.
     pub fn run(self, stop: Arc<AtomicBool>) {
-        let (tx, rx) = crossbeam_channel::bounded::<Job>(MAX_IN_FLIGHT_PER_CONNECTION * 4);
-        let workers: Vec<_> = (0..self.workers)
-            .map(|_| {
-                let rx = rx.clone();
-                std::thread::spawn(move || {
-                    while let Ok(job) = rx.recv() {
-                        let reply = execute(&job);
-                        job.conn.send(&reply);
-                        job.conn.finish_one();
-                    }
-                })
-            })
-            .collect();
         let active = Arc::new(AtomicUsize::new(0));
         let mut conns = Vec::new();
         while !stop.load(SeqCst) {
@@ -553,9 +660,9 @@ impl Listening {
                     continue;
                 }
                 active.fetch_add(1, SeqCst);
-                let (exports, tx, stop, active) = (self.exports.clone(), tx.clone(), stop.clone(), active.clone());
+                let (exports, stop, active, threads) = (self.exports.clone(), stop.clone(), active.clone(), self.threads_per_connection);
                 conns.push(std::thread::spawn(move || {
-                    if let Err(e) = handle(s, &exports, &tx, &stop) {
+                    if let Err(e) = handle(s, &exports, threads, &stop) {
                         tracing::warn!("connection closed: {e}");
                     }
                     active.fetch_sub(1, SeqCst);
@@ -566,10 +673,6 @@ impl Listening {
         }
         for h in conns {
             let _ = h.join();
-        }
-        drop(tx);
-        for w in workers {
-            let _ = w.join();
         }
         if let Some((_, p)) = &self.unix {
             let _ = std::fs::remove_file(p);
