@@ -129,6 +129,10 @@ pub struct Watermarks {
     pub low: u32,
     /// GC stops at or above this.
     pub high: u32,
+    /// Segments emptied by overwrites (pending: they wait only for a sync) are released by one
+    /// sync once free segments fall to this. It sits well above `low` so that the sync finishes
+    /// before writers run short: releasing costs a sync, not spare space.
+    pub release: u32,
 }
 
 impl Watermarks {
@@ -137,10 +141,12 @@ impl Watermarks {
         // Free segments are space the log cannot use: keep the band between the watermarks
         // narrow (a few per mille of the pool) so that spare space works for the GC.
         let step = (total / 1024).max(1);
+        let high = gc_reserve + 2 * step + 2;
         Watermarks {
             gc_reserve,
             low: gc_reserve + step + 1,
-            high: gc_reserve + 2 * step + 2,
+            high,
+            release: (total / 32).clamp(high, 256),
         }
     }
 }

@@ -359,7 +359,7 @@ impl Engine {
                     self.poison(&e);
                     return Err(e);
                 }
-                if self.capacity.free_segments() < self.capacity.watermarks.low {
+                if self.needs_gc_round() {
                     self.wake_gc();
                 }
                 return Ok(s);
@@ -634,9 +634,21 @@ impl Engine {
         (self.geo.total_segments / 512).clamp(2, 16)
     }
 
-    /// One round of the background worker: clean until the high watermark.
+    /// Whether the background worker has work: free segments below the low watermark, or
+    /// pending segments that one sync would release while free segments run low.
+    pub fn needs_gc_round(&self) -> bool {
+        let wm = self.capacity.watermarks;
+        let free = self.capacity.free_segments();
+        free < wm.low || (free <= wm.release && self.capacity.pending_counts().1 > 0)
+    }
+
+    /// One round of the background worker: release what a sync releases, then clean until the
+    /// high watermark.
     pub fn gc_round(&self) -> Result<()> {
         let wm = self.capacity.watermarks;
+        if self.capacity.free_segments() <= wm.release && self.capacity.pending_counts().1 > 0 {
+            self.flush()?;
+        }
         while self.capacity.free_segments() < wm.high && !self.shutting_down.load(SeqCst) {
             if !self.gc_step()? {
                 self.gc_stuck.store(true, SeqCst);

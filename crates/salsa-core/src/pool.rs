@@ -889,7 +889,7 @@ impl Drop for Pool {
 
 fn gc_worker(eng: Arc<Engine>) {
     while !eng.shutting_down.load(SeqCst) {
-        if eng.capacity.free_segments() < eng.capacity.watermarks.low && !eng.is_poisoned() {
+        if eng.needs_gc_round() && !eng.is_poisoned() {
             if let Err(e) = eng.gc_round() {
                 if !eng.is_poisoned() {
                     tracing::error!("garbage collection failed: {e}");
@@ -992,10 +992,16 @@ impl Volume {
             self.vol.check_space(&self.eng, &map, first..last + 1)?;
         }
         let mut done = 0;
+        // Whole pages go down in runs (one call for all the whole pages of the request); only
+        // the partial pages at either end are read-modify-write.
+        let mut run: Option<(u64, usize)> = None; // (first page, offset in `data`)
         for (page, in_page, n) in self.pieces(offset, data.len() as u64) {
             if n == pb {
-                self.vol.write_page(&self.eng, &map, page, &data[done..done + n])?;
+                run.get_or_insert((page, done));
             } else {
+                if let Some((first, at)) = run.take() {
+                    self.vol.write_pages(&self.eng, &map, first, &data[at..done])?;
+                }
                 let _rmw = self.vol.rmw_lock(page).lock();
                 let mut tmp = vec![0u8; pb];
                 self.vol.read_page(&self.eng, &map, page, &mut tmp)?;
@@ -1003,6 +1009,9 @@ impl Volume {
                 self.vol.write_page(&self.eng, &map, page, &tmp)?;
             }
             done += n;
+        }
+        if let Some((first, at)) = run {
+            self.vol.write_pages(&self.eng, &map, first, &data[at..done])?;
         }
         self.eng.counters.user_bytes_written.fetch_add(data.len() as u64, SeqCst);
         Ok(())

@@ -18,9 +18,15 @@ use crate::format::{MetaEntry, RecordMeta, StreamKind, VolumeRecord};
 use crate::policy::placement::{Placement, Relocation, SegmentView, StreamLayout, UserWrite};
 use crate::scan::walk_segment;
 use crate::util::Decoder;
-use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar as StdCondvar, Mutex as StdMutex, MutexGuard as StdMutexGuard, PoisonError};
+
+/// Locks a stream. A panic while holding it is not a reason to stop every later writer (the
+/// same as parking_lot, which does not poison), so a poisoned lock is taken as it is.
+fn lock_stream(stream: &StdMutex<Stream>) -> StdMutexGuard<'_, Stream> {
+    stream.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 const STRIPES: usize = 256;
 
@@ -73,9 +79,11 @@ pub struct LsaVolume {
     size_bytes: AtomicU64,
     map: RwLock<PageMap>,
     /// User streams first, then GC streams.
-    streams: Box<[Mutex<Stream>]>,
+    /// std's mutex, not parking_lot's: writers contend for a stream's lock, and parking_lot
+    /// spins by yielding the CPU, which on few cores hands it to another contender.
+    streams: Box<[StdMutex<Stream>]>,
     /// Signalled when a stream's pending segment allocation finishes.
-    stream_ready: Box<[Condvar]>,
+    stream_ready: Box<[StdCondvar]>,
     layout: StreamLayout,
     placement: Box<dyn Placement>,
     /// Name of the placement policy, as stored in the volume table.
@@ -113,7 +121,7 @@ impl LsaVolume {
             streams: layout
                 .kinds()
                 .map(|kind| {
-                    Mutex::new(Stream {
+                    StdMutex::new(Stream {
                         kind,
                         allocating: false,
                         seg: None,
@@ -121,7 +129,7 @@ impl LsaVolume {
                     })
                 })
                 .collect(),
-            stream_ready: layout.kinds().map(|_| Condvar::new()).collect(),
+            stream_ready: layout.kinds().map(|_| StdCondvar::new()).collect(),
             layout,
             placement,
             placement_name: rec.placement.clone(),
@@ -293,7 +301,7 @@ impl LsaVolume {
     fn seal_streams(&self, eng: &Engine, which: impl Fn(&OpenRecord) -> bool, close: bool) -> Vec<SealedRecord> {
         let mut out = Vec::new();
         for s in self.streams.iter() {
-            let mut st = s.lock();
+            let mut st = lock_stream(s);
             if st.rec.as_ref().is_some_and(&which) {
                 out.extend(self.seal_record(eng, &mut st));
             }
@@ -317,34 +325,73 @@ impl LsaVolume {
         page: Option<&[u8]>,
         commit: impl FnOnce(u64, &mut OpenRecord) -> R,
     ) -> Result<R> {
+        let mut commit = Some(commit);
+        let mut out = None;
+        self.place_each(
+            eng,
+            kind,
+            purpose,
+            1,
+            |_| page,
+            |_, at, rec| {
+                if let Some(c) = commit.take() {
+                    out = Some(c(at, rec));
+                }
+            },
+        )?;
+        // place_each returns Ok only after committing every item, here exactly one.
+        Ok(out.expect("place_each committed the item"))
+    }
+
+    /// Places `count` items in one stream, in order, each like [`LsaVolume::place`]: item `i`
+    /// is a data page `page(i)` or, for `None`, an entry only; `commit(i, at, record)` pushes
+    /// its entry. Consecutive items share one acquisition of the stream's lock for as long as
+    /// the open record has room, so a many-page write does not contend for the lock per page.
+    /// On an error the items before it stay committed.
+    fn place_each<'d>(
+        &self,
+        eng: &Engine,
+        kind: StreamKind,
+        purpose: Purpose,
+        count: usize,
+        page: impl Fn(usize) -> Option<&'d [u8]>,
+        mut commit: impl FnMut(usize, u64, &mut OpenRecord),
+    ) -> Result<()> {
         let index = self.layout.index(kind);
         let (stream, ready) = (&self.streams[index], &self.stream_ready[index]);
-        loop {
-            let mut st = stream.lock();
-            match self.prepare(eng, &mut st, page.is_some()) {
+        let mut next = 0;
+        while next < count {
+            let mut st = lock_stream(stream);
+            match self.prepare(eng, &mut st, page(next).is_some()) {
                 Prep::Ready => {
                     let Some(rec) = st.rec.as_mut() else { continue };
-                    let at = match page {
-                        Some(data) => {
-                            let gb = eng.geo.grain_bytes as usize;
-                            let slot = 1 + rec.data_grains as usize;
-                            rec.buf.bytes.write()[slot * gb..slot * gb + data.len()].copy_from_slice(data);
-                            rec.data_grains += self.page_grains;
-                            let grain = rec.buf.first_grain + slot as u64;
-                            eng.capacity.add_valid(rec.buf.segment, self.page_grains);
-                            grain
-                        }
-                        None => rec.buf.segment as u64,
-                    };
-                    let out = commit(at, rec);
-                    rec.gc_moves |= purpose == Purpose::Gc;
-                    let full = rec.entries_left == 0 || rec.pages_left == 0;
+                    let mut full = false;
+                    while next < count && !full {
+                        let at = match page(next) {
+                            Some(data) => {
+                                if rec.pages_left == 0 {
+                                    break; // an entry-only record tail: the page needs a new record
+                                }
+                                let gb = eng.geo.grain_bytes as usize;
+                                let slot = 1 + rec.data_grains as usize;
+                                rec.buf.bytes.write()[slot * gb..slot * gb + data.len()].copy_from_slice(data);
+                                rec.data_grains += self.page_grains;
+                                let grain = rec.buf.first_grain + slot as u64;
+                                eng.capacity.add_valid(rec.buf.segment, self.page_grains);
+                                grain
+                            }
+                            None => rec.buf.segment as u64,
+                        };
+                        commit(next, at, rec);
+                        rec.gc_moves |= purpose == Purpose::Gc;
+                        next += 1;
+                        full = rec.entries_left == 0 || rec.pages_left == 0;
+                    }
                     let sealed = if full { self.seal_record(eng, &mut st) } else { None };
                     drop(st);
                     if let Some(r) = sealed {
                         eng.write_record(r)?;
                     }
-                    return Ok(out);
                 }
                 Prep::Write(r) => {
                     drop(st);
@@ -352,13 +399,13 @@ impl LsaVolume {
                 }
                 Prep::NeedSegment => {
                     if st.allocating {
-                        ready.wait_for(&mut st, std::time::Duration::from_millis(50));
+                        drop(ready.wait_timeout(st, std::time::Duration::from_millis(50)));
                         continue;
                     }
                     st.allocating = true;
                     drop(st);
                     let r = eng.allocate_segment(purpose);
-                    let mut st = stream.lock();
+                    let mut st = lock_stream(stream);
                     st.allocating = false;
                     ready.notify_all();
                     let s = r?;
@@ -381,6 +428,7 @@ impl LsaVolume {
                 }
             }
         }
+        Ok(())
     }
 
     /// Accounts for a map entry that record `killer` replaced.
@@ -451,18 +499,64 @@ impl LsaVolume {
     /// ([`LsaVolume::check_space`]); concurrent requests may overshoot the limit by a few pages,
     /// which the usable-space margin absorbs.
     pub fn write_page(&self, eng: &Engine, map: &PageMap, page: u64, data: &[u8]) -> Result<()> {
-        debug_assert_eq!(data.len(), self.page_bytes as usize);
+        self.write_pages(eng, map, page, data)
+    }
+
+    /// Writes whole pages from `first` on (`data` holds a whole number of pages), like
+    /// [`LsaVolume::write_page`] for each. Pages the placement sends to the same stream go in
+    /// runs that take the stream's lock once per record rather than once per page.
+    pub fn write_pages(&self, eng: &Engine, map: &PageMap, first: u64, data: &[u8]) -> Result<()> {
+        let pb = self.page_bytes as usize;
+        debug_assert_eq!(data.len() % pb, 0);
+        let count = data.len() / pb;
         let _inflight = InvalidationGuard::new(eng);
-        let crc = crc32c::crc32c(data);
-        let kind = self.classify(eng, map, page);
-        let old = self.place(eng, kind, Purpose::User, Some(data), |grain, rec| {
-            eng.crc_table[grain as usize].store(crc, SeqCst);
-            let _stripe = self.stripe(page).lock();
-            let seq = eng.next_seq();
-            rec.push(MetaEntry::Data { page, seq, crc });
-            (map.swap(page, Entry::Mapped(grain)), rec.buf.record_id)
-        })?;
-        self.invalidate(eng, old.0, old.1);
+        let mut olds = Vec::with_capacity(count.min(eng.geo.meta_interval_pages as usize));
+        let mut crcs = Vec::with_capacity(olds.capacity());
+        let mut start = 0;
+        let mut kind = if count > 0 { Some(self.classify(eng, map, first)) } else { None };
+        while let Some(run_kind) = kind {
+            // The run: the following pages the placement sends to the same stream (at most one
+            // record's worth, the most one lock acquisition can take).
+            let mut end = start + 1;
+            kind = None;
+            while end < count && end - start < eng.geo.meta_interval_pages as usize {
+                let k = self.classify(eng, map, first + end as u64);
+                if k != run_kind {
+                    kind = Some(k);
+                    break;
+                }
+                end += 1;
+            }
+            if kind.is_none() && end < count {
+                kind = Some(self.classify(eng, map, first + end as u64));
+            }
+            let page_data = |i: usize| &data[(start + i) * pb..(start + i + 1) * pb];
+            // Checksums before taking the stream's lock: writers contend for it, so it guards
+            // only the copy into the record and the map update.
+            crcs.clear();
+            crcs.extend((0..end - start).map(|i| crc32c::crc32c(page_data(i))));
+            let placed = self.place_each(
+                eng,
+                run_kind,
+                Purpose::User,
+                end - start,
+                |i| Some(page_data(i)),
+                |i, grain, rec| {
+                    let (page, crc) = (first + (start + i) as u64, crcs[i]);
+                    eng.crc_table[grain as usize].store(crc, SeqCst);
+                    let _stripe = self.stripe(page).lock();
+                    let seq = eng.next_seq();
+                    rec.push(MetaEntry::Data { page, seq, crc });
+                    olds.push((map.swap(page, Entry::Mapped(grain)), rec.buf.record_id));
+                },
+            );
+            // Whatever was placed replaced its old version, even if a later page failed.
+            for (old, killer) in olds.drain(..) {
+                self.invalidate(eng, old, killer);
+            }
+            placed?;
+            start = end;
+        }
         Ok(())
     }
 
