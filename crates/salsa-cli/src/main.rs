@@ -883,6 +883,8 @@ fn stats_json(pool: &Pool) -> serde_json::Value {
         "flushes": s.flushes,
         "syncs": s.syncs,
         "throttled_allocations": s.throttled_allocations,
+        "unmovable_segments": s.unmovable_segments,
+        "gc_wait_timeouts": s.gc_wait_timeouts,
         "map_memory_bytes": s.map_memory_bytes,
         "crc_table_memory_bytes": s.crc_table_memory_bytes,
         "volumes": s.volumes.iter().map(|v| serde_json::json!({

@@ -61,6 +61,8 @@ pub struct Counters {
     /// Time the GC spent reading victims and relocating (excluding syncs).
     pub gc_micros: AtomicU64,
     pub throttled_allocations: AtomicU64,
+    /// Victims whose count the GC waited a full second for writers to settle.
+    pub gc_wait_timeouts: AtomicU64,
 }
 
 /// Shared engine state.
@@ -539,7 +541,13 @@ impl Engine {
         // A writer may have replaced a victim page's map entry (so the walk skipped it) without
         // having taken the page off the victim's count yet; wait for such writers to finish.
         let deadline = std::time::Instant::now() + Duration::from_secs(1);
-        while !info.is_empty() && self.invalidations_in_flight.load(SeqCst) > 0 && std::time::Instant::now() < deadline {
+        while !info.is_empty() && self.invalidations_in_flight.load(SeqCst) > 0 {
+            if std::time::Instant::now() >= deadline {
+                // Writers take a replaced page off its old segment's count right after the map
+                // update, so this means damage or an accounting bug, never a normal wait.
+                self.counters.gc_wait_timeouts.fetch_add(1, SeqCst);
+                break;
+            }
             std::thread::yield_now();
         }
         if !info.is_empty() {

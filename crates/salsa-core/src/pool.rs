@@ -128,12 +128,18 @@ pub struct Stats {
     pub sync_micros: u64,
     pub gc_micros: u64,
     pub throttled_allocations: u64,
+    /// Victims the GC waited a full second for, for writers to take replaced pages off their
+    /// count (0 unless something is wrong).
+    pub gc_wait_timeouts: u64,
     /// Memory held by the page maps.
     pub map_memory_bytes: u64,
     /// Memory held by the per-grain checksum table.
     pub crc_table_memory_bytes: u64,
     /// Segments per state: free, staged (open), allocated, victim, pending-free, checkpoint.
     pub segments_by_state: [u32; 6],
+    /// Segments the GC gave up on because their metadata did not account for every page the
+    /// map places there (damage, or an accounting bug): their space is lost until reopen.
+    pub unmovable_segments: u32,
     pub volumes: Vec<VolumeStats>,
     pub device_counters: Vec<(String, String, u64)>,
 }
@@ -775,6 +781,7 @@ impl Pool {
             sync_micros: c.sync_micros.load(SeqCst),
             gc_micros: c.gc_micros.load(SeqCst),
             throttled_allocations: c.throttled_allocations.load(SeqCst),
+            gc_wait_timeouts: c.gc_wait_timeouts.load(SeqCst),
             map_memory_bytes: vols.iter().map(|v| v.map_memory_bytes).sum(),
             crc_table_memory_bytes: self.eng.crc_table.len() as u64 * 4,
             segments_by_state: {
@@ -784,6 +791,7 @@ impl Pool {
                 }
                 by
             },
+            unmovable_segments: self.eng.capacity.segments().iter().filter(|s| s.unmovable.load(SeqCst)).count() as u32,
             volumes: vols,
             device_counters,
         }

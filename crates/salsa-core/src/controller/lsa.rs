@@ -510,8 +510,7 @@ impl LsaVolume {
         debug_assert_eq!(data.len() % pb, 0);
         let count = data.len() / pb;
         let _inflight = InvalidationGuard::new(eng);
-        let mut olds = Vec::with_capacity(count.min(eng.geo.meta_interval_pages as usize));
-        let mut crcs = Vec::with_capacity(olds.capacity());
+        let mut crcs = Vec::with_capacity(count.min(eng.geo.meta_interval_pages as usize));
         let mut start = 0;
         let mut kind = if count > 0 { Some(self.classify(eng, map, first)) } else { None };
         while let Some(run_kind) = kind {
@@ -535,7 +534,7 @@ impl LsaVolume {
             // only the copy into the record and the map update.
             crcs.clear();
             crcs.extend((0..end - start).map(|i| crc32c::crc32c(page_data(i))));
-            let placed = self.place_each(
+            self.place_each(
                 eng,
                 run_kind,
                 Purpose::User,
@@ -544,17 +543,18 @@ impl LsaVolume {
                 |i, grain, rec| {
                     let (page, crc) = (first + (start + i) as u64, crcs[i]);
                     eng.crc_table[grain as usize].store(crc, SeqCst);
-                    let _stripe = self.stripe(page).lock();
-                    let seq = eng.next_seq();
-                    rec.push(MetaEntry::Data { page, seq, crc });
-                    olds.push((map.swap(page, Entry::Mapped(grain)), rec.buf.record_id));
+                    let old = {
+                        let _stripe = self.stripe(page).lock();
+                        let seq = eng.next_seq();
+                        rec.push(MetaEntry::Data { page, seq, crc });
+                        map.swap(page, Entry::Mapped(grain))
+                    };
+                    // At once, not after the run: the GC cleaning the old version's segment
+                    // waits for its count to reach zero, and the rest of the run may wait for
+                    // the GC (a throttled allocation).
+                    self.invalidate(eng, old, rec.buf.record_id);
                 },
-            );
-            // Whatever was placed replaced its old version, even if a later page failed.
-            for (old, killer) in olds.drain(..) {
-                self.invalidate(eng, old, killer);
-            }
-            placed?;
+            )?;
             start = end;
         }
         Ok(())
