@@ -121,20 +121,31 @@ impl FileDevice {
     }
 }
 
+/// How long a held lock is retried before the file is called busy. A process that forks (to
+/// run any program) shares the lock of a file it had open with the child until the child
+/// execs; a pool closed and reopened in that window would otherwise be refused.
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
 fn lock_exclusive(file: &File, name: &str) -> io::Result<()> {
-    // SAFETY: flock only reads the descriptor number, which `file` keeps open for the call.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc == 0 {
-        return Ok(());
+    let deadline = std::time::Instant::now() + LOCK_RETRY;
+    loop {
+        // SAFETY: flock only reads the descriptor number, which `file` keeps open for the call.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(err);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{name} is in use by another SALSA process (the pool is locked while open)"),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        return Err(io::Error::new(
-            io::ErrorKind::WouldBlock,
-            format!("{name} is in use by another SALSA process (the pool is locked while open)"),
-        ));
-    }
-    Err(err)
 }
 
 /// Whether the block device `rdev` spins, from sysfs (a partition asks its disk); a disk
