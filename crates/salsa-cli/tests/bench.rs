@@ -242,6 +242,8 @@ fn device_trace_on_a_zoned_drive() {
         "2",
         "--device-trace",
         trace.to_str().unwrap(),
+        "--out",
+        dir.join("report").to_str().unwrap(),
     ]);
     assert!(ok, "{stderr}");
     assert!(std::fs::read_to_string(&trace).unwrap().lines().count() > 10);
