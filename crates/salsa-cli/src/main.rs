@@ -106,8 +106,8 @@ enum Command {
         read_only: bool,
         /// Requests of one connection executed at once, each on its own thread (started on
         /// demand; at most 256).
-        #[arg(long, default_value_t = 16)]
-        threads_per_connection: usize,
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+        threads_per_connection: u16,
         /// Go through the kernel's page cache instead of O_DIRECT (faster re-reads when memory
         /// is plentiful; flushes still sync the devices).
         #[arg(long)]
@@ -708,7 +708,7 @@ fn main() -> ExitCode {
                 tcp: (!no_tcp).then_some(*listen),
                 unix: unix.clone(),
                 read_only: *read_only,
-                threads_per_connection: *threads_per_connection,
+                threads_per_connection: usize::from(*threads_per_connection),
                 control: control.clone(),
                 page_cache: *page_cache,
             },

@@ -253,6 +253,13 @@ fn serve_refuses_a_device_with_foreign_data() {
         .arg(&img));
     assert!(!ok && out.contains("salsa format --force"), "{out}");
     assert!(std::fs::read(&img).unwrap().iter().all(|&b| b == 7), "the device was modified");
+    // A thread count out of range is refused before anything is opened.
+    for bad in ["0", "257"] {
+        let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa"))
+            .args(["serve", "--no-tcp", "--threads-per-connection", bad, "--device"])
+            .arg(&img));
+        assert!(!ok && out.contains("not in 1..=256"), "{out}");
+    }
 }
 
 #[test]
