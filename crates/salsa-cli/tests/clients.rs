@@ -278,7 +278,8 @@ fn salsa_check_passes_a_clean_pool_and_reports_damage() {
     let salsa = env!("CARGO_BIN_EXE_salsa");
     let (ok, out) = run(Command::new(salsa).args(["check", "--device"]).arg(&pool));
     assert!(ok && out.contains("0 problems"), "clean pool: {out}");
-    // Damage one data page on the device (the first copy of the block found).
+    // Damage one data page on the device (the first copy of the block found, whichever page
+    // it is).
     let mut bytes = std::fs::read(&pool).unwrap();
     let at = (1 << 20..bytes.len())
         .step_by(4096)
@@ -288,5 +289,7 @@ fn salsa_check_passes_a_clean_pool_and_reports_damage() {
     std::fs::write(&pool, &bytes).unwrap();
     let (ok, out) = run(Command::new(salsa).args(["check", "--device"]).arg(&pool));
     assert!(!ok, "check passed a damaged pool: {out}");
-    assert!(out.contains("page 0: checksum mismatch"), "{out}");
+    // Every page holds the same block and nbdcopy writes concurrently, so which page sits
+    // first on the device varies: exactly one page must be reported damaged.
+    assert_eq!(out.matches(": checksum mismatch").count(), 1, "{out}");
 }
