@@ -645,16 +645,20 @@ impl Engine {
     /// Whether the background worker has work: free segments below the low watermark, or
     /// pending segments that one sync would release while free segments run low.
     pub fn needs_gc_round(&self) -> bool {
-        let wm = self.capacity.watermarks;
-        let free = self.capacity.free_segments();
-        free < wm.low || (free <= wm.release && self.capacity.pending_counts().1 > 0)
+        self.capacity.free_segments() < self.capacity.watermarks.low || self.release_due()
+    }
+
+    /// Whether free segments are down to the release watermark while segments emptied by
+    /// overwrites wait for a sync.
+    fn release_due(&self) -> bool {
+        self.capacity.free_segments() <= self.capacity.watermarks.release && self.capacity.pending_counts().1 > 0
     }
 
     /// One round of the background worker: release what a sync releases, then clean until the
     /// high watermark.
     pub fn gc_round(&self) -> Result<()> {
         let wm = self.capacity.watermarks;
-        if self.capacity.free_segments() <= wm.release && self.capacity.pending_counts().1 > 0 {
+        if self.release_due() {
             self.flush()?;
         }
         while self.capacity.free_segments() < wm.high && !self.shutting_down.load(SeqCst) {

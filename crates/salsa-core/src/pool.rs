@@ -1014,7 +1014,7 @@ impl Volume {
                 let mut tmp = vec![0u8; pb];
                 self.vol.read_page(&self.eng, &map, page, &mut tmp)?;
                 tmp[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
-                self.vol.write_page(&self.eng, &map, page, &tmp)?;
+                self.vol.write_pages(&self.eng, &map, page, &tmp)?;
             }
             done += n;
         }

@@ -261,19 +261,23 @@ fn errno_of(e: &salsa_core::Error) -> u32 {
     }
 }
 
+/// Appends an error reply: a structured error chunk with `msg` when structured replies were
+/// negotiated, else a simple reply carrying only the errno.
+fn error_reply(out: &mut Vec<u8>, structured: bool, cookie: u64, errno: u32, msg: &str) {
+    if structured {
+        proto::structured_error(out, cookie, errno, msg);
+    } else {
+        proto::simple_reply(out, cookie, errno, &[]);
+    }
+}
+
 /// Executes one request and appends its reply to `out`.
 fn execute(conn: &Connection, request: &Request, payload: &[u8], out: &mut Vec<u8>) {
     let Request { req, cmd } = request;
     let vol = &conn.volume;
     let structured = conn.negotiated.structured_replies;
     let cookie = req.cookie;
-    let fail = |out: &mut Vec<u8>, errno: u32, msg: &str| {
-        if structured {
-            proto::structured_error(out, cookie, errno, msg);
-        } else {
-            proto::simple_reply(out, cookie, errno, &[]);
-        }
-    };
+    let fail = |out: &mut Vec<u8>, errno: u32, msg: &str| error_reply(out, structured, cookie, errno, msg);
     let ok = |out: &mut Vec<u8>| {
         if structured {
             proto::structured_done(out, cookie);
@@ -418,7 +422,7 @@ fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, stop: &Atom
         broken: AtomicBool::new(false),
         threads: AtomicUsize::new(1),
         waiting: AtomicUsize::new(0),
-        max_threads: max_threads.max(1),
+        max_threads,
         error: Mutex::new(None),
     };
     // Every request read is answered before the connection closes: the scope waits for every
@@ -520,11 +524,7 @@ fn next_request(rx: &mut Receiver, conn: &Connection, stop: &AtomicBool, payload
             Ok(c) => c,
             Err(errno) => {
                 let mut out = Vec::new();
-                if conn.negotiated.structured_replies {
-                    proto::structured_error(&mut out, req.cookie, errno, "invalid request");
-                } else {
-                    proto::simple_reply(&mut out, req.cookie, errno, &[]);
-                }
+                error_reply(&mut out, conn.negotiated.structured_replies, req.cookie, errno, "invalid request");
                 conn.send(&out);
                 continue;
             }

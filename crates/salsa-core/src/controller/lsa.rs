@@ -368,10 +368,9 @@ impl LsaVolume {
                     let mut full = false;
                     while next < count && !full {
                         let at = match page(next) {
+                            // A record is sealed when its last page slot is taken, so an open
+                            // one always has a slot (and `OpenRecord::push` asserts it).
                             Some(data) => {
-                                if rec.pages_left == 0 {
-                                    break; // an entry-only record tail: the page needs a new record
-                                }
                                 let gb = eng.geo.grain_bytes as usize;
                                 let slot = 1 + rec.data_grains as usize;
                                 rec.buf.bytes.write()[slot * gb..slot * gb + data.len()].copy_from_slice(data);
@@ -495,40 +494,23 @@ impl LsaVolume {
         Ok(())
     }
 
-    /// Writes one whole page. The caller checked space for the whole request
-    /// ([`LsaVolume::check_space`]); concurrent requests may overshoot the limit by a few pages,
-    /// which the usable-space margin absorbs.
-    pub fn write_page(&self, eng: &Engine, map: &PageMap, page: u64, data: &[u8]) -> Result<()> {
-        self.write_pages(eng, map, page, data)
-    }
-
-    /// Writes whole pages from `first` on (`data` holds a whole number of pages), like
-    /// [`LsaVolume::write_page`] for each. Pages the placement sends to the same stream go in
-    /// runs that take the stream's lock once per record rather than once per page.
+    /// Writes whole pages from `first` on (`data` holds a whole number of pages). The caller
+    /// checked space for the whole request ([`LsaVolume::check_space`]); concurrent requests may
+    /// overshoot the limit by a few pages, which the usable-space margin absorbs.
     pub fn write_pages(&self, eng: &Engine, map: &PageMap, first: u64, data: &[u8]) -> Result<()> {
         let pb = self.page_bytes as usize;
         debug_assert_eq!(data.len() % pb, 0);
         let count = data.len() / pb;
         let _inflight = InvalidationGuard::new(eng);
-        let mut crcs = Vec::with_capacity(count.min(eng.geo.meta_interval_pages as usize));
+        // Pages the placement sends to the same stream go down in runs of at most one record,
+        // which take the stream's lock once rather than once per page.
+        let kinds: Vec<StreamKind> = (0..count).map(|i| self.classify(eng, map, first + i as u64)).collect();
+        let run_limit = eng.geo.meta_interval_pages as usize;
+        let mut crcs = Vec::with_capacity(count.min(run_limit));
         let mut start = 0;
-        let mut kind = if count > 0 { Some(self.classify(eng, map, first)) } else { None };
-        while let Some(run_kind) = kind {
-            // The run: the following pages the placement sends to the same stream (at most one
-            // record's worth, the most one lock acquisition can take).
-            let mut end = start + 1;
-            kind = None;
-            while end < count && end - start < eng.geo.meta_interval_pages as usize {
-                let k = self.classify(eng, map, first + end as u64);
-                if k != run_kind {
-                    kind = Some(k);
-                    break;
-                }
-                end += 1;
-            }
-            if kind.is_none() && end < count {
-                kind = Some(self.classify(eng, map, first + end as u64));
-            }
+        while start < count {
+            let cap = (start + run_limit).min(count);
+            let end = (start + 1..cap).find(|&i| kinds[i] != kinds[start]).unwrap_or(cap);
             let page_data = |i: usize| &data[(start + i) * pb..(start + i + 1) * pb];
             // Checksums before taking the stream's lock: writers contend for it, so it guards
             // only the copy into the record and the map update.
@@ -536,7 +518,7 @@ impl LsaVolume {
             crcs.extend((0..end - start).map(|i| crc32c::crc32c(page_data(i))));
             self.place_each(
                 eng,
-                run_kind,
+                kinds[start],
                 Purpose::User,
                 end - start,
                 |i| Some(page_data(i)),
