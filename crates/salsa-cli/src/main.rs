@@ -283,6 +283,13 @@ struct BenchArgs {
     spare: f64,
     #[arg(long, value_parser = parse_size)]
     segment_size: Option<u64>,
+    /// Volume size (default: all the logical space the pool offers at --spare).
+    #[arg(long, value_parser = parse_size)]
+    volume_size: Option<u64>,
+    /// Also run the GC while garbage is above this percentage of the written space, however
+    /// much is free (SepBIT's trigger; give the pool room with --spare or --volume-size).
+    #[arg(long)]
+    gc_garbage_percent: Option<f64>,
     /// Placement policies, comma-separated; each is run with each victim policy.
     #[arg(long, default_value = "salsa", value_delimiter = ',')]
     placement: Vec<String>,
@@ -378,6 +385,8 @@ fn run_workload_bench(a: &BenchArgs) -> Result<(), String> {
         },
         spare_percent: a.spare,
         segment_bytes: a.segment_size,
+        volume_bytes: a.volume_size,
+        gc_garbage_percent: a.gc_garbage_percent,
         workload: a.load.workload.clone(),
         read_percent: a.load.read_percent,
         block_bytes: a.load.block_size,

@@ -293,3 +293,58 @@ fn raw_baseline_against_salsa_in_both_io_modes() {
     let (ok, _, err) = salsa(&["bench-raw", "--file", file.to_str().unwrap(), "--block-size", "1000"]);
     assert!(!ok && err.contains("multiple of 4 KiB"), "{err}");
 }
+
+#[test]
+fn garbage_trigger_and_volume_size_run_sepbit_style_cleaning_on_a_roomy_pool() {
+    let dir = scratch("garbage");
+    let run = |volume: &str, extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--memory",
+            "128M",
+            "--segment-size",
+            "1M",
+            "--volume-size",
+            volume,
+            "--workload",
+            "uniform",
+            "--placement",
+            "user-gc",
+            "--victim",
+            "greedy",
+            "--inline-gc",
+            "--queue-depth",
+            "1",
+            "--warmup",
+            "2",
+            "--measure",
+            "2",
+            "--json",
+            "--out",
+            dir.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        salsa(&args)
+    };
+    // A 24 MiB volume on a 128 MiB pool: free space never runs low, so the GC only runs when
+    // the garbage trigger asks, and then as it would at 20% spare (uniform greedy: about 2.7).
+    let (ok, stdout, stderr) = run("24M", &[]);
+    assert!(ok, "{stderr}");
+    let r = &json_of(&stdout)[0];
+    assert_eq!(r["volume_bytes"].as_u64().unwrap(), 24 << 20);
+    assert!(r["wa"].as_f64().unwrap() < 1.05, "no trigger, no GC: {}", r["wa"]);
+    let (ok, stdout, stderr) = run("24M", &["--gc-garbage-percent", "20"]);
+    assert!(ok, "{stderr}");
+    let r = &json_of(&stdout)[0];
+    let wa = r["wa"].as_f64().unwrap();
+    assert!((2.2..3.4).contains(&wa), "20% garbage, uniform greedy: WA {wa}");
+    assert_eq!(r["gc_garbage_percent"].as_f64().unwrap(), 20.0);
+    for (volume, bad, says) in [
+        ("24M", &["--gc-garbage-percent", "95"][..], "garbage trigger"),
+        ("1G", &[][..], "more than"),
+    ] {
+        let (ok, _, stderr) = run(volume, bad);
+        assert!(!ok && stderr.contains(says), "{bad:?}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

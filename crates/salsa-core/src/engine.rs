@@ -88,6 +88,9 @@ pub struct Engine {
     /// The durable pool metadata (volume table); held while it is rewritten.
     pub meta: Mutex<PoolMeta>,
     pub background_gc: bool,
+    /// When set, the GC also runs while garbage exceeds this share of the data space of the
+    /// sealed segments (SepBIT's trigger; see [`Engine::garbage_due`]).
+    gc_garbage_ratio: Option<f64>,
     pub shutting_down: AtomicBool,
     /// Set when the GC found nothing to clean while writers wait: the pool is really full.
     pub gc_stuck: AtomicBool,
@@ -127,6 +130,11 @@ impl Drop for GcAdmission<'_> {
     }
 }
 
+/// How far (as a share of the written space) garbage may run above the garbage trigger before
+/// writers wait for the GC: enough that they do not stop at every segment, small enough that
+/// the bound is what the user asked for.
+const GARBAGE_SLACK: f64 = 0.01;
+
 /// Allocation preference of every stream: SALSA is multi-type by design; this build places
 /// user and GC data on any type, preferring flash, then NVM, then disks, and keeps the
 /// conventional zones of SMR drives for last (checkpoints want them).
@@ -157,6 +165,7 @@ impl Engine {
         meta: PoolMeta,
         policy: Box<dyn VictimPolicy>,
         background_gc: bool,
+        gc_garbage_ratio: Option<f64>,
         read_only: bool,
     ) -> Engine {
         let epoch = meta.generation;
@@ -177,6 +186,7 @@ impl Engine {
             gc_lock: RwLock::new(()),
             meta: Mutex::new(meta),
             background_gc,
+            gc_garbage_ratio,
             shutting_down: AtomicBool::new(false),
             gc_stuck: AtomicBool::new(false),
             gc_wake: (Mutex::new(false), Condvar::new()),
@@ -362,7 +372,16 @@ impl Engine {
                     return Err(e);
                 }
                 if self.needs_gc_round() {
-                    self.wake_gc();
+                    if self.background_gc {
+                        self.wake_gc();
+                    } else if purpose == Purpose::User {
+                        // Without a worker, the writer that takes a segment cleans what the
+                        // garbage trigger asks for (free space is not short: it got one).
+                        while self.garbage_due() && self.gc_step()? {}
+                    }
+                }
+                if purpose == Purpose::User && self.background_gc {
+                    self.wait_for_garbage_bound()?;
                 }
                 return Ok(s);
             }
@@ -645,7 +664,52 @@ impl Engine {
     /// Whether the background worker has work: free segments below the low watermark, or
     /// pending segments that one sync would release while free segments run low.
     pub fn needs_gc_round(&self) -> bool {
-        self.capacity.free_segments() < self.capacity.watermarks.low || self.release_due()
+        self.capacity.free_segments() < self.capacity.watermarks.low || self.release_due() || self.garbage_due()
+    }
+
+    /// Whether the pool runs with a garbage trigger and the sealed segments (victims being
+    /// cleaned and segments waiting for release left out) hold more garbage than it allows.
+    /// Cleaning at a fixed share of garbage bounds space amplification whatever the free space:
+    /// it is how SepBIT and cloud log stores run, and what their write-amplification figures
+    /// assume.
+    pub fn garbage_due(&self) -> bool {
+        self.garbage_above(0.0)
+    }
+
+    /// Holds a writer while garbage is more than [`GARBAGE_SLACK`] above the garbage trigger, so
+    /// that the bound holds however fast users write: like free space, the share of garbage is
+    /// a promise the GC keeps by slowing writers down when it falls behind.
+    fn wait_for_garbage_bound(&self) -> Result<()> {
+        let mut throttled = false;
+        while self.garbage_above(GARBAGE_SLACK) && !self.gc_stuck.load(SeqCst) {
+            self.check_writable()?;
+            if self.shutting_down.load(SeqCst) {
+                return Err(Error::ShuttingDown);
+            }
+            if !throttled {
+                throttled = true;
+                self.counters.throttled_allocations.fetch_add(1, SeqCst);
+            }
+            self.wake_gc();
+            self.capacity.wait_for_free(u32::MAX, Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// Whether garbage is above the garbage trigger plus `slack` (a share of the space).
+    fn garbage_above(&self, slack: f64) -> bool {
+        let Some(ratio) = self.gc_garbage_ratio else {
+            return false;
+        };
+        let data_per_segment = self.data_grains_per_segment() as u64;
+        let (mut space, mut valid) = (0u64, 0u64);
+        for s in self.capacity.segments() {
+            if s.state() == SegmentState::Allocated && !s.unmovable.load(SeqCst) {
+                space += data_per_segment;
+                valid += (s.valid_grains.load(SeqCst) as u64).min(data_per_segment);
+            }
+        }
+        (space - valid) as f64 > (ratio + slack) * space as f64
     }
 
     /// Whether free segments are down to the release watermark while segments emptied by
@@ -655,13 +719,13 @@ impl Engine {
     }
 
     /// One round of the background worker: release what a sync releases, then clean until the
-    /// high watermark.
+    /// high watermark (and, with a garbage trigger, until garbage is back under it).
     pub fn gc_round(&self) -> Result<()> {
         let wm = self.capacity.watermarks;
         if self.release_due() {
             self.flush()?;
         }
-        while self.capacity.free_segments() < wm.high && !self.shutting_down.load(SeqCst) {
+        while (self.capacity.free_segments() < wm.high || self.garbage_due()) && !self.shutting_down.load(SeqCst) {
             if !self.gc_step()? {
                 self.gc_stuck.store(true, SeqCst);
                 self.capacity.changed.notify_all();

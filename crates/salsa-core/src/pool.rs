@@ -73,6 +73,10 @@ pub struct OpenOptions {
     pub gc_workers: usize,
     /// Policies the pool's and volumes' policy names are looked up in.
     pub policies: Registry,
+    /// Also clean while garbage is above this percentage of the sealed segments' data space,
+    /// however much is free (SepBIT's "garbage proportion" trigger). `None`: clean only when
+    /// free space runs low, which moves the least data.
+    pub gc_garbage_percent: Option<f64>,
 }
 
 impl Default for OpenOptions {
@@ -83,6 +87,7 @@ impl Default for OpenOptions {
             force_scan: false,
             gc_workers: 4,
             policies: Registry::builtin(),
+            gc_garbage_percent: None,
         }
     }
 }
@@ -254,6 +259,7 @@ impl Pool {
         if devices.is_empty() || devices.len() > u16::MAX as usize {
             return Err(Error::InvalidConfig("a pool needs between 1 and 65535 devices".into()));
         }
+        check_open_options(opts)?;
         if !cfg.grain_bytes.is_power_of_two() || !(4096..=65536).contains(&cfg.grain_bytes) {
             return Err(Error::InvalidConfig(format!(
                 "grain size {} must be a power of two from 4 KiB to 64 KiB",
@@ -374,6 +380,7 @@ impl Pool {
         if devices.is_empty() {
             return Err(Error::InvalidConfig("no devices given".into()));
         }
+        check_open_options(opts)?;
         let mut sbs = Vec::new();
         for d in &devices {
             sbs.push(read_superblock(d.as_ref())?);
@@ -515,6 +522,7 @@ impl Pool {
             meta,
             policy,
             opts.background_gc,
+            opts.gc_garbage_percent.map(|p| p / 100.0),
             opts.read_only,
         );
         let encoding = Encoding {
@@ -892,6 +900,16 @@ impl Drop for Pool {
                 let _ = self.eng.flush();
             }
         }
+    }
+}
+
+/// Refuses options no pool can run with, before anything is written.
+fn check_open_options(opts: &OpenOptions) -> Result<()> {
+    match opts.gc_garbage_percent {
+        Some(p) if !(1.0..=90.0).contains(&p) => Err(Error::InvalidConfig(format!(
+            "GC garbage trigger {p}% is outside 1% to 90% of the written space"
+        ))),
+        _ => Ok(()),
     }
 }
 

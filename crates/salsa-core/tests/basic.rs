@@ -1,6 +1,8 @@
 mod common;
 use common::*;
-use salsa_core::{OpenedFrom, Pool};
+use salsa_core::device::MemoryDevice;
+use salsa_core::{Device, OpenOptions, OpenedFrom, Pool};
+use std::sync::Arc;
 
 #[test]
 fn write_read_trim_and_reopen_cleanly() {
@@ -157,4 +159,68 @@ fn bad_requests_are_refused_and_lose_nothing() {
         Ok(_) => panic!("a damaged superblock was accepted"),
     };
     assert!(matches!(e, salsa_core::Error::DamagedSuperblock { .. }), "{e}");
+}
+
+/// Writes `volumes` volumes of uniform random pages to an 8 MiB volume on a 64 MiB pool and
+/// returns the pool's statistics and the most segments in use at any check.
+fn random_overwrites_on_a_roomy_pool(opts: &OpenOptions, volumes: u64) -> (salsa_core::Stats, u32) {
+    let (pool, _dev) = memory_pool(64, opts);
+    let vol = pool.create_volume("a", 8 * MIB, 4096).unwrap();
+    let pages = 8 * MIB / PAGE as u64;
+    let mut version = vec![0u64; pages as usize];
+    let mut rng = 99u64;
+    let mut most_used = 0;
+    for i in 0..pages * volumes {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let p = if i < pages { i } else { (rng >> 33) % pages };
+        version[p as usize] += 1;
+        vol.write(p * PAGE as u64, &pattern(1, p, version[p as usize])).unwrap();
+        if i % 256 == 0 {
+            let st = pool.stats();
+            most_used = most_used.max(st.total_segments - st.free_segments);
+        }
+    }
+    let mut buf = vec![0u8; PAGE];
+    for p in 0..pages {
+        vol.read(p * PAGE as u64, &mut buf).unwrap();
+        assert_eq!(buf, pattern(1, p, version[p as usize]), "page {p}");
+    }
+    (pool.stats(), most_used)
+}
+
+#[test]
+fn garbage_trigger_keeps_garbage_at_its_share_however_much_is_free() {
+    // Without the trigger the GC waits for free space to run low: on a pool eight times the
+    // volume, six volumes of overwrites never need it.
+    let (st, _) = random_overwrites_on_a_roomy_pool(&inline_gc(), 6);
+    assert_eq!(st.gc_bytes_relocated, 0);
+    // With it (25% garbage), the 8 MiB volume occupies about 8 / 0.75 = 10.7 one-MiB segments
+    // (data pages only: metadata takes 1/17 of each) plus the open ones, and the GC moves data
+    // as it would at 25% spare.
+    for background_gc in [false, true] {
+        let opts = OpenOptions {
+            background_gc,
+            gc_garbage_percent: Some(25.0),
+            ..OpenOptions::default()
+        };
+        let (st, most_used) = random_overwrites_on_a_roomy_pool(&opts, 6);
+        assert!(
+            st.gc_bytes_relocated > 8 * MIB,
+            "background {background_gc}: GC moved {}",
+            st.gc_bytes_relocated
+        );
+        assert!(most_used <= 20, "background {background_gc}: {most_used} segments in use");
+        assert!(
+            st.gc_write_amplification > 1.5,
+            "background {background_gc}: WA {}",
+            st.gc_write_amplification
+        );
+    }
+    let bad = OpenOptions {
+        gc_garbage_percent: Some(0.5),
+        ..OpenOptions::default()
+    };
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem0", 64 * MIB));
+    let e = Pool::create(vec![dev], &tiny_config(), &bad).err().expect("0.5% refused");
+    assert!(e.to_string().contains("garbage trigger"), "{e}");
 }

@@ -42,6 +42,10 @@ pub struct Params {
     pub backing: Backing,
     pub spare_percent: f64,
     pub segment_bytes: Option<u64>,
+    /// Volume size; `None`: the pool's whole logical capacity.
+    pub volume_bytes: Option<u64>,
+    /// The GC's garbage trigger ([`salsa_core::OpenOptions::gc_garbage_percent`]).
+    pub gc_garbage_percent: Option<f64>,
     pub workload: Spec,
     pub read_percent: f64,
     pub block_bytes: u64,
@@ -189,11 +193,25 @@ fn run_policy(p: &Params, placement: &str, victim: &str, trace_ops: Option<Vec<t
     };
     let opts = OpenOptions {
         background_gc: !p.inline_gc,
+        gc_garbage_percent: p.gc_garbage_percent,
         ..OpenOptions::default()
     };
     let pool = Pool::create(devices, &cfg, &opts).map_err(|e| format!("{label}: {e}"))?;
     let physical = pool.geometry().total_segments as u64 * pool.geometry().segment_bytes;
-    let mut vol_bytes = pool.logical_capacity_bytes() / p.block_bytes * p.block_bytes;
+    let logical = pool.logical_capacity_bytes();
+    let mut vol_bytes = match p.volume_bytes {
+        Some(v) if v > logical => {
+            return Err(format!(
+                "--volume-size {} MiB is more than the {} MiB the pool offers at {}% spare",
+                v >> 20,
+                logical >> 20,
+                p.spare_percent
+            ))
+        }
+        Some(v) => v,
+        None => logical,
+    } / p.block_bytes
+        * p.block_bytes;
     if let Some(ops) = &trace_ops {
         let need = trace::extent(ops).div_ceil(p.block_bytes) * p.block_bytes;
         if need > vol_bytes {
@@ -331,6 +349,7 @@ fn run_policy(p: &Params, placement: &str, victim: &str, trace_ops: Option<Vec<t
         "volume_bytes": vol_bytes,
         "physical_bytes": physical,
         "spare_percent_requested": p.spare_percent,
+        "gc_garbage_percent": p.gc_garbage_percent,
         "spare_percent_effective": effective_spare * 100.0,
         "segment_bytes": pool.geometry().segment_bytes,
         "segments": pool.geometry().total_segments,
