@@ -371,17 +371,19 @@ impl Engine {
                     self.poison(&e);
                     return Err(e);
                 }
+                // Garbage over its bound implies a round is needed, so the pass over the segment
+                // table that measures garbage runs again only when it might be over.
                 if self.needs_gc_round() {
                     if self.background_gc {
                         self.wake_gc();
+                        if purpose == Purpose::User {
+                            self.wait_for_garbage_bound()?;
+                        }
                     } else if purpose == Purpose::User {
                         // Without a worker, the writer that takes a segment cleans what the
                         // garbage trigger asks for (free space is not short: it got one).
                         while self.garbage_due() && self.gc_step()? {}
                     }
-                }
-                if purpose == Purpose::User && self.background_gc {
-                    self.wait_for_garbage_bound()?;
                 }
                 return Ok(s);
             }
