@@ -10,8 +10,15 @@ use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
-/// Bits of an id or sequence number that count within one epoch.
+/// Bits of a record id that count within one epoch.
 pub const EPOCH_SHIFT: u32 = 40;
+/// Bits of a data sequence number that count within one epoch (`epoch << 32 | counter`): with
+/// epochs below [`MAX_EPOCHS`] a sequence number fits the format's `SEQ_BITS`. An epoch covers
+/// 2^32 page writes (16 TiB of 4 KiB pages) before the engine moves to the next.
+pub const SEQ_EPOCH_SHIFT: u32 = 32;
+/// Epochs (pool metadata generations) a pool can number ids and sequence numbers with.
+pub const MAX_EPOCHS: u64 = 1 << (crate::format::SEQ_BITS - SEQ_EPOCH_SHIFT);
+const _: () = assert!(MAX_EPOCHS <= 1 << (64 - EPOCH_SHIFT), "record ids fit 64 bits");
 
 struct Inner {
     next_id: u64,

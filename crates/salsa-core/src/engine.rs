@@ -20,7 +20,7 @@ use crate::capacity::{Capacity, Purpose, SegmentState};
 use crate::controller::record::SealedRecord;
 use crate::controller::Controller;
 use crate::device::StorageType;
-use crate::durability::{Tracker, EPOCH_SHIFT};
+use crate::durability::{Tracker, EPOCH_SHIFT, MAX_EPOCHS, SEQ_EPOCH_SHIFT};
 use crate::error::{Error, Result};
 use crate::format::PoolMeta;
 use crate::layout::DeviceLayout;
@@ -177,7 +177,7 @@ impl Engine {
             tracker: Tracker::new(epoch << EPOCH_SHIFT | 1),
             crc_table: (0..geo.total_grains).map(|_| AtomicU32::new(0)).collect(),
             volumes: RwLock::new(BTreeMap::new()),
-            seq: AtomicU64::new(epoch << EPOCH_SHIFT | 1),
+            seq: AtomicU64::new(epoch << SEQ_EPOCH_SHIFT | 1),
             epoch_lock: Mutex::new(()),
             poison: Mutex::new(None),
             poisoned: AtomicBool::new(false),
@@ -242,13 +242,13 @@ impl Engine {
 
     // ----- sequence numbers -----
 
-    /// Next data sequence number. Numbers are `epoch << 40 | counter`; near the end of an
+    /// Next data sequence number. Numbers are `epoch << 32 | counter`; near the end of an
     /// epoch a new one is made durable first, so numbers never repeat across sessions.
     pub fn next_seq(&self) -> u64 {
         let s = self.seq.fetch_add(1, SeqCst);
-        let mask = (1u64 << EPOCH_SHIFT) - 1;
+        let mask = (1u64 << SEQ_EPOCH_SHIFT) - 1;
         if s & mask >= mask - (1 << 24) {
-            if let Err(e) = self.advance_epoch(s >> EPOCH_SHIFT) {
+            if let Err(e) = self.advance_epoch(s >> SEQ_EPOCH_SHIFT) {
                 self.poison(&e);
             }
         }
@@ -262,12 +262,12 @@ impl Engine {
 
     fn advance_epoch(&self, old_epoch: u64) -> Result<()> {
         let _g = self.epoch_lock.lock();
-        if self.seq.load(SeqCst) >> EPOCH_SHIFT != old_epoch {
+        if self.seq.load(SeqCst) >> SEQ_EPOCH_SHIFT != old_epoch {
             return Ok(());
         }
         let mut meta = self.meta.lock();
         self.write_pool_meta(&mut meta)?;
-        self.seq.fetch_max(meta.generation << EPOCH_SHIFT | 1, SeqCst);
+        self.seq.fetch_max(meta.generation << SEQ_EPOCH_SHIFT | 1, SeqCst);
         Ok(())
     }
 
@@ -762,6 +762,14 @@ impl Engine {
 /// slots alternate, so a torn write leaves the previous copy intact), then syncs. A slot in a
 /// sequential zone is reset first (the other slot still holds the previous generation).
 pub fn write_meta_slot(dev: &dyn crate::device::Device, layout: &DeviceLayout, meta: &mut PoolMeta) -> Result<()> {
+    // The generation numbers the epochs of ids and sequence numbers, which must fit the format.
+    if meta.generation + 1 >= MAX_EPOCHS {
+        return Err(Error::Exhausted(format!(
+            "device {} has written its pool metadata {} times, the most the format numbers",
+            dev.name(),
+            meta.generation
+        )));
+    }
     meta.generation += 1;
     let bytes = meta.encode();
     let mut buf = crate::util::AlignedBuf::zeroed(bytes.len());
@@ -780,4 +788,38 @@ pub fn write_meta_slot(dev: &dyn crate::device::Device, layout: &DeviceLayout, m
     dev.write_at(&buf, offset).map_err(|e| io("write pool metadata", e))?;
     dev.sync().map_err(|e| io("sync pool metadata", e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Device, MemoryDevice};
+
+    #[test]
+    fn the_pool_metadata_generation_stops_where_sequence_numbers_would_outgrow_the_format() {
+        let dev = MemoryDevice::new("mem0", 16 << 20);
+        let (layout, _) = DeviceLayout::plan(&dev, 1 << 20).unwrap();
+        let mut meta = PoolMeta {
+            pool_id: 7,
+            generation: MAX_EPOCHS - 2,
+            session_id: 1,
+            clean: true,
+            next_volume_id: 1,
+            volumes: Vec::new(),
+            checkpoint: None,
+        };
+        write_meta_slot(&dev, &layout, &mut meta).unwrap();
+        assert_eq!(meta.generation, MAX_EPOCHS - 1);
+        // The largest epoch's sequence numbers still fit the format.
+        let last_seq_of_largest_epoch = meta.generation << SEQ_EPOCH_SHIFT | ((1 << SEQ_EPOCH_SHIFT) - 1);
+        assert_eq!(last_seq_of_largest_epoch, crate::format::MAX_SEQ);
+        let mut before = vec![0u8; 2 * 4096];
+        dev.read_at(&mut before, layout.meta_slot_offsets[0]).unwrap();
+        let err = write_meta_slot(&dev, &layout, &mut meta).unwrap_err();
+        assert!(matches!(err, Error::Exhausted(_)), "{err}");
+        assert_eq!(meta.generation, MAX_EPOCHS - 1, "a refused write leaves the generation alone");
+        let mut after = vec![0u8; 2 * 4096];
+        dev.read_at(&mut after, layout.meta_slot_offsets[0]).unwrap();
+        assert_eq!(before, after, "nothing was written");
+    }
 }

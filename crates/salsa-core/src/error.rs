@@ -69,6 +69,10 @@ pub enum Error {
     /// The pool is being closed.
     #[error("the pool is shutting down")]
     ShuttingDown,
+    /// A bounded counter of the on-disk format ran out (the pool metadata generation, which
+    /// numbers epochs of sequence numbers; it takes about 16 million metadata writes).
+    #[error("pool exhausted: {0}; copy its volumes to a newly formatted pool")]
+    Exhausted(String),
 }
 
 impl Error {

@@ -8,7 +8,7 @@ use crate::layout::DeviceLayout;
 use crate::util::{Decoder, Encoder, Truncated};
 
 /// Format version written by this build; newer versions are refused.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// Longest policy name stored on disk.
 pub const MAX_POLICY_NAME_BYTES: usize = 32;
 /// Size of the superblock at offset 0 of every device.
@@ -432,9 +432,17 @@ pub enum MetaEntry {
     Trim { page: u64, count: u64, seq: u64 },
 }
 
-/// An entry is `page u32, crc-or-count u32, seq u64`; which entries are trims is a bitmap in
+/// Data sequence numbers are stored in 56 bits (7 bytes per metadata entry). 15-byte entries let
+/// one 4 KiB metadata page describe 255 data pages, so a 1 MiB segment carries one metadata page
+/// instead of two: 0.4% more space for data, which lowers write amplification everywhere.
+pub const SEQ_BITS: u32 = 56;
+/// Largest data sequence number the format can store.
+pub const MAX_SEQ: u64 = (1 << SEQ_BITS) - 1;
+const SEQ_BYTES: usize = SEQ_BITS as usize / 8;
+
+/// An entry is `page u32, crc-or-count u32, seq u56`; which entries are trims is a bitmap in
 /// front of them (one bit per entry), so data and trim entries take one slot each.
-const ENTRY_BYTES: usize = 16;
+const ENTRY_BYTES: usize = 4 + 4 + SEQ_BYTES;
 const RECORD_HEADER_BYTES: usize = 8 + 4 + 16 + 4 + 8 + 4 + 1 + 8 + 8 + 8 + 4 + 4 + 4 + 4;
 
 /// How many entries (and their kind bits) fit one metadata page of `grain_bytes`.
@@ -514,15 +522,25 @@ impl RecordMeta {
         // Pages and trim lengths fit 32 bits: a volume has at most 2^32 pages
         // (`MAX_VOLUME_PAGES`, checked when it is created or resized), and a trim covers 1 to
         // 2^32 pages, stored less one.
+        // Sequence numbers stay within `SEQ_BITS` (the engine's epochs are bounded so).
         let narrow = |v: u64, what: &str| u32::try_from(v).unwrap_or_else(|_| panic!("{what} {v} exceeds 32 bits"));
+        let seq_bytes = |seq: u64| {
+            assert!(seq <= MAX_SEQ, "sequence number {seq} exceeds {SEQ_BITS} bits");
+            let b = seq.to_le_bytes();
+            let mut out = [0u8; SEQ_BYTES];
+            out.copy_from_slice(&b[..SEQ_BYTES]);
+            out
+        };
         for entry in &self.entries {
             match *entry {
                 MetaEntry::Data { page, seq, crc } => {
-                    e.u32(narrow(page, "page")).u32(crc).u64(seq);
+                    e.u32(narrow(page, "page")).u32(crc).raw(&seq_bytes(seq));
                 }
                 MetaEntry::Trim { page, count, seq } => {
                     assert!(count >= 1, "empty trim entry");
-                    e.u32(narrow(page, "trim start")).u32(narrow(count - 1, "trim length")).u64(seq);
+                    e.u32(narrow(page, "trim start"))
+                        .u32(narrow(count - 1, "trim length"))
+                        .raw(&seq_bytes(seq));
                 }
             }
         }
@@ -551,7 +569,9 @@ impl RecordMeta {
         for i in 0..count {
             let page = d.u32("entry page")? as u64;
             let crc_or_count = d.u32("entry crc")?;
-            let seq = d.u64("entry seq")?;
+            let mut seq_le = [0u8; 8];
+            seq_le[..SEQ_BYTES].copy_from_slice(d.take(SEQ_BYTES, "entry seq")?);
+            let seq = u64::from_le_bytes(seq_le);
             entries.push(if trims[i / 8] & (1 << (i % 8)) != 0 {
                 MetaEntry::Trim {
                     page,
@@ -661,21 +681,44 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "exceeds 56 bits")]
+    fn a_sequence_number_past_the_format_s_width_is_never_written_truncated() {
+        let meta = RecordMeta {
+            pool_id: 1,
+            segment: 0,
+            incarnation: 1,
+            volume_id: 1,
+            stream: StreamKind::User(0),
+            opened_seq: 1,
+            record_id: 1,
+            synced_through: 0,
+            start_grain: 0,
+            page_grains: 1,
+            entries: vec![MetaEntry::Data {
+                page: 0,
+                seq: MAX_SEQ + 1,
+                crc: 0,
+            }],
+        };
+        meta.encode_into(&mut vec![0u8; 4096]);
+    }
+
+    #[test]
     fn a_full_metadata_page_of_mixed_entries_round_trips_at_the_limits() {
         let n = meta_entries_per_page(4096);
-        assert_eq!(n, 248, "16-byte entries and a kind bit each in a 4 KiB page");
+        assert_eq!(n, 264, "15-byte entries and a kind bit each in a 4 KiB page");
         let entries = (0..n as u64)
             .map(|i| {
                 if i % 7 == 3 {
                     MetaEntry::Trim {
                         page: if i == 3 { 0 } else { u32::MAX as u64 - i },
                         count: if i == 3 { 1 << 32 } else { i + 1 },
-                        seq: u64::MAX - i,
+                        seq: MAX_SEQ - i,
                     }
                 } else {
                     MetaEntry::Data {
                         page: u32::MAX as u64 - i,
-                        seq: (7 << 40) + i,
+                        seq: (7 << 48) + (0xab << 32) + i,
                         crc: i as u32 ^ 0xa5a5_a5a5,
                     }
                 }

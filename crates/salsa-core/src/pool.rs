@@ -300,7 +300,13 @@ impl Pool {
             )));
         }
         let max_entries = meta_entries_per_page(cfg.grain_bytes as usize) as u32;
-        let meta_interval = cfg.meta_interval_pages.unwrap_or(max_entries - 4);
+        // By default a full record is a power-of-two number of grains (255 data pages and their
+        // metadata page: 1 MiB with 4 KiB grains), so records tile segments exactly and a 1 MiB
+        // segment spends one grain on metadata. The room left over takes a record's trims.
+        let meta_interval = cfg.meta_interval_pages.unwrap_or_else(|| {
+            let limit = max_entries.saturating_sub(4).max(1);
+            (1u32 << (limit + 1).ilog2()) - 1
+        });
         if meta_interval == 0 || meta_interval > max_entries {
             return Err(Error::InvalidConfig(format!("metadata interval must be 1 to {max_entries} pages")));
         }
