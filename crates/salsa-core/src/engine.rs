@@ -92,6 +92,8 @@ pub struct Engine {
     /// sealed segments (SepBIT's trigger; see [`Engine::garbage_due`]).
     gc_garbage_ratio: Option<f64>,
     pub shutting_down: AtomicBool,
+    /// Sealed user records on their way to the device (see [`crate::write_back`]).
+    pub write_back: crate::write_back::WriteBack,
     /// Set when the GC found nothing to clean while writers wait: the pool is really full.
     pub gc_stuck: AtomicBool,
     gc_wake: (Mutex<bool>, Condvar),
@@ -188,6 +190,7 @@ impl Engine {
             background_gc,
             gc_garbage_ratio,
             shutting_down: AtomicBool::new(false),
+            write_back: Default::default(),
             gc_stuck: AtomicBool::new(false),
             gc_wake: (Mutex::new(false), Condvar::new()),
             mapped_grains: AtomicU64::new(0),
@@ -542,9 +545,13 @@ impl Engine {
             self.gc_wait_for_budget();
             return Ok(true);
         };
-        if !info.records.lock().is_empty() {
-            // Its last records are still on their way to the device; the GC reads the device.
-            self.flush()?;
+        // Its last records may still be on their way to the device (queued for write-back);
+        // the GC reads the device. A victim is sealed, so are its records: wait for them
+        // rather than flush, which would cut every stream's open record short.
+        let in_flight: Vec<u64> = info.records.lock().iter().map(|r| r.record_id).collect();
+        if !in_flight.is_empty() && !self.tracker.wait_all_complete(&in_flight, || self.is_poisoned()) {
+            info.cas_state(SegmentState::Victim, SegmentState::Allocated);
+            return self.check_not_poisoned().map(|_| false);
         }
         let owner = info.owner_volume.load(SeqCst);
         let vol = self.volumes.read().get(&owner).cloned();

@@ -23,6 +23,7 @@ pub mod pool;
 pub mod recovery;
 pub mod scan;
 pub mod util;
+pub mod write_back;
 
 pub use device::{Device, StorageType};
 pub use error::{Error, ErrorKind, Result};

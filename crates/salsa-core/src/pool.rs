@@ -77,6 +77,10 @@ pub struct OpenOptions {
     /// however much is free (SepBIT's "garbage proportion" trigger). `None`: clean only when
     /// free space runs low, which moves the least data.
     pub gc_garbage_percent: Option<f64>,
+    /// Threads that write sealed user records while writers go on (see
+    /// [`crate::write_back`]); at most 16. With 0 every writer writes the records it fills
+    /// itself, which keeps the order of device writes deterministic (crash tests use that).
+    pub write_back_threads: usize,
 }
 
 impl Default for OpenOptions {
@@ -88,6 +92,7 @@ impl Default for OpenOptions {
             gc_workers: 4,
             policies: Registry::builtin(),
             gc_garbage_percent: None,
+            write_back_threads: 4,
         }
     }
 }
@@ -572,6 +577,9 @@ impl Pool {
             policies: opts.policies.clone(),
             closed: false,
         };
+        if !opts.read_only {
+            crate::write_back::WriteBack::start(&eng, opts.write_back_threads)?;
+        }
         if opts.background_gc && !opts.read_only {
             for i in 0..opts.gc_workers.clamp(1, 16) {
                 let e = eng.clone();
@@ -848,6 +856,8 @@ impl Pool {
             }
         }
         self.eng.flush()?;
+        // Nothing is left to write back; what follows writes synchronously.
+        self.eng.write_back.stop();
         let session_id = self.eng.meta.lock().session_id;
         let blob = crate::recovery::encode_checkpoint(&self.eng, session_id);
         debug_assert_eq!(blob.len(), crate::recovery::checkpoint_bytes(&self.eng));
@@ -906,6 +916,9 @@ impl Drop for Pool {
                 let _ = self.eng.flush();
             }
         }
+        // Writes what is still queued (or fails it on a poisoned pool) and joins the threads,
+        // which hold the engine.
+        self.eng.write_back.stop();
     }
 }
 

@@ -366,6 +366,10 @@ impl LsaVolume {
                 Prep::Ready => {
                     let Some(rec) = st.rec.as_mut() else { continue };
                     let mut full = false;
+                    // One hold of the buffer for the whole run: releasing it after every page
+                    // copy made each release wait for the copy's stores to drain.
+                    let buf = rec.buf.clone();
+                    let mut bytes = buf.bytes.write();
                     while next < count && !full {
                         let at = match page(next) {
                             // A record is sealed when its last page slot is taken, so an open
@@ -373,7 +377,7 @@ impl LsaVolume {
                             Some(data) => {
                                 let gb = eng.geo.grain_bytes as usize;
                                 let slot = 1 + rec.data_grains as usize;
-                                rec.buf.bytes.write()[slot * gb..slot * gb + data.len()].copy_from_slice(data);
+                                bytes[slot * gb..slot * gb + data.len()].copy_from_slice(data);
                                 rec.data_grains += self.page_grains;
                                 let grain = rec.buf.first_grain + slot as u64;
                                 eng.capacity.add_valid(rec.buf.segment, self.page_grains);
@@ -386,16 +390,13 @@ impl LsaVolume {
                         next += 1;
                         full = rec.entries_left == 0 || rec.pages_left == 0;
                     }
+                    drop(bytes);
                     let sealed = if full { self.seal_record(eng, &mut st) } else { None };
-                    drop(st);
                     if let Some(r) = sealed {
-                        eng.write_record(r)?;
+                        self.write_sealed(eng, purpose, st, r)?;
                     }
                 }
-                Prep::Write(r) => {
-                    drop(st);
-                    eng.write_record(r)?;
-                }
+                Prep::Write(r) => self.write_sealed(eng, purpose, st, r)?,
                 Prep::NeedSegment => {
                     if st.allocating {
                         drop(ready.wait_timeout(st, std::time::Duration::from_millis(50)));
@@ -428,6 +429,23 @@ impl LsaVolume {
             }
         }
         Ok(())
+    }
+
+    /// Sends a record sealed under `st` to the device. A user record goes to write-back and
+    /// the writer returns (queued while the stream is still locked, so that the stream's
+    /// records stay in order); the GC writes its own, which paces it and lets a release
+    /// count on them.
+    fn write_sealed(&self, eng: &Engine, purpose: Purpose, st: StdMutexGuard<'_, Stream>, r: SealedRecord) -> Result<()> {
+        let own = if purpose == Purpose::User {
+            eng.write_back.submit(r)
+        } else {
+            Some(r)
+        };
+        drop(st);
+        match own {
+            Some(r) => eng.write_record(r),
+            None => Ok(()),
+        }
     }
 
     /// Accounts for a map entry that record `killer` replaced.

@@ -1,0 +1,125 @@
+//! Write-back of sealed user records: a bounded queue and the threads that drain it.
+//!
+//! A writer that fills a record hands it here instead of writing it itself, and returns: a write
+//! that is not flushed (no FUA, no FLUSH yet) need not be durable, so it need not wait for the
+//! device. What it keeps:
+//! - a queued record is in flight for the [`crate::durability::Tracker`], so a flush waits for
+//!   it like for any other, and reads find its pages in the record's buffer until it is written;
+//! - records of one stream are queued in the order they were sealed (the caller holds the
+//!   stream's lock) and taken in that order, so a sequential zone sees them in order;
+//! - the queue holds at most [`WRITE_BACK_DEPTH`] records: a writer that finds it full waits,
+//!   so memory and unwritten data stay bounded;
+//! - a failed write poisons the pool (as a failed synchronous write does); the next flush, and
+//!   every later write, reports it.
+//!
+//! With no threads running (read-only pools, `OpenOptions::write_back_threads == 0`, or after
+//! [`WriteBack::stop`]) the caller writes the record itself.
+
+use crate::controller::record::SealedRecord;
+use crate::engine::Engine;
+use crate::error::Result;
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Most sealed records waiting for a write-back thread.
+pub const WRITE_BACK_DEPTH: usize = 8;
+/// Most write-back threads a pool runs (each has one record write in flight).
+pub const MAX_WRITE_BACK_THREADS: usize = 16;
+
+#[derive(Default)]
+struct Queue {
+    records: VecDeque<SealedRecord>,
+    /// Threads are running and take records.
+    running: bool,
+}
+
+/// The queue of sealed records and its threads.
+#[derive(Default)]
+pub struct WriteBack {
+    queue: Mutex<Queue>,
+    /// Signalled when a record is queued or the threads are told to stop.
+    queued: Condvar,
+    /// Signalled when a record leaves the queue.
+    room: Condvar,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl WriteBack {
+    /// Starts `threads` write-back threads for `eng` (none for 0).
+    pub fn start(eng: &Arc<Engine>, threads: usize) -> Result<()> {
+        let threads = threads.min(MAX_WRITE_BACK_THREADS);
+        if threads == 0 {
+            return Ok(());
+        }
+        eng.write_back.queue.lock().running = true;
+        for i in 0..threads {
+            let e = eng.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("salsa-wb-{i}"))
+                .spawn(move || worker(e))
+                .map_err(|e| crate::error::Error::InvalidConfig(format!("cannot start a write-back thread: {e}")));
+            match h {
+                Ok(h) => eng.write_back.threads.lock().push(h),
+                Err(e) => {
+                    eng.write_back.stop();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues `r` for a write-back thread, waiting while the queue is full. Without threads it
+    /// gives `r` back for the caller to write. Call it while holding the lock of the stream
+    /// that sealed `r`, so that a stream's records are queued in order.
+    #[must_use = "a record given back must be written by the caller"]
+    pub fn submit(&self, r: SealedRecord) -> Option<SealedRecord> {
+        let mut q = self.queue.lock();
+        while q.running && q.records.len() >= WRITE_BACK_DEPTH {
+            self.room.wait(&mut q);
+        }
+        if !q.running {
+            return Some(r);
+        }
+        q.records.push_back(r);
+        self.queued.notify_one();
+        None
+    }
+
+    /// Lets the threads write what is queued, then stops them. Later submissions are written
+    /// by their callers.
+    pub fn stop(&self) {
+        self.queue.lock().running = false;
+        self.queued.notify_all();
+        self.room.notify_all();
+        for h in self.threads.lock().drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+fn worker(eng: Arc<Engine>) {
+    let wb = &eng.write_back;
+    loop {
+        let r = {
+            let mut q = wb.queue.lock();
+            loop {
+                if let Some(r) = q.records.pop_front() {
+                    wb.room.notify_one();
+                    break r;
+                }
+                if !q.running {
+                    return;
+                }
+                wb.queued.wait(&mut q);
+            }
+        };
+        // A failure poisons the pool and completes the record (see `Engine::write_record`);
+        // the next flush reports it.
+        if let Err(e) = eng.write_record(r) {
+            tracing::debug!("write-back of a record failed: {e}");
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Write-back of sealed user records: a write returns before its record reaches the device,
+//! reads see it meanwhile, and a flush returns only once it is written and synced.
+
+mod common;
+use common::*;
+use parking_lot::{Condvar, Mutex};
+use salsa_core::device::MemoryDevice;
+use salsa_core::{Device, OpenOptions, Pool};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A memory device whose writes wait while the gate is closed.
+struct GatedDevice {
+    inner: MemoryDevice,
+    closed: Mutex<bool>,
+    opened: Condvar,
+    /// A write is waiting at the gate.
+    waiting: AtomicBool,
+}
+
+impl GatedDevice {
+    fn set_closed(&self, closed: bool) {
+        *self.closed.lock() = closed;
+        self.opened.notify_all();
+    }
+}
+
+impl Device for GatedDevice {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    salsa_core::forward_device_properties!(inner);
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut closed = self.closed.lock();
+        while *closed {
+            self.waiting.store(true, SeqCst);
+            self.opened.wait(&mut closed);
+        }
+        drop(closed);
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+}
+
+fn gated_pool(write_back_threads: usize) -> (Pool, Arc<GatedDevice>) {
+    let dev = Arc::new(GatedDevice {
+        inner: MemoryDevice::new("gated", 32 * MIB),
+        closed: Mutex::new(false),
+        opened: Condvar::new(),
+        waiting: AtomicBool::new(false),
+    });
+    let opts = OpenOptions {
+        write_back_threads,
+        ..inline_gc()
+    };
+    let pool = Pool::create(vec![dev.clone() as Arc<dyn Device>], &tiny_config(), &opts).unwrap();
+    pool.create_volume("v", 8 * MIB, 4096).unwrap();
+    (pool, dev)
+}
+
+/// 16 pages fill one record (`tiny_config`), so this write seals one and hands it on.
+fn one_record() -> Vec<u8> {
+    (0..16u64).flat_map(|p| pattern(1, p, 7)).collect()
+}
+
+#[test]
+fn a_write_returns_before_its_record_is_written_and_a_flush_waits_for_it() {
+    let (pool, dev) = gated_pool(2);
+    let vol = pool.volume("v").unwrap();
+    dev.set_closed(true);
+    let data = one_record();
+    // Returns although the device takes no write: the sealed record waits for write-back.
+    let returned = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            vol.write(0, &data).unwrap();
+            returned.store(true, SeqCst);
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !returned.load(SeqCst) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if !returned.load(SeqCst) {
+            dev.set_closed(false); // let the writer finish so that the test can fail
+        }
+    });
+    assert!(*dev.closed.lock(), "the write waited for the device instead of returning");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !dev.waiting.load(SeqCst) {
+        assert!(std::time::Instant::now() < deadline, "no write-back thread reached the device");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Reads are served from the queued record.
+    let mut back = vec![0u8; data.len()];
+    vol.read(0, &mut back).unwrap();
+    assert_eq!(back, data);
+    // A flush cannot return while the record is not on the device.
+    let flushed = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            vol.flush().unwrap();
+            flushed.store(true, SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!flushed.load(SeqCst), "flush returned before the record was written");
+        dev.set_closed(false);
+    });
+    assert!(flushed.load(SeqCst));
+    drop(vol);
+    drop(pool);
+    // What was flushed is on the device.
+    let pool = Pool::open(vec![dev as Arc<dyn Device>], &inline_gc()).unwrap();
+    let vol = pool.volume("v").unwrap();
+    vol.read(0, &mut back).unwrap();
+    assert_eq!(back, data);
+}
+
+#[test]
+fn without_write_back_threads_the_writer_writes_its_record_itself() {
+    let (pool, dev) = gated_pool(0);
+    let vol = pool.volume("v").unwrap();
+    dev.set_closed(true);
+    let returned = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            vol.write(0, &one_record()).unwrap();
+            returned.store(true, SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!returned.load(SeqCst), "the write returned before its record was written");
+        dev.set_closed(false);
+    });
+    assert!(returned.load(SeqCst));
+}
