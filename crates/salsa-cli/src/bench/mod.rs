@@ -193,6 +193,13 @@ fn run_policy(p: &Params, placement: &str, victim: &str, trace_ops: Option<Vec<t
     };
     let opts = OpenOptions {
         background_gc: !p.inline_gc,
+        // Inline GC is the deterministic mode (a seed gives one figure): writers also write
+        // their own records, so no thread timing enters.
+        write_back_threads: if p.inline_gc {
+            0
+        } else {
+            OpenOptions::default().write_back_threads
+        },
         gc_garbage_percent: p.gc_garbage_percent,
         ..OpenOptions::default()
     };
