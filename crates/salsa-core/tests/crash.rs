@@ -292,7 +292,7 @@ fn verify(seed: u64, pool: &Pool, oracle: &Oracle, pages: u64) {
 /// points spread over that range. Seeds run on every core.
 #[test]
 fn crash_at_many_points() {
-    let seeds: u64 = std::env::var("SALSA_CRASH_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(48);
+    let seeds = seeds_from_env("SALSA_CRASH_SEEDS", 48);
     crash_seeds(seeds, 50, 0, |_| Medium::Flat);
 }
 
@@ -301,23 +301,22 @@ fn crash_at_many_points() {
 /// crash points, so a failing seed here may not replay; rerun it in the test above.)
 #[test]
 fn crash_at_many_points_with_write_back() {
-    let seeds: u64 = std::env::var("SALSA_WRITE_BACK_CRASH_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(16);
+    let seeds = seeds_from_env("SALSA_WRITE_BACK_CRASH_SEEDS", 16);
     crash_seeds(seeds, 30, 4, |_| Medium::Flat);
 }
 
 /// The same on an emulated zoned drive, with and without conventional zones for the metadata.
 #[test]
 fn zoned_crash_at_many_points() {
-    let seeds: u64 = std::env::var("SALSA_ZONED_CRASH_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(16);
+    let seeds = seeds_from_env("SALSA_ZONED_CRASH_SEEDS", 16);
     crash_seeds(seeds, 30, 0, |seed| Medium::Zoned {
         conventional_zones: if seed % 2 == 0 { 2 } else { 0 },
     });
+}
+
+/// How many seeds a sweep runs: `var` from the environment, or `default`.
+fn seeds_from_env(var: &str, default: u64) -> u64 {
+    std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
 fn crash_seeds(seeds: u64, points_per_seed: u64, write_back_threads: usize, medium: impl Fn(u64) -> Medium + Sync) {
