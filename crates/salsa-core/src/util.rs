@@ -1,36 +1,124 @@
 //! Small shared helpers: aligned buffers for direct I/O and checked little-endian codecs.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::alloc::{alloc, alloc_zeroed, dealloc, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 /// Alignment of every buffer handed to a device: enough for `O_DIRECT` on any sector size.
 pub const IO_ALIGN_BYTES: usize = 4096;
 
+/// Huge-page size of x86-64 and arm64 (transparent huge pages).
+pub const HUGE_PAGE_BYTES: usize = 2 << 20;
+
 /// A zero-initialised heap buffer aligned to [`IO_ALIGN_BYTES`], as `O_DIRECT` requires.
+///
+/// Large buffers live on transparent huge pages where the kernel grants them: a direct write
+/// from a huge page pins one folio instead of hundreds of pages, and reaches the device as a
+/// few long physically contiguous segments instead of being split by its segment limit (on
+/// this project's machines that alone made 1 MiB record writes a third faster; see
+/// BENCHMARKS.md, issue 3).
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
-    /// False for the empty placeholder, which owns no allocation.
-    owned: bool,
+    backing: Backing,
 }
 
-// SAFETY: AlignedBuf owns its allocation exclusively, like Vec<u8>, so moving it between threads
-// and sharing `&AlignedBuf` (read-only access) are both sound.
+/// What keeps an [`AlignedBuf`]'s memory alive.
+enum Backing {
+    /// Nothing: the empty placeholder.
+    None,
+    /// Its own heap allocation of `AlignedBuf::heap_layout(len)`.
+    Heap,
+    /// A slice of a huge-page chunk, shared with the chunk's other buffers (held for its drop).
+    Chunk { _chunk: Arc<HugeChunk> },
+}
+
+/// A huge-page-aligned allocation, freed when its last buffer is dropped.
+struct HugeChunk {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the chunk only owns its allocation; access goes through the AlignedBufs carved from
+// it, which never overlap.
+unsafe impl Send for HugeChunk {}
+// SAFETY: as above; the chunk itself is never read or written through `&HugeChunk`.
+unsafe impl Sync for HugeChunk {}
+
+impl HugeChunk {
+    /// Allocates `bytes` (a multiple of [`HUGE_PAGE_BYTES`]) zeroed, asking the kernel for huge
+    /// pages before the first touch so that the zeroing faults them in as huge pages.
+    fn zeroed(bytes: usize) -> Arc<HugeChunk> {
+        debug_assert!(bytes > 0 && bytes.is_multiple_of(HUGE_PAGE_BYTES));
+        // Sizes come from engine geometry, never from a client directly.
+        let layout = Layout::from_size_align(bytes, HUGE_PAGE_BYTES).expect("buffer size overflows isize");
+        // SAFETY: the layout has a non-zero size and a valid alignment.
+        let raw = unsafe { alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        // SAFETY: ptr is valid for layout.size() bytes. The hint only changes how the kernel
+        // backs the range (it fails harmlessly where huge pages are off), and the zeroing
+        // writes within the allocation.
+        unsafe {
+            libc::madvise(ptr.as_ptr().cast(), bytes, libc::MADV_HUGEPAGE);
+            std::ptr::write_bytes(ptr.as_ptr(), 0, bytes);
+        }
+        Arc::new(HugeChunk { ptr, layout })
+    }
+
+    /// Carves the chunk into `count` buffers of `len` bytes (`count * len` fits in it).
+    fn split(self: &Arc<Self>, len: usize, count: usize) -> impl Iterator<Item = AlignedBuf> + '_ {
+        assert!(len.is_multiple_of(IO_ALIGN_BYTES) && count * len <= self.layout.size());
+        (0..count).map(move |i| AlignedBuf {
+            // SAFETY: i * len + len <= layout.size(), so the pointer stays inside the allocation.
+            ptr: unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(i * len)) },
+            len,
+            backing: Backing::Chunk { _chunk: self.clone() },
+        })
+    }
+}
+
+impl Drop for HugeChunk {
+    fn drop(&mut self) {
+        // SAFETY: ptr was returned by alloc with exactly this layout and is freed once.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+// SAFETY: AlignedBuf owns its bytes exclusively (its own allocation, or a slice of a chunk that
+// no other buffer overlaps), like Vec<u8>, so moving it between threads and sharing
+// `&AlignedBuf` (read-only access) are both sound.
 unsafe impl Send for AlignedBuf {}
 // SAFETY: see above; `&AlignedBuf` only permits reads.
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// Allocates `len` zero bytes. `len` of 0 allocates one alignment unit to keep the pointer valid.
+    /// Allocates `len` zero bytes. `len` of 0 allocates one alignment unit to keep the pointer
+    /// valid. From 2 MiB on, a buffer whose size wastes little of a whole number of huge pages
+    /// gets them.
     pub fn zeroed(len: usize) -> AlignedBuf {
-        let layout = Self::layout(len);
+        let huge = len.next_multiple_of(HUGE_PAGE_BYTES);
+        if len >= HUGE_PAGE_BYTES && huge - len <= len / 8 {
+            let chunk = HugeChunk::zeroed(huge);
+            return AlignedBuf {
+                ptr: chunk.ptr,
+                len,
+                backing: Backing::Chunk { _chunk: chunk },
+            };
+        }
+        let layout = Self::heap_layout(len);
         // SAFETY: the layout has a non-zero size (at least IO_ALIGN_BYTES) and a valid alignment.
         let raw = unsafe { alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else {
             std::alloc::handle_alloc_error(layout)
         };
-        AlignedBuf { ptr, len, owned: true }
+        AlignedBuf {
+            ptr,
+            len,
+            backing: Backing::Heap,
+        }
     }
 
     /// A zero-length buffer that owns nothing (a placeholder after the real one was taken).
@@ -38,11 +126,16 @@ impl AlignedBuf {
         AlignedBuf {
             ptr: NonNull::dangling(),
             len: 0,
-            owned: false,
+            backing: Backing::None,
         }
     }
 
-    fn layout(len: usize) -> Layout {
+    /// Whether the buffer holds memory worth recycling.
+    fn owns_memory(&self) -> bool {
+        !matches!(self.backing, Backing::None)
+    }
+
+    fn heap_layout(len: usize) -> Layout {
         let size = len.max(1).next_multiple_of(IO_ALIGN_BYTES);
         // Sizes come from engine geometry (at most a segment), never from a client directly.
         Layout::from_size_align(size, IO_ALIGN_BYTES).expect("buffer size overflows isize")
@@ -51,10 +144,11 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if self.owned {
+        if matches!(self.backing, Backing::Heap) {
             // SAFETY: ptr was returned by alloc_zeroed with exactly this layout and is freed once.
-            unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+            unsafe { dealloc(self.ptr.as_ptr(), Self::heap_layout(self.len)) }
         }
+        // A chunk slice releases its share of the chunk with the Arc.
     }
 }
 
@@ -75,6 +169,10 @@ impl DerefMut for AlignedBuf {
 
 /// Recycles I/O buffers by exact size, so the hot paths do not map, fault in and zero fresh
 /// memory for every record and every victim read. Bounded: beyond `max_bytes` buffers are freed.
+///
+/// Buffers from a quarter of a huge page up to half of one (records and victims of 1 MiB
+/// segments, the default) are carved several to a huge-page chunk, so they get huge pages
+/// without rounding each up to 2 MiB.
 pub struct BufferPool {
     free: parking_lot::Mutex<(std::collections::HashMap<usize, Vec<AlignedBuf>>, usize)>,
     max_bytes: usize,
@@ -97,12 +195,21 @@ impl BufferPool {
             return b;
         }
         drop(g);
+        if (HUGE_PAGE_BYTES / 4..=HUGE_PAGE_BYTES / 2).contains(&len) && len.is_multiple_of(IO_ALIGN_BYTES) {
+            let chunk = HugeChunk::zeroed(HUGE_PAGE_BYTES);
+            let mut parts = chunk.split(len, HUGE_PAGE_BYTES / len);
+            let first = parts.next().expect("at least two buffers per chunk");
+            for b in parts {
+                self.put(b);
+            }
+            return first;
+        }
         AlignedBuf::zeroed(len)
     }
 
     /// Returns a buffer for reuse.
     pub fn put(&self, buf: AlignedBuf) {
-        if !buf.owned {
+        if !buf.owns_memory() {
             return;
         }
         let mut g = self.free.lock();
@@ -191,5 +298,69 @@ impl<'a> Decoder<'a> {
         let mut a = [0; 16];
         a.copy_from_slice(self.take(16, what)?);
         Ok(u128::from_le_bytes(a))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill_and_check(bufs: &mut [AlignedBuf]) {
+        for (i, b) in bufs.iter_mut().enumerate() {
+            b.fill(i as u8 + 1);
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(b.iter().all(|&x| x == i as u8 + 1), "buffer {i} was overwritten by another");
+        }
+    }
+
+    #[test]
+    fn buffers_carved_from_one_huge_page_chunk_are_aligned_zeroed_and_disjoint() {
+        let pool = BufferPool::new(64 << 20);
+        let len = (1 << 20) - 8192;
+        let mut bufs: Vec<AlignedBuf> = (0..5).map(|_| pool.get(len)).collect();
+        for b in &bufs {
+            assert_eq!(b.len(), len);
+            assert_eq!(b.as_ptr() as usize % IO_ALIGN_BYTES, 0);
+            assert!(b.iter().all(|&x| x == 0), "a fresh buffer is zeroed");
+        }
+        // Two to a chunk: the first two share one, and the second came from the free list.
+        assert_eq!(bufs[1].as_ptr() as usize - bufs[0].as_ptr() as usize, len);
+        fill_and_check(&mut bufs);
+        // Recycled buffers come back with their contents; dropping the chunk's buffers in any
+        // order is fine.
+        let p = bufs[3].as_ptr();
+        pool.put(bufs.remove(3));
+        assert_eq!(pool.get(len).as_ptr(), p);
+        drop(bufs);
+    }
+
+    #[test]
+    fn a_large_buffer_keeps_the_length_asked_for() {
+        for len in [
+            HUGE_PAGE_BYTES,
+            2 * HUGE_PAGE_BYTES - 4096,
+            2 * HUGE_PAGE_BYTES + 1,
+            3 * HUGE_PAGE_BYTES - 100,
+        ] {
+            let b = AlignedBuf::zeroed(len);
+            assert_eq!(b.len(), len);
+            assert_eq!(b.as_ptr() as usize % IO_ALIGN_BYTES, 0);
+            assert!(b.iter().all(|&x| x == 0));
+        }
+        let mut bufs: Vec<AlignedBuf> = [4096, 3 << 20, 4 << 20].iter().map(|&l| AlignedBuf::zeroed(l)).collect();
+        fill_and_check(&mut bufs);
+    }
+
+    #[test]
+    fn the_pool_frees_what_exceeds_its_bound() {
+        let pool = BufferPool::new(1 << 20);
+        let bufs: Vec<AlignedBuf> = (0..4).map(|_| pool.get(512 << 10)).collect();
+        for b in bufs {
+            pool.put(b);
+        }
+        assert_eq!(pool.free.lock().1, 1 << 20);
+        pool.put(AlignedBuf::empty());
+        assert_eq!(pool.free.lock().1, 1 << 20);
     }
 }

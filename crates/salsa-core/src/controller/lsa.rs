@@ -233,7 +233,7 @@ impl LsaVolume {
             // their own size).
             bytes: RwLock::new(
                 eng.buffers
-                    .get(((2 + eng.geo.meta_interval_pages * self.page_grains) * eng.geo.grain_bytes) as usize),
+                    .get(((1 + eng.geo.meta_interval_pages * self.page_grains) * eng.geo.grain_bytes) as usize),
             ),
             recycle: eng.buffers.clone(),
         });
