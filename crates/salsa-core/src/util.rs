@@ -96,11 +96,11 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     /// Allocates `len` zero bytes. `len` of 0 allocates one alignment unit to keep the pointer
-    /// valid. From 2 MiB on, a buffer whose size wastes little of a whole number of huge pages
-    /// gets them.
+    /// valid. A buffer of more than half a huge page whose size wastes at most an eighth of a
+    /// whole number of huge pages gets them.
     pub fn zeroed(len: usize) -> AlignedBuf {
         let huge = len.next_multiple_of(HUGE_PAGE_BYTES);
-        if len >= HUGE_PAGE_BYTES && huge - len <= len / 8 {
+        if len > HUGE_PAGE_BYTES / 2 && huge - len <= len / 8 {
             let chunk = HugeChunk::zeroed(huge);
             return AlignedBuf {
                 ptr: chunk.ptr,
