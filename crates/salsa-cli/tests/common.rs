@@ -180,10 +180,16 @@ impl RawClient {
 
     /// Reads a simple reply: (cookie, error, data for reads of `read_len`).
     pub fn reply(&mut self, read_len: usize) -> std::io::Result<(u64, u32, Vec<u8>)> {
+        self.reply_sized(|_| read_len)
+    }
+
+    /// The next simple reply, whose data length (for a read) `read_len` gives by cookie.
+    pub fn reply_sized(&mut self, read_len: impl Fn(u64) -> usize) -> std::io::Result<(u64, u32, Vec<u8>)> {
         let h = read_exact(&mut self.s, 16)?;
         assert_eq!(u32::from_be_bytes(h[..4].try_into().unwrap()), SIMPLE_REPLY_MAGIC);
         let err = u32::from_be_bytes(h[4..8].try_into().unwrap());
         let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+        let read_len = read_len(cookie);
         let data = if err == 0 && read_len > 0 {
             read_exact(&mut self.s, read_len)?
         } else {

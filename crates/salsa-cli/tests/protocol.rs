@@ -108,6 +108,22 @@ fn pipelined_requests_are_all_answered_with_their_own_data() {
         assert_eq!(err, 0);
         assert_eq!(data, page(cookie - 1000), "read {cookie}");
     }
+    // Small and large replies mixed (larger than the queue of replies waiting for the sending
+    // thread): each still arrives whole, after its own header.
+    let len = |cookie: u64| if cookie.is_multiple_of(2) { 3 << 20 } else { 4096 };
+    let at = |cookie: u64| (cookie % 7) * 4096;
+    for cookie in 2000..2064u64 {
+        c.send(0, CMD_READ, cookie, at(cookie), len(cookie) as u32, &[]).unwrap();
+    }
+    for _ in 0..64 {
+        let (cookie, err, data) = c.reply_sized(len).unwrap();
+        assert_eq!((err, data.len()), (0, len(cookie)), "read {cookie}");
+        let first = at(cookie) / 4096;
+        let want: Vec<u8> = (first..first + len(cookie) as u64 / 4096)
+            .flat_map(|p| if p < 200 { page(p) } else { vec![0; 4096] })
+            .collect();
+        assert!(data == want, "read {cookie} returned other data");
+    }
 }
 
 #[test]
