@@ -216,9 +216,16 @@ impl Array {
     /// Writes whole grains starting at a physical grain address. In a sequential zone the write
     /// waits until every write before it in the zone is done.
     pub fn write(&self, grain: u64, buf: &[u8]) -> Result<()> {
+        self.write_vectored(grain, &[std::io::IoSlice::new(buf)])
+    }
+
+    /// Writes the concatenation of `bufs` (whole grains in all) like [`Array::write`],
+    /// as one device write.
+    pub fn write_vectored(&self, grain: u64, bufs: &[std::io::IoSlice<'_>]) -> Result<()> {
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
         let segment = (grain / self.grains_per_segment) as u32;
         let in_segment = grain % self.grains_per_segment;
-        let (dev, offset) = self.locate(segment, in_segment, buf.len());
+        let (dev, offset) = self.locate(segment, in_segment, len);
         let io = |op, source| Error::Io {
             device: dev.name().to_string(),
             op,
@@ -226,7 +233,7 @@ impl Array {
             source,
         };
         let Some((wp, turn)) = &self.zones.write_pointer[segment as usize] else {
-            return dev.write_at(buf, offset).map_err(|e| io("write", e));
+            return dev.write_vectored_at(bufs, offset).map_err(|e| io("write", e));
         };
         let at = in_segment * self.grain_bytes;
         let deadline = Instant::now() + ZONE_ORDER_TIMEOUT;
@@ -252,9 +259,9 @@ impl Array {
             turn.wait_for(&mut wp, Duration::from_millis(20));
         }
         // The zone lock is held across the write: the writes behind this one wait anyway.
-        let r = dev.write_at(buf, offset);
+        let r = dev.write_vectored_at(bufs, offset);
         match r {
-            Ok(()) => *wp += buf.len() as u64,
+            Ok(()) => *wp += len as u64,
             Err(_) => self.zones.broken.store(true, SeqCst),
         }
         drop(wp);

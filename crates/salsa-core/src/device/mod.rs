@@ -83,6 +83,23 @@ pub trait Device: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`. Not durable until [`Device::sync`].
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes the concatenation of `bufs` at `offset`, as one write (each piece meets
+    /// [`Device::alignment_bytes`]). The default gathers the pieces into one buffer and calls
+    /// [`Device::write_at`], so that decorators and models keep their semantics unchanged; a
+    /// file writes them with `pwritev`, without the copy.
+    fn write_vectored_at(&self, bufs: &[io::IoSlice<'_>], offset: u64) -> io::Result<()> {
+        if let [one] = bufs {
+            return self.write_at(one, offset);
+        }
+        let total = bufs.iter().map(|b| b.len()).sum();
+        let mut all = crate::util::AlignedBuf::zeroed(total);
+        let mut at = 0;
+        for b in bufs {
+            all[at..at + b.len()].copy_from_slice(b);
+            at += b.len();
+        }
+        self.write_at(&all, offset)
+    }
     /// Makes every write that returned before this call durable.
     fn sync(&self) -> io::Result<()>;
     /// Zone management, for zoned devices (host-managed SMR, ZNS); `None` for flat devices.
