@@ -894,6 +894,8 @@ fn stats_json(pool: &Pool) -> serde_json::Value {
         "throttled_allocations": s.throttled_allocations,
         "unmovable_segments": s.unmovable_segments,
         "gc_wait_timeouts": s.gc_wait_timeouts,
+        "user_bytes_held": s.user_bytes_held,
+        "payload_buffer_bytes": s.payload_buffer_bytes,
         "map_memory_bytes": s.map_memory_bytes,
         "crc_table_memory_bytes": s.crc_table_memory_bytes,
         "volumes": s.volumes.iter().map(|v| serde_json::json!({

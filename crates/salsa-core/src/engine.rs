@@ -63,6 +63,8 @@ pub struct Counters {
     pub throttled_allocations: AtomicU64,
     /// Victims whose count the GC waited a full second for writers to settle.
     pub gc_wait_timeouts: AtomicU64,
+    /// User bytes that records held in the writers' payloads instead of copying.
+    pub user_bytes_held: AtomicU64,
 }
 
 /// Shared engine state.
@@ -105,6 +107,8 @@ pub struct Engine {
     pub read_only: bool,
     /// Recycled record and read buffers.
     pub buffers: Arc<crate::util::BufferPool>,
+    /// Buffers that write payloads are received into and records hold (zero-copy writes).
+    pub payloads: Arc<crate::payload::PayloadPool>,
     /// Victims being cleaned and the free segments promised to them (see [`Engine::gc_admit`]).
     gc_budget: Mutex<GcBudget>,
     gc_budget_changed: Condvar,
@@ -136,6 +140,9 @@ impl Drop for GcAdmission<'_> {
 /// writers wait for the GC: enough that they do not stop at every segment, small enough that
 /// the bound is what the user asked for.
 const GARBAGE_SLACK: f64 = 0.01;
+/// Write payload buffers out at once (being received, or held by records not yet written);
+/// past it writes are copied into records instead (see [`crate::payload`]).
+pub const PAYLOAD_BUDGET_BYTES: usize = 64 << 20;
 
 /// Allocation preference of every stream: SALSA is multi-type by design; this build places
 /// user and GC data on any type, preferring flash, then NVM, then disks, and keeps the
@@ -197,6 +204,7 @@ impl Engine {
             invalidations_in_flight: AtomicU64::new(0),
             read_only,
             buffers: Arc::new(crate::util::BufferPool::new(64 << 20)),
+            payloads: crate::payload::PayloadPool::new(PAYLOAD_BUDGET_BYTES, PAYLOAD_BUDGET_BYTES / 2),
             gc_budget: Mutex::new(GcBudget::default()),
             gc_budget_changed: Condvar::new(),
         }
@@ -288,7 +296,11 @@ impl Engine {
         let len = r.used_grains as usize * gb;
         let res = {
             let bytes = r.buf.bytes.read();
-            self.array.write(r.buf.first_grain, &bytes[..len])
+            if bytes.is_contiguous() {
+                self.array.write(r.buf.first_grain, &bytes.own[..len])
+            } else {
+                self.array.write_vectored(r.buf.first_grain, &bytes.io_slices(r.used_grains, gb))
+            }
         };
         match res {
             Ok(()) => {

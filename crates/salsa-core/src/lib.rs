@@ -5,6 +5,7 @@
 //! - [`controller`]: volumes' logical-to-physical mapping (the LSA page map);
 //! - [`engine`]: the shared paths: write records, flush, allocation, GC; [`policy`]: placement
 //!   and victim selection, by name; [`recovery`]: checkpoint load and crash scan; [`scan`]: record-chain walks;
+//! - [`payload`]: write payloads that records hold instead of copying;
 //! - [`capacity`]: segments, free queues, valid counts; [`durability`]: record ids and syncs;
 //! - [`array`]: devices combined into one address space; [`device`]: the devices;
 //! - [`format`]: every on-disk structure.
@@ -18,6 +19,7 @@ pub mod engine;
 pub mod error;
 pub mod format;
 pub mod layout;
+pub mod payload;
 pub mod policy;
 pub mod pool;
 pub mod recovery;

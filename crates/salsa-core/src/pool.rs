@@ -14,6 +14,7 @@ use crate::format::{
     MAX_CHECKPOINT_SEGMENTS, MAX_VOLUMES, MAX_VOLUME_NAME_BYTES, POOL_META_SLOT_BYTES, SUPERBLOCK_BYTES,
 };
 use crate::layout::DeviceLayout;
+use crate::payload::WriteBuffer;
 use crate::policy::placement::StreamLayout;
 use crate::policy::{Registry, VictimParams};
 use crate::util::AlignedBuf;
@@ -141,6 +142,12 @@ pub struct Stats {
     /// Victims the GC waited a full second for, for writers to take replaced pages off their
     /// count (0 unless something is wrong).
     pub gc_wait_timeouts: u64,
+    /// User bytes written that records held in the writers' payload buffers instead of
+    /// copying them (zero-copy writes, [`Volume::write_payload`]).
+    pub user_bytes_held: u64,
+    /// Payload buffers out now: being received, or held by records not yet on the device
+    /// (at most [`crate::engine::PAYLOAD_BUDGET_BYTES`]).
+    pub payload_buffer_bytes: u64,
     /// Memory held by the page maps.
     pub map_memory_bytes: u64,
     /// Memory held by the per-grain checksum table.
@@ -804,6 +811,8 @@ impl Pool {
             gc_micros: c.gc_micros.load(SeqCst),
             throttled_allocations: c.throttled_allocations.load(SeqCst),
             gc_wait_timeouts: c.gc_wait_timeouts.load(SeqCst),
+            user_bytes_held: c.user_bytes_held.load(SeqCst),
+            payload_buffer_bytes: self.eng.payloads.outstanding_bytes() as u64,
             map_memory_bytes: vols.iter().map(|v| v.map_memory_bytes).sum(),
             crc_table_memory_bytes: self.eng.crc_table.len() as u64 * 4,
             segments_by_state: {
@@ -1026,6 +1035,26 @@ impl Volume {
     /// Writes `data` at `offset`; durable after the next flush. Partial pages are
     /// read-modify-write.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_from(offset, data, None)
+    }
+
+    /// A buffer to receive a write's payload of `len` bytes into, for
+    /// [`Volume::write_payload`]; `None` when `len` is outside the sizes worth it or the pool's
+    /// budget of such buffers is spent (then write through [`Volume::write`]).
+    pub fn payload_buffer(&self, len: usize) -> Option<WriteBuffer> {
+        self.eng.payloads.get(len)
+    }
+
+    /// Writes `payload` at `offset`, like [`Volume::write`], except that the records its whole
+    /// pages go to hold them in the payload rather than copying them (zero-copy). The buffer
+    /// goes back to its pool once no record holds it.
+    pub fn write_payload(&self, offset: u64, payload: WriteBuffer) -> Result<()> {
+        let payload = Arc::new(payload);
+        self.write_from(offset, &payload, Some(&payload))
+    }
+
+    /// [`Volume::write`] of `data`, which is all of `payload` when one is given.
+    fn write_from(&self, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
         self.check(offset, data.len() as u64)?;
         self.eng.check_writable()?;
         let _gate = self.vol.gate.read();
@@ -1045,18 +1074,20 @@ impl Volume {
                 run.get_or_insert((page, done));
             } else {
                 if let Some((first, at)) = run.take() {
-                    self.vol.write_pages(&self.eng, &map, first, &data[at..done])?;
+                    self.vol
+                        .write_pages(&self.eng, &map, first, &data[at..done], payload.map(|p| (p, at)))?;
                 }
                 let _rmw = self.vol.rmw_lock(page).lock();
                 let mut tmp = vec![0u8; pb];
                 self.vol.read_page(&self.eng, &map, page, &mut tmp)?;
                 tmp[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
-                self.vol.write_pages(&self.eng, &map, page, &tmp)?;
+                self.vol.write_pages(&self.eng, &map, page, &tmp, None)?;
             }
             done += n;
         }
         if let Some((first, at)) = run {
-            self.vol.write_pages(&self.eng, &map, first, &data[at..done])?;
+            self.vol
+                .write_pages(&self.eng, &map, first, &data[at..done], payload.map(|p| (p, at)))?;
         }
         self.eng.counters.user_bytes_written.fetch_add(data.len() as u64, SeqCst);
         Ok(())

@@ -14,6 +14,7 @@
 
 use crate::proto::{self, Catalog, Command, ExportInfo, Negotiated, ProtocolError, RawRequest, Step};
 use parking_lot::{Condvar, Mutex};
+use salsa_core::payload::WriteBuffer;
 use salsa_core::{ErrorKind, Pool, Volume};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -238,10 +239,12 @@ struct Outbox {
     pending: Vec<u8>,
 }
 
-/// A request read whole and validated; a write's payload is in the reading thread's buffer.
+/// A request read whole and validated. A write's payload is in `held` (a buffer the volume's
+/// records may keep, so the pages are never copied again) or in the reading thread's buffer.
 struct Request {
     req: RawRequest,
     cmd: Command,
+    held: Option<WriteBuffer>,
 }
 
 /// Bytes read from a client and not yet parsed: a fixed buffer, initialised once, so reading
@@ -327,8 +330,8 @@ fn error_reply(out: &mut Vec<u8>, structured: bool, cookie: u64, errno: u32, msg
 }
 
 /// Executes one request and appends its reply to `out`.
-fn execute(conn: &Connection, request: &Request, payload: &[u8], out: &mut Vec<u8>) {
-    let Request { req, cmd } = request;
+fn execute(conn: &Connection, request: Request, payload: &[u8], out: &mut Vec<u8>) {
+    let Request { req, cmd, held } = request;
     let vol = &conn.volume;
     let structured = conn.negotiated.structured_replies;
     let cookie = req.cookie;
@@ -341,7 +344,7 @@ fn execute(conn: &Connection, request: &Request, payload: &[u8], out: &mut Vec<u
         }
     };
     let with_fua = |r: salsa_core::Result<()>, fua: bool| r.and_then(|_| if fua { vol.flush() } else { Ok(()) });
-    let result: salsa_core::Result<()> = match *cmd {
+    let result: salsa_core::Result<()> = match cmd {
         Command::Read { offset, length, .. } => {
             // The data is read straight into the reply, after its header.
             let start = out.len();
@@ -360,7 +363,13 @@ fn execute(conn: &Connection, request: &Request, payload: &[u8], out: &mut Vec<u
                 }
             }
         }
-        Command::Write { offset, fua, .. } => with_fua(vol.write(offset, payload), fua),
+        Command::Write { offset, fua, .. } => {
+            let written = match held {
+                Some(buf) => vol.write_payload(offset, buf),
+                None => vol.write(offset, payload),
+            };
+            with_fua(written, fua)
+        }
         Command::Flush => vol.flush(),
         Command::Trim { offset, length, fua } => with_fua(vol.trim(offset, length as u64), fua),
         Command::WriteZeroes {
@@ -532,7 +541,12 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
             scope.spawn(move || serve_requests(scope, conn, stop));
         }
         out.clear();
-        execute(conn, &request, &payload[..request.req.payload_bytes() as usize], &mut out);
+        let in_thread_buffer = if request.held.is_some() {
+            0
+        } else {
+            request.req.payload_bytes() as usize
+        };
+        execute(conn, request, &payload[..in_thread_buffer], &mut out);
         conn.send(&out);
         if out.capacity() > KEEP_BUFFER_BYTES {
             out = Vec::new();
@@ -565,13 +579,26 @@ fn next_request(rx: &mut Receiver, conn: &Connection, stop: &AtomicBool, payload
         inbox.consume(proto::REQUEST_HEADER_BYTES);
         let payload_bytes = req.payload_bytes() as usize;
         let cmd = proto::validate(&req, &conn.negotiated);
+        let mut held = None;
         if cmd.is_ok() {
-            // The payload goes straight into the thread's buffer: what is already buffered, then
-            // the rest read from the socket directly.
-            if payload.len() < payload_bytes {
-                payload.resize(payload_bytes, 0);
-            }
-            if !read_exact_or_stop(stream, inbox, &mut payload[..payload_bytes], stop)? {
+            // The payload goes straight into a buffer the volume's records can keep (large
+            // writes, while the pool's budget lasts) or else into the thread's buffer: what is
+            // already buffered, then the rest read from the socket directly.
+            held = if payload_bytes > 0 {
+                conn.volume.payload_buffer(payload_bytes)
+            } else {
+                None
+            };
+            let dest = match held.as_mut() {
+                Some(buf) => &mut buf[..],
+                None => {
+                    if payload.len() < payload_bytes {
+                        payload.resize(payload_bytes, 0);
+                    }
+                    &mut payload[..payload_bytes]
+                }
+            };
+            if !read_exact_or_stop(stream, inbox, dest, stop)? {
                 return Ok(None); // vanished mid-payload: the partial write is never applied
             }
         } else if !discard(stream, inbox, payload_bytes, stop)? {
@@ -589,7 +616,7 @@ fn next_request(rx: &mut Receiver, conn: &Connection, stop: &AtomicBool, payload
         if cmd == Command::Disconnect {
             return Ok(None);
         }
-        return Ok(Some(Request { req, cmd }));
+        return Ok(Some(Request { req, cmd, held }));
     }
 }
 

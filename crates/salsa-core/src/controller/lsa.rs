@@ -9,12 +9,13 @@
 //! invalidated exactly once.
 
 use super::map::{Entry, PageMap};
-use super::record::{OpenRecord, RecordBuf, SealedRecord};
+use super::record::{OpenRecord, RecordBuf, RecordBytes, SealedRecord};
 use super::{Controller, ControllerStats, Reference, ScannedRecord};
 use crate::capacity::Purpose;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::{MetaEntry, RecordMeta, StreamKind, VolumeRecord};
+use crate::payload::WriteBuffer;
 use crate::policy::placement::{Placement, Relocation, SegmentView, StreamLayout, UserWrite};
 use crate::scan::walk_segment;
 use crate::util::Decoder;
@@ -46,6 +47,20 @@ struct Stream {
     allocating: bool,
     seg: Option<OpenSegment>,
     rec: Option<OpenRecord>,
+}
+
+/// A data page to place, and the payload that holds it (and where) when a record may keep it
+/// there instead of copying it.
+#[derive(Clone, Copy)]
+struct PageData<'d> {
+    bytes: &'d [u8],
+    held_in: Option<(&'d Arc<WriteBuffer>, usize)>,
+}
+
+impl<'d> PageData<'d> {
+    fn copied(bytes: &'d [u8]) -> PageData<'d> {
+        PageData { bytes, held_in: None }
+    }
 }
 
 enum Prep {
@@ -231,10 +246,10 @@ impl LsaVolume {
             // Every record buffer of a volume has the largest record's size, so recycled
             // buffers always fit (the tail records of segments would otherwise each want
             // their own size).
-            bytes: RwLock::new(
+            bytes: RwLock::new(RecordBytes::new(
                 eng.buffers
                     .get(((1 + eng.geo.meta_interval_pages * self.page_grains) * eng.geo.grain_bytes) as usize),
-            ),
+            )),
             recycle: eng.buffers.clone(),
         });
         eng.capacity.segment(os.segment).records.lock().push(buf.clone());
@@ -275,7 +290,7 @@ impl LsaVolume {
         rec.meta.synced_through = eng.tracker.synced_through();
         {
             let mut b = rec.buf.bytes.write();
-            rec.meta.encode_into(&mut b[..gb]);
+            rec.meta.encode_into(&mut b.own[..gb]);
         }
         let used = rec.used_grains();
         rec.buf.span_grains.store(used, SeqCst);
@@ -332,7 +347,7 @@ impl LsaVolume {
             kind,
             purpose,
             1,
-            |_| page,
+            |_| page.map(PageData::copied),
             |_, at, rec| {
                 if let Some(c) = commit.take() {
                     out = Some(c(at, rec));
@@ -345,7 +360,8 @@ impl LsaVolume {
 
     /// Places `count` items in one stream, in order, each like [`LsaVolume::place`]: item `i`
     /// is a data page `page(i)` or, for `None`, an entry only; `commit(i, at, record)` pushes
-    /// its entry. Consecutive items share one acquisition of the stream's lock for as long as
+    /// its entry. A page whose payload is given is held there by the record rather than copied
+    /// when the record can (see [`RecordBytes::hold`]). Consecutive items share one acquisition of the stream's lock for as long as
     /// the open record has room, so a many-page write does not contend for the lock per page.
     /// On an error the items before it stay committed.
     fn place_each<'d>(
@@ -354,7 +370,7 @@ impl LsaVolume {
         kind: StreamKind,
         purpose: Purpose,
         count: usize,
-        page: impl Fn(usize) -> Option<&'d [u8]>,
+        page: impl Fn(usize) -> Option<PageData<'d>>,
         mut commit: impl FnMut(usize, u64, &mut OpenRecord),
     ) -> Result<()> {
         let index = self.layout.index(kind);
@@ -370,14 +386,20 @@ impl LsaVolume {
                     // copy made each release wait for the copy's stores to drain.
                     let buf = rec.buf.clone();
                     let mut bytes = buf.bytes.write();
+                    let mut held_bytes = 0u64;
                     while next < count && !full {
                         let at = match page(next) {
                             // A record is sealed when its last page slot is taken, so an open
                             // one always has a slot (and `OpenRecord::push` asserts it).
-                            Some(data) => {
+                            Some(PageData { bytes: data, held_in }) => {
                                 let gb = eng.geo.grain_bytes as usize;
                                 let slot = 1 + rec.data_grains as usize;
-                                bytes[slot * gb..slot * gb + data.len()].copy_from_slice(data);
+                                let kept = held_in.is_some_and(|(payload, at)| bytes.hold(slot as u32, self.page_grains, payload, at, gb));
+                                if kept {
+                                    held_bytes += data.len() as u64;
+                                } else {
+                                    bytes.own[slot * gb..slot * gb + data.len()].copy_from_slice(data);
+                                }
                                 rec.data_grains += self.page_grains;
                                 let grain = rec.buf.first_grain + slot as u64;
                                 eng.capacity.add_valid(rec.buf.segment, self.page_grains);
@@ -391,6 +413,9 @@ impl LsaVolume {
                         full = rec.entries_left == 0 || rec.pages_left == 0;
                     }
                     drop(bytes);
+                    if held_bytes > 0 {
+                        eng.counters.user_bytes_held.fetch_add(held_bytes, SeqCst);
+                    }
                     let sealed = if full { self.seal_record(eng, &mut st) } else { None };
                     if let Some(r) = sealed {
                         self.write_sealed(eng, purpose, st, r)?;
@@ -515,7 +540,17 @@ impl LsaVolume {
     /// Writes whole pages from `first` on (`data` holds a whole number of pages). The caller
     /// checked space for the whole request ([`LsaVolume::check_space`]); concurrent requests may
     /// overshoot the limit by a few pages, which the usable-space margin absorbs.
-    pub fn write_pages(&self, eng: &Engine, map: &PageMap, first: u64, data: &[u8]) -> Result<()> {
+    ///
+    /// With `payload`, `data` is bytes `[at, ..)` of that payload, which the records may hold
+    /// instead of copying the pages.
+    pub fn write_pages(
+        &self,
+        eng: &Engine,
+        map: &PageMap,
+        first: u64,
+        data: &[u8],
+        payload: Option<(&Arc<WriteBuffer>, usize)>,
+    ) -> Result<()> {
         let pb = self.page_bytes as usize;
         debug_assert_eq!(data.len() % pb, 0);
         let count = data.len() / pb;
@@ -539,7 +574,12 @@ impl LsaVolume {
                 kinds[start],
                 Purpose::User,
                 end - start,
-                |i| Some(page_data(i)),
+                |i| {
+                    Some(PageData {
+                        bytes: page_data(i),
+                        held_in: payload.map(|(p, at)| (p, at + (start + i) * pb)),
+                    })
+                },
                 |i, grain, rec| {
                     let (page, crc) = (first + (start + i) as u64, crcs[i]);
                     eng.crc_table[grain as usize].store(crc, SeqCst);

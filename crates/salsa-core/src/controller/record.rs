@@ -1,13 +1,110 @@
 //! Records: the unit of every device write. A record is one metadata page followed by the data
 //! pages it describes; the first record of a segment starts at its grain 0.
 //! While a record is open its bytes live in a [`RecordBuf`] that readers can copy from; it is
-//! written to the device in one sequential write when full or on flush.
+//! written to the device in one sequential write when full or on flush. Data pages are copied
+//! into the record's own buffer, or held where a write's payload already has them
+//! ([`RecordBytes`]); the device write then gathers the pieces.
 
 use crate::format::{MetaEntry, RecordMeta};
-use crate::util::{AlignedBuf, BufferPool};
+use crate::payload::WriteBuffer;
+use crate::util::{AlignedBuf, BufferPool, IO_ALIGN_BYTES};
 use parking_lot::RwLock;
+use std::io::IoSlice;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;
+
+/// Most runs of held pages one record keeps (later pages are copied): with payloads of at most
+/// [`crate::payload::MAX_PAYLOAD_BYTES`], a record keeps at most this many payloads alive.
+pub const MAX_HELD_RUNS: usize = 8;
+
+/// The bytes of a record: its own buffer, which holds the metadata page (grain 0) and the data
+/// pages copied in, and the runs of data grains it holds in write payloads instead.
+///
+/// Invariant: held runs are in grain order, do not overlap, lie after grain 0, and their grains
+/// of `own` are never read.
+pub struct RecordBytes {
+    pub own: AlignedBuf,
+    held: Vec<HeldRun>,
+}
+
+/// Grains `[grain, grain + grains)` of a record, which are bytes `[at, ..)` of `payload`.
+struct HeldRun {
+    grain: u32,
+    grains: u32,
+    payload: Arc<WriteBuffer>,
+    at: usize,
+}
+
+impl RecordBytes {
+    pub fn new(own: AlignedBuf) -> RecordBytes {
+        RecordBytes { own, held: Vec::new() }
+    }
+
+    /// Holds `grains` grains from `grain` on in `payload` at byte `at` instead of copying them,
+    /// if the pieces stay aligned for direct I/O and the record may hold one more run; `false`
+    /// when the caller must copy.
+    pub fn hold(&mut self, grain: u32, grains: u32, payload: &Arc<WriteBuffer>, at: usize, grain_bytes: usize) -> bool {
+        assert!(grain > 0, "grain 0 is the metadata page");
+        if !at.is_multiple_of(IO_ALIGN_BYTES) || at + grains as usize * grain_bytes > payload.len() {
+            return false;
+        }
+        if let Some(last) = self.held.last_mut() {
+            assert!(last.grain + last.grains <= grain, "held runs out of order");
+            if last.grain + last.grains == grain
+                && Arc::ptr_eq(&last.payload, payload)
+                && last.at + last.grains as usize * grain_bytes == at
+            {
+                last.grains += grains;
+                return true;
+            }
+        }
+        if self.held.len() >= MAX_HELD_RUNS {
+            return false;
+        }
+        self.held.push(HeldRun {
+            grain,
+            grains,
+            payload: payload.clone(),
+            at,
+        });
+        true
+    }
+
+    /// Copies grains from `grain` on into `out` (a whole number of grains, or less than one).
+    fn copy_out(&self, grain: u32, out: &mut [u8], grain_bytes: usize) {
+        for (i, piece) in out.chunks_mut(grain_bytes).enumerate() {
+            let g = grain + i as u32;
+            let src = match self.held.iter().find(|r| (r.grain..r.grain + r.grains).contains(&g)) {
+                Some(r) => &r.payload[r.at + (g - r.grain) as usize * grain_bytes..],
+                None => &self.own[g as usize * grain_bytes..],
+            };
+            piece.copy_from_slice(&src[..piece.len()]);
+        }
+    }
+
+    /// The record's first `grains` grains as pieces for one vectored write, in order.
+    pub fn io_slices(&self, grains: u32, grain_bytes: usize) -> Vec<IoSlice<'_>> {
+        let mut out = Vec::with_capacity(2 * self.held.len() + 1);
+        let mut next = 0u32;
+        for r in self.held.iter().take_while(|r| r.grain < grains) {
+            if r.grain > next {
+                out.push(IoSlice::new(&self.own[next as usize * grain_bytes..r.grain as usize * grain_bytes]));
+            }
+            let n = r.grains.min(grains - r.grain);
+            out.push(IoSlice::new(&r.payload[r.at..r.at + n as usize * grain_bytes]));
+            next = r.grain + n;
+        }
+        if next < grains {
+            out.push(IoSlice::new(&self.own[next as usize * grain_bytes..grains as usize * grain_bytes]));
+        }
+        out
+    }
+
+    /// Whether every byte of the record is in `own`.
+    pub fn is_contiguous(&self) -> bool {
+        self.held.is_empty()
+    }
+}
 
 /// The shared bytes of an open or in-flight record.
 pub struct RecordBuf {
@@ -19,14 +116,14 @@ pub struct RecordBuf {
     /// used once sealed. The next record of the segment starts right after them, so a reader
     /// must not take later grains from this buffer.
     pub span_grains: AtomicU32,
-    pub bytes: RwLock<AlignedBuf>,
+    pub bytes: RwLock<RecordBytes>,
     /// Where the buffer goes back when the last reference is dropped.
     pub recycle: Arc<BufferPool>,
 }
 
 impl Drop for RecordBuf {
     fn drop(&mut self) {
-        let buf = std::mem::replace(self.bytes.get_mut(), AlignedBuf::empty());
+        let buf = std::mem::replace(&mut self.bytes.get_mut().own, AlignedBuf::empty());
         self.recycle.put(buf);
     }
 }
@@ -36,12 +133,11 @@ impl RecordBuf {
     pub fn read(&self, grain: u64, grain_bytes: usize, out: &mut [u8]) -> bool {
         let b = self.bytes.read();
         let n_grains = self.span_grains.load(SeqCst) as u64;
-        debug_assert!(n_grains as usize * grain_bytes <= b.len());
+        debug_assert!(n_grains as usize * grain_bytes <= b.own.len());
         if grain < self.first_grain || grain >= self.first_grain + n_grains {
             return false;
         }
-        let off = ((grain - self.first_grain) as usize) * grain_bytes;
-        out.copy_from_slice(&b[off..off + out.len()]);
+        b.copy_out((grain - self.first_grain) as u32, out, grain_bytes);
         true
     }
 }
@@ -83,4 +179,80 @@ impl OpenRecord {
 pub struct SealedRecord {
     pub buf: Arc<RecordBuf>,
     pub used_grains: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payload::PayloadPool;
+
+    const GB: usize = 4096;
+
+    fn payload(pool: &Arc<PayloadPool>, grains: usize, tag: u8) -> Arc<WriteBuffer> {
+        let mut b = pool.get(grains * GB).expect("within the budget");
+        for (i, g) in b.chunks_mut(GB).enumerate() {
+            g.fill(tag.wrapping_add(i as u8));
+        }
+        Arc::new(b)
+    }
+
+    /// What `io_slices` would write, gathered; and the same read grain by grain.
+    fn gathered(r: &RecordBytes, grains: u32) -> (Vec<u8>, Vec<u8>) {
+        let written: Vec<u8> = r.io_slices(grains, GB).iter().flat_map(|s| s.iter().copied()).collect();
+        let mut read = vec![0u8; grains as usize * GB];
+        r.copy_out(0, &mut read, GB);
+        (written, read)
+    }
+
+    #[test]
+    fn held_runs_extend_interleave_with_copies_and_read_back_in_place() {
+        let pool = PayloadPool::new(64 << 20, 0);
+        let mut r = RecordBytes::new(AlignedBuf::zeroed(32 * GB));
+        r.own[..GB].fill(0xEE); // the metadata page
+        let a = payload(&pool, 16, 10);
+        let b = payload(&pool, 16, 100);
+        // Grains 1-4 held from a, 5 copied, 6-7 from b (as one run of two), 8 from a again.
+        for g in 1..=4 {
+            assert!(r.hold(g, 1, &a, (g as usize - 1) * GB, GB));
+        }
+        r.own[5 * GB..6 * GB].fill(0x55);
+        assert!(r.hold(6, 1, &b, 0, GB));
+        assert!(r.hold(7, 1, &b, GB, GB));
+        assert!(r.hold(8, 1, &a, 9 * GB, GB));
+        assert_eq!(r.held.len(), 3, "contiguous pieces of one payload extend one run");
+        let (written, read) = gathered(&r, 9);
+        assert_eq!(written, read);
+        let expect = |g: usize| -> u8 {
+            match g {
+                0 => 0xEE,
+                1..=4 => 10 + (g as u8 - 1),
+                5 => 0x55,
+                6 | 7 => 100 + (g as u8 - 6),
+                _ => 10 + 9,
+            }
+        };
+        for g in 0..9 {
+            assert!(written[g * GB..(g + 1) * GB].iter().all(|&x| x == expect(g)), "grain {g}");
+        }
+        // A record cut short before its last held grain writes only what it uses.
+        let (written, read) = gathered(&r, 7);
+        assert_eq!((written.len(), &written), (7 * GB, &read));
+    }
+
+    #[test]
+    fn misaligned_pieces_and_runs_past_the_limit_are_refused_for_copying() {
+        let pool = PayloadPool::new(64 << 20, 0);
+        let mut r = RecordBytes::new(AlignedBuf::zeroed(32 * GB));
+        let a = payload(&pool, 16, 1);
+        assert!(!r.hold(1, 1, &a, 512, GB), "not aligned for direct I/O");
+        assert!(!r.hold(1, 1, &a, 16 * GB, GB), "past the payload's end");
+        let many: Vec<_> = (0..MAX_HELD_RUNS + 1).map(|i| payload(&pool, 16, i as u8)).collect();
+        for (i, p) in many.iter().enumerate() {
+            let kept = r.hold(1 + i as u32, 1, p, 0, GB);
+            assert_eq!(kept, i < MAX_HELD_RUNS, "run {i}");
+        }
+        drop(r);
+        drop((a, many));
+        assert_eq!(pool.outstanding_bytes(), 0, "a dropped record lets go of its payloads");
+    }
 }
