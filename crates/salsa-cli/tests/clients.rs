@@ -87,10 +87,12 @@ fn fio_random_writes_verify_while_gc_runs() {
     let half = size / 2 / (1 << 20) * (1 << 20);
     // Two jobs on two connections, each on its half: a sequential fill, then random 4 KiB
     // overwrites of everything at queue depth 32 with crc32c verification; the overwrites keep
-    // the GC busy (the volume fills 80% of the pool).
+    // the GC busy (the volume fills 80% of the pool). Then random 256 KiB overwrites, verified:
+    // their pages are held by the records in the received payloads (zero-copy writes).
     for (rw, extra) in [
         ("write", vec!["--bs=1M"]),
         ("randwrite", vec!["--bs=4k", "--verify=crc32c", "--verify_fatal=1"]),
+        ("randwrite", vec!["--bs=256k", "--verify=crc32c", "--verify_fatal=1"]),
     ] {
         let (ok, out) = run(Command::new("fio")
             .args([
@@ -109,6 +111,14 @@ fn fio_random_writes_verify_while_gc_runs() {
             .args(extra));
         assert!(ok && !out.contains("verify: bad"), "fio {rw} failed:\n{out}");
     }
+    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .args(["stats", "--json", "--device"])
+        .arg(dir.join("pool.img")));
+    assert!(ok, "salsa stats: {out}");
+    let stats: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let held = stats["user_bytes_held"].as_u64().unwrap();
+    assert!(held >= half, "the large writes were copied, not held: {held} bytes held");
+    assert!(stats["payload_buffer_bytes"].as_u64().unwrap() <= 64 << 20, "{stats}");
     assert!(srv.stop().success(), "{}", srv_log(&dir));
     let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa"))
         .args(["check", "--device"])
