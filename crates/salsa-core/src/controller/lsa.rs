@@ -361,9 +361,10 @@ impl LsaVolume {
     /// Places `count` items in one stream, in order, each like [`LsaVolume::place`]: item `i`
     /// is a data page `page(i)` or, for `None`, an entry only; `commit(i, at, record)` pushes
     /// its entry. A page whose payload is given is held there by the record rather than copied
-    /// when the record can (see [`RecordBytes::hold`]). Consecutive items share one acquisition of the stream's lock for as long as
-    /// the open record has room, so a many-page write does not contend for the lock per page.
-    /// On an error the items before it stay committed.
+    /// when the record can (see [`RecordBytes::hold`]). Consecutive items share one
+    /// acquisition of the stream's lock for as long as the open record has room, so a
+    /// many-page write does not contend for the lock per page. On an error the items before it
+    /// stay committed.
     fn place_each<'d>(
         &self,
         eng: &Engine,
