@@ -3,7 +3,7 @@
 set -euo pipefail
 need=()
 for pair in fio:fio qemu-io:qemu-utils qemu-img:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdfuse:nbdfuse \
-            nbdkit:nbdkit nbdsh:python3-libnbd fusermount3:fuse3 mkfs.ext4:e2fsprogs losetup:mount; do
+            nbdkit:nbdkit nbdsh:python3-libnbd fusermount3:fuse3 mkfs.ext4:e2fsprogs losetup:mount c++:g++; do
   tool=${pair%%:*}; pkg=${pair##*:}
   command -v "$tool" >/dev/null 2>&1 || need+=("$pkg")
 done
@@ -15,4 +15,9 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -q >/dev/null
   # shellcheck disable=SC2086
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q $pkgs >/dev/null
+fi
+# cargo-fuzz, for the short fuzzing run of the NBD codec (libFuzzer, built with the C++ compiler).
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "installing: cargo-fuzz"
+  cargo install cargo-fuzz --locked --version "^0.13" --quiet
 fi
