@@ -1,13 +1,18 @@
 //! Connection handling: listeners (TCP and Unix), and for each connection a small set of
-//! threads that take turns reading requests through the [`proto`](crate::proto) codec
-//! (leader/follower): the thread that read a request executes it and writes its reply as soon
+//! threads that take turns reading requests through the [`proto`] codec
+//! (leader/follower): the thread that read a request executes it and sends its reply as soon
 //! as it completes (possibly out of order), while another thread reads the next one. No request
 //! is handed from one thread to another, which on few cores is what costs most per request.
+//! Replies are combined: one that is ready while another thread is sending is queued for that
+//! thread, which sends the queue in one write. Large writes are received into payload buffers
+//! of the volume, whose records then hold the pages instead of copying them.
 //!
 //! Limits: at most [`ServerConfig::threads_per_connection`] (capped at
 //! [`MAX_THREADS_PER_CONNECTION`]) requests per connection execute at once; threads start on
 //! demand, when no other thread of the connection is waiting for a request. At most
-//! [`MAX_CONNECTIONS`] connections, request payloads at most [`proto::MAX_REQUEST_BYTES`].
+//! [`MAX_CONNECTIONS`] connections, request payloads at most [`proto::MAX_REQUEST_BYTES`],
+//! replies queued for the sending thread at most [`MAX_PENDING_REPLY_BYTES`] (or one larger
+//! reply alone).
 //!
 //! Shutdown: when the stop flag is raised, listeners stop accepting, connections stop reading
 //! new requests, every request already read completes and is answered, then `run` returns.
@@ -31,7 +36,7 @@ pub const MAX_THREADS_PER_CONNECTION: usize = 256;
 const KEEP_BUFFER_BYTES: usize = 4 << 20;
 /// Replies queued for the connection's sending thread, at most (one larger reply may be queued
 /// alone).
-const MAX_PENDING_REPLY_BYTES: usize = 1 << 20;
+pub const MAX_PENDING_REPLY_BYTES: usize = 1 << 20;
 /// Connections served at once; more are refused.
 pub const MAX_CONNECTIONS: usize = 256;
 /// Write payloads of rejected requests up to this size are read and discarded to keep the
