@@ -7,8 +7,8 @@
 //!   and victim selection, by name; [`recovery`]: checkpoint load and crash scan; [`scan`]: record-chain walks;
 //! - [`payload`]: write payloads that records hold instead of copying;
 //! - [`capacity`]: segments, free queues, valid counts; [`durability`]: record ids and syncs;
-//! - [`array`]: devices combined into one address space; [`device`]: the devices;
-//! - [`format`]: every on-disk structure.
+//! - [`array`](mod@array): devices combined into one address space; [`device`]: the devices;
+//! - [`format`](mod@format): every on-disk structure.
 
 pub mod array;
 pub mod capacity;

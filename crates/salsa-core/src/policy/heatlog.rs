@@ -11,7 +11,7 @@
 //! Why smoothing: one interval of a page written at a steady rate is exponentially distributed,
 //! so a single sample puts a page anywhere across four or five doublings; a mean of the log over
 //! the last several narrows that to well under one, which is what a class is wide. A new sample
-//! weighs [`SAMPLE_WEIGHT`]: lighter weights place static skew better (Zipf 1.0 at 20% spare:
+//! weighs `SAMPLE_WEIGHT`: lighter weights place static skew better (Zipf 1.0 at 20% spare:
 //! WA 1.70 at 1/2, 1.65 at 1/4, 1.64 at 0.15), heavier ones follow a moving hot set sooner.
 //!
 //! Why six classes of two doublings from 2^-10: under Zipf-like skew the intervals of live
