@@ -13,9 +13,10 @@ use std::io::IoSlice;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;
 
-/// Most runs of held pages one record keeps (later pages are copied): with payloads of at most
-/// [`crate::payload::MAX_PAYLOAD_BYTES`], a record keeps at most this many payloads alive.
-pub const MAX_HELD_RUNS: usize = 8;
+/// Most runs of held pages one record keeps (later pages are copied). Sixteen lets a 1 MiB
+/// record hold almost every page of the smallest payloads (64 KiB, 16 pages each); what all
+/// records together keep alive is bounded by the payload budget in any case.
+pub const MAX_HELD_RUNS: usize = 16;
 
 /// The bytes of a record: its own buffer, which holds the metadata page (grain 0) and the data
 /// pages copied in, and the runs of data grains it holds in write payloads instead.
