@@ -16,7 +16,9 @@ fn fault_pool() -> (Pool, Arc<FaultDevice>) {
 }
 
 /// Writes until the injected failure, checks the stickiness, reopens and checks the data.
-fn run_failure(plan: FaultPlan) {
+/// With `payload_writes`, every fifth write is 16 pages through `Volume::write_payload`, whose
+/// pages the records hold in the payload instead of copying.
+fn run_failure(plan: FaultPlan, payload_writes: bool) {
     let (pool, dev) = fault_pool();
     let vol = pool.volume("v").unwrap();
     let pages = vol.size_bytes() / PAGE as u64;
@@ -24,10 +26,24 @@ fn run_failure(plan: FaultPlan) {
     let mut latest = vec![0u64; pages as usize];
     dev.set_plan(plan.clone());
     let mut failed = false;
+    // The pages of the request that failed: each may hold its old or its new value.
+    let mut in_failed_request = 0..0;
     for i in 1..20_000u64 {
         let p = i.wrapping_mul(0x9e37_79b9) % pages;
-        latest[p as usize] = i;
-        if let Err(e) = vol.write(p * PAGE as u64, &pattern(1, p, i)) {
+        let n = if payload_writes && i % 5 == 0 { 16.min(pages - p) } else { 1 };
+        let data: Vec<u8> = (p..p + n).flat_map(|q| pattern(1, q, i)).collect();
+        for q in p..p + n {
+            latest[q as usize] = i;
+        }
+        let written = match vol.payload_buffer(data.len()) {
+            Some(mut buf) => {
+                buf.copy_from_slice(&data);
+                vol.write_payload(p * PAGE as u64, buf)
+            }
+            None => vol.write(p * PAGE as u64, &data),
+        };
+        if let Err(e) = written {
+            in_failed_request = p..p + n;
             assert!(matches!(e, Error::Io { .. } | Error::Poisoned(_)), "{e}");
             failed = true;
             break;
@@ -48,7 +64,7 @@ fn run_failure(plan: FaultPlan) {
     assert!(matches!(vol.flush(), Err(Error::Poisoned(_))));
     // Reads still work and return data that was acknowledged.
     let mut buf = vec![0u8; PAGE];
-    for p in (0..pages).step_by(31) {
+    for p in (0..pages).step_by(31).filter(|p| !in_failed_request.contains(p)) {
         vol.read(p * PAGE as u64, &mut buf).unwrap();
         let v = latest[p as usize];
         let expect = if v == 0 { vec![0; PAGE] } else { pattern(1, p, v) };
@@ -76,21 +92,27 @@ fn run_failure(plan: FaultPlan) {
 
 #[test]
 fn failed_write_is_sticky_and_loses_nothing_flushed() {
-    for n in [3, 40, 400] {
-        run_failure(FaultPlan {
-            fail_write: Some(n),
-            ..FaultPlan::default()
-        });
+    for payload_writes in [false, true] {
+        for n in [3, 40, 400] {
+            let plan = FaultPlan {
+                fail_write: Some(n),
+                ..FaultPlan::default()
+            };
+            run_failure(plan, payload_writes);
+        }
     }
 }
 
 #[test]
 fn failed_sync_is_sticky_and_loses_nothing_flushed() {
-    for n in [2, 10, 60] {
-        run_failure(FaultPlan {
-            fail_sync: Some(n),
-            ..FaultPlan::default()
-        });
+    for payload_writes in [false, true] {
+        for n in [2, 10, 60] {
+            let plan = FaultPlan {
+                fail_sync: Some(n),
+                ..FaultPlan::default()
+            };
+            run_failure(plan, payload_writes);
+        }
     }
 }
 
