@@ -425,3 +425,20 @@ fn crash_seeds(seeds: u64, points_per_seed: u64, writes: Writes, medium: impl Fn
 fn regression_zoned_seed_52029() {
     run_seed(52029, Some(1029), Medium::Zoned { conventional_zones: 0 }, COPIED);
 }
+
+/// Found by the sweep with multi-page writes: page 96 was trimmed, written elsewhere, and
+/// trimmed again into the same segment, which then held two trim entries for it. The GC moved
+/// the tombstone with the sequence number of the first trim it met, the older one, so after a
+/// crash the scan ranked the dead copy written between the trims above it and brought that copy
+/// back. The GC now carries each page's latest trim (`relocate_tombstones`). Seed 37762 crashes
+/// right after a clean reopen, once the checkpoint no longer stands in for the log.
+#[test]
+fn regression_stale_tombstone_seed_37762() {
+    let writes = Writes {
+        write_back_threads: 0,
+        payload_writes: true,
+    };
+    for crash_after_ops in [700, 762] {
+        run_seed(37762, Some(crash_after_ops), Medium::Flat, writes);
+    }
+}

@@ -699,6 +699,51 @@ impl LsaVolume {
     }
 
     // ----- GC upcall -----
+
+    /// Moves the live tombstones of `victim` (pages whose map entry is `Trimmed(victim)`) into
+    /// the last GC stream, given the victim's trim entries `(page, count, seq)`. A page may be
+    /// covered by several of them (trimmed, written elsewhere, trimmed again into the same
+    /// segment) and the map does not say which one is current: the latest is, so each page's
+    /// tombstone keeps the highest sequence number among them. (Carrying an older trim's number
+    /// instead let a crash scan rank the dead copy written between the two trims above the
+    /// tombstone and bring it back: crash seed 37762.)
+    fn relocate_tombstones(&self, eng: &Engine, map: &PageMap, victim: u32, trims: &[(u64, u64, u64)]) -> Result<()> {
+        let mut latest: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+        for &(page, count, seq) in trims {
+            let end = page.saturating_add(count).min(map.pages());
+            for p in page..end {
+                if map.load(p) == Entry::Trimmed(victim) {
+                    let best = latest.entry(p).or_insert(seq);
+                    *best = (*best).max(seq);
+                }
+            }
+        }
+        let mut pages = latest.into_iter().peekable();
+        while let Some((run_start, seq)) = pages.next() {
+            // A run: consecutive pages whose tombstones carry the same sequence number.
+            let mut run = 1u64;
+            while pages.next_if(|&(p, s)| p == run_start + run && s == seq).is_some() {
+                run += 1;
+            }
+            self.place(eng, self.layout.last_gc(), Purpose::Gc, None, |seg, rec| {
+                let seg = seg as u32;
+                rec.push(MetaEntry::Trim {
+                    page: run_start,
+                    count: run,
+                    seq,
+                });
+                for q in run_start..run_start + run {
+                    eng.capacity.add_tombstone(seg);
+                    if map.compare_exchange(q, Entry::Trimmed(victim), Entry::Trimmed(seg)) {
+                        eng.capacity.sub_tombstone(victim);
+                    } else {
+                        eng.capacity.sub_tombstone(seg);
+                    }
+                }
+            })?;
+        }
+        Ok(())
+    }
 }
 
 impl Controller for LsaVolume {
@@ -754,6 +799,7 @@ impl Controller for LsaVolume {
         let pb = self.page_bytes as usize;
         let victim_view = self.segment_view(eng, victim);
         self.placement.segment_reclaimed(&victim_view, eng.now_seq());
+        let mut trims: Vec<(u64, u64, u64)> = Vec::new();
         walk_segment(&eng.array, &eng.buffers, &geo, victim, |_, meta, data| {
             if failure.is_some() || meta.page_grains != self.page_grains {
                 return;
@@ -795,43 +841,13 @@ impl Controller for LsaVolume {
                             Err(err) => failure = Some(err),
                         }
                     }
-                    MetaEntry::Trim { page, count, seq } => {
-                        let end = page.saturating_add(count).min(map.pages());
-                        let mut p = page;
-                        while p < end && failure.is_none() {
-                            if map.load(p) != Entry::Trimmed(victim) {
-                                p += 1;
-                                continue;
-                            }
-                            let run_start = p;
-                            while p < end && map.load(p) == Entry::Trimmed(victim) {
-                                p += 1;
-                            }
-                            let run = p - run_start;
-                            let r = self.place(eng, self.layout.last_gc(), Purpose::Gc, None, |seg, rec| {
-                                let seg = seg as u32;
-                                rec.push(MetaEntry::Trim {
-                                    page: run_start,
-                                    count: run,
-                                    seq,
-                                });
-                                for q in run_start..run_start + run {
-                                    eng.capacity.add_tombstone(seg);
-                                    if map.compare_exchange(q, Entry::Trimmed(victim), Entry::Trimmed(seg)) {
-                                        eng.capacity.sub_tombstone(victim);
-                                    } else {
-                                        eng.capacity.sub_tombstone(seg);
-                                    }
-                                }
-                            });
-                            if let Err(err) = r {
-                                failure = Some(err);
-                            }
-                        }
-                    }
+                    MetaEntry::Trim { page, count, seq } => trims.push((page, count, seq)),
                 }
             }
         })?;
+        if failure.is_none() {
+            failure = self.relocate_tombstones(eng, &map, victim, &trims).err();
+        }
         match failure {
             Some(e) => Err(e),
             None => Ok(()),
