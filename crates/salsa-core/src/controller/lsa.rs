@@ -706,25 +706,30 @@ impl LsaVolume {
     /// segment) and the map does not say which one is current: the latest is, so each page's
     /// tombstone keeps the highest sequence number among them. (Carrying an older trim's number
     /// instead let a crash scan rank the dead copy written between the two trims above the
-    /// tombstone and bring it back: crash seed 37762.)
-    fn relocate_tombstones(&self, eng: &Engine, map: &PageMap, victim: u32, trims: &[(u64, u64, u64)]) -> Result<()> {
-        let mut latest: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
-        for &(page, count, seq) in trims {
-            let end = page.saturating_add(count).min(map.pages());
-            for p in page..end {
-                if map.load(p) == Entry::Trimmed(victim) {
-                    let best = latest.entry(p).or_insert(seq);
-                    *best = (*best).max(seq);
-                }
-            }
+    /// tombstone and bring it back: crash seed 37762.) The trims are taken latest first, each
+    /// for the part of its range no later one covers, so memory stays proportional to the
+    /// number of trim entries, however many pages they cover.
+    fn relocate_tombstones(&self, eng: &Engine, map: &PageMap, victim: u32, trims: &mut [(u64, u64, u64)]) -> Result<()> {
+        for (pages, seq) in latest_trim_parts(trims, map.pages()) {
+            self.relocate_trim_range(eng, map, victim, pages, seq)?;
         }
-        let mut pages = latest.into_iter().peekable();
-        while let Some((run_start, seq)) = pages.next() {
-            // A run: consecutive pages whose tombstones carry the same sequence number.
-            let mut run = 1u64;
-            while pages.next_if(|&(p, s)| p == run_start + run && s == seq).is_some() {
-                run += 1;
+        Ok(())
+    }
+
+    /// Moves the tombstones of the pages in `pages` that are `Trimmed(victim)`, in runs of
+    /// consecutive pages, each as one trim entry with sequence number `seq`.
+    fn relocate_trim_range(&self, eng: &Engine, map: &PageMap, victim: u32, pages: std::ops::Range<u64>, seq: u64) -> Result<()> {
+        let mut p = pages.start;
+        while p < pages.end {
+            if map.load(p) != Entry::Trimmed(victim) {
+                p += 1;
+                continue;
             }
+            let run_start = p;
+            while p < pages.end && map.load(p) == Entry::Trimmed(victim) {
+                p += 1;
+            }
+            let run = p - run_start;
             self.place(eng, self.layout.last_gc(), Purpose::Gc, None, |seg, rec| {
                 let seg = seg as u32;
                 rec.push(MetaEntry::Trim {
@@ -744,6 +749,45 @@ impl LsaVolume {
         }
         Ok(())
     }
+}
+
+/// For trim entries `(page, count, seq)` of one segment, clipped to `pages` pages: the page
+/// ranges on which each entry is the latest (highest `seq`) of those covering them, with its
+/// `seq`. Sorts `trims` latest first. At most twice as many parts as entries, whatever the
+/// ranges' sizes.
+fn latest_trim_parts(trims: &mut [(u64, u64, u64)], pages: u64) -> Vec<(std::ops::Range<u64>, u64)> {
+    trims.sort_unstable_by_key(|t| std::cmp::Reverse(t.2));
+    let mut parts = Vec::new();
+    // Ranges of later trims, sorted and disjoint.
+    let mut covered: Vec<(u64, u64)> = Vec::new();
+    for &(page, count, seq) in trims.iter() {
+        let end = page.saturating_add(count).min(pages);
+        if page >= end {
+            continue;
+        }
+        let mut at = page;
+        for &(s, e) in covered.iter().filter(|&&(s, e)| e > page && s < end) {
+            if s > at {
+                parts.push((at..s, seq));
+            }
+            at = at.max(e);
+        }
+        if at < end {
+            parts.push((at..end, seq));
+        }
+        covered.push((page, end));
+        covered.sort_unstable();
+        // `later` follows `earlier` in the sorted list: merge them when they touch.
+        covered.dedup_by(|later, earlier| {
+            if later.0 <= earlier.1 {
+                earlier.1 = earlier.1.max(later.1);
+                true
+            } else {
+                false
+            }
+        });
+    }
+    parts
 }
 
 impl Controller for LsaVolume {
@@ -846,7 +890,7 @@ impl Controller for LsaVolume {
             }
         })?;
         if failure.is_none() {
-            failure = self.relocate_tombstones(eng, &map, victim, &trims).err();
+            failure = self.relocate_tombstones(eng, &map, victim, &mut trims).err();
         }
         match failure {
             Some(e) => Err(e),
@@ -977,5 +1021,48 @@ impl Controller for LsaVolume {
 
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::latest_trim_parts;
+
+    /// The seq each page gets from the parts, and the highest seq covering it, page by page.
+    fn by_parts_and_by_brute_force(trims: &[(u64, u64, u64)], pages: u64) -> (Vec<Option<u64>>, Vec<Option<u64>>) {
+        let mut from_parts = vec![None; pages as usize];
+        for (range, seq) in latest_trim_parts(&mut trims.to_vec(), pages) {
+            for p in range {
+                assert!(from_parts[p as usize].is_none(), "page {p} in two parts");
+                from_parts[p as usize] = Some(seq);
+            }
+        }
+        let brute = (0..pages)
+            .map(|p| trims.iter().filter(|t| t.0 <= p && p < t.0.saturating_add(t.1)).map(|t| t.2).max())
+            .collect();
+        (from_parts, brute)
+    }
+
+    #[test]
+    fn each_page_gets_the_latest_trim_that_covers_it() {
+        let parts = latest_trim_parts(&mut [(90, 10, 1), (95, 2, 2)], 1000);
+        assert_eq!(parts, vec![(95..97, 2), (90..95, 1), (97..100, 1)]);
+        let parts = latest_trim_parts(&mut [(8, 10, 1), (0, 10, 3), (5, 10, 2)], 100);
+        assert_eq!(parts, vec![(0..10, 3), (10..15, 2), (15..18, 1)]);
+        assert_eq!(latest_trim_parts(&mut [(0, u64::MAX, 1)], 50), vec![(0..50, 1)]);
+        // Random overlapping trims against the page-by-page answer.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..500 {
+            let trims: Vec<(u64, u64, u64)> = (0..next(12) + 1).map(|i| (next(60), next(30) + 1, i * 7 + next(5))).collect();
+            let (parts, brute) = by_parts_and_by_brute_force(&trims, 64);
+            assert_eq!(parts, brute, "{trims:?}");
+            assert!(latest_trim_parts(&mut trims.clone(), 64).len() <= 2 * trims.len());
+        }
     }
 }
