@@ -101,7 +101,8 @@ fn writers_readers_and_gc_concurrently() {
 /// in order: the workers must share the last free segments instead of each starting a victim
 /// it cannot finish (4 GiB and 1 GiB drive-managed SMR runs with 128 segments failed with
 /// "garbage collection ran out of free segments"). Writers are throttled, never failed, and
-/// every block reads back.
+/// every block reads back. Half the writers send their pages as payloads that the records
+/// hold (zero-copy), while readers check every page they read against what was acknowledged.
 #[test]
 fn gc_workers_share_scarce_segments() {
     for placement in ["salsa", "heatlog"] {
@@ -169,10 +170,12 @@ fn multi_page_writers_never_strand_gc_victims() {
     // Each writer owns the chunks congruent to it; it remembers the version it wrote last.
     let acked: Arc<Vec<AtomicU64>> = Arc::new((0..chunks).map(|_| AtomicU64::new(0)).collect());
     let started = std::time::Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
     std::thread::scope(|s| {
+        let mut writers = Vec::new();
         for w in 0..WRITERS {
             let (vol, acked) = (vol.clone(), acked.clone());
-            s.spawn(move || {
+            writers.push(s.spawn(move || {
                 let mut x = w + 11;
                 let mut data = vec![0u8; (PAGES_PER_WRITE as usize) * PAGE];
                 for _ in 0..chunks * 6 / WRITERS {
@@ -182,14 +185,50 @@ fn multi_page_writers_never_strand_gc_victims() {
                     for (i, page) in data.chunks_mut(PAGE).enumerate() {
                         page.copy_from_slice(&pattern(1, c * PAGES_PER_WRITE + i as u64, v));
                     }
-                    vol.write(c * PAGES_PER_WRITE * PAGE as u64, &data).unwrap();
+                    let offset = c * PAGES_PER_WRITE * PAGE as u64;
+                    match vol.payload_buffer(data.len()).filter(|_| w % 2 == 0) {
+                        Some(mut buf) => {
+                            buf.copy_from_slice(&data);
+                            vol.write_payload(offset, buf).unwrap();
+                        }
+                        None => vol.write(offset, &data).unwrap(),
+                    }
                     acked[c as usize].store(v, Ordering::SeqCst);
                 }
+            }));
+        }
+        for r in 0..READERS {
+            let (vol, acked, stop) = (vol.clone(), acked.clone(), stop.clone());
+            s.spawn(move || {
+                let mut buf = vec![0u8; PAGE];
+                let mut x = r as u64 + 5;
+                while !stop.load(Ordering::SeqCst) {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let p = (x >> 33) % (chunks * PAGES_PER_WRITE);
+                    let c = (p / PAGES_PER_WRITE) as usize;
+                    let before = acked[c].load(Ordering::SeqCst);
+                    vol.read(p * PAGE as u64, &mut buf).unwrap();
+                    let after = acked[c].load(Ordering::SeqCst);
+                    let v = version_of(1, p, &buf).unwrap_or_else(|| panic!("page {p}: garbage or another page's data"));
+                    assert!(
+                        v >= before && v <= after + 1,
+                        "page {p}: read version {v}, acknowledged {before}..{after}"
+                    );
+                }
             });
+        }
+        let results: Vec<_> = writers.into_iter().map(|w| w.join()).collect();
+        // Stop the readers before propagating a writer's panic, or the scope never ends.
+        stop.store(true, Ordering::SeqCst);
+        for r in results {
+            if let Err(p) = r {
+                std::panic::resume_unwind(p);
+            }
         }
     });
     let st = pool.stats();
     assert!(st.gc_segments_cleaned > 20, "GC cleaned only {} segments", st.gc_segments_cleaned);
+    assert!(st.user_bytes_held > 0, "no payload was held");
     assert_eq!(
         st.gc_wait_timeouts, 0,
         "the GC waited seconds for writers to settle victims' counts"
