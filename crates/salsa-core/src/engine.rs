@@ -295,12 +295,9 @@ impl Engine {
         let gb = self.geo.grain_bytes as usize;
         let len = r.used_grains as usize * gb;
         let res = {
+            // One piece when the record holds no payload pages, else its pieces in order.
             let bytes = r.buf.bytes.read();
-            if bytes.is_contiguous() {
-                self.array.write(r.buf.first_grain, &bytes.own[..len])
-            } else {
-                self.array.write_vectored(r.buf.first_grain, &bytes.io_slices(r.used_grains, gb))
-            }
+            self.array.write_vectored(r.buf.first_grain, &bytes.io_slices(r.used_grains, gb))
         };
         match res {
             Ok(()) => {

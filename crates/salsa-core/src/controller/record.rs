@@ -100,11 +100,6 @@ impl RecordBytes {
         }
         out
     }
-
-    /// Whether every byte of the record is in `own`.
-    pub fn is_contiguous(&self) -> bool {
-        self.held.is_empty()
-    }
 }
 
 /// The shared bytes of an open or in-flight record.
