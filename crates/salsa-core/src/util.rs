@@ -68,15 +68,22 @@ impl HugeChunk {
         Arc::new(HugeChunk { ptr, layout })
     }
 
-    /// Carves the chunk into `count` buffers of `len` bytes (`count * len` fits in it).
-    fn split(self: &Arc<Self>, len: usize, count: usize) -> impl Iterator<Item = AlignedBuf> + '_ {
-        assert!(len.is_multiple_of(IO_ALIGN_BYTES) && count * len <= self.layout.size());
-        (0..count).map(move |i| AlignedBuf {
-            // SAFETY: i * len + len <= layout.size(), so the pointer stays inside the allocation.
-            ptr: unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(i * len)) },
+    /// The buffer of bytes `[offset, offset + len)` of the chunk; the caller gives no two
+    /// buffers overlapping ranges.
+    fn buffer(self: &Arc<Self>, offset: usize, len: usize) -> AlignedBuf {
+        assert!(offset.is_multiple_of(IO_ALIGN_BYTES) && offset + len <= self.layout.size());
+        AlignedBuf {
+            // SAFETY: offset + len <= layout.size(), so the pointer stays inside the allocation.
+            ptr: unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(offset)) },
             len,
             backing: Backing::Chunk { _chunk: self.clone() },
-        })
+        }
+    }
+
+    /// Carves the chunk into `count` buffers of `len` bytes (`count * len` fits in it).
+    fn split(self: &Arc<Self>, len: usize, count: usize) -> impl Iterator<Item = AlignedBuf> + '_ {
+        assert!(len.is_multiple_of(IO_ALIGN_BYTES));
+        (0..count).map(move |i| self.buffer(i * len, len))
     }
 }
 
@@ -101,12 +108,7 @@ impl AlignedBuf {
     pub fn zeroed(len: usize) -> AlignedBuf {
         let huge = len.next_multiple_of(HUGE_PAGE_BYTES);
         if len > HUGE_PAGE_BYTES / 2 && huge - len <= len / 8 {
-            let chunk = HugeChunk::zeroed(huge);
-            return AlignedBuf {
-                ptr: chunk.ptr,
-                len,
-                backing: Backing::Chunk { _chunk: chunk },
-            };
+            return HugeChunk::zeroed(huge).buffer(0, len);
         }
         let layout = Self::heap_layout(len);
         // SAFETY: the layout has a non-zero size (at least IO_ALIGN_BYTES) and a valid alignment.
