@@ -548,6 +548,7 @@ fn info(devices: &Devices) -> Result<(), String> {
     for d in &devices.devices {
         println!("device      {}", d.path.display());
     }
+    println!("array       {} ({} devices)", pool.array_layout(), devices.devices.len());
     println!("physical    {}", human(g.total_grains * g.grain_bytes as u64));
     println!(
         "segments    {} x {} (grain {})",

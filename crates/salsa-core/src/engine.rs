@@ -1,114 +1,46 @@
-//! The engine: state shared by the controllers, the GC and the front-ends, and the pool-wide
-//! paths that tie the layers together: sequence numbers, record writes, flush (group commit),
-//! segment allocation with throttling, and garbage collection.
+//! The engine: the space manager that sits on the log. It holds the volumes (as controllers),
+//! hands segments to the log's streams with throttling ([`crate::log::SegmentSource`]), and
+//! runs garbage collection: victim choice by the pool's policy, admission of victims while
+//! space is short, relocation through the owning controller, and release of cleaned segments
+//! once the metadata that emptied them is durable.
 //!
-//! Write path, in order (see `docs/DESIGN.md` for the whole story):
-//! 1. the controller reserves the next slot of its stream's open record (allocating a segment
-//!    if needed; writers wait for the GC below the reserve, never fail);
-//! 2. it copies the page into the record buffer and records its crc32c;
-//! 3. under the page's stripe lock it takes a sequence number, appends the metadata entry and
-//!    swaps the map entry; the old location is invalidated;
-//! 4. a full record is written to the device in one sequential write.
+//! It calls down into the log and calls up only through [`Controller::relocate`], the GC's one
+//! question to a volume. Flush, records and durability are the log's ([`crate::log`]).
 //!
-//! Flush path: (1) note the last record id; (2) seal and write every stream's open record;
-//! (3) wait until every record up to the noted id is on the device; (4) sync every device, once
-//! for all concurrent flushes; (5) publish `synced_through` and release the segments that were
-//! waiting for it.
+//! Invariants: GC never loses live data (a move updates the map only if the page still maps to
+//! the victim, and a victim is retired only when its counts are zero); a cleaned segment is
+//! reused only after the records that emptied it are durable; writers are throttled, not
+//! failed, while the GC can still free space.
 
-use crate::array::Array;
-use crate::capacity::{Capacity, Purpose, SegmentState};
-use crate::controller::record::SealedRecord;
 use crate::controller::Controller;
-use crate::device::StorageType;
-use crate::durability::{Tracker, EPOCH_SHIFT, MAX_EPOCHS, SEQ_EPOCH_SHIFT};
 use crate::error::{Error, Result};
-use crate::format::PoolMeta;
-use crate::layout::DeviceLayout;
+use crate::log::capacity::{Purpose, SegmentState};
+use crate::log::{Log, SegmentSource, ANY_TYPE};
 use crate::policy::victim::{Candidate, VictimPolicy};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Pool geometry, fixed at format time.
-#[derive(Debug, Clone, Copy)]
-pub struct Geometry {
-    pub grain_bytes: u32,
-    pub segment_bytes: u64,
-    pub grains_per_segment: u32,
-    pub total_segments: u32,
-    pub total_grains: u64,
-    /// Entries one metadata page holds.
-    pub meta_entries: u32,
-    /// A metadata page follows at most this many data pages.
-    pub meta_interval_pages: u32,
-}
-
-/// Counters, readable at any time.
-#[derive(Default)]
-pub struct Counters {
-    pub user_bytes_written: AtomicU64,
-    pub user_bytes_read: AtomicU64,
-    pub gc_bytes_relocated: AtomicU64,
-    pub device_bytes_written: AtomicU64,
-    pub meta_bytes_written: AtomicU64,
-    pub gc_segments_cleaned: AtomicU64,
-    pub flushes: AtomicU64,
-    pub syncs: AtomicU64,
-    /// Time spent in device syncs.
-    pub sync_micros: AtomicU64,
-    /// Time the GC spent reading victims and relocating (excluding syncs).
-    pub gc_micros: AtomicU64,
-    pub throttled_allocations: AtomicU64,
-    /// Victims whose count the GC waited a full second for writers to settle.
-    pub gc_wait_timeouts: AtomicU64,
-    /// User bytes that records held in the writers' payloads instead of copying.
-    pub user_bytes_held: AtomicU64,
-}
-
-/// Shared engine state.
+/// The space manager and GC over a log (see the module documentation).
 pub struct Engine {
-    pub pool_id: u128,
-    pub geo: Geometry,
-    pub array: Array,
-    pub capacity: Capacity,
-    pub tracker: Tracker,
-    /// crc32c of the page that starts at each grain (the in-memory half of the back-pointers).
-    pub crc_table: Box<[AtomicU32]>,
+    /// The log the volumes write and the GC cleans.
+    pub log: Arc<Log>,
     /// Every volume, by id, as the core sees it: a controller.
     pub volumes: RwLock<BTreeMap<u32, Arc<dyn Controller>>>,
-    seq: AtomicU64,
-    epoch_lock: Mutex<()>,
-    poison: Mutex<Option<String>>,
-    poisoned: AtomicBool,
-    pub counters: Counters,
-    pub policy: Box<dyn VictimPolicy>,
+    policy: Box<dyn VictimPolicy>,
     /// Held shared while a victim is cleaned (several GC workers may clean at once, each its
     /// own victim, claimed by compare-and-swap) and exclusively by volume deletion.
     pub gc_lock: RwLock<()>,
-    /// The durable pool metadata (volume table); held while it is rewritten.
-    pub meta: Mutex<PoolMeta>,
-    pub background_gc: bool,
+    background_gc: bool,
     /// When set, the GC also runs while garbage exceeds this share of the data space of the
     /// sealed segments (SepBIT's trigger; see [`Engine::garbage_due`]).
     gc_garbage_ratio: Option<f64>,
     pub shutting_down: AtomicBool,
-    /// Sealed user records on their way to the device (see [`crate::write_back`]).
-    pub write_back: crate::write_back::WriteBack,
     /// Set when the GC found nothing to clean while writers wait: the pool is really full.
     pub gc_stuck: AtomicBool,
     gc_wake: (Mutex<bool>, Condvar),
-    /// Grains held by mapped pages across all volumes (for the thin-provisioning limit).
-    pub mapped_grains: AtomicU64,
-    /// Writes and trims between replacing a map entry and accounting for the place it left;
-    /// the GC waits for them before it judges a cleaned victim (see [`Engine::gc_step`]).
-    pub invalidations_in_flight: AtomicU64,
-    pub read_only: bool,
-    /// Recycled record and read buffers.
-    pub buffers: Arc<crate::util::BufferPool>,
-    /// Buffers that write payloads are received into and records hold (zero-copy writes).
-    pub payloads: Arc<crate::payload::PayloadPool>,
     /// Victims being cleaned and the free segments promised to them (see [`Engine::gc_admit`]).
     gc_budget: Mutex<GcBudget>,
     gc_budget_changed: Condvar,
@@ -140,233 +72,40 @@ impl Drop for GcAdmission<'_> {
 /// writers wait for the GC: enough that they do not stop at every segment, small enough that
 /// the bound is what the user asked for.
 const GARBAGE_SLACK: f64 = 0.01;
-/// Write payload buffers out at once (being received, or held by records not yet written);
-/// past it writes are copied into records instead (see [`crate::payload`]).
-pub const PAYLOAD_BUDGET_BYTES: usize = 64 << 20;
-
-/// Allocation preference of every stream: SALSA is multi-type by design; this build places
-/// user and GC data on any type, preferring flash, then NVM, then disks, and keeps the
-/// conventional zones of SMR drives for last (checkpoints want them).
-pub const ANY_TYPE: [StorageType; 5] = [
-    StorageType::Flash,
-    StorageType::Nvm,
-    StorageType::Hdd,
-    StorageType::SmrSequential,
-    StorageType::SmrConventional,
-];
-
-/// Allocation preference of checkpoints: conventional zones first, where a zoned drive has them.
-pub const CHECKPOINT_TYPES: [StorageType; 5] = [
-    StorageType::SmrConventional,
-    StorageType::Nvm,
-    StorageType::Flash,
-    StorageType::Hdd,
-    StorageType::SmrSequential,
-];
-
 impl Engine {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        pool_id: u128,
-        geo: Geometry,
-        array: Array,
-        capacity: Capacity,
-        meta: PoolMeta,
-        policy: Box<dyn VictimPolicy>,
-        background_gc: bool,
-        gc_garbage_ratio: Option<f64>,
-        read_only: bool,
-    ) -> Engine {
-        let epoch = meta.generation;
+    /// The engine over `log`, cleaning with `policy`. Call [`Engine::attach`] once it is in an
+    /// `Arc`, so that the log's streams get their segments from it.
+    pub fn new(log: Arc<Log>, policy: Box<dyn VictimPolicy>, background_gc: bool, gc_garbage_ratio: Option<f64>) -> Engine {
         Engine {
-            pool_id,
-            geo,
-            array,
-            capacity,
-            tracker: Tracker::new(epoch << EPOCH_SHIFT | 1),
-            crc_table: (0..geo.total_grains).map(|_| AtomicU32::new(0)).collect(),
+            log,
             volumes: RwLock::new(BTreeMap::new()),
-            seq: AtomicU64::new(epoch << SEQ_EPOCH_SHIFT | 1),
-            epoch_lock: Mutex::new(()),
-            poison: Mutex::new(None),
-            poisoned: AtomicBool::new(false),
-            counters: Counters::default(),
             policy,
             gc_lock: RwLock::new(()),
-            meta: Mutex::new(meta),
             background_gc,
             gc_garbage_ratio,
             shutting_down: AtomicBool::new(false),
-            write_back: Default::default(),
             gc_stuck: AtomicBool::new(false),
             gc_wake: (Mutex::new(false), Condvar::new()),
-            mapped_grains: AtomicU64::new(0),
-            invalidations_in_flight: AtomicU64::new(0),
-            read_only,
-            buffers: Arc::new(crate::util::BufferPool::new(64 << 20)),
-            payloads: crate::payload::PayloadPool::new(PAYLOAD_BUDGET_BYTES, PAYLOAD_BUDGET_BYTES / 2),
             gc_budget: Mutex::new(GcBudget::default()),
             gc_budget_changed: Condvar::new(),
         }
     }
 
-    /// What a record-chain walk needs to know about this pool.
-    pub fn scan_geometry(&self) -> crate::scan::ScanGeometry {
-        crate::scan::ScanGeometry {
-            pool_id: self.pool_id,
-            grain_bytes: self.geo.grain_bytes as usize,
-            grains_per_segment: self.geo.grains_per_segment,
-        }
+    /// Makes `eng` the log's segment source.
+    pub fn attach(eng: &Arc<Engine>) {
+        let weak: std::sync::Weak<Engine> = Arc::downgrade(eng);
+        eng.log.set_segment_source(weak);
     }
 
-    // ----- errors -----
-
-    /// Makes the pool refuse writes until reopened, remembering why.
-    pub fn poison(&self, e: &Error) {
-        let mut p = self.poison.lock();
-        if p.is_none() {
-            tracing::error!("pool poisoned: {e}");
-            *p = Some(e.to_string());
-        }
-        self.poisoned.store(true, SeqCst);
-        self.capacity.changed.notify_all();
+    /// Adds a volume: the GC can clean its segments, and the log seals and counts its streams.
+    pub fn add_volume(&self, vol: Arc<dyn Controller>) {
+        self.log.add_streams(vol.id(), vol.streams());
+        self.volumes.write().insert(vol.id(), vol);
     }
 
-    pub fn is_poisoned(&self) -> bool {
-        self.poisoned.load(SeqCst)
-    }
-
-    pub fn check_not_poisoned(&self) -> Result<()> {
-        if self.is_poisoned() {
-            let why = self.poison.lock().clone().unwrap_or_default();
-            return Err(Error::Poisoned(why));
-        }
-        Ok(())
-    }
-
-    pub fn check_writable(&self) -> Result<()> {
-        if self.read_only {
-            return Err(Error::ReadOnly("the pool".into()));
-        }
-        self.check_not_poisoned()
-    }
-
-    // ----- sequence numbers -----
-
-    /// Next data sequence number. Numbers are `epoch << 32 | counter`; near the end of an
-    /// epoch a new one is made durable first, so numbers never repeat across sessions.
-    pub fn next_seq(&self) -> u64 {
-        let s = self.seq.fetch_add(1, SeqCst);
-        let mask = (1u64 << SEQ_EPOCH_SHIFT) - 1;
-        if s & mask >= mask - (1 << 24) {
-            if let Err(e) = self.advance_epoch(s >> SEQ_EPOCH_SHIFT) {
-                self.poison(&e);
-            }
-        }
-        s
-    }
-
-    /// Current sequence number, for ages.
-    pub fn now_seq(&self) -> u64 {
-        self.seq.load(SeqCst)
-    }
-
-    fn advance_epoch(&self, old_epoch: u64) -> Result<()> {
-        let _g = self.epoch_lock.lock();
-        if self.seq.load(SeqCst) >> SEQ_EPOCH_SHIFT != old_epoch {
-            return Ok(());
-        }
-        let mut meta = self.meta.lock();
-        self.write_pool_meta(&mut meta)?;
-        self.seq.fetch_max(meta.generation << SEQ_EPOCH_SHIFT | 1, SeqCst);
-        Ok(())
-    }
-
-    /// Writes the pool metadata into the slot after the current one and syncs it.
-    pub fn write_pool_meta(&self, meta: &mut PoolMeta) -> Result<()> {
-        let m = &self.array.members()[0];
-        write_meta_slot(m.device.as_ref(), &m.layout, meta)
-    }
-
-    // ----- records and flush -----
-
-    /// Writes a sealed record to the device and marks it complete.
-    pub fn write_record(&self, r: SealedRecord) -> Result<()> {
-        let gb = self.geo.grain_bytes as usize;
-        let len = r.used_grains as usize * gb;
-        let res = {
-            // One piece when the record holds no payload pages, else its pieces in order.
-            let bytes = r.buf.bytes.read();
-            self.array.write_vectored(r.buf.first_grain, &bytes.io_slices(r.used_grains, gb))
-        };
-        match res {
-            Ok(()) => {
-                self.capacity
-                    .segment(r.buf.segment)
-                    .records
-                    .lock()
-                    .retain(|x| !Arc::ptr_eq(x, &r.buf));
-                self.counters.device_bytes_written.fetch_add(len as u64, SeqCst);
-                self.tracker.complete(r.buf.record_id);
-                Ok(())
-            }
-            Err(e) => {
-                // The record stays registered so that reads keep returning the acknowledged
-                // data until the pool is reopened.
-                self.poison(&e);
-                self.tracker.complete(r.buf.record_id);
-                Err(e)
-            }
-        }
-    }
-
-    fn volumes_snapshot(&self) -> Vec<Arc<dyn Controller>> {
-        self.volumes.read().values().cloned().collect()
-    }
-
-    /// Makes every write that returned before this call durable, data and map.
+    /// Makes every write that returned before this call durable (the log's flush).
     pub fn flush(&self) -> Result<()> {
-        self.check_not_poisoned()?;
-        self.counters.flushes.fetch_add(1, SeqCst);
-        let target = self.tracker.last_id();
-        for v in self.volumes_snapshot() {
-            for r in v.seal_open_records(self) {
-                self.write_record(r)?;
-            }
-        }
-        self.sync_through(target)
-    }
-
-    /// Waits for records up to `target` and syncs the devices (shared by concurrent callers).
-    fn sync_through(&self, target: u64) -> Result<()> {
-        if !self.tracker.wait_complete_through(target, || self.is_poisoned()) {
-            return self.check_not_poisoned();
-        }
-        self.check_not_poisoned()?;
-        let guard = self.tracker.sync_lock.lock();
-        if self.tracker.synced_through() < target {
-            self.sync_devices()?;
-        }
-        drop(guard);
-        self.capacity.release_synced(self.tracker.synced_through());
-        Ok(())
-    }
-
-    /// Syncs every device and publishes how far records are durable. The caller holds the
-    /// sync lock, so syncs do not overlap and `synced_through` only covers records that were
-    /// complete before this sync began. A failure poisons the pool.
-    fn sync_devices(&self) -> Result<()> {
-        let upto = self.tracker.complete_through();
-        let t = std::time::Instant::now();
-        let r = self.array.sync_all();
-        self.counters.sync_micros.fetch_add(t.elapsed().as_micros() as u64, SeqCst);
-        if let Err(e) = r {
-            self.poison(&e);
-            return Err(e);
-        }
-        self.counters.syncs.fetch_add(1, SeqCst);
-        self.tracker.set_synced_through(upto);
-        Ok(())
+        self.log.flush()
     }
 
     // ----- segments -----
@@ -377,12 +116,9 @@ impl Engine {
     pub fn allocate_segment(&self, purpose: Purpose) -> Result<u32> {
         let mut gc_waits = 0;
         loop {
-            self.check_writable()?;
-            if let Some(s) = self.capacity.try_allocate(&ANY_TYPE, purpose) {
-                if let Err(e) = self.array.prepare_segment(s) {
-                    self.poison(&e);
-                    return Err(e);
-                }
+            self.log.check_writable()?;
+            if let Some(s) = self.log.capacity().try_allocate(&ANY_TYPE, purpose) {
+                self.log.prepare_segment(s)?;
                 // Garbage over its bound implies a round is needed, so the pass over the segment
                 // table that measures garbage runs again only when it might be over.
                 if self.needs_gc_round() {
@@ -401,22 +137,22 @@ impl Engine {
             }
             match purpose {
                 Purpose::Gc => {
-                    if self.capacity.pending_segments() > 0 {
-                        self.flush()?;
+                    if self.log.capacity().pending_segments() > 0 {
+                        self.log.flush()?;
                         continue;
                     }
                     // Another worker's victim may be about to become free (its promise was
                     // smaller than what it took); wait for it a bounded time.
                     if gc_waits < 100 && self.gc_budget.lock().cleaning > 1 {
                         gc_waits += 1;
-                        self.capacity.wait_for_free(0, Duration::from_millis(20));
+                        self.log.capacity().wait_for_free(0, Duration::from_millis(20));
                         continue;
                     }
                     return Err(Error::NoSpace("garbage collection ran out of free segments".into()));
                 }
                 Purpose::Checkpoint => return Err(Error::NoSpace("no free segment for the checkpoint".into())),
                 Purpose::User => {
-                    self.counters.throttled_allocations.fetch_add(1, SeqCst);
+                    self.log.counters().throttled_allocations.fetch_add(1, SeqCst);
                     if self.background_gc {
                         // The worker found nothing to clean: confirm with an attempt of our own
                         // before reporting that the pool is full.
@@ -427,31 +163,14 @@ impl Engine {
                             return Err(Error::ShuttingDown);
                         }
                         self.wake_gc();
-                        self.capacity
-                            .wait_for_free(self.capacity.watermarks.gc_reserve, Duration::from_millis(50));
+                        self.log
+                            .capacity()
+                            .wait_for_free(self.log.capacity().watermarks.gc_reserve, Duration::from_millis(50));
                     } else if !self.gc_step()? {
                         return Err(Error::NoSpace("every segment is full of live data".into()));
                     }
                 }
             }
-        }
-    }
-
-    /// A stream is done with its open segment.
-    pub fn seal_segment(&self, s: u32) {
-        let info = self.capacity.segment(s);
-        info.sealed_seq.store(self.now_seq(), SeqCst);
-        let ok = info.cas_state(SegmentState::Staged, SegmentState::Allocated);
-        assert!(ok, "sealing segment {s} that is not staged");
-        if info.is_empty() {
-            self.capacity.retire(s, SegmentState::Allocated, self.tracker.last_id(), false);
-        }
-    }
-
-    /// Called when a segment's counts reached zero.
-    pub fn segment_emptied(&self, s: u32) {
-        if self.capacity.segment(s).state() == SegmentState::Allocated {
-            self.capacity.retire(s, SegmentState::Allocated, self.tracker.last_id(), false);
         }
     }
 
@@ -476,15 +195,16 @@ impl Engine {
     /// Picks the best victim by the pool's policy and marks it. `None` when no segment would
     /// yield space.
     fn choose_victim(&self) -> Option<u32> {
-        let gps = self.geo.grains_per_segment;
+        let gps = self.log.geo().grains_per_segment;
         // Moving v grains costs v plus their metadata pages; a victim must free more than that.
-        let worth =
-            |valid: u32| (valid as u64) * (self.geo.meta_interval_pages as u64 + 1) / self.geo.meta_interval_pages as u64 + 4 < gps as u64;
-        let now = self.now_seq();
+        let worth = |valid: u32| {
+            (valid as u64) * (self.log.geo().meta_interval_pages as u64 + 1) / self.log.geo().meta_interval_pages as u64 + 4 < gps as u64
+        };
+        let now = self.log.now_seq();
         loop {
             let mut oldest = u64::MAX;
             let mut cands = Vec::new();
-            for (i, s) in self.capacity.segments().iter().enumerate() {
+            for (i, s) in self.log.capacity().segments().iter().enumerate() {
                 if s.state() != SegmentState::Allocated || s.unmovable.load(SeqCst) {
                     continue;
                 }
@@ -512,7 +232,8 @@ impl Engine {
                 })
                 .min_by(|a, b| a.0.total_cmp(&b.0))?;
             if self
-                .capacity
+                .log
+                .capacity()
                 .segment(best.1)
                 .cas_state(SegmentState::Allocated, SegmentState::Victim)
             {
@@ -525,28 +246,28 @@ impl Engine {
     /// or will be freed.
     pub fn gc_step(&self) -> Result<bool> {
         let _g = self.gc_lock.read();
-        self.check_writable()?;
+        self.log.check_writable()?;
         // Victims wait for one sync to become free; syncing per victim would cost a device
         // cache flush each. Release them in batches, or at once when the GC itself runs dry.
-        let (gc_pending, other_pending) = self.capacity.pending_counts();
-        let free = self.capacity.free_segments();
+        let (gc_pending, other_pending) = self.log.capacity().pending_counts();
+        let free = self.log.capacity().free_segments();
         if gc_pending > 0 && (gc_pending >= self.gc_release_batch() || free <= 1) {
             self.gc_release()?;
             return Ok(true);
         }
-        if other_pending > 0 && free <= self.capacity.watermarks.low {
-            self.flush()?;
+        if other_pending > 0 && free <= self.log.capacity().watermarks.low {
+            self.log.flush()?;
             return Ok(true);
         }
         let pending = gc_pending + other_pending;
         let Some(victim) = self.choose_victim() else {
             if pending > 0 {
-                self.flush()?;
+                self.log.flush()?;
                 return Ok(true);
             }
             return Ok(false);
         };
-        let info = self.capacity.segment(victim);
+        let info = self.log.capacity().segment(victim);
         let Some(_admission) = self.gc_admit(self.segments_to_clean(info.valid_grains.load(SeqCst))) else {
             // The space left is promised to victims other workers are cleaning: let them
             // finish (and free theirs) rather than start one that could strand both halfway.
@@ -557,17 +278,16 @@ impl Engine {
         // Its last records may still be on their way to the device (queued for write-back);
         // the GC reads the device. A victim is sealed, so are its records: wait for them
         // rather than flush, which would cut every stream's open record short.
-        let in_flight: Vec<u64> = info.records.lock().iter().map(|r| r.record_id).collect();
-        if !in_flight.is_empty() && !self.tracker.wait_all_complete(&in_flight, || self.is_poisoned()) {
+        if !self.log.wait_segment_written(victim) {
             info.cas_state(SegmentState::Victim, SegmentState::Allocated);
-            return self.check_not_poisoned().map(|_| false);
+            return self.log.check_not_poisoned().map(|_| false);
         }
         let owner = info.owner_volume.load(SeqCst);
         let vol = self.volumes.read().get(&owner).cloned();
         let t = std::time::Instant::now();
         let result = match vol {
-            Some(v) => v.relocate(self, victim).inspect(|_| {
-                self.counters.gc_micros.fetch_add(t.elapsed().as_micros() as u64, SeqCst);
+            Some(v) => v.relocate(&self.log, victim).inspect(|_| {
+                self.log.counters().gc_micros.fetch_add(t.elapsed().as_micros() as u64, SeqCst);
             }),
             None => Err(Error::Corrupt(format!("segment {victim} is owned by unknown volume {owner}"))),
         };
@@ -578,11 +298,11 @@ impl Engine {
         // A writer may have replaced a victim page's map entry (so the walk skipped it) without
         // having taken the page off the victim's count yet; wait for such writers to finish.
         let deadline = std::time::Instant::now() + Duration::from_secs(1);
-        while !info.is_empty() && self.invalidations_in_flight.load(SeqCst) > 0 {
+        while !info.is_empty() && self.log.invalidations_in_flight() {
             if std::time::Instant::now() >= deadline {
                 // Writers take a replaced page off its old segment's count right after the map
                 // update, so this means damage or an accounting bug, never a normal wait.
-                self.counters.gc_wait_timeouts.fetch_add(1, SeqCst);
+                self.log.counters().gc_wait_timeouts.fetch_add(1, SeqCst);
                 break;
             }
             std::thread::yield_now();
@@ -598,15 +318,17 @@ impl Engine {
             info.cas_state(SegmentState::Victim, SegmentState::Allocated);
             return Ok(false);
         }
-        self.capacity.retire(victim, SegmentState::Victim, self.tracker.last_id(), true);
-        self.counters.gc_segments_cleaned.fetch_add(1, SeqCst);
+        self.log
+            .capacity()
+            .retire(victim, SegmentState::Victim, self.log.last_record_id(), true);
+        self.log.counters().gc_segments_cleaned.fetch_add(1, SeqCst);
         Ok(true)
     }
 
     /// Free segments relocating `valid_grains` may take: the data and its metadata pages, plus
     /// one for the GC stream's open segment filling up on the way.
     fn segments_to_clean(&self, valid_grains: u32) -> u32 {
-        valid_grains.div_ceil(self.data_grains_per_segment()) + 1
+        valid_grains.div_ceil(self.log.geo().data_grains_per_segment()) + 1
     }
 
     /// Admits a victim needing `segments` free segments when the segments free or about to be
@@ -615,7 +337,7 @@ impl Engine {
     /// deadlocks; several workers clean in parallel only while space allows.
     fn gc_admit(&self, segments: u32) -> Option<GcAdmission<'_>> {
         let mut b = self.gc_budget.lock();
-        let available = self.capacity.free_segments() + self.capacity.pending_segments() as u32;
+        let available = self.log.capacity().free_segments() + self.log.capacity().pending_segments() as u32;
         if b.cleaning > 0 && b.promised_segments + segments > available {
             return None;
         }
@@ -632,11 +354,12 @@ impl Engine {
         }
     }
 
-    /// Frees the segments the GC has emptied so far: seals the GC streams' open records, waits
-    /// for every sealed record still on its way to the device, syncs. The user streams stay
+    /// Frees the segments the GC has emptied so far: seals the GC streams' open records (and
+    /// those the victims' last kills are in), waits for every sealed record still on its way to
+    /// the device, syncs ([`Log::sync_for_release`]). The user streams stay
     /// open (a full flush would cut their records short for nothing).
     pub fn gc_release(&self) -> Result<usize> {
-        let victims = self.capacity.gc_pending();
+        let victims = self.log.capacity().gc_pending();
         if victims.is_empty() {
             return Ok(0);
         }
@@ -646,43 +369,26 @@ impl Engine {
         // and bring back a value older still.
         let kill_through = victims
             .iter()
-            .map(|&s| self.capacity.segment(s).last_kill_record.load(SeqCst))
+            .map(|&s| self.log.capacity().segment(s).last_kill_record.load(SeqCst))
             .max()
             .unwrap_or(0);
-        for v in self.volumes_snapshot() {
-            for r in v.seal_records_for_release(self, kill_through) {
-                self.write_record(r)?;
-            }
+        if !self.log.sync_for_release(kill_through)? {
+            return Ok(0);
         }
-        let in_flight = self.tracker.sealed_in_flight();
-        if !self.tracker.wait_all_complete(&in_flight, || self.is_poisoned()) {
-            return self.check_not_poisoned().map(|_| 0);
-        }
-        self.check_not_poisoned()?;
-        {
-            let _s = self.tracker.sync_lock.lock();
-            self.sync_devices()?;
-        }
-        let n = self.capacity.release_segments(&victims);
-        self.capacity.release_synced(self.tracker.synced_through());
+        let n = self.log.capacity().release_segments(&victims);
+        self.log.release_synced();
         Ok(n)
-    }
-
-    /// Grains of a segment that hold data: all but the metadata pages.
-    pub fn data_grains_per_segment(&self) -> u32 {
-        let gps = self.geo.grains_per_segment;
-        gps - gps.div_ceil(self.geo.meta_interval_pages + 1)
     }
 
     /// How many cleaned segments the GC lets wait for one shared sync.
     fn gc_release_batch(&self) -> u32 {
-        (self.geo.total_segments / 512).clamp(2, 16)
+        (self.log.geo().total_segments / 512).clamp(2, 16)
     }
 
     /// Whether the background worker has work: free segments below the low watermark, or
     /// pending segments that one sync would release while free segments run low.
     pub fn needs_gc_round(&self) -> bool {
-        self.capacity.free_segments() < self.capacity.watermarks.low || self.release_due() || self.garbage_due()
+        self.log.capacity().free_segments() < self.log.capacity().watermarks.low || self.release_due() || self.garbage_due()
     }
 
     /// Whether the pool runs with a garbage trigger and the sealed segments (victims being
@@ -700,16 +406,16 @@ impl Engine {
     fn wait_for_garbage_bound(&self) -> Result<()> {
         let mut throttled = false;
         while self.garbage_above(GARBAGE_SLACK) && !self.gc_stuck.load(SeqCst) {
-            self.check_writable()?;
+            self.log.check_writable()?;
             if self.shutting_down.load(SeqCst) {
                 return Err(Error::ShuttingDown);
             }
             if !throttled {
                 throttled = true;
-                self.counters.throttled_allocations.fetch_add(1, SeqCst);
+                self.log.counters().throttled_allocations.fetch_add(1, SeqCst);
             }
             self.wake_gc();
-            self.capacity.wait_for_free(u32::MAX, Duration::from_millis(10));
+            self.log.capacity().wait_for_free(u32::MAX, Duration::from_millis(10));
         }
         Ok(())
     }
@@ -719,9 +425,9 @@ impl Engine {
         let Some(ratio) = self.gc_garbage_ratio else {
             return false;
         };
-        let data_per_segment = self.data_grains_per_segment() as u64;
+        let data_per_segment = self.log.geo().data_grains_per_segment() as u64;
         let (mut space, mut valid) = (0u64, 0u64);
-        for s in self.capacity.segments() {
+        for s in self.log.capacity().segments() {
             if s.state() == SegmentState::Allocated && !s.unmovable.load(SeqCst) {
                 space += data_per_segment;
                 valid += (s.valid_grains.load(SeqCst) as u64).min(data_per_segment);
@@ -733,109 +439,30 @@ impl Engine {
     /// Whether free segments are down to the release watermark while segments emptied by
     /// overwrites wait for a sync.
     fn release_due(&self) -> bool {
-        self.capacity.free_segments() <= self.capacity.watermarks.release && self.capacity.pending_counts().1 > 0
+        self.log.capacity().free_segments() <= self.log.capacity().watermarks.release && self.log.capacity().pending_counts().1 > 0
     }
 
     /// One round of the background worker: release what a sync releases, then clean until the
     /// high watermark (and, with a garbage trigger, until garbage is back under it).
     pub fn gc_round(&self) -> Result<()> {
-        let wm = self.capacity.watermarks;
+        let wm = self.log.capacity().watermarks;
         if self.release_due() {
-            self.flush()?;
+            self.log.flush()?;
         }
-        while (self.capacity.free_segments() < wm.high || self.garbage_due()) && !self.shutting_down.load(SeqCst) {
+        while (self.log.capacity().free_segments() < wm.high || self.garbage_due()) && !self.shutting_down.load(SeqCst) {
             if !self.gc_step()? {
                 self.gc_stuck.store(true, SeqCst);
-                self.capacity.changed.notify_all();
+                self.log.capacity().changed.notify_all();
                 return Ok(());
             }
             self.gc_stuck.store(false, SeqCst);
         }
         Ok(())
     }
-
-    /// Grains the pool can hold as mapped data while leaving the GC room to work: the data
-    /// grains of every segment except those the watermarks, open streams and GC need.
-    pub fn usable_grains(&self) -> u64 {
-        let streams = self.volumes.read().values().map(|v| v.stream_count() as u64).sum();
-        self.usable_grains_for_streams(streams)
-    }
-
-    /// [`Engine::usable_grains`] when the volumes have `streams` streams in all: each stream
-    /// may hold a partly written segment whose rest no other stream can use.
-    pub fn usable_grains_for_streams(&self, streams: u64) -> u64 {
-        let wm = self.capacity.watermarks;
-        let data_per_segment = self.data_grains_per_segment() as u64;
-        let reserved = wm.high as u64 + streams + 2;
-        let segs = (self.geo.total_segments as u64).saturating_sub(reserved);
-        // Keep 3% of the remaining space free so the GC never degenerates into copying full
-        // segments around.
-        segs * data_per_segment * 97 / 100
-    }
 }
 
-/// Bumps the generation of `meta` and writes it into the slot the generation selects (the two
-/// slots alternate, so a torn write leaves the previous copy intact), then syncs. A slot in a
-/// sequential zone is reset first (the other slot still holds the previous generation).
-pub fn write_meta_slot(dev: &dyn crate::device::Device, layout: &DeviceLayout, meta: &mut PoolMeta) -> Result<()> {
-    // The generation numbers the epochs of ids and sequence numbers, which must fit the format.
-    if meta.generation + 1 >= MAX_EPOCHS {
-        return Err(Error::Exhausted(format!(
-            "device {} has written its pool metadata {} times, the most the format numbers",
-            dev.name(),
-            meta.generation
-        )));
-    }
-    meta.generation += 1;
-    let bytes = meta.encode();
-    let mut buf = crate::util::AlignedBuf::zeroed(bytes.len());
-    buf.copy_from_slice(&bytes);
-    let offset = layout.meta_slot_offsets[(meta.generation % 2) as usize];
-    let io = |op, source| Error::Io {
-        device: dev.name().to_string(),
-        op,
-        offset,
-        source,
-    };
-    if let Some(zone) = crate::layout::in_sequential_zone(dev, offset)? {
-        let z = dev.zones().expect("a sequential zone is on a zoned device");
-        z.reset_zone(zone).map_err(|e| io("reset zone", e))?;
-    }
-    dev.write_at(&buf, offset).map_err(|e| io("write pool metadata", e))?;
-    dev.sync().map_err(|e| io("sync pool metadata", e))?;
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::device::{Device, MemoryDevice};
-
-    #[test]
-    fn the_pool_metadata_generation_stops_where_sequence_numbers_would_outgrow_the_format() {
-        let dev = MemoryDevice::new("mem0", 16 << 20);
-        let (layout, _) = DeviceLayout::plan(&dev, 1 << 20).unwrap();
-        let mut meta = PoolMeta {
-            pool_id: 7,
-            generation: MAX_EPOCHS - 2,
-            session_id: 1,
-            clean: true,
-            next_volume_id: 1,
-            volumes: Vec::new(),
-            checkpoint: None,
-        };
-        write_meta_slot(&dev, &layout, &mut meta).unwrap();
-        assert_eq!(meta.generation, MAX_EPOCHS - 1);
-        // The largest epoch's sequence numbers still fit the format.
-        let last_seq_of_largest_epoch = meta.generation << SEQ_EPOCH_SHIFT | ((1 << SEQ_EPOCH_SHIFT) - 1);
-        assert_eq!(last_seq_of_largest_epoch, crate::format::MAX_SEQ);
-        let mut before = vec![0u8; 2 * 4096];
-        dev.read_at(&mut before, layout.meta_slot_offsets[0]).unwrap();
-        let err = write_meta_slot(&dev, &layout, &mut meta).unwrap_err();
-        assert!(matches!(err, Error::Exhausted(_)), "{err}");
-        assert_eq!(meta.generation, MAX_EPOCHS - 1, "a refused write leaves the generation alone");
-        let mut after = vec![0u8; 2 * 4096];
-        dev.read_at(&mut after, layout.meta_slot_offsets[0]).unwrap();
-        assert_eq!(before, after, "nothing was written");
+impl SegmentSource for Engine {
+    fn allocate_segment(&self, purpose: Purpose) -> Result<u32> {
+        Engine::allocate_segment(self, purpose)
     }
 }

@@ -4,7 +4,6 @@
 //! panic.
 
 use crate::device::StorageType;
-use crate::layout::DeviceLayout;
 use crate::util::{Decoder, Encoder, Truncated};
 
 /// Format version written by this build; newer versions are refused.
@@ -111,6 +110,16 @@ fn decode_name(d: &mut Decoder<'_>, what: &'static str) -> Result<String, Format
     std::str::from_utf8(d.take(n, what)?)
         .map(str::to_string)
         .map_err(|_| FormatError::Invalid(format!("{what} is not UTF-8")))
+}
+
+/// The placement of one device's structures (chosen by [`crate::layout`], stored in its
+/// superblock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceLayout {
+    /// Byte offset of this device's first segment.
+    pub segments_offset_bytes: u64,
+    /// Byte offsets of the two pool-metadata slots (used on device 0).
+    pub meta_slot_offsets: [u64; 2],
 }
 
 /// The superblock at offset 0 of every pool member.
@@ -623,8 +632,6 @@ pub fn encode_checkpoint_header(pool_id: u128, session_id: u64, next_seq: u64, n
 pub struct CheckpointHeader {
     pub pool_id: u128,
     pub session_id: u64,
-    pub next_seq: u64,
-    pub next_record: u64,
 }
 
 pub fn decode_checkpoint_header(d: &mut Decoder<'_>) -> Result<CheckpointHeader, FormatError> {
@@ -635,12 +642,14 @@ pub fn decode_checkpoint_header(d: &mut Decoder<'_>) -> Result<CheckpointHeader,
     if version > FORMAT_VERSION {
         return Err(FormatError::NewerVersion(version));
     }
-    Ok(CheckpointHeader {
+    let header = CheckpointHeader {
         pool_id: d.u128("pool id")?,
         session_id: d.u64("session")?,
-        next_seq: d.u64("next seq")?,
-        next_record: d.u64("next record")?,
-    })
+    };
+    // Two reserved words (written as zero).
+    d.u64("reserved")?;
+    d.u64("reserved")?;
+    Ok(header)
 }
 
 #[cfg(test)]

@@ -13,16 +13,7 @@
 
 use crate::device::{zone::report_zone, Device, ZoneKind};
 use crate::error::{Error, Result};
-use crate::format::{DEVICE_RESERVED_BYTES, POOL_META_SLOT_BYTES, POOL_META_SLOT_OFFSETS, SUPERBLOCK_BYTES};
-
-/// The placement of one device's structures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceLayout {
-    /// Byte offset of this device's first segment.
-    pub segments_offset_bytes: u64,
-    /// Byte offsets of the two pool-metadata slots (used on device 0).
-    pub meta_slot_offsets: [u64; 2],
-}
+use crate::format::{DeviceLayout, DEVICE_RESERVED_BYTES, POOL_META_SLOT_BYTES, POOL_META_SLOT_OFFSETS, SUPERBLOCK_BYTES};
 
 impl DeviceLayout {
     /// Plans the layout of `dev` for segments of `segment_bytes`; also returns how many segments

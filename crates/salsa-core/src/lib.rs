@@ -1,33 +1,70 @@
-//! SALSA engine: a log-structured host translation layer in user space.
+//! SALSA engine: a log-structured host translation layer in user space. It owns one or more
+//! devices, writes them only in large sequential segments, does its own garbage collection,
+//! keeps every volume's logical-to-physical map, and survives crashes.
 //!
-//! Layers, top to bottom (each module says what it owns and which invariants it keeps):
-//! - [`pool`]: the public API (pools, volumes, statistics);
-//! - [`controller`]: volumes' logical-to-physical mapping (the LSA page map);
-//! - [`engine`]: the shared paths: write records, flush, allocation, GC; [`policy`]: placement
-//!   and victim selection, by name; [`recovery`]: checkpoint load and crash scan; [`scan`]: record-chain walks;
-//! - [`payload`]: write payloads that records hold instead of copying;
-//! - [`capacity`]: segments, free queues, valid counts; [`durability`]: record ids and syncs;
-//! - [`array`](mod@array): devices combined into one address space; [`device`]: the devices;
-//! - [`format`](mod@format): every on-disk structure.
+//! Layers, top to bottom; each knows only the one below, and each module's documentation says
+//! what it owns and which invariants it keeps (`docs/DESIGN.md` has the whole map):
+//! - `pool`: the public API: pools, volumes, statistics ([`Pool`], [`Volume`], [`Stats`]);
+//! - `controller`: volumes' logical-to-physical mapping (the LSA page map), behind the
+//!   `Controller` trait;
+//! - `engine`: the space manager: volumes, segment allocation with throttling, the GC;
+//!   `recovery`: checkpoint and crash scan; [`policy`]: placement and victim selection;
+//! - `log`: geometry, capacity, sequence numbers, allocation streams, records, write-back,
+//!   flush and durability, sticky errors;
+//! - `array`: devices combined into one address space of segments; [`device`]: the devices
+//!   and device models;
+//! - `format` and `layout`: every on-disk structure and where it sits.
+//!
+//! Only `pool`, [`device`], [`policy`] and [`error`] are public; the rest is the engine's
+//! own.
+//!
+//! # Embedding a pool
+//!
+//! ```
+//! use salsa_core::device::MemoryDevice;
+//! use salsa_core::{Device, OpenOptions, Pool, PoolConfig};
+//! use std::sync::Arc;
+//!
+//! // A pool on one 64 MiB device (a file or block device works the same: `FileDevice`).
+//! let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem0", 64 << 20));
+//! let cfg = PoolConfig { segment_bytes: Some(1 << 20), ..PoolConfig::default() };
+//! let pool = Pool::create(vec![dev.clone()], &cfg, &OpenOptions::default())?;
+//! // A thin volume of 32 MiB with 4 KiB pages.
+//! let vol = pool.create_volume("db", 32 << 20, 4096)?;
+//! vol.write(8192, b"hello")?;
+//! vol.flush()?; // durable from here on
+//! let mut back = [0u8; 5];
+//! vol.read(8192, &mut back)?;
+//! assert_eq!(&back, b"hello");
+//! pool.close()?; // a checkpoint: the next open needs no scan
+//!
+//! let pool = Pool::open(vec![dev], &OpenOptions::default())?;
+//! assert_eq!(pool.opened_from(), salsa_core::OpenedFrom::Checkpoint);
+//! pool.volume("db")?.read(8192, &mut back)?;
+//! assert_eq!(&back, b"hello");
+//! # Ok::<(), salsa_core::Error>(())
+//! ```
 
-pub mod array;
-pub mod capacity;
-pub mod controller;
+pub(crate) mod array;
+pub(crate) mod controller;
 pub mod device;
-pub mod durability;
-pub mod engine;
+pub(crate) mod engine;
 pub mod error;
-pub mod format;
-pub mod layout;
-pub mod payload;
+pub(crate) mod format;
+pub(crate) mod layout;
+pub(crate) mod log;
 pub mod policy;
 pub mod pool;
-pub mod recovery;
-pub mod scan;
-pub mod util;
-pub mod write_back;
+pub(crate) mod recovery;
+pub(crate) mod scan;
+pub(crate) mod util;
 
+pub use controller::ControllerStats;
 pub use device::{Device, StorageType};
 pub use error::{Error, ErrorKind, Result};
+pub use format::StreamKind;
+pub use log::payload::WriteBuffer;
+pub use log::Geometry;
 pub use policy::Registry;
 pub use pool::{OpenOptions, OpenedFrom, Pool, PoolConfig, Stats, Volume, VolumeStats};
+pub use util::AlignedBuf;

@@ -7,11 +7,11 @@
 //! torn, so only its data pages whose crc32c matches count. Afterwards the segment counts and
 //! states are derived from the maps alone.
 
-use crate::capacity::SegmentState;
 use crate::controller::{Reference, ScannedRecord};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::{decode_checkpoint_header, CheckpointRef, MetaEntry, RecordMeta, SegmentHeader, StreamKind};
+use crate::log::capacity::SegmentState;
 use crate::scan::walk_segment;
 use crate::util::{AlignedBuf, Decoder};
 use std::sync::atomic::Ordering::SeqCst;
@@ -29,8 +29,8 @@ struct Found {
 
 /// Rebuilds every volume's map by scanning all segments (in parallel).
 pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
-    let n = eng.geo.total_segments;
-    let geo = eng.scan_geometry();
+    let n = eng.log.geo().total_segments;
+    let geo = eng.log.scan_geometry();
     let threads = std::thread::available_parallelism().map(|p| p.get()).unwrap_or(1).clamp(1, 8) as u32;
     let done = std::sync::atomic::AtomicU64::new(0);
     let mut found: Vec<Found> = Vec::new();
@@ -46,7 +46,7 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
                     let mut s = t;
                     while s < n {
                         let pb = |m: &RecordMeta| m.page_grains as usize * geo.grain_bytes;
-                        let h = walk_segment(&eng.array, &eng.buffers, geo, s, |header, meta, data| {
+                        let h = walk_segment(eng.log.array(), eng.log.buffers(), geo, s, |header, meta, data| {
                             let size = pb(meta);
                             let intact = meta
                                 .entries
@@ -100,7 +100,7 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
         }
         if let Some(vol) = volumes.get(&f.header.volume_id) {
             vol.replay(
-                eng,
+                &eng.log,
                 &ScannedRecord {
                     segment: f.segment,
                     meta: &f.meta,
@@ -118,7 +118,7 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
     // The stream a segment was written by guides placement and victim policies.
     for (s, h) in headers.iter().enumerate() {
         if let Some(h) = h {
-            eng.capacity.segment(s as u32).stream.store(h.stream.to_u8(), SeqCst);
+            eng.log.capacity().segment(s as u32).stream.store(h.stream.to_u8(), SeqCst);
         }
     }
     Ok(())
@@ -126,8 +126,8 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
 
 /// Derives every segment's counts, owner and state from the volume maps.
 pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
-    let gps = eng.geo.grains_per_segment;
-    let n = eng.geo.total_segments as usize;
+    let gps = eng.log.geo().grains_per_segment;
+    let n = eng.log.geo().total_segments as usize;
     let mut valid = vec![0u64; n];
     let mut tombs = vec![0u64; n];
     let mut owner = vec![u32::MAX; n];
@@ -143,7 +143,7 @@ pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
     };
     let mut mapped_total = 0u64;
     for (id, vol) in eng.volumes.read().iter() {
-        mapped_total += vol.account(eng, &mut |r| {
+        mapped_total += vol.account(&eng.log, &mut |r| {
             let s = r.segment() as usize;
             if s >= n {
                 return Err(Error::Corrupt(format!("volume {id} references segment {s} of {n}")));
@@ -160,7 +160,7 @@ pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
         if valid[s] > gps as u64 || tombs[s] > u32::MAX as u64 {
             return Err(Error::Corrupt(format!("segment {s} would hold {} grains of {gps}", valid[s])));
         }
-        let info = eng.capacity.segment(s as u32);
+        let info = eng.log.capacity().segment(s as u32);
         info.valid_grains.store(valid[s] as u32, SeqCst);
         info.tombstones.store(tombs[s] as u32, SeqCst);
         info.owner_volume.store(owner[s], SeqCst);
@@ -173,31 +173,31 @@ pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
             SegmentState::Free
         });
     }
-    eng.mapped_grains.store(mapped_total, SeqCst);
-    eng.capacity.rebuild_queues();
+    eng.log.set_mapped_grains(mapped_total);
+    eng.log.capacity().rebuild_queues();
     Ok(())
 }
 
 /// Size of the image [`encode_checkpoint`] would produce now.
 pub fn checkpoint_bytes(eng: &Engine) -> usize {
-    let header = crate::format::encode_checkpoint_header(eng.pool_id, 0, 0, 0).len() + 4;
+    let header = crate::format::encode_checkpoint_header(eng.log.pool_id(), 0, 0, 0).len() + 4;
     let maps: u64 = eng.volumes.read().values().map(|v| 4 + v.image_bytes()).sum();
-    header + maps as usize + eng.crc_table.len() * 4 + eng.geo.total_segments as usize * 8
+    header + maps as usize + eng.log.crc_table().len() * 4 + eng.log.geo().total_segments as usize * 8
 }
 
 /// Serialises the state a clean shutdown leaves: every map, the crc table, segment ages.
 pub fn encode_checkpoint(eng: &Engine, session_id: u64) -> Vec<u8> {
-    let mut out = crate::format::encode_checkpoint_header(eng.pool_id, session_id, 0, 0);
+    let mut out = crate::format::encode_checkpoint_header(eng.log.pool_id(), session_id, 0, 0);
     let vols = eng.volumes.read();
     out.extend_from_slice(&(vols.len() as u32).to_le_bytes());
     for (id, v) in vols.iter() {
         out.extend_from_slice(&id.to_le_bytes());
         v.encode_image(&mut out);
     }
-    for c in eng.crc_table.iter() {
+    for c in eng.log.crc_table().iter() {
         out.extend_from_slice(&c.load(SeqCst).to_le_bytes());
     }
-    for s in eng.capacity.segments() {
+    for s in eng.log.capacity().segments() {
         out.extend_from_slice(&s.sealed_seq.load(SeqCst).to_le_bytes());
     }
     out
@@ -206,21 +206,21 @@ pub fn encode_checkpoint(eng: &Engine, session_id: u64) -> Vec<u8> {
 /// Loads a checkpoint written by session `session_id`. On any inconsistency returns an error
 /// and leaves the maps to be rebuilt by a scan.
 pub fn load_checkpoint(eng: &Engine, cp: &CheckpointRef, session_id: u64) -> Result<()> {
-    let sb = eng.geo.segment_bytes as usize;
+    let sb = eng.log.geo().segment_bytes as usize;
     let mut blob = Vec::with_capacity(cp.bytes as usize);
     for &s in &cp.segments {
-        if s >= eng.geo.total_segments || blob.len() as u64 >= cp.bytes {
+        if s >= eng.log.geo().total_segments || blob.len() as u64 >= cp.bytes {
             return Err(Error::Corrupt("checkpoint segment list".into()));
         }
         // Only the bytes the checkpoint wrote: the tail of its last segment may be unwritten
         // (and unreadable, in a sequential zone).
         let take = (cp.bytes as usize - blob.len()).min(sb);
-        let grains = take.div_ceil(eng.geo.grain_bytes as usize);
-        if (grains as u64) > eng.array.readable_grains(s) {
+        let grains = take.div_ceil(eng.log.geo().grain_bytes as usize);
+        if (grains as u64) > eng.log.array().readable_grains(s) {
             return Err(Error::Corrupt(format!("checkpoint segment {s} was not written to its end")));
         }
-        let mut buf = AlignedBuf::zeroed(grains * eng.geo.grain_bytes as usize);
-        eng.array.read(s as u64 * eng.geo.grains_per_segment as u64, &mut buf)?;
+        let mut buf = AlignedBuf::zeroed(grains * eng.log.geo().grain_bytes as usize);
+        eng.log.array().read(s as u64 * eng.log.geo().grains_per_segment as u64, &mut buf)?;
         blob.extend_from_slice(&buf[..take]);
     }
     if blob.len() as u64 != cp.bytes || crc32c::crc32c(&blob) != cp.crc {
@@ -229,7 +229,7 @@ pub fn load_checkpoint(eng: &Engine, cp: &CheckpointRef, session_id: u64) -> Res
     let bad = |what: &str| Error::Corrupt(format!("checkpoint: {what}"));
     let mut d = Decoder::new(&blob);
     let h = decode_checkpoint_header(&mut d).map_err(|e| bad(&e.to_string()))?;
-    if h.pool_id != eng.pool_id || h.session_id != session_id {
+    if h.pool_id != eng.log.pool_id() || h.session_id != session_id {
         return Err(bad("belongs to another pool or session"));
     }
     let vols = eng.volumes.read().clone();
@@ -242,11 +242,11 @@ pub fn load_checkpoint(eng: &Engine, cp: &CheckpointRef, session_id: u64) -> Res
         let vol = vols.get(&id).ok_or_else(|| bad("unknown volume"))?;
         vol.load_image(&mut d)?;
     }
-    for c in eng.crc_table.iter() {
+    for c in eng.log.crc_table().iter() {
         c.store(d.u32("crc").map_err(|_| bad("truncated crc table"))?, SeqCst);
     }
-    let mut sealed = Vec::with_capacity(eng.geo.total_segments as usize);
-    for _ in 0..eng.geo.total_segments {
+    let mut sealed = Vec::with_capacity(eng.log.geo().total_segments as usize);
+    for _ in 0..eng.log.geo().total_segments {
         sealed.push(d.u64("age").map_err(|_| bad("truncated segment table"))?);
     }
     derive_segment_state(eng, &sealed)

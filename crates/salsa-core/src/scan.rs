@@ -26,7 +26,7 @@ pub struct ScanGeometry {
 /// `data` holds the record's data pages back to back. Returns the header, or `None` when the
 /// segment holds no valid header (never used, or not SALSA's).
 pub fn walk_segment(
-    array: &Array,
+    array: &dyn Array,
     buffers: &BufferPool,
     geo: &ScanGeometry,
     segment: u32,
@@ -107,7 +107,7 @@ struct Window {
 impl Window {
     /// Makes grains `[from, from + n)` of the segment available, re-reading from `from` when
     /// needed. False when the range leaves the segment or can never fit.
-    fn ensure(&mut self, array: &Array, base: u64, gps: usize, gb: usize, from: usize, n: usize) -> Result<bool> {
+    fn ensure(&mut self, array: &dyn Array, base: u64, gps: usize, gb: usize, from: usize, n: usize) -> Result<bool> {
         if from + n > gps || n > self.grains {
             return Ok(false);
         }

@@ -269,9 +269,6 @@ impl<'a> Decoder<'a> {
     pub fn new(bytes: &'a [u8]) -> Decoder<'a> {
         Decoder { bytes, pos: 0 }
     }
-    pub fn position(&self) -> usize {
-        self.pos
-    }
     pub fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], Truncated> {
         let end = self.pos.checked_add(n).ok_or(Truncated(what))?;
         let s = self.bytes.get(self.pos..end).ok_or(Truncated(what))?;

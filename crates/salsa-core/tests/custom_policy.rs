@@ -2,9 +2,9 @@
 //! engine, registered by name, used by a pool, and found again when the pool is reopened.
 
 use salsa_core::device::MemoryDevice;
-use salsa_core::format::StreamKind;
 use salsa_core::policy::placement::{PageClock, Placement, Relocation, UserWrite};
 use salsa_core::policy::victim::{Candidate, VictimPolicy};
+use salsa_core::StreamKind;
 use salsa_core::{Device, OpenOptions, Pool, PoolConfig, Registry};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;

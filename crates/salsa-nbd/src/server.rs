@@ -19,7 +19,7 @@
 
 use crate::proto::{self, Catalog, Command, ExportInfo, Negotiated, ProtocolError, RawRequest, Step};
 use parking_lot::{Condvar, Mutex};
-use salsa_core::payload::WriteBuffer;
+use salsa_core::WriteBuffer;
 use salsa_core::{ErrorKind, Pool, Volume};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

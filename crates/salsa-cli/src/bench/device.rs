@@ -106,8 +106,8 @@ fn sample(t: &Target, user_bytes: u64, user_written: u64) -> DeviceSample {
 }
 
 /// One aligned buffer per worker (O_DIRECT backings need it).
-fn aligned(len: usize) -> salsa_core::util::AlignedBuf {
-    salsa_core::util::AlignedBuf::zeroed(len)
+fn aligned(len: usize) -> salsa_core::AlignedBuf {
+    salsa_core::AlignedBuf::zeroed(len)
 }
 
 /// Runs `bytes` of the workload at the queue depth; samples the devices every `sample_bytes`.

@@ -110,7 +110,7 @@ fn raw_baseline(p: &BenchParams, path: &std::path::Path) -> Result<Vec<f64>, Str
                     let (dev, written) = (&dev, &written);
                     s.spawn(move || -> Result<(), String> {
                         let mut rng = SmallRng::seed_from_u64(t as u64 + 1);
-                        let mut buf = salsa_core::util::AlignedBuf::zeroed(p.block_bytes);
+                        let mut buf = salsa_core::AlignedBuf::zeroed(p.block_bytes);
                         rng.fill(&mut buf[..]);
                         while Instant::now() < deadline {
                             let b = rng.gen_range(0..blocks);
@@ -141,7 +141,7 @@ fn preallocate(path: &std::path::Path, size: u64) -> Result<(), String> {
         },
     )
     .map_err(|e| format!("{}: {e}", path.display()))?;
-    let chunk = salsa_core::util::AlignedBuf::zeroed(1 << 20);
+    let chunk = salsa_core::AlignedBuf::zeroed(1 << 20);
     let mut off = 0;
     while off < size {
         let n = (size - off).min(1 << 20) as usize;

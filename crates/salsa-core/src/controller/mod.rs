@@ -1,31 +1,32 @@
 //! Controllers map a volume's logical address space onto the capacity manager's segments. Each
 //! volume is one controller instance with its own page size and allocation streams.
 //!
-//! Owns: the [`Controller`] trait, everything the engine core asks of a volume: the GC upcall
-//! that moves a victim's live data, sealing of open records (flush, GC release, shutdown),
-//! replay of scanned records at recovery, the live references that the segment counts are
-//! derived from, and the checkpoint image. The engine, the GC, recovery and the checkpoint
+//! Owns: the [`Controller`] trait, everything the layers below ask of a volume: the GC upcall
+//! that moves a victim's live data (the one call up from the core), replay of scanned records
+//! at recovery, the live references that the segment counts are derived from, and the
+//! checkpoint image. A controller writes through the log ([`crate::log::Log`]) and its own
+//! allocation streams ([`crate::log::stream::Streams`]), which the log registers, seals on
+//! flush and closes; it keeps only its map. The engine, the GC, recovery and the checkpoint
 //! hold volumes only as `Arc<dyn Controller>`; a new controller (dual mapping, hybrid,
 //! append-only, extent map) implements this trait and its own front-end, and the core does not
 //! change. The LSA page-map controller ([`lsa::LsaVolume`]) is the default and the only one
-//! built so far; the atomic remap command (`share`) is a map-only operation on its entries.
+//! built so far.
 //!
 //! Invariants every controller keeps (the engine relies on them, and asserts what it can):
-//! - it writes only through records in segments the engine gave it, one stream per open
-//!   segment, and declares how many streams it may hold open ([`Controller::stream_count`]);
+//! - it writes only through its [`Controller::streams`], registered with the log, one open
+//!   segment per stream;
 //! - after [`Controller::relocate`] returns `Ok`, it references nothing in the victim;
 //! - [`Controller::account`] reports exactly the grains and tombstones it references, so that
 //!   the segment counts derived from it at open match what the write path maintains.
 
 pub mod lsa;
 pub mod map;
-pub mod record;
 
-use crate::engine::Engine;
 use crate::error::Result;
 use crate::format::RecordMeta;
+use crate::log::stream::Streams;
+use crate::log::Log;
 use crate::util::Decoder;
-use record::SealedRecord;
 use std::any::Any;
 use std::sync::Arc;
 
@@ -76,24 +77,15 @@ pub trait Controller: Send + Sync + 'static {
     /// The volume's id in the volume table.
     fn id(&self) -> u32;
     fn name(&self) -> &str;
-    /// Streams it writes, each holding at most one open segment (sizes the usable space).
-    fn stream_count(&self) -> u32;
+    /// Its allocation streams (the log seals them on flush and counts them for the usable
+    /// space: each may hold a partly written segment).
+    fn streams(&self) -> Arc<Streams>;
     fn stats(&self) -> ControllerStats;
-
-    // ----- write path: sealing -----
-
-    /// Seals every open record, for a flush; returns the records to write.
-    fn seal_open_records(&self, eng: &Engine) -> Vec<SealedRecord>;
-    /// Seals the open records a GC release needs durable: those holding GC moves, and those
-    /// up to record `kill_through`, which made entries of the released victims dead.
-    fn seal_records_for_release(&self, eng: &Engine, kill_through: u64) -> Vec<SealedRecord>;
-    /// Seals every record and closes every open segment (clean shutdown, deletion).
-    fn close_streams(&self, eng: &Engine) -> Vec<SealedRecord>;
 
     // ----- GC -----
 
     /// Moves everything live out of `victim`, a segment this volume owns.
-    fn relocate(&self, eng: &Engine, victim: u32) -> Result<()>;
+    fn relocate(&self, log: &Log, victim: u32) -> Result<()>;
 
     // ----- recovery and checkpoint -----
 
@@ -102,12 +94,12 @@ pub trait Controller: Send + Sync + 'static {
     /// A recovery scan is about to replay records.
     fn begin_replay(&self);
     /// Applies one scanned record of this volume; records come oldest first.
-    fn replay(&self, eng: &Engine, record: &ScannedRecord<'_>);
+    fn replay(&self, log: &Log, record: &ScannedRecord<'_>);
     /// The scan is over.
     fn end_replay(&self);
     /// Calls `visit` for every live reference and returns the grains of live data, from which
     /// the engine derives segment counts, owners and states at open.
-    fn account(&self, eng: &Engine, visit: &mut dyn FnMut(Reference) -> Result<()>) -> Result<u64>;
+    fn account(&self, log: &Log, visit: &mut dyn FnMut(Reference) -> Result<()>) -> Result<u64>;
     /// Bytes [`Controller::encode_image`] appends.
     fn image_bytes(&self) -> u64;
     /// Appends the checkpoint image of the volume's mapping.

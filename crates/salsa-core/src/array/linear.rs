@@ -1,32 +1,24 @@
-//! The array layer: combines the pool's devices linearly into one physical address space of
-//! segments, and does the I/O for a physical grain address.
+//! The linear array: the members' segments concatenated into one index space (member 0's
+//! first, then member 1's, ...). A segment never crosses a device.
 //!
 //! Owns: the mapping from a global segment index to (device, byte offset), and the write order
-//! of segments that sit in sequential zones. Invariants: a segment never crosses a device
-//! boundary; every access stays inside one segment; a segment in a sequential zone is written
-//! strictly at its write pointer even when many threads write it at once (a write waits for the
-//! writes before it), is read only below its write pointer, and is reset before it is reused.
-//! Segments of devices that prefer sequential writes are also written strictly in order.
+//! of segments that sit in sequential zones. Invariants: every access stays inside one
+//! segment; a segment in a sequential zone is written strictly at its write pointer even when
+//! many threads write it at once (a write waits for the writes before it), is read only below
+//! its write pointer, and is reset before it is reused. Segments of devices that prefer
+//! sequential writes are also written strictly in order.
 
+use super::{Array, ArrayKind, Member};
 use crate::device::{zone::report_zone, Device, StorageType, ZoneKind};
 use crate::error::{Error, Result};
-use crate::layout::DeviceLayout;
+use crate::format::DeviceLayout;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a write waits for the writes ahead of it in its zone before the array gives up
 /// (they can only be missing if an earlier write failed, which poisons the pool anyway).
 const ZONE_ORDER_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// One member device and the segments it holds.
-pub struct Member {
-    pub device: Arc<dyn Device>,
-    pub first_segment: u32,
-    pub segment_count: u32,
-    pub layout: DeviceLayout,
-}
 
 /// Write order of the segments that sit in sequential zones.
 struct ZoneOrder {
@@ -43,7 +35,7 @@ struct ZoneOrder {
 }
 
 /// Linear concatenation of the members.
-pub struct Array {
+pub struct LinearArray {
     members: Vec<Member>,
     segment_bytes: u64,
     grain_bytes: u64,
@@ -57,9 +49,9 @@ pub struct Array {
     aligned_buffers: bool,
 }
 
-impl Array {
+impl LinearArray {
     /// Builds the array; on zoned members it reads every segment's zone (kind, write pointer).
-    pub fn new(members: Vec<Member>, segment_bytes: u64, grain_bytes: u64) -> Result<Array> {
+    pub fn new(members: Vec<Member>, segment_bytes: u64, grain_bytes: u64) -> Result<LinearArray> {
         let mut owner = Vec::new();
         let mut types = Vec::new();
         let mut write_pointer = Vec::new();
@@ -108,7 +100,7 @@ impl Array {
             }
         }
         let aligned_buffers = members.iter().any(|m| m.device.alignment_bytes() > 512);
-        Ok(Array {
+        Ok(LinearArray {
             members,
             segment_bytes,
             grain_bytes,
@@ -122,23 +114,6 @@ impl Array {
             },
             aligned_buffers,
         })
-    }
-
-    pub fn members(&self) -> &[Member] {
-        &self.members
-    }
-
-    /// Whether buffers handed to the devices must be aligned (some member uses `O_DIRECT`).
-    pub fn needs_aligned_buffers(&self) -> bool {
-        self.aligned_buffers
-    }
-
-    pub fn segment_count(&self) -> u32 {
-        self.owner.len() as u32
-    }
-
-    pub fn storage_type(&self, segment: u32) -> StorageType {
-        self.types[segment as usize]
     }
 
     fn member(&self, segment: u32) -> &Member {
@@ -163,10 +138,29 @@ impl Array {
         let (m, base) = self.segment_offset(segment);
         (m.device.as_ref(), base + grain_in_segment * self.grain_bytes)
     }
+}
+
+impl Array for LinearArray {
+    fn kind(&self) -> ArrayKind {
+        ArrayKind::Linear
+    }
+
+    fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    /// Whether buffers handed to the devices must be aligned (some member uses `O_DIRECT`).
+    fn needs_aligned_buffers(&self) -> bool {
+        self.aligned_buffers
+    }
+
+    fn storage_type(&self, segment: u32) -> StorageType {
+        self.types[segment as usize]
+    }
 
     /// Grains of `segment` that can be read: all of them, or those below the write pointer of
     /// a sequential zone.
-    pub fn readable_grains(&self, segment: u32) -> u64 {
+    fn readable_grains(&self, segment: u32) -> u64 {
         match &self.zones.write_pointer[segment as usize] {
             Some((wp, _)) if self.zones.zoned[segment as usize] => *wp.lock() / self.grain_bytes,
             _ => self.grains_per_segment,
@@ -176,7 +170,7 @@ impl Array {
     /// Makes a segment ready to be written from its start: a sequential zone that holds
     /// anything is reset. Called when a free segment is handed out, which is only after the
     /// metadata that emptied it is durable.
-    pub fn prepare_segment(&self, segment: u32) -> Result<()> {
+    fn prepare_segment(&self, segment: u32) -> Result<()> {
         let Some((wp, _)) = &self.zones.write_pointer[segment as usize] else {
             return Ok(());
         };
@@ -202,7 +196,7 @@ impl Array {
     }
 
     /// Reads whole grains starting at a physical grain address.
-    pub fn read(&self, grain: u64, buf: &mut [u8]) -> Result<()> {
+    fn read(&self, grain: u64, buf: &mut [u8]) -> Result<()> {
         let segment = (grain / self.grains_per_segment) as u32;
         let (dev, offset) = self.locate(segment, grain % self.grains_per_segment, buf.len());
         dev.read_at(buf, offset).map_err(|source| Error::Io {
@@ -213,15 +207,9 @@ impl Array {
         })
     }
 
-    /// Writes whole grains starting at a physical grain address. In a sequential zone the write
-    /// waits until every write before it in the zone is done.
-    pub fn write(&self, grain: u64, buf: &[u8]) -> Result<()> {
-        self.write_vectored(grain, &[std::io::IoSlice::new(buf)])
-    }
-
     /// Writes the concatenation of `bufs` (whole grains in all) like [`Array::write`],
     /// as one device write.
-    pub fn write_vectored(&self, grain: u64, bufs: &[std::io::IoSlice<'_>]) -> Result<()> {
+    fn write_vectored(&self, grain: u64, bufs: &[std::io::IoSlice<'_>]) -> Result<()> {
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         let segment = (grain / self.grains_per_segment) as u32;
         let in_segment = grain % self.grains_per_segment;
@@ -270,7 +258,7 @@ impl Array {
     }
 
     /// Syncs every member.
-    pub fn sync_all(&self) -> Result<()> {
+    fn sync_all(&self) -> Result<()> {
         for m in &self.members {
             m.device.sync().map_err(|source| Error::Io {
                 device: m.device.name().to_string(),
@@ -280,5 +268,10 @@ impl Array {
             })?;
         }
         Ok(())
+    }
+
+    fn metadata_device(&self) -> (&dyn Device, DeviceLayout) {
+        let m = &self.members[0];
+        (m.device.as_ref(), m.layout)
     }
 }

@@ -18,8 +18,8 @@
 //!   retired (invariant 4 of the design: the metadata recording the moves or overwrites that
 //!   emptied it is durable before it can be overwritten).
 
-use crate::controller::record::RecordBuf;
 use crate::device::StorageType;
+use crate::log::record::RecordBuf;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::SeqCst};
@@ -201,14 +201,6 @@ impl Capacity {
 
     pub fn segments(&self) -> &[SegmentInfo] {
         &self.segments
-    }
-
-    pub fn segment_count(&self) -> u32 {
-        self.segments.len() as u32
-    }
-
-    pub fn grains_per_segment(&self) -> u32 {
-        self.grains_per_segment
     }
 
     /// Free segments across all types.

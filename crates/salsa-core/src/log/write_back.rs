@@ -3,7 +3,7 @@
 //! A writer that fills a record hands it here instead of writing it itself, and returns: a write
 //! that is not flushed (no FUA, no FLUSH yet) need not be durable, so it need not wait for the
 //! device. What it keeps:
-//! - a queued record is in flight for the [`crate::durability::Tracker`], so a flush waits for
+//! - a queued record is in flight for the [`crate::log::durability::Tracker`], so a flush waits for
 //!   it like for any other, and reads find its pages in the record's buffer until it is written;
 //! - records of one stream are queued in the order they were sealed (the caller holds the
 //!   stream's lock) and taken in that order, so a sequential zone sees them in order;
@@ -15,9 +15,9 @@
 //! With no threads running (read-only pools, `OpenOptions::write_back_threads == 0`, or after
 //! [`WriteBack::stop`]) the caller writes the record itself.
 
-use crate::controller::record::SealedRecord;
-use crate::engine::Engine;
+use super::Log;
 use crate::error::Result;
+use crate::log::record::SealedRecord;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -47,23 +47,23 @@ pub struct WriteBack {
 }
 
 impl WriteBack {
-    /// Starts `threads` write-back threads for `eng` (none for 0).
-    pub fn start(eng: &Arc<Engine>, threads: usize) -> Result<()> {
+    /// Starts `threads` write-back threads for `log` (none for 0).
+    pub fn start(log: &Arc<Log>, threads: usize) -> Result<()> {
         let threads = threads.min(MAX_WRITE_BACK_THREADS);
         if threads == 0 {
             return Ok(());
         }
-        eng.write_back.queue.lock().running = true;
+        log.write_back.queue.lock().running = true;
         for i in 0..threads {
-            let e = eng.clone();
+            let e = log.clone();
             let h = std::thread::Builder::new()
                 .name(format!("salsa-wb-{i}"))
                 .spawn(move || worker(e))
                 .map_err(|e| crate::error::Error::InvalidConfig(format!("cannot start a write-back thread: {e}")));
             match h {
-                Ok(h) => eng.write_back.threads.lock().push(h),
+                Ok(h) => log.write_back.threads.lock().push(h),
                 Err(e) => {
-                    eng.write_back.stop();
+                    log.write_back.stop();
                     return Err(e);
                 }
             }
@@ -100,8 +100,8 @@ impl WriteBack {
     }
 }
 
-fn worker(eng: Arc<Engine>) {
-    let wb = &eng.write_back;
+fn worker(log: Arc<Log>) {
+    let wb = &log.write_back;
     loop {
         let r = {
             let mut q = wb.queue.lock();
@@ -116,9 +116,9 @@ fn worker(eng: Arc<Engine>) {
                 wb.queued.wait(&mut q);
             }
         };
-        // A failure poisons the pool and completes the record (see `Engine::write_record`);
+        // A failure poisons the pool and completes the record (see `Log::write_record`);
         // the next flush reports it.
-        if let Err(e) = eng.write_record(r) {
+        if let Err(e) = log.write_record(r) {
             tracing::debug!("write-back of a record failed: {e}");
         }
     }

@@ -6,7 +6,7 @@
 //! ([`RecordBytes`]); the device write then gathers the pieces.
 
 use crate::format::{MetaEntry, RecordMeta};
-use crate::payload::WriteBuffer;
+use crate::log::payload::WriteBuffer;
 use crate::util::{AlignedBuf, BufferPool, IO_ALIGN_BYTES};
 use parking_lot::RwLock;
 use std::io::IoSlice;
@@ -180,7 +180,7 @@ pub struct SealedRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payload::PayloadPool;
+    use crate::log::payload::PayloadPool;
 
     const GB: usize = 4096;
 

@@ -1,8 +1,8 @@
 //! Write payloads received straight into pooled, aligned buffers, which the records their pages
 //! go to hold on to instead of copying the pages (zero-copy writes; see
-//! [`crate::controller::record::RecordBytes`]).
+//! [`crate::log::record::RecordBytes`]).
 //!
-//! Owns the budget of such buffers: at most [`PayloadPool::max_outstanding_bytes`] are out at
+//! Owns the budget of such buffers: at most `max_outstanding_bytes` are out at
 //! once (being filled by a connection, or held by records not yet written). Past it,
 //! [`PayloadPool::get`] says no and the caller writes through a buffer of its own, which the
 //! record then copies: slower, never refused. Freed buffers are kept for reuse in size
@@ -58,11 +58,6 @@ impl PayloadPool {
     /// Bytes handed out and not yet given back.
     pub fn outstanding_bytes(&self) -> usize {
         self.outstanding_bytes.load(SeqCst)
-    }
-
-    /// The budget.
-    pub fn max_outstanding_bytes(&self) -> usize {
-        self.max_outstanding_bytes
     }
 }
 

@@ -1,0 +1,748 @@
+//! The log layer: everything below the controllers that writes the pool as a log of records in
+//! segments. Controllers, the GC, recovery and the checkpoint all stand on it and call down.
+//!
+//! Owns, behind private fields and the small API of [`Log`]:
+//! - the pool's geometry, the array, the capacity manager ([`capacity`]) and the per-grain
+//!   checksum table;
+//! - sequence numbers and epochs (a new epoch is made durable before one runs out);
+//! - allocation streams and the records they fill ([`stream`], [`record`]), write-back of
+//!   sealed records ([`write_back`]), payload buffers that records hold ([`payload`]);
+//! - durability bookkeeping ([`durability`]): flush (seal every stream, wait, sync once for all
+//!   concurrent callers) and the release of segments waiting for a sync;
+//! - sticky I/O errors: after a failed write or sync the log is poisoned until reopen;
+//! - the live-data accounting the GC and the thin-provisioning limit read (valid grains and
+//!   tombstones per segment, mapped grains, invalidations in flight).
+//!
+//! The one way it calls up is [`SegmentSource`]: when a stream needs a new segment it asks the
+//! space manager above (the engine, which throttles writers and runs the GC) for one.
+//!
+//! Invariants: a record is written once, whole, at the next free grain of its segment; records
+//! of one stream reach the device in the order they were sealed; `synced_through` covers only
+//! records complete before the sync that published it; a segment is handed out again only
+//! after the metadata that emptied it is durable (the capacity manager's pending list).
+
+pub mod capacity;
+pub mod durability;
+pub mod payload;
+pub mod record;
+pub mod stream;
+pub mod write_back;
+
+use crate::array::Array;
+use crate::device::StorageType;
+use crate::error::{Error, Result};
+use crate::format::{DeviceLayout, PoolMeta, RecordMeta, SegmentHeader};
+use crate::policy::placement::SegmentView;
+use capacity::{Capacity, Purpose, SegmentState};
+use durability::{Tracker, EPOCH_SHIFT, MAX_EPOCHS, SEQ_EPOCH_SHIFT};
+use parking_lot::{Mutex, RwLock};
+use record::SealedRecord;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, OnceLock, Weak};
+use stream::Streams;
+
+/// Pool geometry, fixed at format time.
+#[derive(Debug, Clone, Copy)]
+pub struct Geometry {
+    pub grain_bytes: u32,
+    pub segment_bytes: u64,
+    pub grains_per_segment: u32,
+    pub total_segments: u32,
+    pub total_grains: u64,
+    /// Entries one metadata page holds.
+    pub meta_entries: u32,
+    /// A metadata page follows at most this many data pages.
+    pub meta_interval_pages: u32,
+}
+
+impl Geometry {
+    /// Grains of a segment that hold data: all but the metadata pages.
+    pub fn data_grains_per_segment(&self) -> u32 {
+        let gps = self.grains_per_segment;
+        gps - gps.div_ceil(self.meta_interval_pages + 1)
+    }
+
+    /// The segment holding physical grain `grain`.
+    pub fn segment_of(&self, grain: u64) -> u32 {
+        (grain / self.grains_per_segment as u64) as u32
+    }
+}
+
+/// Counters, readable at any time.
+#[derive(Default)]
+pub struct Counters {
+    pub user_bytes_written: AtomicU64,
+    pub user_bytes_read: AtomicU64,
+    pub gc_bytes_relocated: AtomicU64,
+    pub device_bytes_written: AtomicU64,
+    pub meta_bytes_written: AtomicU64,
+    pub gc_segments_cleaned: AtomicU64,
+    pub flushes: AtomicU64,
+    pub syncs: AtomicU64,
+    /// Time spent in device syncs.
+    pub sync_micros: AtomicU64,
+    /// Time the GC spent reading victims and relocating (excluding syncs).
+    pub gc_micros: AtomicU64,
+    pub throttled_allocations: AtomicU64,
+    /// Victims whose count the GC waited a full second for writers to settle.
+    pub gc_wait_timeouts: AtomicU64,
+    /// User bytes that records held in the writers' payloads instead of copying.
+    pub user_bytes_held: AtomicU64,
+}
+
+/// Where streams get new segments: the space manager above the log, which throttles writers
+/// and cleans (the engine). The log's only call upwards.
+pub trait SegmentSource: Send + Sync {
+    /// A free segment for a stream of `purpose`, prepared for writing from its start. May wait
+    /// for (or run) the GC; fails only when no space can be made.
+    fn allocate_segment(&self, purpose: Purpose) -> Result<u32>;
+}
+
+/// Write payload buffers out at once (being received, or held by records not yet written);
+/// past it writes are copied into records instead (see [`payload`]).
+pub const PAYLOAD_BUDGET_BYTES: usize = 64 << 20;
+
+/// Allocation preference of every stream: SALSA is multi-type by design; this build places
+/// user and GC data on any type, preferring flash, then NVM, then disks, and keeps the
+/// conventional zones of SMR drives for last (checkpoints want them).
+pub const ANY_TYPE: [StorageType; 5] = [
+    StorageType::Flash,
+    StorageType::Nvm,
+    StorageType::Hdd,
+    StorageType::SmrSequential,
+    StorageType::SmrConventional,
+];
+
+/// Allocation preference of checkpoints: conventional zones first, where a zoned drive has them.
+pub const CHECKPOINT_TYPES: [StorageType; 5] = [
+    StorageType::SmrConventional,
+    StorageType::Nvm,
+    StorageType::Flash,
+    StorageType::Hdd,
+    StorageType::SmrSequential,
+];
+
+/// What reading a mapped page found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageRead {
+    /// `out` holds the page and it matched its checksum.
+    Intact,
+    /// The page's segment was reused while it was read, or its map entry moved: look it up
+    /// again.
+    Moved,
+    /// The bytes do not match the page's checksum.
+    Damaged,
+}
+
+/// The log (see the module documentation).
+pub struct Log {
+    pool_id: u128,
+    geo: Geometry,
+    array: Box<dyn Array>,
+    capacity: Capacity,
+    tracker: Tracker,
+    /// crc32c of the page that starts at each grain (the in-memory half of the back-pointers).
+    crc_table: Box<[AtomicU32]>,
+    seq: AtomicU64,
+    epoch_lock: Mutex<()>,
+    poison: Mutex<Option<String>>,
+    poisoned: AtomicBool,
+    read_only: bool,
+    counters: Counters,
+    /// The durable pool metadata (volume table); held while it is rewritten.
+    meta: Mutex<PoolMeta>,
+    /// Every volume's allocation streams, by volume id.
+    streams: RwLock<BTreeMap<u32, Arc<Streams>>>,
+    /// Sealed user records on their way to the device.
+    write_back: write_back::WriteBack,
+    /// Grains held by mapped pages across all volumes (for the thin-provisioning limit).
+    mapped_grains: AtomicU64,
+    /// Writes and trims between replacing a map entry and accounting for the place it left;
+    /// the GC waits for them before it judges a cleaned victim.
+    invalidations_in_flight: AtomicU64,
+    /// Recycled record and read buffers.
+    buffers: Arc<crate::util::BufferPool>,
+    /// Buffers that write payloads are received into and records hold (zero-copy writes).
+    payloads: Arc<payload::PayloadPool>,
+    /// The space manager streams ask for segments (set once the engine above exists).
+    segment_source: OnceLock<Weak<dyn SegmentSource>>,
+}
+
+/// Counts a write or trim in the log's invalidations in flight for its lifetime.
+pub struct InvalidationGuard<'a>(&'a Log);
+
+impl Drop for InvalidationGuard<'_> {
+    fn drop(&mut self) {
+        self.0.invalidations_in_flight.fetch_sub(1, SeqCst);
+    }
+}
+
+impl Log {
+    /// A log over `array`, continuing after the durable pool metadata `meta` (whose generation
+    /// is this session's epoch).
+    pub fn new(pool_id: u128, geo: Geometry, array: Box<dyn Array>, meta: PoolMeta, read_only: bool) -> Log {
+        let capacity = Capacity::new(
+            (0..geo.total_segments).map(|s| array.storage_type(s)).collect(),
+            geo.grains_per_segment,
+        );
+        let epoch = meta.generation;
+        Log {
+            pool_id,
+            geo,
+            array,
+            capacity,
+            tracker: Tracker::new(epoch << EPOCH_SHIFT | 1),
+            crc_table: (0..geo.total_grains).map(|_| AtomicU32::new(0)).collect(),
+            seq: AtomicU64::new(epoch << SEQ_EPOCH_SHIFT | 1),
+            epoch_lock: Mutex::new(()),
+            poison: Mutex::new(None),
+            poisoned: AtomicBool::new(false),
+            read_only,
+            counters: Counters::default(),
+            meta: Mutex::new(meta),
+            streams: RwLock::new(BTreeMap::new()),
+            write_back: Default::default(),
+            mapped_grains: AtomicU64::new(0),
+            invalidations_in_flight: AtomicU64::new(0),
+            buffers: Arc::new(crate::util::BufferPool::new(64 << 20)),
+            payloads: payload::PayloadPool::new(PAYLOAD_BUDGET_BYTES, PAYLOAD_BUDGET_BYTES / 2),
+            segment_source: OnceLock::new(),
+        }
+    }
+
+    /// Names the space manager streams ask for segments (once).
+    pub fn set_segment_source(&self, source: Weak<dyn SegmentSource>) {
+        let _ = self.segment_source.set(source);
+    }
+
+    pub fn pool_id(&self) -> u128 {
+        self.pool_id
+    }
+
+    pub fn geo(&self) -> &Geometry {
+        &self.geo
+    }
+
+    pub fn array(&self) -> &dyn Array {
+        self.array.as_ref()
+    }
+
+    /// The capacity manager, for the space manager above (GC, checkpoint, recovery).
+    pub fn capacity(&self) -> &Capacity {
+        &self.capacity
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Buffers for device I/O, recycled.
+    pub fn buffers(&self) -> &Arc<crate::util::BufferPool> {
+        &self.buffers
+    }
+
+    pub fn payloads(&self) -> &Arc<payload::PayloadPool> {
+        &self.payloads
+    }
+
+    pub fn write_back(&self) -> &write_back::WriteBack {
+        &self.write_back
+    }
+
+    /// The durable pool metadata; hold the lock while rewriting it with
+    /// [`Log::write_pool_meta`].
+    pub fn meta(&self) -> &Mutex<PoolMeta> {
+        &self.meta
+    }
+
+    /// The per-grain checksum table (recovery and checkpoint read and load it whole).
+    pub fn crc_table(&self) -> &[AtomicU32] {
+        &self.crc_table
+    }
+
+    /// The checksum of the page written at `grain`.
+    pub fn set_crc(&self, grain: u64, crc: u32) {
+        self.crc_table[grain as usize].store(crc, SeqCst);
+    }
+
+    /// What a record-chain walk needs to know about this pool.
+    pub fn scan_geometry(&self) -> crate::scan::ScanGeometry {
+        crate::scan::ScanGeometry {
+            pool_id: self.pool_id,
+            grain_bytes: self.geo.grain_bytes as usize,
+            grains_per_segment: self.geo.grains_per_segment,
+        }
+    }
+
+    /// Walks the record chain of `segment` on the device (see [`crate::scan::walk_segment`]).
+    pub fn walk_segment(&self, segment: u32, visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8])) -> Result<Option<SegmentHeader>> {
+        crate::scan::walk_segment(self.array(), &self.buffers, &self.scan_geometry(), segment, visit)
+    }
+
+    // ----- errors -----
+
+    /// Makes the pool refuse writes until reopened, remembering why.
+    pub fn poison(&self, e: &Error) {
+        let mut p = self.poison.lock();
+        if p.is_none() {
+            tracing::error!("pool poisoned: {e}");
+            *p = Some(e.to_string());
+        }
+        self.poisoned.store(true, SeqCst);
+        self.capacity.changed.notify_all();
+    }
+
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(SeqCst)
+    }
+
+    pub fn check_not_poisoned(&self) -> Result<()> {
+        if self.is_poisoned() {
+            let why = self.poison.lock().clone().unwrap_or_default();
+            return Err(Error::Poisoned(why));
+        }
+        Ok(())
+    }
+
+    pub fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly("the pool".into()));
+        }
+        self.check_not_poisoned()
+    }
+
+    // ----- sequence numbers -----
+
+    /// Next data sequence number. Numbers are `epoch << 32 | counter`; near the end of an
+    /// epoch a new one is made durable first, so numbers never repeat across sessions.
+    pub fn next_seq(&self) -> u64 {
+        let s = self.seq.fetch_add(1, SeqCst);
+        let mask = (1u64 << SEQ_EPOCH_SHIFT) - 1;
+        if s & mask >= mask - (1 << 24) {
+            if let Err(e) = self.advance_epoch(s >> SEQ_EPOCH_SHIFT) {
+                self.poison(&e);
+            }
+        }
+        s
+    }
+
+    /// Current sequence number, for ages.
+    pub fn now_seq(&self) -> u64 {
+        self.seq.load(SeqCst)
+    }
+
+    fn advance_epoch(&self, old_epoch: u64) -> Result<()> {
+        let _g = self.epoch_lock.lock();
+        if self.seq.load(SeqCst) >> SEQ_EPOCH_SHIFT != old_epoch {
+            return Ok(());
+        }
+        let mut meta = self.meta.lock();
+        self.write_pool_meta(&mut meta)?;
+        self.seq.fetch_max(meta.generation << SEQ_EPOCH_SHIFT | 1, SeqCst);
+        Ok(())
+    }
+
+    /// Writes the pool metadata into the slot after the current one and syncs it.
+    pub fn write_pool_meta(&self, meta: &mut PoolMeta) -> Result<()> {
+        let (dev, layout) = self.array.metadata_device();
+        write_meta_slot(dev, &layout, meta)
+    }
+
+    // ----- streams -----
+
+    /// Registers a volume's streams: flushes, GC releases and the usable-space limit count
+    /// them from now on.
+    pub fn add_streams(&self, volume_id: u32, streams: Arc<Streams>) {
+        self.streams.write().insert(volume_id, streams);
+    }
+
+    /// Seals and writes every open record of a volume's streams, closes their segments and
+    /// forgets them (volume deletion).
+    pub fn remove_streams(&self, volume_id: u32) -> Result<()> {
+        let Some(s) = self.streams.read().get(&volume_id).cloned() else {
+            return Ok(());
+        };
+        for r in s.close(self) {
+            self.write_record(r)?;
+        }
+        self.streams.write().remove(&volume_id);
+        Ok(())
+    }
+
+    fn streams_snapshot(&self) -> Vec<Arc<Streams>> {
+        self.streams.read().values().cloned().collect()
+    }
+
+    /// Seals and writes every open record and closes every open segment (clean shutdown: after
+    /// this nothing moves).
+    pub fn close_all_streams(&self) -> Result<()> {
+        for s in self.streams_snapshot() {
+            for r in s.close(self) {
+                self.write_record(r)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A segment for a stream, from the space manager above.
+    fn allocate_segment(&self, purpose: Purpose) -> Result<u32> {
+        match self.segment_source.get().and_then(Weak::upgrade) {
+            Some(source) => source.allocate_segment(purpose),
+            // No space manager (a log being opened): only what is free now.
+            None => {
+                self.check_writable()?;
+                let s = self
+                    .capacity
+                    .try_allocate(&ANY_TYPE, purpose)
+                    .ok_or_else(|| Error::NoSpace("no free segment".into()))?;
+                self.prepare_segment(s)?;
+                Ok(s)
+            }
+        }
+    }
+
+    /// Makes a freshly allocated segment writable from its start (resets its zone); a failure
+    /// poisons the log.
+    pub fn prepare_segment(&self, s: u32) -> Result<()> {
+        self.array.prepare_segment(s).inspect_err(|e| self.poison(e))
+    }
+
+    // ----- records and flush -----
+
+    /// Writes a sealed record to the device and marks it complete.
+    pub fn write_record(&self, r: SealedRecord) -> Result<()> {
+        let gb = self.geo.grain_bytes as usize;
+        let len = r.used_grains as usize * gb;
+        let res = {
+            // One piece when the record holds no payload pages, else its pieces in order.
+            let bytes = r.buf.bytes.read();
+            self.array.write_vectored(r.buf.first_grain, &bytes.io_slices(r.used_grains, gb))
+        };
+        match res {
+            Ok(()) => {
+                self.capacity
+                    .segment(r.buf.segment)
+                    .records
+                    .lock()
+                    .retain(|x| !Arc::ptr_eq(x, &r.buf));
+                self.counters.device_bytes_written.fetch_add(len as u64, SeqCst);
+                self.tracker.complete(r.buf.record_id);
+                Ok(())
+            }
+            Err(e) => {
+                // The record stays registered so that reads keep returning the acknowledged
+                // data until the pool is reopened.
+                self.poison(&e);
+                self.tracker.complete(r.buf.record_id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes every write that returned before this call durable, data and map.
+    pub fn flush(&self) -> Result<()> {
+        self.check_not_poisoned()?;
+        self.counters.flushes.fetch_add(1, SeqCst);
+        let target = self.tracker.last_id();
+        for s in self.streams_snapshot() {
+            for r in s.seal_matching(self, |_| true) {
+                self.write_record(r)?;
+            }
+        }
+        self.sync_through(target)
+    }
+
+    /// Waits for records up to `target` and syncs the devices (shared by concurrent callers).
+    fn sync_through(&self, target: u64) -> Result<()> {
+        if !self.tracker.wait_complete_through(target, || self.is_poisoned()) {
+            return self.check_not_poisoned();
+        }
+        self.check_not_poisoned()?;
+        let guard = self.tracker.sync_lock.lock();
+        if self.tracker.synced_through() < target {
+            self.sync_devices()?;
+        }
+        drop(guard);
+        self.capacity.release_synced(self.tracker.synced_through());
+        Ok(())
+    }
+
+    /// Syncs every device and publishes how far records are durable. The caller holds the
+    /// sync lock, so syncs do not overlap and `synced_through` only covers records that were
+    /// complete before this sync began. A failure poisons the pool.
+    fn sync_devices(&self) -> Result<()> {
+        let upto = self.tracker.complete_through();
+        let t = std::time::Instant::now();
+        let r = self.array.sync_all();
+        self.counters.sync_micros.fetch_add(t.elapsed().as_micros() as u64, SeqCst);
+        if let Err(e) = r {
+            self.poison(&e);
+            return Err(e);
+        }
+        self.counters.syncs.fetch_add(1, SeqCst);
+        self.tracker.set_synced_through(upto);
+        Ok(())
+    }
+
+    /// For a GC release: seals and writes every open record holding GC moves and every open
+    /// record up to `kill_through` (they made entries of the released victims dead), waits for
+    /// every sealed record still in flight, and syncs. User streams stay open otherwise (a full
+    /// flush would cut their records short for nothing). `false` when the log was poisoned
+    /// meanwhile.
+    pub fn sync_for_release(&self, kill_through: u64) -> Result<bool> {
+        for s in self.streams_snapshot() {
+            for r in s.seal_matching(self, |r| r.gc_moves || r.buf.record_id <= kill_through) {
+                self.write_record(r)?;
+            }
+        }
+        let in_flight = self.tracker.sealed_in_flight();
+        if !self.tracker.wait_all_complete(&in_flight, || self.is_poisoned()) {
+            return self.check_not_poisoned().map(|_| false);
+        }
+        self.check_not_poisoned()?;
+        {
+            let _s = self.tracker.sync_lock.lock();
+            self.sync_devices()?;
+        }
+        Ok(true)
+    }
+
+    /// Frees the pending segments that the last sync covered.
+    pub fn release_synced(&self) -> usize {
+        self.capacity.release_synced(self.tracker.synced_through())
+    }
+
+    /// The id of the last record begun (every record with a lower id came before it).
+    pub fn last_record_id(&self) -> u64 {
+        self.tracker.last_id()
+    }
+
+    /// Waits until the records still unwritten in `segment` (sealed, queued for write-back)
+    /// are on the device; `false` when the log was poisoned meanwhile.
+    pub fn wait_segment_written(&self, segment: u32) -> bool {
+        let in_flight: Vec<u64> = self.capacity.segment(segment).records.lock().iter().map(|r| r.record_id).collect();
+        in_flight.is_empty() || self.tracker.wait_all_complete(&in_flight, || self.is_poisoned())
+    }
+
+    // ----- segments -----
+
+    /// A stream is done with its open segment.
+    pub fn seal_segment(&self, s: u32) {
+        let info = self.capacity.segment(s);
+        info.sealed_seq.store(self.now_seq(), SeqCst);
+        let ok = info.cas_state(SegmentState::Staged, SegmentState::Allocated);
+        assert!(ok, "sealing segment {s} that is not staged");
+        if info.is_empty() {
+            self.capacity.retire(s, SegmentState::Allocated, self.tracker.last_id(), false);
+        }
+    }
+
+    /// Called when a segment's counts reached zero.
+    fn segment_emptied(&self, s: u32) {
+        if self.capacity.segment(s).state() == SegmentState::Allocated {
+            self.capacity.retire(s, SegmentState::Allocated, self.tracker.last_id(), false);
+        }
+    }
+
+    /// The placement policies' view of a segment.
+    pub fn segment_view(&self, s: u32) -> SegmentView {
+        let info = self.capacity.segment(s);
+        SegmentView {
+            segment: s,
+            stream: info.stream_kind(),
+            opened_seq: info.opened_seq.load(SeqCst),
+            sealed_seq: info.sealed_seq.load(SeqCst),
+        }
+    }
+
+    // ----- live-data accounting -----
+
+    /// `grains` grains of live data in `segment` died; record `killer` (when given) made them
+    /// dead, so a GC release of the segment waits for it. An emptied sealed segment is retired.
+    pub fn drop_data(&self, segment: u32, grains: u32, killer: Option<u64>) {
+        let info = self.capacity.segment(segment);
+        if let Some(k) = killer {
+            info.last_kill_record.fetch_max(k, SeqCst);
+        }
+        if self.capacity.sub_valid(segment, grains) {
+            self.segment_emptied(segment);
+        }
+    }
+
+    /// A tombstone in `segment` became live.
+    pub fn add_tombstone(&self, segment: u32) {
+        self.capacity.add_tombstone(segment);
+    }
+
+    /// A live tombstone in `segment` died, as [`Log::drop_data`].
+    pub fn drop_tombstone(&self, segment: u32, killer: Option<u64>) {
+        let info = self.capacity.segment(segment);
+        if let Some(k) = killer {
+            info.last_kill_record.fetch_max(k, SeqCst);
+        }
+        if self.capacity.sub_tombstone(segment) {
+            self.segment_emptied(segment);
+        }
+    }
+
+    /// Grains mapped across all volumes changed by `delta`.
+    pub fn add_mapped_grains(&self, delta: i64) {
+        if delta >= 0 {
+            self.mapped_grains.fetch_add(delta as u64, SeqCst);
+        } else {
+            self.mapped_grains.fetch_sub(delta.unsigned_abs(), SeqCst);
+        }
+    }
+
+    pub fn mapped_grains(&self) -> u64 {
+        self.mapped_grains.load(SeqCst)
+    }
+
+    /// Sets the mapped grains (recovery, after deriving them from the maps).
+    pub fn set_mapped_grains(&self, grains: u64) {
+        self.mapped_grains.store(grains, SeqCst);
+    }
+
+    /// Held by a write or trim from before it replaces map entries until it has accounted for
+    /// the places they left.
+    pub fn invalidation_guard(&self) -> InvalidationGuard<'_> {
+        self.invalidations_in_flight.fetch_add(1, SeqCst);
+        InvalidationGuard(self)
+    }
+
+    /// Whether writes or trims are between replacing a map entry and accounting for it.
+    pub fn invalidations_in_flight(&self) -> bool {
+        self.invalidations_in_flight.load(SeqCst) > 0
+    }
+
+    // ----- reads -----
+
+    /// Reads the page at physical grain `grain` into `out` (from an unwritten record's buffer,
+    /// or the device) and checks it against its checksum. `still_mapped` is asked after the
+    /// segment's generation is noted and before the bytes are read: whether the caller's map
+    /// still points at `grain`.
+    pub fn read_page(&self, grain: u64, out: &mut [u8], still_mapped: impl FnOnce() -> bool) -> Result<PageRead> {
+        let gb = self.geo.grain_bytes as usize;
+        let info = self.capacity.segment(self.geo.segment_of(grain));
+        let generation = info.generation.load(SeqCst);
+        if !still_mapped() {
+            return Ok(PageRead::Moved);
+        }
+        let crc = self.crc_table[grain as usize].load(SeqCst);
+        let buffered = {
+            let recs = info.records.lock();
+            recs.iter().any(|r| r.read(grain, gb, out))
+        };
+        if !buffered {
+            if self.array.needs_aligned_buffers() {
+                let mut tmp = self.buffers.get(out.len());
+                let r = self.array.read(grain, &mut tmp);
+                out.copy_from_slice(&tmp);
+                self.buffers.put(tmp);
+                r?;
+            } else {
+                self.array.read(grain, out)?;
+            }
+        }
+        if info.generation.load(SeqCst) != generation {
+            return Ok(PageRead::Moved); // the segment was reused under us; the map has moved on
+        }
+        Ok(if crc32c::crc32c(out) == crc {
+            PageRead::Intact
+        } else {
+            PageRead::Damaged
+        })
+    }
+
+    // ----- space -----
+
+    /// Grains the pool can hold as mapped data while leaving the GC room to work: the data
+    /// grains of every segment except those the watermarks, open streams and GC need.
+    pub fn usable_grains(&self) -> u64 {
+        let streams = self.streams.read().values().map(|s| s.count() as u64).sum();
+        self.usable_grains_for_streams(streams)
+    }
+
+    /// [`Log::usable_grains`] when the volumes have `streams` streams in all: each stream
+    /// may hold a partly written segment whose rest no other stream can use.
+    pub fn usable_grains_for_streams(&self, streams: u64) -> u64 {
+        let wm = self.capacity.watermarks;
+        let data_per_segment = self.geo.data_grains_per_segment() as u64;
+        let reserved = wm.high as u64 + streams + 2;
+        let segs = (self.geo.total_segments as u64).saturating_sub(reserved);
+        // Keep 3% of the remaining space free so the GC never degenerates into copying full
+        // segments around.
+        segs * data_per_segment * 97 / 100
+    }
+}
+
+/// Bumps the generation of `meta` and writes it into the slot the generation selects (the two
+/// slots alternate, so a torn write leaves the previous copy intact), then syncs. A slot in a
+/// sequential zone is reset first (the other slot still holds the previous generation).
+pub fn write_meta_slot(dev: &dyn crate::device::Device, layout: &DeviceLayout, meta: &mut PoolMeta) -> Result<()> {
+    // The generation numbers the epochs of ids and sequence numbers, which must fit the format.
+    if meta.generation + 1 >= MAX_EPOCHS {
+        return Err(Error::Exhausted(format!(
+            "device {} has written its pool metadata {} times, the most the format numbers",
+            dev.name(),
+            meta.generation
+        )));
+    }
+    meta.generation += 1;
+    let bytes = meta.encode();
+    let mut buf = crate::util::AlignedBuf::zeroed(bytes.len());
+    buf.copy_from_slice(&bytes);
+    let offset = layout.meta_slot_offsets[(meta.generation % 2) as usize];
+    let io = |op, source| Error::Io {
+        device: dev.name().to_string(),
+        op,
+        offset,
+        source,
+    };
+    if let Some(zone) = crate::layout::in_sequential_zone(dev, offset)? {
+        let z = dev.zones().expect("a sequential zone is on a zoned device");
+        z.reset_zone(zone).map_err(|e| io("reset zone", e))?;
+    }
+    dev.write_at(&buf, offset).map_err(|e| io("write pool metadata", e))?;
+    dev.sync().map_err(|e| io("sync pool metadata", e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Device, MemoryDevice};
+
+    #[test]
+    fn the_pool_metadata_generation_stops_where_sequence_numbers_would_outgrow_the_format() {
+        let dev = MemoryDevice::new("mem0", 16 << 20);
+        let (layout, _) = DeviceLayout::plan(&dev, 1 << 20).unwrap();
+        let mut meta = PoolMeta {
+            pool_id: 7,
+            generation: MAX_EPOCHS - 2,
+            session_id: 1,
+            clean: true,
+            next_volume_id: 1,
+            volumes: Vec::new(),
+            checkpoint: None,
+        };
+        write_meta_slot(&dev, &layout, &mut meta).unwrap();
+        assert_eq!(meta.generation, MAX_EPOCHS - 1);
+        // The largest epoch's sequence numbers still fit the format.
+        let last_seq_of_largest_epoch = meta.generation << SEQ_EPOCH_SHIFT | ((1 << SEQ_EPOCH_SHIFT) - 1);
+        assert_eq!(last_seq_of_largest_epoch, crate::format::MAX_SEQ);
+        let mut before = vec![0u8; 2 * 4096];
+        dev.read_at(&mut before, layout.meta_slot_offsets[0]).unwrap();
+        let err = write_meta_slot(&dev, &layout, &mut meta).unwrap_err();
+        assert!(matches!(err, Error::Exhausted(_)), "{err}");
+        assert_eq!(meta.generation, MAX_EPOCHS - 1, "a refused write leaves the generation alone");
+        let mut after = vec![0u8; 2 * 4096];
+        dev.read_at(&mut after, layout.meta_slot_offsets[0]).unwrap();
+        assert_eq!(before, after, "nothing was written");
+    }
+}

@@ -1,0 +1,389 @@
+//! Allocation streams: each holds one open segment and the record being filled in it. A volume
+//! owns one [`Streams`] set (the user and GC streams its placement policy declares), so classes
+//! of data, and volumes, never share a segment.
+//!
+//! Owns: opening segments (asking the [`super::SegmentSource`]), opening, sealing and writing
+//! records, copying or holding data pages in them, and closing segments. A controller places
+//! items with [`Streams::place_each`] and does its own map update in the `commit` callback,
+//! under the stream's lock, with the record's slot known.
+//!
+//! Invariants: records of one stream are sealed, and handed to write-back, in order under its
+//! lock (sequential zones need them in order); a record is sealed when its last page slot or
+//! entry is taken, so an open record always has room; a segment is sealed when the next record
+//! could not hold one page; every record begun is completed (written, or dropped when empty).
+
+use super::capacity::Purpose;
+use super::payload::WriteBuffer;
+use super::record::{OpenRecord, RecordBuf, RecordBytes, SealedRecord};
+use super::Log;
+use crate::error::Result;
+use crate::format::{RecordMeta, StreamKind};
+use crate::policy::placement::StreamLayout;
+use parking_lot::RwLock;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Condvar as StdCondvar, Mutex as StdMutex, MutexGuard as StdMutexGuard, PoisonError};
+
+/// Locks a stream. A panic while holding it is not a reason to stop every later writer (the
+/// same as parking_lot, which does not poison), so a poisoned lock is taken as it is.
+fn lock_stream(stream: &StdMutex<Stream>) -> StdMutexGuard<'_, Stream> {
+    stream.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+struct OpenSegment {
+    segment: u32,
+    incarnation: u64,
+    /// Data sequence number when the segment was opened; every record of it repeats it.
+    opened_seq: u64,
+    /// Next grain to be used in the segment.
+    next_grain: u32,
+}
+
+/// One allocation stream: an open segment and the record being filled in it.
+struct Stream {
+    kind: StreamKind,
+    /// A writer is allocating the next segment; others wait for it instead of allocating too.
+    allocating: bool,
+    seg: Option<OpenSegment>,
+    rec: Option<OpenRecord>,
+}
+
+/// A data page to place, and the payload that holds it (and where) when a record may keep it
+/// there instead of copying it.
+#[derive(Clone, Copy)]
+pub struct PageData<'d> {
+    pub bytes: &'d [u8],
+    pub held_in: Option<(&'d Arc<WriteBuffer>, usize)>,
+}
+
+impl<'d> PageData<'d> {
+    pub fn copied(bytes: &'d [u8]) -> PageData<'d> {
+        PageData { bytes, held_in: None }
+    }
+}
+
+enum Prep {
+    Ready,
+    Write(SealedRecord),
+    NeedSegment,
+}
+
+/// The allocation streams of one volume.
+pub struct Streams {
+    volume_id: u32,
+    /// Grains of one data page of the volume.
+    page_grains: u32,
+    layout: StreamLayout,
+    /// User streams first, then GC streams, as [`StreamLayout::kinds`].
+    /// std's mutex, not parking_lot's: writers contend for a stream's lock, and parking_lot
+    /// spins by yielding the CPU, which on few cores hands it to another contender.
+    streams: Box<[StdMutex<Stream>]>,
+    /// Signalled when a stream's pending segment allocation finishes.
+    ready: Box<[StdCondvar]>,
+}
+
+impl Streams {
+    /// The streams of volume `volume_id`, whose pages are `page_grains` grains, one per kind of
+    /// `layout`.
+    pub fn new(volume_id: u32, page_grains: u32, layout: StreamLayout) -> Streams {
+        Streams {
+            volume_id,
+            page_grains,
+            layout,
+            streams: layout
+                .kinds()
+                .map(|kind| {
+                    StdMutex::new(Stream {
+                        kind,
+                        allocating: false,
+                        seg: None,
+                        rec: None,
+                    })
+                })
+                .collect(),
+            ready: layout.kinds().map(|_| StdCondvar::new()).collect(),
+        }
+    }
+
+    /// How many streams (each holds at most one open segment).
+    pub fn count(&self) -> u32 {
+        self.layout.count()
+    }
+
+    pub fn layout(&self) -> StreamLayout {
+        self.layout
+    }
+
+    /// Under the stream lock: makes sure an open record can take one more entry (and a data
+    /// page if `need_page`).
+    fn prepare(&self, log: &Log, st: &mut Stream, need_page: bool) -> Prep {
+        if let Some(r) = &st.rec {
+            if r.entries_left > 0 && (!need_page || r.pages_left > 0) {
+                return Prep::Ready;
+            }
+            return match self.seal_record(log, st) {
+                Some(s) => Prep::Write(s),
+                None => Prep::Ready, // an empty record was dropped; loop again
+            };
+        }
+        let Some(os) = st.seg.as_mut() else { return Prep::NeedSegment };
+        let geo = log.geo;
+        let gps = geo.grains_per_segment;
+        let data_grains = gps.saturating_sub(os.next_grain + 1);
+        let pages = (data_grains / self.page_grains).min(geo.meta_interval_pages);
+        if pages == 0 {
+            let s = os.segment;
+            st.seg = None;
+            log.seal_segment(s);
+            return Prep::NeedSegment;
+        }
+        let record_id = log.tracker.begin();
+        if os.incarnation == 0 {
+            os.incarnation = record_id;
+        }
+        let total_grains = 1 + pages * self.page_grains;
+        let first_grain = os.segment as u64 * gps as u64 + os.next_grain as u64;
+        let buf = Arc::new(RecordBuf {
+            record_id,
+            segment: os.segment,
+            first_grain,
+            span_grains: std::sync::atomic::AtomicU32::new(total_grains),
+            // Every record buffer of a volume has the largest record's size, so recycled
+            // buffers always fit (the tail records of segments would otherwise each want
+            // their own size).
+            bytes: RwLock::new(RecordBytes::new(
+                log.buffers
+                    .get(((1 + geo.meta_interval_pages * self.page_grains) * geo.grain_bytes) as usize),
+            )),
+            recycle: log.buffers.clone(),
+        });
+        log.capacity.segment(os.segment).records.lock().push(buf.clone());
+        st.rec = Some(OpenRecord {
+            buf,
+            meta: RecordMeta {
+                pool_id: log.pool_id,
+                segment: os.segment,
+                incarnation: os.incarnation,
+                volume_id: self.volume_id,
+                stream: st.kind,
+                opened_seq: os.opened_seq,
+                record_id,
+                synced_through: 0,
+                start_grain: os.next_grain,
+                page_grains: self.page_grains,
+                entries: Vec::new(),
+            },
+            data_grains: 0,
+            pages_left: pages,
+            entries_left: geo.meta_entries,
+            gc_moves: false,
+        });
+        Prep::Ready
+    }
+
+    /// Under the stream lock: closes the open record. An empty one is dropped; otherwise its
+    /// metadata page is encoded into its first grain and it is returned for writing.
+    fn seal_record(&self, log: &Log, st: &mut Stream) -> Option<SealedRecord> {
+        let mut rec = st.rec.take()?;
+        let seg_info = log.capacity.segment(rec.buf.segment);
+        if rec.is_empty() {
+            seg_info.records.lock().retain(|x| !Arc::ptr_eq(x, &rec.buf));
+            log.tracker.complete(rec.buf.record_id);
+            return None;
+        }
+        let gb = log.geo.grain_bytes as usize;
+        rec.meta.synced_through = log.tracker.synced_through();
+        {
+            let mut b = rec.buf.bytes.write();
+            rec.meta.encode_into(&mut b.own[..gb]);
+        }
+        let used = rec.used_grains();
+        rec.buf.span_grains.store(used, SeqCst);
+        log.tracker.mark_sealed(rec.buf.record_id);
+        log.counters.meta_bytes_written.fetch_add(gb as u64, SeqCst);
+        let gps = log.geo.grains_per_segment;
+        let os = st.seg.as_mut().expect("open record without open segment");
+        os.next_grain += used;
+        assert!(os.next_grain <= gps, "record ran past the end of segment {}", os.segment);
+        if os.next_grain + 2 + self.page_grains > gps {
+            let s = os.segment;
+            st.seg = None;
+            log.seal_segment(s);
+        }
+        Some(SealedRecord {
+            buf: rec.buf,
+            used_grains: used,
+        })
+    }
+
+    /// Seals the open record of every stream whose record `which` picks; returns the records
+    /// to write.
+    pub fn seal_matching(&self, log: &Log, which: impl Fn(&OpenRecord) -> bool) -> Vec<SealedRecord> {
+        self.seal_streams(log, which, false)
+    }
+
+    /// Seals every record and closes every open segment (clean shutdown, deletion); returns
+    /// the records to write.
+    pub fn close(&self, log: &Log) -> Vec<SealedRecord> {
+        self.seal_streams(log, |_| true, true)
+    }
+
+    fn seal_streams(&self, log: &Log, which: impl Fn(&OpenRecord) -> bool, close: bool) -> Vec<SealedRecord> {
+        let mut out = Vec::new();
+        for s in self.streams.iter() {
+            let mut st = lock_stream(s);
+            if st.rec.as_ref().is_some_and(&which) {
+                out.extend(self.seal_record(log, &mut st));
+            }
+            if close {
+                if let Some(os) = st.seg.take() {
+                    log.seal_segment(os.segment);
+                }
+            }
+        }
+        out
+    }
+
+    /// Runs `commit` with an open record of stream `kind` that has room for one entry (and one
+    /// data page when `page` is given, copied into the record's next slot first). `commit` gets
+    /// the physical grain of the page (or the record's segment) and pushes the entry.
+    pub fn place<R>(
+        &self,
+        log: &Log,
+        kind: StreamKind,
+        purpose: Purpose,
+        page: Option<&[u8]>,
+        commit: impl FnOnce(u64, &mut OpenRecord) -> R,
+    ) -> Result<R> {
+        let mut commit = Some(commit);
+        let mut out = None;
+        self.place_each(
+            log,
+            kind,
+            purpose,
+            1,
+            |_| page.map(PageData::copied),
+            |_, at, rec| {
+                if let Some(c) = commit.take() {
+                    out = Some(c(at, rec));
+                }
+            },
+        )?;
+        // place_each returns Ok only after committing every item, here exactly one.
+        Ok(out.expect("place_each committed the item"))
+    }
+
+    /// Places `count` items in stream `kind` (a policy's answer, clamped to the declared
+    /// streams), in order, each like [`Streams::place`]: item `i` is a data page `page(i)` or,
+    /// for `None`, an entry only; `commit(i, at, record)` pushes its entry. A page whose
+    /// payload is given is held there by the record rather than copied when the record can
+    /// (see [`RecordBytes::hold`]). Consecutive items share one acquisition of the stream's
+    /// lock for as long as the open record has room, so a many-page write does not contend for
+    /// the lock per page. On an error the items before it stay committed.
+    pub fn place_each<'d>(
+        &self,
+        log: &Log,
+        kind: StreamKind,
+        purpose: Purpose,
+        count: usize,
+        page: impl Fn(usize) -> Option<PageData<'d>>,
+        mut commit: impl FnMut(usize, u64, &mut OpenRecord),
+    ) -> Result<()> {
+        let index = self.layout.index(kind);
+        let (stream, ready) = (&self.streams[index], &self.ready[index]);
+        let gb = log.geo.grain_bytes as usize;
+        let mut next = 0;
+        while next < count {
+            let mut st = lock_stream(stream);
+            match self.prepare(log, &mut st, page(next).is_some()) {
+                Prep::Ready => {
+                    let Some(rec) = st.rec.as_mut() else { continue };
+                    let mut full = false;
+                    // One hold of the buffer for the whole run: releasing it after every page
+                    // copy made each release wait for the copy's stores to drain.
+                    let buf = rec.buf.clone();
+                    let mut bytes = buf.bytes.write();
+                    let mut held_bytes = 0u64;
+                    while next < count && !full {
+                        let at = match page(next) {
+                            // A record is sealed when its last page slot is taken, so an open
+                            // one always has a slot (and `OpenRecord::push` asserts it).
+                            Some(PageData { bytes: data, held_in }) => {
+                                let slot = 1 + rec.data_grains as usize;
+                                let kept = held_in.is_some_and(|(payload, at)| bytes.hold(slot as u32, self.page_grains, payload, at, gb));
+                                if kept {
+                                    held_bytes += data.len() as u64;
+                                } else {
+                                    bytes.own[slot * gb..slot * gb + data.len()].copy_from_slice(data);
+                                }
+                                rec.data_grains += self.page_grains;
+                                let grain = rec.buf.first_grain + slot as u64;
+                                log.capacity.add_valid(rec.buf.segment, self.page_grains);
+                                grain
+                            }
+                            None => rec.buf.segment as u64,
+                        };
+                        commit(next, at, rec);
+                        rec.gc_moves |= purpose == Purpose::Gc;
+                        next += 1;
+                        full = rec.entries_left == 0 || rec.pages_left == 0;
+                    }
+                    drop(bytes);
+                    if held_bytes > 0 {
+                        log.counters.user_bytes_held.fetch_add(held_bytes, SeqCst);
+                    }
+                    let sealed = if full { self.seal_record(log, &mut st) } else { None };
+                    if let Some(r) = sealed {
+                        write_sealed(log, purpose, st, r)?;
+                    }
+                }
+                Prep::Write(r) => write_sealed(log, purpose, st, r)?,
+                Prep::NeedSegment => {
+                    if st.allocating {
+                        drop(ready.wait_timeout(st, std::time::Duration::from_millis(50)));
+                        continue;
+                    }
+                    st.allocating = true;
+                    drop(st);
+                    let r = log.allocate_segment(purpose);
+                    let mut st = lock_stream(stream);
+                    st.allocating = false;
+                    ready.notify_all();
+                    let s = r?;
+                    if st.seg.is_none() {
+                        let info = log.capacity.segment(s);
+                        info.owner_volume.store(self.volume_id, SeqCst);
+                        info.stream.store(st.kind.to_u8(), SeqCst);
+                        let opened_seq = log.now_seq();
+                        info.opened_seq.store(opened_seq, SeqCst);
+                        st.seg = Some(OpenSegment {
+                            segment: s,
+                            incarnation: 0,
+                            opened_seq,
+                            next_grain: 0,
+                        });
+                    } else {
+                        drop(st);
+                        log.capacity.unallocate(s);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sends a record sealed under `st` to the device. A user record goes to write-back and the
+/// writer returns (queued while the stream is still locked, so that the stream's records stay
+/// in order); the GC writes its own, which paces it and lets a release count on them.
+fn write_sealed(log: &Log, purpose: Purpose, st: StdMutexGuard<'_, Stream>, r: SealedRecord) -> Result<()> {
+    let own = if purpose == Purpose::User {
+        log.write_back.submit(r)
+    } else {
+        Some(r)
+    };
+    drop(st);
+    match own {
+        Some(r) => log.write_record(r),
+        None => Ok(()),
+    }
+}

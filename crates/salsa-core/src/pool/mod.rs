@@ -1,0 +1,288 @@
+//! The public face of the engine: create or open a pool on a set of devices, manage its volumes,
+//! do I/O on them, flush, read statistics, and close cleanly.
+//!
+//! - [`open`](self::open): formatting a pool, opening one (every member checked before anything
+//!   is written), recovery, starting the GC and write-back threads;
+//! - [`volumes`](self::volumes): the volume table (create, grow, delete) and the [`Volume`]
+//!   handle's byte-addressed I/O;
+//! - [`stats`](self::stats): the statistics snapshot;
+//! - here: the pool's options and handle, flush, and the clean shutdown that writes a
+//!   checkpoint.
+
+mod open;
+mod stats;
+mod volumes;
+
+pub use open::{device_is_blank, read_superblock};
+pub use stats::{Stats, VolumeStats};
+pub use volumes::Volume;
+
+use crate::device::Device;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::format::{CheckpointRef, MAX_CHECKPOINT_SEGMENTS};
+use crate::log::capacity::{Purpose, SegmentState};
+use crate::log::Geometry;
+use crate::policy::placement::StreamLayout;
+use crate::policy::Registry;
+use crate::util::AlignedBuf;
+use parking_lot::Mutex;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Most pages a volume may have (its map must fit in memory).
+pub const MAX_VOLUME_PAGES: u64 = 1 << 32;
+
+/// How to format a pool.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub grain_bytes: u32,
+    /// `None`: scale with the pool (about 1024 segments, between 1 MiB and 1 GiB).
+    pub segment_bytes: Option<u64>,
+    /// A metadata page after at most this many data pages; `None`: as many as a page holds.
+    pub meta_interval_pages: Option<u32>,
+    /// Victim-selection policy, by name (see [`crate::policy::Registry`]).
+    pub victim_policy: String,
+    /// Placement policy of volumes created without naming one.
+    pub default_placement: String,
+    /// Aging factor of the aging-greedy policy.
+    pub gc_aging: f64,
+    /// Physical space kept spare, as a percentage; sizes the default volume.
+    pub spare_percent: f64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            grain_bytes: 4096,
+            segment_bytes: None,
+            meta_interval_pages: None,
+            victim_policy: "aging-greedy".into(),
+            default_placement: "salsa".into(),
+            gc_aging: 0.1,
+            spare_percent: 20.0,
+        }
+    }
+}
+
+/// How to open a pool.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Run the GC in a background thread (otherwise writers run it when they need space).
+    pub background_gc: bool,
+    pub read_only: bool,
+    /// Rebuild the maps by scanning every segment even after a clean shutdown (used by
+    /// `salsa check` to compare the checkpoint with the log).
+    pub force_scan: bool,
+    /// Background GC threads; each cleans its own victim, so the device sees their I/O in
+    /// parallel.
+    pub gc_workers: usize,
+    /// Policies the pool's and volumes' policy names are looked up in.
+    pub policies: Registry,
+    /// Also clean while garbage is above this percentage of the sealed segments' data space,
+    /// however much is free (SepBIT's "garbage proportion" trigger). `None`: clean only when
+    /// free space runs low, which moves the least data.
+    pub gc_garbage_percent: Option<f64>,
+    /// Threads that write sealed user records while writers go on (see
+    /// [`crate::log::write_back`]); at most 16. With 0 every writer writes the records it fills
+    /// itself, which keeps the order of device writes deterministic (crash tests use that).
+    pub write_back_threads: usize,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            background_gc: true,
+            read_only: false,
+            force_scan: false,
+            gc_workers: 4,
+            policies: Registry::builtin(),
+            gc_garbage_percent: None,
+            write_back_threads: 4,
+        }
+    }
+}
+
+/// How the state was rebuilt at open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenedFrom {
+    NewPool,
+    Checkpoint,
+    RecoveryScan,
+}
+
+/// A pool of devices serving volumes.
+pub struct Pool {
+    eng: Arc<Engine>,
+    gc_threads: Mutex<Vec<JoinHandle<()>>>,
+    opened_from: OpenedFrom,
+    spare_basis_points: u32,
+    victim_policy: String,
+    default_placement: String,
+    policies: Registry,
+    closed: bool,
+}
+
+impl Pool {
+    pub fn opened_from(&self) -> OpenedFrom {
+        self.opened_from
+    }
+
+    /// The member devices, in pool order.
+    pub fn devices(&self) -> Vec<Arc<dyn Device>> {
+        self.eng.log.array().members().iter().map(|m| m.device.clone()).collect()
+    }
+
+    /// How the pool's devices are combined (`linear`).
+    pub fn array_layout(&self) -> &'static str {
+        self.eng.log.array().kind().name()
+    }
+
+    pub fn pool_id(&self) -> u128 {
+        self.eng.log.pool_id()
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        *self.eng.log.geo()
+    }
+
+    /// Logical bytes the pool offers at its configured spare: what a default volume gets.
+    pub fn logical_capacity_bytes(&self) -> u64 {
+        let physical = self.eng.log.geo().total_grains * self.eng.log.geo().grain_bytes as u64;
+        let bytes = physical / 10_000 * (10_000 - self.spare_basis_points as u64);
+        let usable = self.usable_bytes_for(&[self.default_placement.as_str()]).unwrap_or(0);
+        bytes.min(usable) / 65536 * 65536
+    }
+
+    /// Bytes of data the pool can hold when its volumes have the given placement policies (one
+    /// entry per volume): each stream of each volume may keep a segment open, which the GC
+    /// needs on top of its reserve. Errs on an unknown placement.
+    pub fn usable_bytes_for(&self, placements: &[&str]) -> Result<u64> {
+        let mut streams = 0u64;
+        for name in placements {
+            let p = self.policies.placement(name, 1).map_err(Error::InvalidArgument)?;
+            streams += StreamLayout::of(p.as_ref()).count() as u64;
+        }
+        Ok(self.eng.log.usable_grains_for_streams(streams) * self.eng.log.geo().grain_bytes as u64)
+    }
+
+    /// Spare space the pool was formatted with, in percent.
+    pub fn spare_percent(&self) -> f64 {
+        self.spare_basis_points as f64 / 100.0
+    }
+
+    /// The pool's victim-selection policy.
+    pub fn victim_policy(&self) -> &str {
+        &self.victim_policy
+    }
+
+    /// The placement policy of volumes created without naming one.
+    pub fn default_placement(&self) -> &str {
+        &self.default_placement
+    }
+
+    /// Makes every write that returned before this call durable.
+    pub fn flush(&self) -> Result<()> {
+        self.eng.flush()
+    }
+
+    fn stop_gc(&self) {
+        self.eng.shutting_down.store(true, SeqCst);
+        self.eng.wake_gc();
+        for h in self.gc_threads.lock().drain(..) {
+            let _ = h.join();
+        }
+    }
+
+    /// Clean shutdown: stops the GC, writes every open record, syncs, and writes a checkpoint
+    /// of every map so that the next open needs no scan.
+    pub fn close(mut self) -> Result<()> {
+        self.closed = true;
+        self.stop_gc();
+        if self.eng.log.is_read_only() {
+            return Ok(());
+        }
+        self.eng.log.check_not_poisoned()?;
+        let sb = self.eng.log.geo().segment_bytes as usize;
+        let needed = crate::recovery::checkpoint_bytes(&self.eng).div_ceil(sb);
+        // First clean until the checkpoint fits above the GC reserve (bounded: each step frees
+        // or schedules a segment). This must come before the image is taken: the GC moves
+        // data, and the image must point where the data finally is.
+        if needed <= MAX_CHECKPOINT_SEGMENTS {
+            let reserve = self.eng.log.capacity().watermarks.gc_reserve as usize;
+            for _ in 0..self.eng.log.geo().total_segments {
+                if self.eng.log.capacity().free_segments() as usize > reserve + needed || !self.eng.gc_step()? {
+                    break;
+                }
+            }
+        }
+        // Then close every stream (the GC's too), so nothing moves any more, and flush.
+        self.eng.log.close_all_streams()?;
+        self.eng.flush()?;
+        // Nothing is left to write back; what follows writes synchronously.
+        self.eng.log.write_back().stop();
+        let session_id = self.eng.log.meta().lock().session_id;
+        let blob = crate::recovery::encode_checkpoint(&self.eng, session_id);
+        debug_assert_eq!(blob.len(), crate::recovery::checkpoint_bytes(&self.eng));
+        let mut segs = Vec::new();
+        if needed <= MAX_CHECKPOINT_SEGMENTS {
+            while segs.len() < needed {
+                match self
+                    .eng
+                    .log
+                    .capacity()
+                    .try_allocate(&crate::log::CHECKPOINT_TYPES, Purpose::Checkpoint)
+                {
+                    Some(s) => {
+                        segs.push(s);
+                        self.eng.log.array().prepare_segment(s)?;
+                    }
+                    None => break,
+                }
+            }
+        }
+        if segs.len() < needed {
+            tracing::warn!("no room for a {}-byte checkpoint; the next open will scan", blob.len());
+            return Ok(());
+        }
+        let gps = self.eng.log.geo().grains_per_segment as u64;
+        for (i, &s) in segs.iter().enumerate() {
+            let chunk = &blob[i * sb..((i + 1) * sb).min(blob.len())];
+            let mut buf = AlignedBuf::zeroed(chunk.len().next_multiple_of(self.eng.log.geo().grain_bytes as usize));
+            buf[..chunk.len()].copy_from_slice(chunk);
+            self.eng.log.array().write(s as u64 * gps, &buf)?;
+        }
+        self.eng.log.array().sync_all()?;
+        let mut meta = self.eng.log.meta().lock();
+        let mut next = meta.clone();
+        next.clean = true;
+        next.checkpoint = Some(CheckpointRef {
+            segments: segs.clone(),
+            bytes: blob.len() as u64,
+            crc: crc32c::crc32c(&blob),
+        });
+        self.eng.log.write_pool_meta(&mut next)?;
+        *meta = next;
+        for s in segs {
+            debug_assert_eq!(self.eng.log.capacity().segment(s).state(), SegmentState::Checkpoint);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if !self.closed {
+            // Not a clean shutdown (no checkpoint): make what was written durable if the
+            // devices still answer, and leave the rest to recovery.
+            self.stop_gc();
+            if !self.eng.log.is_read_only() && !self.eng.log.is_poisoned() {
+                let _ = self.eng.flush();
+            }
+        }
+        // Writes what is still queued (or fails it on a poisoned pool) and joins the threads,
+        // which hold the engine.
+        self.eng.log.write_back().stop();
+    }
+}

@@ -1,0 +1,451 @@
+//! Formatting and opening pools: superblocks are read and every member checked (pool id,
+//! geometry, index, size) before anything is written; the pool metadata's newest valid slot is
+//! taken; the state is loaded from the clean-shutdown checkpoint or rebuilt by a recovery scan;
+//! then the GC and write-back threads start.
+
+use super::volumes::validate_volume;
+use super::{OpenOptions, OpenedFrom, Pool, PoolConfig};
+use crate::array::{LinearArray, Member};
+use crate::controller::lsa::LsaVolume;
+use crate::controller::map::{Encoding, PageMap};
+use crate::device::Device;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::format::DeviceLayout;
+use crate::format::{
+    meta_entries_per_page, FormatError, PoolMeta, Superblock, DEVICE_RESERVED_BYTES, FORMAT_VERSION, POOL_META_SLOT_BYTES, SUPERBLOCK_BYTES,
+};
+use crate::log::{Geometry, Log};
+use crate::policy::VictimParams;
+use crate::util::AlignedBuf;
+use parking_lot::Mutex;
+use rand::Rng;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn default_segment_bytes(total_bytes: u64) -> u64 {
+    let target = (total_bytes / 1024).max(1 << 20);
+    let pow = 1u64 << (63 - target.leading_zeros());
+    pow.clamp(1 << 20, 1 << 30)
+}
+
+fn io_err(dev: &dyn Device, op: &'static str, offset: u64, source: std::io::Error) -> Error {
+    Error::Io {
+        device: dev.name().to_string(),
+        op,
+        offset,
+        source,
+    }
+}
+
+/// Reads a block the pool may or may not have written; on a zoned device whatever lies beyond a
+/// write pointer reads as zeros.
+fn read_block(dev: &dyn Device, offset: u64, len: usize) -> Result<AlignedBuf> {
+    let mut b = AlignedBuf::zeroed(len);
+    crate::device::zone::read_written(dev, &mut b, offset).map_err(|e| io_err(dev, "read", offset, e))?;
+    Ok(b)
+}
+
+/// Reads a device's superblock, classifying every failure.
+pub fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
+    if dev.size_bytes() < SUPERBLOCK_BYTES as u64 {
+        return Err(Error::NotAPool {
+            device: dev.name().into(),
+            reason: "too small to hold a superblock".into(),
+        });
+    }
+    let b = read_block(dev, 0, SUPERBLOCK_BYTES)?;
+    Superblock::decode(&b).map_err(|e| match e {
+        FormatError::BadMagic => Error::NotAPool {
+            device: dev.name().into(),
+            reason: "no SALSA superblock".into(),
+        },
+        FormatError::NewerVersion(v) => Error::NewerFormat {
+            device: dev.name().into(),
+            found: v,
+            supported: FORMAT_VERSION,
+        },
+        other => Error::DamagedSuperblock {
+            device: dev.name().into(),
+            reason: other.to_string(),
+        },
+    })
+}
+
+/// Whether a device holds nothing at all: its first MiB reads as zeros.
+pub fn device_is_blank(dev: &dyn Device) -> Result<bool> {
+    let len = dev.size_bytes().min(1 << 20) as usize;
+    let b = read_block(dev, 0, len.next_multiple_of(4096).min(dev.size_bytes() as usize))?;
+    Ok(b.iter().all(|&x| x == 0))
+}
+
+/// Formats the head of a device: the superblock, and zeros over the metadata slots so nothing
+/// of an earlier pool survives in them. Sequential zones are reset first.
+fn write_superblock(d: &dyn Device, sb: &Superblock) -> Result<()> {
+    let head = sb.layout.meta_slot_offsets[0].min(sb.layout.meta_slot_offsets[1]);
+    let mut buf = match crate::layout::in_sequential_zone(d, 0)? {
+        Some(zone) => {
+            let z = d.zones().expect("a sequential zone is on a zoned device");
+            z.reset_zone(zone).map_err(|e| io_err(d, "reset zone", 0, e))?;
+            AlignedBuf::zeroed(SUPERBLOCK_BYTES)
+        }
+        None => AlignedBuf::zeroed(
+            (head + POOL_META_SLOT_BYTES as u64)
+                .max(DEVICE_RESERVED_BYTES)
+                .min(sb.layout.segments_offset_bytes) as usize,
+        ),
+    };
+    buf[..SUPERBLOCK_BYTES].copy_from_slice(&sb.encode());
+    d.write_at(&buf, 0).map_err(|e| io_err(d, "write superblock", 0, e))?;
+    d.sync().map_err(|e| io_err(d, "sync", 0, e))
+}
+
+impl Pool {
+    /// Formats `devices` as a new pool (overwriting whatever they hold) and opens it.
+    pub fn create(devices: Vec<Arc<dyn Device>>, cfg: &PoolConfig, opts: &OpenOptions) -> Result<Pool> {
+        if devices.is_empty() || devices.len() > u16::MAX as usize {
+            return Err(Error::InvalidConfig("a pool needs between 1 and 65535 devices".into()));
+        }
+        check_open_options(opts)?;
+        if !cfg.grain_bytes.is_power_of_two() || !(4096..=65536).contains(&cfg.grain_bytes) {
+            return Err(Error::InvalidConfig(format!(
+                "grain size {} must be a power of two from 4 KiB to 64 KiB",
+                cfg.grain_bytes
+            )));
+        }
+        if !(0.0..=90.0).contains(&cfg.spare_percent) {
+            return Err(Error::InvalidConfig(format!(
+                "spare {}% must be between 0 and 90",
+                cfg.spare_percent
+            )));
+        }
+        if !(0.0..=1.0).contains(&cfg.gc_aging) {
+            return Err(Error::InvalidConfig(format!(
+                "aging factor {} must be between 0 and 1",
+                cfg.gc_aging
+            )));
+        }
+        opts.policies.check_victim(&cfg.victim_policy).map_err(Error::InvalidConfig)?;
+        opts.policies
+            .check_placement(&cfg.default_placement)
+            .map_err(Error::InvalidConfig)?;
+        let zone_bytes = devices.iter().find_map(|d| d.zones().map(|z| z.zone_bytes()));
+        let total: u64 = devices.iter().map(|d| d.size_bytes().saturating_sub(DEVICE_RESERVED_BYTES)).sum();
+        let segment_bytes = match (cfg.segment_bytes, zone_bytes) {
+            (Some(b), _) => b,
+            // Segments align to zones: one segment per zone.
+            (None, Some(z)) => z,
+            // At least a device's preferred write size (an SSD's block stripe, an SMR band).
+            (None, None) => {
+                let preferred = devices.iter().map(|d| d.preferred_alignment_bytes()).max().unwrap_or(0);
+                default_segment_bytes(total).max(preferred.next_power_of_two().min(1 << 30))
+            }
+        };
+        if !((1 << 20)..=(1 << 30)).contains(&segment_bytes) || !segment_bytes.is_multiple_of(cfg.grain_bytes as u64) {
+            return Err(Error::InvalidConfig(format!(
+                "segment size {segment_bytes} must be 1 MiB to 1 GiB and a multiple of the grain"
+            )));
+        }
+        let max_entries = meta_entries_per_page(cfg.grain_bytes as usize) as u32;
+        // By default a full record is a power-of-two number of grains (255 data pages and their
+        // metadata page: 1 MiB with 4 KiB grains), so records tile segments exactly and a 1 MiB
+        // segment spends one grain on metadata. The room left over takes a record's trims.
+        let meta_interval = cfg.meta_interval_pages.unwrap_or_else(|| {
+            let limit = max_entries.saturating_sub(4).max(1);
+            (1u32 << (limit + 1).ilog2()) - 1
+        });
+        if meta_interval == 0 || meta_interval > max_entries {
+            return Err(Error::InvalidConfig(format!("metadata interval must be 1 to {max_entries} pages")));
+        }
+        let pool_id: u128 = rand::thread_rng().gen::<u128>() | 1;
+        let mut first = 0u32;
+        let mut sbs = Vec::new();
+        for (i, d) in devices.iter().enumerate() {
+            let (layout, count) = DeviceLayout::plan(d.as_ref(), segment_bytes)?;
+            if count == 0 {
+                return Err(Error::InvalidConfig(format!(
+                    "device {} ({} bytes) is too small for one {segment_bytes}-byte segment after its {}-byte header",
+                    d.name(),
+                    d.size_bytes(),
+                    layout.segments_offset_bytes
+                )));
+            }
+            let count = u32::try_from(count).map_err(|_| Error::InvalidConfig("too many segments".into()))?;
+            sbs.push((count, first, i, layout));
+            first = first
+                .checked_add(count)
+                .ok_or_else(|| Error::InvalidConfig("too many segments".into()))?;
+        }
+        if first < 16 {
+            return Err(Error::InvalidConfig(format!(
+                "the pool needs at least 16 segments; it has {first}: use smaller segments or bigger devices"
+            )));
+        }
+        for (count, start, i, layout) in sbs {
+            let d = &devices[i];
+            let sb = Superblock {
+                pool_id,
+                device_index: i as u32,
+                device_count: devices.len() as u32,
+                device_size_bytes: d.size_bytes(),
+                storage_type: d.storage_type(),
+                grain_bytes: cfg.grain_bytes,
+                segment_bytes,
+                first_segment: start,
+                segment_count: count,
+                total_segments: first,
+                meta_interval_pages: meta_interval,
+                victim_policy: cfg.victim_policy.clone(),
+                default_placement: cfg.default_placement.clone(),
+                gc_aging_milli: (cfg.gc_aging * 1000.0).round() as u32,
+                spare_basis_points: (cfg.spare_percent * 100.0).round() as u32,
+                layout,
+            };
+            write_superblock(d.as_ref(), &sb)?;
+        }
+        let mut meta = PoolMeta {
+            pool_id,
+            generation: 0,
+            session_id: 0,
+            clean: false,
+            next_volume_id: 1,
+            volumes: vec![],
+            checkpoint: None,
+        };
+        crate::log::write_meta_slot(
+            devices[0].as_ref(),
+            &DeviceLayout::plan(devices[0].as_ref(), segment_bytes)?.0,
+            &mut meta,
+        )?;
+        let mut pool = Pool::open(devices, opts)?;
+        pool.opened_from = OpenedFrom::NewPool;
+        Ok(pool)
+    }
+
+    /// Opens an existing pool: checks every member, then loads the clean-shutdown checkpoint or
+    /// recovers by scanning.
+    pub fn open(devices: Vec<Arc<dyn Device>>, opts: &OpenOptions) -> Result<Pool> {
+        Self::open_with_progress(devices, opts, &|_, _| {})
+    }
+
+    /// As [`Pool::open`], reporting recovery-scan progress as (segments done, total).
+    pub fn open_with_progress(devices: Vec<Arc<dyn Device>>, opts: &OpenOptions, progress: &dyn Fn(u64, u64)) -> Result<Pool> {
+        if devices.is_empty() {
+            return Err(Error::InvalidConfig("no devices given".into()));
+        }
+        check_open_options(opts)?;
+        let mut sbs = Vec::new();
+        for d in &devices {
+            sbs.push(read_superblock(d.as_ref())?);
+        }
+        let first = sbs[0].clone();
+        let mut ordered: Vec<Option<(Arc<dyn Device>, Superblock)>> = vec![None; first.device_count as usize];
+        for (d, sb) in devices.iter().zip(sbs) {
+            if sb.pool_id != first.pool_id {
+                return Err(Error::ForeignDevice {
+                    device: d.name().into(),
+                    expected: first.pool_id,
+                    found: sb.pool_id,
+                });
+            }
+            let same_geometry = sb.device_count == first.device_count
+                && sb.grain_bytes == first.grain_bytes
+                && sb.segment_bytes == first.segment_bytes
+                && sb.total_segments == first.total_segments
+                && sb.meta_interval_pages == first.meta_interval_pages;
+            if !same_geometry {
+                return Err(Error::DamagedSuperblock {
+                    device: d.name().into(),
+                    reason: "geometry differs from the other members".into(),
+                });
+            }
+            if sb.device_size_bytes > d.size_bytes() {
+                return Err(Error::DamagedSuperblock {
+                    device: d.name().into(),
+                    reason: format!("device is {} bytes but was formatted with {}", d.size_bytes(), sb.device_size_bytes),
+                });
+            }
+            let slot = &mut ordered[sb.device_index as usize];
+            if slot.is_some() {
+                return Err(Error::InvalidConfig(format!(
+                    "device index {} given twice ({})",
+                    sb.device_index,
+                    d.name()
+                )));
+            }
+            *slot = Some((d.clone(), sb));
+        }
+        let mut members = Vec::new();
+        let mut next_segment = 0u32;
+        for (i, m) in ordered.into_iter().enumerate() {
+            let Some((device, sb)) = m else {
+                return Err(Error::MissingMember {
+                    pool: first.pool_id,
+                    expected: first.device_count,
+                    given: devices.len() as u32,
+                    missing: i as u32,
+                });
+            };
+            if sb.first_segment != next_segment {
+                return Err(Error::DamagedSuperblock {
+                    device: device.name().into(),
+                    reason: "segment ranges of the members do not line up".into(),
+                });
+            }
+            next_segment += sb.segment_count;
+            members.push(Member {
+                device,
+                first_segment: sb.first_segment,
+                segment_count: sb.segment_count,
+                layout: sb.layout,
+            });
+        }
+        if next_segment != first.total_segments {
+            return Err(Error::DamagedSuperblock {
+                device: devices[0].name().into(),
+                reason: "segment counts do not add up".into(),
+            });
+        }
+        let dev0 = members[0].device.clone();
+        let layout0 = members[0].layout;
+        let mut best: Option<PoolMeta> = None;
+        for off in layout0.meta_slot_offsets {
+            let b = read_block(dev0.as_ref(), off, POOL_META_SLOT_BYTES)?;
+            if let Ok(m) = PoolMeta::decode(&b) {
+                if m.pool_id == first.pool_id && best.as_ref().is_none_or(|b| m.generation > b.generation) {
+                    best = Some(m);
+                }
+            }
+        }
+        let Some(old_meta) = best else {
+            return Err(Error::Corrupt(format!(
+                "no valid pool metadata on {} (both copies damaged)",
+                dev0.name()
+            )));
+        };
+        let grain = first.grain_bytes;
+        for v in &old_meta.volumes {
+            validate_volume(&v.name, v.page_bytes, grain, v.size_bytes)
+                .map_err(|e| Error::Corrupt(format!("volume table entry {:?}: {e}", v.name)))?;
+        }
+        let gps = (first.segment_bytes / grain as u64) as u32;
+        let geo = Geometry {
+            grain_bytes: grain,
+            segment_bytes: first.segment_bytes,
+            grains_per_segment: gps,
+            total_segments: first.total_segments,
+            total_grains: first.total_segments as u64 * gps as u64,
+            meta_entries: meta_entries_per_page(grain as usize) as u32,
+            meta_interval_pages: first.meta_interval_pages.min(meta_entries_per_page(grain as usize) as u32),
+        };
+        let array = LinearArray::new(members, first.segment_bytes, grain as u64)?;
+        // Mark the pool in use before anything else is written; its new generation is this
+        // session's epoch, so every id and sequence number of this session is larger than any
+        // of an earlier one.
+        let mut meta = old_meta.clone();
+        meta.clean = false;
+        meta.checkpoint = None;
+        meta.session_id = rand::thread_rng().gen();
+        if !opts.read_only {
+            crate::log::write_meta_slot(dev0.as_ref(), &layout0, &mut meta)?;
+        }
+        let policy = opts
+            .policies
+            .victim(
+                &first.victim_policy,
+                &VictimParams {
+                    aging: first.gc_aging_milli as f64 / 1000.0,
+                },
+            )
+            .map_err(|e| Error::InvalidConfig(format!("{e} (register it in OpenOptions::policies)")))?;
+        let mut placements = Vec::new();
+        for v in &old_meta.volumes {
+            let p = opts
+                .policies
+                .placement(&v.placement, v.size_bytes / v.page_bytes as u64)
+                .map_err(|e| Error::InvalidConfig(format!("volume {:?}: {e} (register it in OpenOptions::policies)", v.name)))?;
+            placements.push(p);
+        }
+        let log = Arc::new(Log::new(first.pool_id, geo, Box::new(array), meta, opts.read_only));
+        let eng = Engine::new(log, policy, opts.background_gc, opts.gc_garbage_percent.map(|p| p / 100.0));
+        let encoding = Encoding {
+            total_grains: geo.total_grains,
+            total_segments: geo.total_segments,
+        };
+        for (v, placement) in old_meta.volumes.iter().zip(placements) {
+            let map = PageMap::new(v.size_bytes / v.page_bytes as u64, encoding);
+            eng.add_volume(Arc::new(LsaVolume::new(v, map, grain, placement)));
+        }
+        let mut opened_from = OpenedFrom::RecoveryScan;
+        match (old_meta.clean && !opts.force_scan, &old_meta.checkpoint) {
+            (true, Some(cp)) => match crate::recovery::load_checkpoint(&eng, cp, old_meta.session_id) {
+                Ok(()) => opened_from = OpenedFrom::Checkpoint,
+                Err(e) => {
+                    tracing::warn!("checkpoint unusable ({e}); recovering by scanning every segment");
+                    crate::recovery::clear_maps(&eng);
+                    crate::recovery::scan(&eng, progress)?;
+                }
+            },
+            _ => {
+                tracing::info!("pool was not shut down cleanly; scanning {} segments", geo.total_segments);
+                crate::recovery::scan(&eng, progress)?;
+            }
+        }
+        if !opts.read_only {
+            // What recovery read is now the state; make it durable before anything new lands.
+            eng.log.array().sync_all()?;
+        }
+        let eng = Arc::new(eng);
+        Engine::attach(&eng);
+        let pool = Pool {
+            eng: eng.clone(),
+            gc_threads: Mutex::new(Vec::new()),
+            opened_from,
+            spare_basis_points: first.spare_basis_points,
+            victim_policy: first.victim_policy.clone(),
+            default_placement: first.default_placement.clone(),
+            policies: opts.policies.clone(),
+            closed: false,
+        };
+        if !opts.read_only {
+            crate::log::write_back::WriteBack::start(&eng.log, opts.write_back_threads)?;
+        }
+        if opts.background_gc && !opts.read_only {
+            for i in 0..opts.gc_workers.clamp(1, 16) {
+                let e = eng.clone();
+                let h = std::thread::Builder::new()
+                    .name(format!("salsa-gc-{i}"))
+                    .spawn(move || gc_worker(e))
+                    .map_err(|e| Error::InvalidConfig(format!("cannot start a GC thread: {e}")))?;
+                pool.gc_threads.lock().push(h);
+            }
+        }
+        Ok(pool)
+    }
+}
+
+/// Refuses options no pool can run with, before anything is written.
+fn check_open_options(opts: &OpenOptions) -> Result<()> {
+    match opts.gc_garbage_percent {
+        Some(p) if !(1.0..=90.0).contains(&p) => Err(Error::InvalidConfig(format!(
+            "GC garbage trigger {p}% is outside 1% to 90% of the written space"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn gc_worker(eng: Arc<Engine>) {
+    while !eng.shutting_down.load(SeqCst) {
+        if eng.needs_gc_round() && !eng.log.is_poisoned() {
+            if let Err(e) = eng.gc_round() {
+                if !eng.log.is_poisoned() {
+                    tracing::error!("garbage collection failed: {e}");
+                    eng.gc_stuck.store(true, SeqCst);
+                    eng.log.capacity().changed.notify_all();
+                }
+            }
+        }
+        eng.gc_wait(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,109 @@
+//! The statistics snapshot of a pool: counters, write amplification, segments by state, memory,
+//! volumes and device counters.
+
+use super::Pool;
+use std::sync::atomic::Ordering::SeqCst;
+
+/// Snapshot of the statistics.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub user_bytes_written: u64,
+    pub user_bytes_read: u64,
+    pub gc_bytes_relocated: u64,
+    pub device_bytes_written: u64,
+    pub metadata_bytes_written: u64,
+    /// Device bytes written per user byte written (data, relocations and metadata).
+    pub write_amplification: f64,
+    /// (user + GC relocation bytes) per user byte: the classical host WA of cleaning.
+    pub gc_write_amplification: f64,
+    pub free_segments: u32,
+    pub total_segments: u32,
+    pub segment_bytes: u64,
+    pub gc_segments_cleaned: u64,
+    pub flushes: u64,
+    pub syncs: u64,
+    pub sync_micros: u64,
+    pub gc_micros: u64,
+    pub throttled_allocations: u64,
+    /// Victims the GC waited a full second for, for writers to take replaced pages off their
+    /// count (0 unless something is wrong).
+    pub gc_wait_timeouts: u64,
+    /// User bytes written that records held in the writers' payload buffers instead of
+    /// copying them (zero-copy writes, [`Volume::write_payload`]).
+    pub user_bytes_held: u64,
+    /// Payload buffers out now: being received, or held by records not yet on the device
+    /// (at most [`crate::engine::PAYLOAD_BUDGET_BYTES`]).
+    pub payload_buffer_bytes: u64,
+    /// Memory held by the page maps.
+    pub map_memory_bytes: u64,
+    /// Memory held by the per-grain checksum table.
+    pub crc_table_memory_bytes: u64,
+    /// Segments per state: free, staged (open), allocated, victim, pending-free, checkpoint.
+    pub segments_by_state: [u32; 6],
+    /// Segments the GC gave up on because their metadata did not account for every page the
+    /// map places there (damage, or an accounting bug): their space is lost until reopen.
+    pub unmovable_segments: u32,
+    pub volumes: Vec<VolumeStats>,
+    pub device_counters: Vec<(String, String, u64)>,
+}
+
+/// A volume's statistics, as its controller reports them.
+pub type VolumeStats = crate::controller::ControllerStats;
+
+impl Pool {
+    /// Current statistics.
+    pub fn stats(&self) -> Stats {
+        let c = self.eng.log.counters();
+        let user = c.user_bytes_written.load(SeqCst);
+        let gc = c.gc_bytes_relocated.load(SeqCst);
+        let dev = c.device_bytes_written.load(SeqCst);
+        let ratio = |a: u64| if user == 0 { 0.0 } else { a as f64 / user as f64 };
+        let vols: Vec<VolumeStats> = self.eng.volumes.read().values().map(|v| v.stats()).collect();
+        let mut device_counters = Vec::new();
+        for m in self.eng.log.array().members() {
+            for (k, v) in m.device.counters() {
+                device_counters.push((m.device.name().to_string(), k, v));
+            }
+        }
+        Stats {
+            user_bytes_written: user,
+            user_bytes_read: c.user_bytes_read.load(SeqCst),
+            gc_bytes_relocated: gc,
+            device_bytes_written: dev,
+            metadata_bytes_written: c.meta_bytes_written.load(SeqCst),
+            write_amplification: ratio(dev),
+            gc_write_amplification: ratio(user + gc),
+            free_segments: self.eng.log.capacity().free_segments(),
+            total_segments: self.eng.log.geo().total_segments,
+            segment_bytes: self.eng.log.geo().segment_bytes,
+            gc_segments_cleaned: c.gc_segments_cleaned.load(SeqCst),
+            flushes: c.flushes.load(SeqCst),
+            syncs: c.syncs.load(SeqCst),
+            sync_micros: c.sync_micros.load(SeqCst),
+            gc_micros: c.gc_micros.load(SeqCst),
+            throttled_allocations: c.throttled_allocations.load(SeqCst),
+            gc_wait_timeouts: c.gc_wait_timeouts.load(SeqCst),
+            user_bytes_held: c.user_bytes_held.load(SeqCst),
+            payload_buffer_bytes: self.eng.log.payloads().outstanding_bytes() as u64,
+            map_memory_bytes: vols.iter().map(|v| v.map_memory_bytes).sum(),
+            crc_table_memory_bytes: self.eng.log.crc_table().len() as u64 * 4,
+            segments_by_state: {
+                let mut by = [0u32; 6];
+                for s in self.eng.log.capacity().segments() {
+                    by[s.state() as usize] += 1;
+                }
+                by
+            },
+            unmovable_segments: self
+                .eng
+                .log
+                .capacity()
+                .segments()
+                .iter()
+                .filter(|s| s.unmovable.load(SeqCst))
+                .count() as u32,
+            volumes: vols,
+            device_counters,
+        }
+    }
+}

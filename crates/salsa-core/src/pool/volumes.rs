@@ -1,0 +1,366 @@
+//! The volume table (create, grow, delete; every change is durable in the pool metadata before
+//! it takes effect) and the [`Volume`] handle: byte-addressed reads, writes, trims and
+//! write-zeroes on whole and partial pages.
+
+use super::{Pool, MAX_VOLUME_PAGES};
+use crate::controller::lsa::LsaVolume;
+use crate::controller::map::{Encoding, PageMap};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::format::{VolumeRecord, MAX_VOLUMES, MAX_VOLUME_NAME_BYTES};
+use crate::log::payload::WriteBuffer;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+
+pub(super) fn validate_volume(name: &str, page_bytes: u32, grain_bytes: u32, size_bytes: u64) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_VOLUME_NAME_BYTES || name.chars().any(|c| c.is_control() || c == '/') {
+        return Err(Error::InvalidArgument(format!(
+            "volume name {name:?} must be 1 to {MAX_VOLUME_NAME_BYTES} bytes without '/' or control characters"
+        )));
+    }
+    if !(4096..=65536).contains(&page_bytes) || !page_bytes.is_multiple_of(grain_bytes) || !page_bytes.is_power_of_two() {
+        return Err(Error::InvalidArgument(format!(
+            "page size {page_bytes} must be a power of two from 4 KiB to 64 KiB and a multiple of the grain ({grain_bytes})"
+        )));
+    }
+    if size_bytes == 0 || !size_bytes.is_multiple_of(page_bytes as u64) {
+        return Err(Error::InvalidArgument(format!(
+            "volume size {size_bytes} must be a non-zero multiple of the page size {page_bytes}"
+        )));
+    }
+    if size_bytes / page_bytes as u64 > MAX_VOLUME_PAGES {
+        return Err(Error::InvalidArgument(format!(
+            "volume size {size_bytes} exceeds {MAX_VOLUME_PAGES} pages"
+        )));
+    }
+    Ok(())
+}
+
+impl Pool {
+    // ----- volumes -----
+
+    /// Creates a volume with the pool's default placement policy. Its size may exceed the
+    /// free space (thin provisioning).
+    pub fn create_volume(&self, name: &str, size_bytes: u64, page_bytes: u32) -> Result<Volume> {
+        let placement = self.default_placement.clone();
+        self.create_volume_with(name, size_bytes, page_bytes, &placement)
+    }
+
+    /// Creates a volume with the named placement policy.
+    pub fn create_volume_with(&self, name: &str, size_bytes: u64, page_bytes: u32, placement: &str) -> Result<Volume> {
+        self.eng.log.check_writable()?;
+        validate_volume(name, page_bytes, self.eng.log.geo().grain_bytes, size_bytes)?;
+        let policy = self
+            .policies
+            .placement(placement, size_bytes / page_bytes as u64)
+            .map_err(Error::InvalidArgument)?;
+        let mut meta = self.eng.log.meta().lock();
+        if meta.volumes.iter().any(|v| v.name == name) {
+            return Err(Error::VolumeExists(name.into()));
+        }
+        if meta.volumes.len() >= MAX_VOLUMES {
+            return Err(Error::InvalidArgument(format!("a pool holds at most {MAX_VOLUMES} volumes")));
+        }
+        let id = meta.next_volume_id;
+        let mut next = meta.clone();
+        next.next_volume_id += 1;
+        let rec = VolumeRecord {
+            id,
+            name: name.into(),
+            size_bytes,
+            page_bytes,
+            placement: placement.into(),
+        };
+        next.volumes.push(rec.clone());
+        self.eng.log.write_pool_meta(&mut next)?;
+        *meta = next;
+        let encoding = Encoding {
+            total_grains: self.eng.log.geo().total_grains,
+            total_segments: self.eng.log.geo().total_segments,
+        };
+        let map = PageMap::new(size_bytes / page_bytes as u64, encoding);
+        let vol = Arc::new(LsaVolume::new(&rec, map, self.eng.log.geo().grain_bytes, policy));
+        self.eng.add_volume(vol.clone());
+        Ok(Volume {
+            eng: self.eng.clone(),
+            vol,
+        })
+    }
+
+    /// A handle on a volume.
+    pub fn volume(&self, name: &str) -> Result<Volume> {
+        let found = self.eng.volumes.read().values().find(|v| v.name() == name).cloned();
+        let vol = found
+            .ok_or_else(|| Error::VolumeNotFound(name.into()))?
+            .into_any()
+            .downcast::<LsaVolume>()
+            .map_err(|_| Error::InvalidArgument(format!("volume {name:?} is not a page-mapped (LSA) volume")))?;
+        Ok(Volume {
+            eng: self.eng.clone(),
+            vol,
+        })
+    }
+
+    /// Names of all volumes.
+    pub fn volume_names(&self) -> Vec<String> {
+        self.eng.volumes.read().values().map(|v| v.name().to_string()).collect()
+    }
+
+    /// Grows a volume.
+    pub fn grow_volume(&self, name: &str, new_size_bytes: u64) -> Result<()> {
+        self.eng.log.check_writable()?;
+        let vol = self.volume(name)?.vol;
+        validate_volume(name, vol.page_bytes, self.eng.log.geo().grain_bytes, new_size_bytes)?;
+        if new_size_bytes < vol.size_bytes() {
+            return Err(Error::InvalidArgument(format!(
+                "volume {name:?} is {} bytes; shrinking is not supported (create a smaller volume and copy)",
+                vol.size_bytes()
+            )));
+        }
+        let mut meta = self.eng.log.meta().lock();
+        let mut next = meta.clone();
+        for v in next.volumes.iter_mut().filter(|v| v.id == vol.id) {
+            v.size_bytes = new_size_bytes;
+        }
+        self.eng.log.write_pool_meta(&mut next)?;
+        *meta = next;
+        vol.grow(new_size_bytes);
+        Ok(())
+    }
+
+    /// Deletes a volume; its space returns to the pool.
+    pub fn delete_volume(&self, name: &str) -> Result<()> {
+        self.eng.log.check_writable()?;
+        let vol = self.volume(name)?.vol;
+        // No GC victim of this volume may be in progress.
+        let _gc = self.eng.gc_lock.write();
+        let _gate = vol.gate.write();
+        vol.deleted.store(true, SeqCst);
+        {
+            let mut meta = self.eng.log.meta().lock();
+            let mut next = meta.clone();
+            next.volumes.retain(|v| v.id != vol.id);
+            self.eng.log.write_pool_meta(&mut next)?;
+            *meta = next;
+        }
+        // The deletion is durable: the volume's records are now garbage. Let in-flight records
+        // land before their segments can be reused.
+        self.eng.log.remove_streams(vol.id)?;
+        self.eng.volumes.write().remove(&vol.id);
+        self.eng.flush()?;
+        self.eng
+            .log
+            .add_mapped_grains(-((vol.mapped_pages.load(SeqCst) * vol.page_grains as u64) as i64));
+        self.eng.log.capacity().free_owned_by(vol.id);
+        Ok(())
+    }
+}
+
+/// A volume handle: byte-addressed I/O.
+#[derive(Clone)]
+pub struct Volume {
+    eng: Arc<Engine>,
+    vol: Arc<LsaVolume>,
+}
+
+impl Volume {
+    pub fn name(&self) -> &str {
+        &self.vol.name
+    }
+    pub fn size_bytes(&self) -> u64 {
+        self.vol.size_bytes()
+    }
+    pub fn page_bytes(&self) -> u32 {
+        self.vol.page_bytes
+    }
+    /// Mapped (written and not trimmed) bytes.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.vol.mapped_pages.load(SeqCst) * self.vol.page_bytes as u64
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<()> {
+        if self.vol.deleted.load(SeqCst) {
+            return Err(Error::VolumeNotFound(self.vol.name.clone()));
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= self.vol.size_bytes() => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "range of {len} bytes at {offset} is past the end of volume {:?} ({} bytes)",
+                self.vol.name,
+                self.vol.size_bytes()
+            ))),
+        }
+    }
+
+    /// Splits `[offset, offset + len)` into (page, offset in page, length) pieces.
+    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, usize, usize)> {
+        let pb = self.vol.page_bytes as u64;
+        let end = offset + len;
+        let mut at = offset;
+        std::iter::from_fn(move || {
+            if at >= end {
+                return None;
+            }
+            let page = at / pb;
+            let in_page = at % pb;
+            let n = (pb - in_page).min(end - at);
+            at += n;
+            Some((page, in_page as usize, n as usize))
+        })
+    }
+
+    /// Reads `buf.len()` bytes at `offset`. Never-written and trimmed bytes read as zeros; a
+    /// checksum mismatch is an error, never wrong data.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        let _gate = self.vol.gate.read();
+        let map = self.vol.map();
+        let pb = self.vol.page_bytes as usize;
+        let mut tmp = Vec::new();
+        let mut done = 0;
+        for (page, in_page, n) in self.pieces(offset, buf.len() as u64) {
+            if n == pb {
+                self.vol.read_page(&self.eng.log, &map, page, &mut buf[done..done + n])?;
+            } else {
+                tmp.resize(pb, 0);
+                self.vol.read_page(&self.eng.log, &map, page, &mut tmp)?;
+                buf[done..done + n].copy_from_slice(&tmp[in_page..in_page + n]);
+            }
+            done += n;
+        }
+        self.eng.log.counters().user_bytes_read.fetch_add(buf.len() as u64, SeqCst);
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`; durable after the next flush. Partial pages are
+    /// read-modify-write.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_from(offset, data, None)
+    }
+
+    /// A buffer to receive a write's payload of `len` bytes into, for
+    /// [`Volume::write_payload`]; `None` when `len` is outside the sizes worth it or the pool's
+    /// budget of such buffers is spent (then write through [`Volume::write`]).
+    pub fn payload_buffer(&self, len: usize) -> Option<WriteBuffer> {
+        self.eng.log.payloads().get(len)
+    }
+
+    /// Writes `payload` at `offset`, like [`Volume::write`], except that the records its whole
+    /// pages go to hold them in the payload rather than copying them (zero-copy). The buffer
+    /// goes back to its pool once no record holds it.
+    pub fn write_payload(&self, offset: u64, payload: WriteBuffer) -> Result<()> {
+        let payload = Arc::new(payload);
+        self.write_from(offset, &payload, Some(&payload))
+    }
+
+    /// [`Volume::write`] of `data`, which is all of `payload` when one is given.
+    fn write_from(&self, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
+        self.check(offset, data.len() as u64)?;
+        self.eng.log.check_writable()?;
+        let _gate = self.vol.gate.read();
+        let map = self.vol.map();
+        let pb = self.vol.page_bytes as usize;
+        if !data.is_empty() {
+            let first = offset / pb as u64;
+            let last = (offset + data.len() as u64 - 1) / pb as u64;
+            self.vol.check_space(&self.eng.log, &map, first..last + 1)?;
+        }
+        let mut done = 0;
+        // Whole pages go down in runs (one call for all the whole pages of the request); only
+        // the partial pages at either end are read-modify-write.
+        let mut run: Option<(u64, usize)> = None; // (first page, offset in `data`)
+        for (page, in_page, n) in self.pieces(offset, data.len() as u64) {
+            if n == pb {
+                run.get_or_insert((page, done));
+            } else {
+                if let Some((first, at)) = run.take() {
+                    self.vol
+                        .write_pages(&self.eng.log, &map, first, &data[at..done], payload.map(|p| (p, at)))?;
+                }
+                let _rmw = self.vol.rmw_lock(page).lock();
+                let mut tmp = vec![0u8; pb];
+                self.vol.read_page(&self.eng.log, &map, page, &mut tmp)?;
+                tmp[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
+                self.vol.write_pages(&self.eng.log, &map, page, &tmp, None)?;
+            }
+            done += n;
+        }
+        if let Some((first, at)) = run {
+            self.vol
+                .write_pages(&self.eng.log, &map, first, &data[at..done], payload.map(|p| (p, at)))?;
+        }
+        self.eng.log.counters().user_bytes_written.fetch_add(data.len() as u64, SeqCst);
+        Ok(())
+    }
+
+    /// Writes and makes the write durable before returning (FUA).
+    pub fn write_fua(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write(offset, data)?;
+        self.eng.flush()
+    }
+
+    /// Discards whole pages inside the range (they read as zeros); partial pages at the edges
+    /// are left as they are, as TRIM is advisory.
+    pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.check(offset, len)?;
+        self.eng.log.check_writable()?;
+        let _gate = self.vol.gate.read();
+        let pb = self.vol.page_bytes as u64;
+        let first = offset.div_ceil(pb);
+        let end = (offset + len) / pb;
+        if end > first {
+            let map = self.vol.map();
+            self.vol.trim_pages(&self.eng.log, &map, first, end - first)?;
+        }
+        Ok(())
+    }
+
+    /// Makes the range read as zeros: whole pages are trimmed, partial pages are rewritten
+    /// (unless they hold no data, which already reads as zeros). Needs no new space.
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.check(offset, len)?;
+        self.eng.log.check_writable()?;
+        let pb = self.vol.page_bytes as u64;
+        let (first_full, end_full) = (offset.div_ceil(pb) * pb, (offset + len) / pb * pb);
+        let zero_part = |from: u64, to: u64| -> Result<()> {
+            if to > from && self.is_mapped(from) {
+                self.write(from, &vec![0u8; (to - from) as usize])?;
+            }
+            Ok(())
+        };
+        if end_full <= first_full {
+            // Inside one page, or straddling two without covering either.
+            let mid = (offset / pb + 1) * pb;
+            zero_part(offset, mid.min(offset + len))?;
+            return zero_part(mid, offset + len);
+        }
+        zero_part(offset, first_full)?;
+        self.trim(first_full, end_full - first_full)?;
+        zero_part(end_full, offset + len)
+    }
+
+    /// Pool-wide flush.
+    pub fn flush(&self) -> Result<()> {
+        self.eng.flush()
+    }
+
+    /// Physical grain holding page `page`, `None` when it reads as zeros (never written or
+    /// trimmed).
+    pub fn page_location(&self, page: u64) -> Option<u64> {
+        let map = self.vol.map();
+        match (page < map.pages()).then(|| map.load(page)) {
+            Some(crate::controller::map::Entry::Mapped(g)) => Some(g),
+            _ => None,
+        }
+    }
+
+    /// Pages in the volume.
+    pub fn pages(&self) -> u64 {
+        self.vol.pages()
+    }
+
+    /// Whether the page holding `offset` is mapped to data (for block-status queries).
+    pub fn is_mapped(&self, offset: u64) -> bool {
+        self.page_location(offset / self.vol.page_bytes as u64).is_some()
+    }
+}
