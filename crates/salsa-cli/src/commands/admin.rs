@@ -1,0 +1,228 @@
+//! Offline pool administration: `salsa format`, `info`, `check` and `volume`.
+
+use crate::*;
+
+/// Refuses devices that hold anything, unless forced.
+pub(crate) fn check_blank(devs: &[Arc<dyn salsa_core::Device>], force: bool) -> Result<(), String> {
+    if force {
+        return Ok(());
+    }
+    for d in devs {
+        if salsa_core::pool::read_superblock(d.as_ref()).is_ok() {
+            return Err(format!("{} already holds a SALSA pool; use --force to overwrite it", d.name()));
+        }
+        if !salsa_core::pool::device_is_blank(d.as_ref()).map_err(|e| e.to_string())? {
+            return Err(format!(
+                "{} holds data (its first MiB is not all zeros); use --force to overwrite it",
+                d.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn format_pool(devices: &Devices, f: &FormatArgs, force: bool, default_volume: bool) -> Result<(), String> {
+    let devs = devices.open(false)?;
+    check_blank(&devs, force)?;
+    let pool = Pool::create(devs, &f.pool_config()?, &rw_options()).map_err(|e| e.to_string())?;
+    if default_volume {
+        let size = f.create_default_volume(&pool)?;
+        println!("created volume default: {}", human(size));
+    }
+    println!("formatted pool {:032x}", pool.pool_id());
+    pool.close().map_err(|e| e.to_string())
+}
+
+pub(crate) fn info(devices: &Devices) -> Result<(), String> {
+    let pool = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
+    let g = pool.geometry();
+    let st = pool.stats();
+    println!("pool        {:032x}", pool.pool_id());
+    for d in &devices.devices {
+        println!("device      {}", d.path.display());
+    }
+    println!("array       {} ({} devices)", pool.array_layout(), devices.devices.len());
+    println!("physical    {}", human(g.total_grains * g.grain_bytes as u64));
+    println!(
+        "segments    {} x {} (grain {})",
+        g.total_segments,
+        human(g.segment_bytes),
+        human(g.grain_bytes as u64)
+    );
+    println!(
+        "free        {} segments ({})",
+        st.free_segments,
+        human(st.free_segments as u64 * g.segment_bytes)
+    );
+    println!("spare       {}%", pool.spare_percent());
+    println!("victim      {}", pool.victim_policy());
+    println!("placement   {} (default for new volumes)", pool.default_placement());
+    println!("opened from {:?}", pool.opened_from());
+    println!("volumes     {}", st.volumes.len());
+    for v in &st.volumes {
+        println!(
+            "  {:<20} size {:>10}  page {:>6}  mapped {:>10}  placement {} ({})",
+            v.name,
+            human(v.size_bytes),
+            human(v.page_bytes as u64),
+            human(v.mapped_bytes),
+            v.placement,
+            human(v.placement_memory_bytes)
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn check(devices: &Devices) -> Result<bool, String> {
+    // First as a server would open it (the checkpoint after a clean shutdown), remembering every
+    // page's location; then again, rebuilding everything from the log alone. One at a time: the
+    // pool is locked while open.
+    let mut locations = std::collections::HashMap::new();
+    let mut damage = 0u64;
+    {
+        let normal = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
+        for name in normal.volume_names() {
+            let v = normal.volume(&name).map_err(|e| e.to_string())?;
+            let mut buf = vec![0u8; v.page_bytes() as usize];
+            let mut locs = Vec::with_capacity(v.pages() as usize);
+            for p in 0..v.pages() {
+                let loc = v.page_location(p);
+                // Every page the open view maps must match its checksum.
+                if loc.is_some() {
+                    if let Err(e) = v.read(p * v.page_bytes() as u64, &mut buf) {
+                        println!("volume {name}: page {p}: {e}");
+                        damage += 1;
+                    }
+                }
+                locs.push(loc);
+            }
+            locations.insert(name, locs);
+        }
+    }
+    let scanned = Pool::open_with_progress(
+        devices.open(true)?,
+        &OpenOptions {
+            force_scan: true,
+            ..ro_options()
+        },
+        &progress_bar("scan"),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut pages_checked = 0u64;
+    for name in scanned.volume_names() {
+        let b = scanned.volume(&name).map_err(|e| e.to_string())?;
+        let Some(a) = locations.get(&name) else {
+            println!("volume {name}: present in the log but not at open");
+            damage += 1;
+            continue;
+        };
+        let mut buf = vec![0u8; b.page_bytes() as usize];
+        let mut differ = 0;
+        let progress = progress_bar("verify");
+        for p in 0..b.pages() {
+            let (at_open, in_log) = (a.get(p as usize).copied().flatten(), b.page_location(p));
+            if at_open != in_log {
+                if differ < 10 {
+                    println!("volume {name}: page {p}: checkpoint says grain {at_open:?}, the log says grain {in_log:?}");
+                }
+                differ += 1;
+            }
+            if b.page_location(p).is_some() {
+                pages_checked += 1;
+                if let Err(e) = b.read(p * b.page_bytes() as u64, &mut buf) {
+                    println!("volume {name}: page {p}: {e}");
+                    damage += 1;
+                }
+            }
+            if p % 65536 == 0 || p + 1 == b.pages() {
+                progress(p + 1, b.pages());
+            }
+        }
+        if differ > 0 {
+            println!("volume {name}: {differ} pages map differently in the checkpoint and in the log");
+            damage += differ;
+        }
+    }
+    println!(
+        "checked {pages_checked} mapped pages in {} volumes: {damage} problems",
+        scanned.volume_names().len()
+    );
+    Ok(damage == 0)
+}
+
+#[derive(Subcommand)]
+pub(crate) enum VolumeCommand {
+    /// Create a volume (its size may exceed the free space: thin provisioning).
+    Create {
+        #[command(flatten)]
+        devices: Devices,
+        name: String,
+        #[arg(value_parser = parse_size)]
+        size: u64,
+        #[arg(long, value_parser = parse_size, default_value = "4K")]
+        page_size: u64,
+        /// Placement policy (default: the pool's; `salsa policies` lists them).
+        #[arg(long)]
+        placement: Option<String>,
+    },
+    /// List volumes.
+    List {
+        #[command(flatten)]
+        devices: Devices,
+    },
+    /// Delete a volume; its space returns to the pool.
+    Delete {
+        #[command(flatten)]
+        devices: Devices,
+        name: String,
+    },
+    /// Grow a volume.
+    Resize {
+        #[command(flatten)]
+        devices: Devices,
+        name: String,
+        #[arg(value_parser = parse_size)]
+        size: u64,
+    },
+}
+
+pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
+    match cmd {
+        VolumeCommand::Create {
+            devices,
+            name,
+            size,
+            page_size,
+            placement,
+        } => {
+            let pool = Pool::open(devices.open(false)?, &rw_options()).map_err(|e| e.to_string())?;
+            let page = u32::try_from(*page_size).map_err(|_| "page size too large")?;
+            let placement = placement.clone().unwrap_or_else(|| pool.default_placement().to_string());
+            pool.create_volume_with(name, *size, page, &placement).map_err(|e| e.to_string())?;
+            println!("created volume {name}: {}", human(*size));
+            pool.close().map_err(|e| e.to_string())
+        }
+        VolumeCommand::List { devices } => {
+            let pool = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
+            for v in pool.stats().volumes {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    v.name, v.size_bytes, v.page_bytes, v.mapped_bytes, v.placement
+                );
+            }
+            Ok(())
+        }
+        VolumeCommand::Delete { devices, name } => {
+            let pool = Pool::open(devices.open(false)?, &rw_options()).map_err(|e| e.to_string())?;
+            pool.delete_volume(name).map_err(|e| e.to_string())?;
+            println!("deleted volume {name}");
+            pool.close().map_err(|e| e.to_string())
+        }
+        VolumeCommand::Resize { devices, name, size } => {
+            let pool = Pool::open(devices.open(false)?, &rw_options()).map_err(|e| e.to_string())?;
+            pool.grow_volume(name, *size).map_err(|e| e.to_string())?;
+            println!("volume {name} is now {}", human(*size));
+            pool.close().map_err(|e| e.to_string())
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! One module per command group; `main.rs` parses the command line and dispatches here.
+
+pub(crate) mod admin;
+pub(crate) mod bench;
+pub(crate) mod serve;
+pub(crate) mod stats;

@@ -1,0 +1,126 @@
+//! `salsa serve`: open (or create) the pool, serve its volumes over NBD, answer the control
+//! socket, and shut down cleanly on SIGINT/SIGTERM.
+
+use super::stats::stats_json;
+use crate::*;
+
+pub(crate) struct ServeArgs {
+    pub(crate) tcp: Option<std::net::SocketAddr>,
+    pub(crate) unix: Option<std::path::PathBuf>,
+    pub(crate) read_only: bool,
+    pub(crate) threads_per_connection: usize,
+    pub(crate) control: Option<std::path::PathBuf>,
+    pub(crate) page_cache: bool,
+}
+
+/// The control socket of a server whose first device is `device`: `<device without extension>.ctl`.
+pub(crate) fn control_path_for(device: &std::path::Path) -> std::path::PathBuf {
+    device.with_extension("ctl")
+}
+
+/// Answers every connection on the control socket with the statistics, until `stop`.
+pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, pool: Arc<Pool>, stop: Arc<std::sync::atomic::AtomicBool>) {
+    use std::io::Write;
+    let _ = listener.set_nonblocking(true);
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((mut s, _)) => {
+                let _ = s.set_nonblocking(false);
+                let _ = writeln!(s, "{}", stats_json(&pool));
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+}
+
+/// Opens the pool on `specs`, or creates it when every device is blank; refuses anything else.
+pub(crate) fn open_or_create(specs: &[DeviceSpec], format: &FormatArgs, read_only: bool, page_cache: bool) -> Result<Pool, String> {
+    for s in specs {
+        if let Some(dir) = s.path.parent().filter(|d| !d.as_os_str().is_empty() && s.size_bytes.is_some()) {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+    }
+    let devs: Vec<_> = specs.iter().map(|d| d.open_with(read_only, page_cache)).collect::<Result<_, _>>()?;
+    let mut members = 0;
+    for d in &devs {
+        match salsa_core::pool::read_superblock(d.as_ref()) {
+            Ok(_) => members += 1,
+            Err(salsa_core::Error::NotAPool { .. }) => {
+                if !salsa_core::pool::device_is_blank(d.as_ref()).map_err(|e| e.to_string())? {
+                    let list: Vec<String> = specs.iter().map(|s| format!("--device {}", s.path.display())).collect();
+                    return Err(format!(
+                        "{} holds data that is not a SALSA pool; nothing was written. To overwrite it: salsa format --force {}",
+                        d.name(),
+                        list.join(" ")
+                    ));
+                }
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let opts = OpenOptions {
+        read_only,
+        ..OpenOptions::default()
+    };
+    if members == devs.len() {
+        eprintln!("salsa: opening pool on {} device(s)", devs.len());
+        return Pool::open_with_progress(devs, &opts, &progress_bar("recovery scan")).map_err(|e| e.to_string());
+    }
+    if members > 0 {
+        return Err("some devices belong to a SALSA pool and others are blank; give exactly the pool's members".into());
+    }
+    if read_only {
+        return Err("the devices hold no pool and --read-only forbids creating one".into());
+    }
+    let pool = Pool::create(devs, &format.pool_config()?, &opts).map_err(|e| e.to_string())?;
+    let size = format.create_default_volume(&pool)?;
+    eprintln!(
+        "salsa: created a new pool {:032x} with volume default ({})",
+        pool.pool_id(),
+        human(size)
+    );
+    Ok(pool)
+}
+
+pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) -> Result<(), String> {
+    let default = [DeviceSpec {
+        path: "salsa-data/pool.img".into(),
+        size_bytes: Some(1 << 30),
+        model: None,
+    }];
+    let specs = if specs.is_empty() { &default[..] } else { specs };
+    let pool = Arc::new(open_or_create(specs, format, args.read_only, args.page_cache)?);
+    let cfg = salsa_nbd::server::ServerConfig {
+        tcp: args.tcp,
+        unix: args.unix.clone(),
+        read_only: args.read_only,
+        threads_per_connection: args.threads_per_connection,
+    };
+    let listening = salsa_nbd::server::Listening::bind(pool.clone(), &cfg)?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("cannot handle signals: {e}"))?;
+    }
+    let mut wheres = Vec::new();
+    if let Some(a) = listening.tcp_addr() {
+        wheres.push(format!("nbd://{a}"));
+    }
+    if let Some(u) = &args.unix {
+        wheres.push(format!("nbd+unix:///?socket={}", u.display()));
+    }
+    eprintln!("salsa: serving {} on {}", pool.volume_names().join(", "), wheres.join(" and "));
+    let control_path = args.control.clone().unwrap_or_else(|| control_path_for(&specs[0].path));
+    let control = salsa_nbd::server::bind_unix(&control_path)?;
+    let control_thread = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        std::thread::spawn(move || control_thread(control, pool, stop))
+    };
+    listening.run(stop);
+    let _ = control_thread.join();
+    let _ = std::fs::remove_file(&control_path);
+    eprintln!("salsa: stopping: writing the checkpoint");
+    let pool = Arc::try_unwrap(pool).map_err(|_| "internal error: the pool is still in use after the server stopped".to_string())?;
+    pool.close().map_err(|e| e.to_string())?;
+    eprintln!("salsa: stopped cleanly");
+    Ok(())
+}

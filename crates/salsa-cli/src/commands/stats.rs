@@ -1,0 +1,72 @@
+//! `salsa stats`: the running server's statistics over its control socket, and their JSON form.
+
+use super::serve::control_path_for;
+use crate::*;
+
+/// The statistics as one JSON object.
+pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
+    let s = pool.stats();
+    serde_json::json!({
+        "user_bytes_written": s.user_bytes_written,
+        "user_bytes_read": s.user_bytes_read,
+        "gc_bytes_relocated": s.gc_bytes_relocated,
+        "device_bytes_written": s.device_bytes_written,
+        "metadata_bytes_written": s.metadata_bytes_written,
+        "write_amplification": s.write_amplification,
+        "gc_write_amplification": s.gc_write_amplification,
+        "free_segments": s.free_segments,
+        "total_segments": s.total_segments,
+        "segment_bytes": s.segment_bytes,
+        "gc_segments_cleaned": s.gc_segments_cleaned,
+        "flushes": s.flushes,
+        "syncs": s.syncs,
+        "throttled_allocations": s.throttled_allocations,
+        "unmovable_segments": s.unmovable_segments,
+        "gc_wait_timeouts": s.gc_wait_timeouts,
+        "user_bytes_held": s.user_bytes_held,
+        "payload_buffer_bytes": s.payload_buffer_bytes,
+        "map_memory_bytes": s.map_memory_bytes,
+        "crc_table_memory_bytes": s.crc_table_memory_bytes,
+        "volumes": s.volumes.iter().map(|v| serde_json::json!({
+            "name": v.name, "size_bytes": v.size_bytes, "page_bytes": v.page_bytes,
+            "mapped_bytes": v.mapped_bytes, "map_memory_bytes": v.map_memory_bytes,
+            "placement": v.placement, "placement_memory_bytes": v.placement_memory_bytes,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceSpec>, json: bool) -> Result<(), String> {
+    use std::io::Read;
+    let path =
+        control.unwrap_or_else(|| control_path_for(device.map(|d| d.path.as_path()).unwrap_or(std::path::Path::new(DEFAULT_DEVICE))));
+    let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
+        format!(
+            "cannot reach a running server at {}: {e} (is `salsa serve` running?)",
+            path.display()
+        )
+    })?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(text.trim()).map_err(|e| format!("bad answer from {}: {e}", path.display()))?;
+    if json {
+        println!("{v}");
+        return Ok(());
+    }
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    println!("user written      {}", human(n("user_bytes_written")));
+    println!("user read         {}", human(n("user_bytes_read")));
+    println!("GC relocated      {}", human(n("gc_bytes_relocated")));
+    println!("device written    {}", human(n("device_bytes_written")));
+    println!("write amp.        {:.3}", v["write_amplification"].as_f64().unwrap_or(0.0));
+    println!("free segments     {} of {}", n("free_segments"), n("total_segments"));
+    println!("map memory        {}", human(n("map_memory_bytes")));
+    for vol in v["volumes"].as_array().into_iter().flatten() {
+        println!(
+            "volume {:<20} size {:>10} mapped {:>10}",
+            vol["name"].as_str().unwrap_or("?"),
+            human(vol["size_bytes"].as_u64().unwrap_or(0)),
+            human(vol["mapped_bytes"].as_u64().unwrap_or(0))
+        );
+    }
+    Ok(())
+}
