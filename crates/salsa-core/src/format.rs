@@ -7,7 +7,18 @@ use crate::device::StorageType;
 use crate::util::{Decoder, Encoder, Truncated};
 
 /// Format version written by this build; newer versions are refused.
-pub const FORMAT_VERSION: u32 = 5;
+///
+/// Version 6 added the array layout and the member list to the superblock, the controller kind
+/// and settings to the volume table, and a copy of the pool metadata on every member.
+pub const FORMAT_VERSION: u32 = 6;
+/// Oldest format version this build reads. A version-5 pool opens as it is (its superblocks
+/// decode as a linear array without member ids; its records and checkpoint are unchanged) and
+/// its pool metadata is rewritten as version 6 by the first write after it opens.
+pub const OLDEST_READABLE_VERSION: u32 = 5;
+/// Most member devices in one pool (bounded so the member list fits the superblock).
+pub const MAX_DEVICES: usize = 256;
+/// Most settings a volume-table entry carries.
+pub const MAX_VOLUME_SETTINGS: usize = 16;
 /// Longest policy name stored on disk.
 pub const MAX_POLICY_NAME_BYTES: usize = 32;
 /// Size of the superblock at offset 0 of every device.
@@ -40,7 +51,7 @@ pub enum FormatError {
     BadChecksum,
     #[error("format version {0} is newer than this SALSA supports ({FORMAT_VERSION})")]
     NewerVersion(u32),
-    #[error("format version {0} is older than this SALSA reads ({FORMAT_VERSION}); copy the data out with the SALSA that wrote it, then reformat")]
+    #[error("format version {0} is older than this SALSA reads ({OLDEST_READABLE_VERSION} to {FORMAT_VERSION}); copy the data out with the SALSA that wrote it, then reformat")]
     OlderVersion(u32),
     #[error("truncated while reading {0}")]
     Truncated(&'static str),
@@ -73,8 +84,9 @@ fn seal_block(body: &[u8], block: &mut [u8]) {
     block[n - 4..].copy_from_slice(&c.to_le_bytes());
 }
 
-/// Checks magic, the trailing crc and the version of a fixed block; returns a decoder after them.
-fn open_block<'a>(block: &'a [u8], magic: &[u8; 8]) -> Result<Decoder<'a>, FormatError> {
+/// Checks magic, the trailing crc and the version of a fixed block; returns a decoder after them
+/// and the version the block was written with.
+fn open_block<'a>(block: &'a [u8], magic: &[u8; 8]) -> Result<(Decoder<'a>, u32), FormatError> {
     if block.len() < 16 || &block[..8] != magic {
         return Err(FormatError::BadMagic);
     }
@@ -89,10 +101,10 @@ fn open_block<'a>(block: &'a [u8], magic: &[u8; 8]) -> Result<Decoder<'a>, Forma
     if version > FORMAT_VERSION {
         return Err(FormatError::NewerVersion(version));
     }
-    if version < FORMAT_VERSION {
+    if version < OLDEST_READABLE_VERSION {
         return Err(FormatError::OlderVersion(version));
     }
-    Ok(d)
+    Ok((d, version))
 }
 
 /// Encodes a policy name: a length byte and its bytes.
@@ -122,9 +134,33 @@ pub struct DeviceLayout {
     pub meta_slot_offsets: [u64; 2],
 }
 
+/// How the members of a pool are combined; recorded in every superblock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArrayKind {
+    /// The members' segments one after another; no redundancy.
+    Linear = 0,
+}
+
+impl ArrayKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ArrayKind::Linear => "linear",
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<ArrayKind> {
+        match v {
+            0 => Some(ArrayKind::Linear),
+            _ => None,
+        }
+    }
+}
+
 /// The superblock at offset 0 of every pool member.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Superblock {
+    /// Format version the superblock was read with ([`FORMAT_VERSION`] when written).
+    pub format_version: u32,
     pub pool_id: u128,
     pub device_index: u32,
     pub device_count: u32,
@@ -150,6 +186,14 @@ pub struct Superblock {
     pub spare_basis_points: u32,
     /// Where this device's metadata slots and segments sit.
     pub layout: DeviceLayout,
+    /// How the members are combined.
+    pub array: ArrayKind,
+    /// Bytes written to one member before the next, in striped layouts (0 in a linear one).
+    pub stripe_unit_bytes: u32,
+    /// Random id of this member, chosen when it joined the pool (0 in a version-5 superblock).
+    pub member_id: u64,
+    /// Ids of every member, in slot order (empty in a version-5 superblock).
+    pub member_ids: Vec<u64>,
 }
 
 impl Superblock {
@@ -174,15 +218,23 @@ impl Superblock {
             .u32(self.spare_basis_points)
             .u64(self.layout.segments_offset_bytes)
             .u64(self.layout.meta_slot_offsets[0])
-            .u64(self.layout.meta_slot_offsets[1]);
+            .u64(self.layout.meta_slot_offsets[1])
+            .u8(self.array as u8)
+            .u32(self.stripe_unit_bytes)
+            .u64(self.member_id)
+            .u16(self.member_ids.len() as u16);
+        for id in &self.member_ids {
+            e.u64(*id);
+        }
         let mut block = vec![0u8; SUPERBLOCK_BYTES];
         seal_block(&e.bytes, &mut block);
         block
     }
 
     pub fn decode(block: &[u8]) -> Result<Superblock, FormatError> {
-        let mut d = open_block(block, SUPERBLOCK_MAGIC)?;
-        let sb = Superblock {
+        let (mut d, format_version) = open_block(block, SUPERBLOCK_MAGIC)?;
+        let mut sb = Superblock {
+            format_version,
             pool_id: d.u128("pool id")?,
             device_index: d.u32("device index")?,
             device_count: d.u32("device count")?,
@@ -202,7 +254,23 @@ impl Superblock {
                 segments_offset_bytes: d.u64("segments offset")?,
                 meta_slot_offsets: [d.u64("metadata slot 0")?, d.u64("metadata slot 1")?],
             },
+            array: ArrayKind::Linear,
+            stripe_unit_bytes: 0,
+            member_id: 0,
+            member_ids: Vec::new(),
         };
+        if format_version >= 6 {
+            sb.array = ArrayKind::from_u8(d.u8("array kind")?).ok_or_else(|| FormatError::Invalid("array kind".into()))?;
+            sb.stripe_unit_bytes = d.u32("stripe unit")?;
+            sb.member_id = d.u64("member id")?;
+            let n = d.u16("member count")? as usize;
+            if n != sb.device_count as usize {
+                return Err(FormatError::Invalid("member list length".into()));
+            }
+            for _ in 0..n {
+                sb.member_ids.push(d.u64("member id")?);
+            }
+        }
         sb.validate()?;
         Ok(sb)
     }
@@ -215,8 +283,22 @@ impl Superblock {
         if !self.segment_bytes.is_multiple_of(self.grain_bytes as u64) || !((1 << 20)..=(1 << 30)).contains(&self.segment_bytes) {
             return bad("segment size");
         }
-        if self.device_count == 0 || self.device_index >= self.device_count {
+        if self.device_count == 0 || self.device_index >= self.device_count || self.device_count as usize > MAX_DEVICES {
             return bad("device index");
+        }
+        if self.format_version >= 6 {
+            let mut ids = self.member_ids.clone();
+            ids.sort_unstable();
+            ids.dedup();
+            if ids.len() != self.member_ids.len() || ids.first() == Some(&0) {
+                return bad("member ids are not distinct");
+            }
+            if self.member_ids.get(self.device_index as usize) != Some(&self.member_id) {
+                return bad("member id is not in its slot of the member list");
+            }
+        }
+        if self.array == ArrayKind::Linear && self.stripe_unit_bytes != 0 {
+            return bad("stripe unit of a linear array");
         }
         let end = (self.first_segment as u64).checked_add(self.segment_count as u64);
         if end.is_none_or(|e| e > self.total_segments as u64) {
@@ -232,6 +314,29 @@ impl Superblock {
     }
 }
 
+/// Which controller maps a volume; recorded in the volume table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ControllerKind {
+    /// The LSA page map: one entry per page.
+    #[default]
+    Lsa = 0,
+}
+
+impl ControllerKind {
+    /// Every kind, for messages and parsing.
+    pub const ALL: [ControllerKind; 1] = [ControllerKind::Lsa];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ControllerKind::Lsa => "lsa",
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<ControllerKind> {
+        Self::ALL.into_iter().find(|k| *k as u8 == v)
+    }
+}
+
 /// One volume in the pool's volume table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeRecord {
@@ -242,6 +347,12 @@ pub struct VolumeRecord {
     pub page_bytes: u32,
     /// Name of the volume's placement policy (see [`crate::policy`]).
     pub placement: String,
+    /// The controller that maps it (version 5 knew only the page map).
+    pub controller: ControllerKind,
+    /// Controller settings as (key, value) pairs, keys defined by each controller, at most
+    /// [`MAX_VOLUME_SETTINGS`]; a key this build does not know is refused at open rather than
+    /// ignored.
+    pub settings: Vec<(u16, u64)>,
 }
 
 /// The pool-wide mutable metadata, written alternately into two slots on device 0.
@@ -282,6 +393,11 @@ impl PoolMeta {
             let name = v.name.as_bytes();
             e.u32(v.id).u16(name.len() as u16).raw(name).u64(v.size_bytes).u32(v.page_bytes);
             encode_name(&mut e, &v.placement);
+            assert!(v.settings.len() <= MAX_VOLUME_SETTINGS, "too many volume settings");
+            e.u8(v.controller as u8).u8(v.settings.len() as u8);
+            for (key, value) in &v.settings {
+                e.u16(*key).u64(*value);
+            }
         }
         match &self.checkpoint {
             None => {
@@ -315,7 +431,7 @@ impl PoolMeta {
         let mut len = 4096;
         while len <= slot.len().min(POOL_META_SLOT_BYTES) {
             match open_block(&slot[..len], POOL_META_MAGIC) {
-                Ok(d) => return Self::decode_body(d),
+                Ok((d, version)) => return Self::decode_body(d, version),
                 Err(FormatError::BadChecksum) => {}
                 Err(e) => last_err = e,
             }
@@ -324,7 +440,7 @@ impl PoolMeta {
         Err(last_err)
     }
 
-    fn decode_body(mut d: Decoder<'_>) -> Result<PoolMeta, FormatError> {
+    fn decode_body(mut d: Decoder<'_>, version: u32) -> Result<PoolMeta, FormatError> {
         let pool_id = d.u128("pool id")?;
         let generation = d.u64("generation")?;
         let session_id = d.u64("session")?;
@@ -347,6 +463,18 @@ impl PoolMeta {
             let size_bytes = d.u64("volume size")?;
             let page_bytes = d.u32("page size")?;
             let placement = decode_name(&mut d, "placement policy")?;
+            let (mut controller, mut settings) = (ControllerKind::Lsa, Vec::new());
+            if version >= 6 {
+                controller = ControllerKind::from_u8(d.u8("controller kind")?)
+                    .ok_or_else(|| FormatError::Invalid(format!("controller kind of volume {name:?}")))?;
+                let n = d.u8("settings count")? as usize;
+                if n > MAX_VOLUME_SETTINGS {
+                    return Err(FormatError::Invalid(format!("{n} settings of volume {name:?}")));
+                }
+                for _ in 0..n {
+                    settings.push((d.u16("setting key")?, d.u64("setting value")?));
+                }
+            }
             if id >= next_volume_id {
                 return Err(FormatError::Invalid("volume id beyond next id".into()));
             }
@@ -356,6 +484,8 @@ impl PoolMeta {
                 size_bytes,
                 page_bytes,
                 placement,
+                controller,
+                settings,
             });
         }
         let checkpoint = match d.u8("checkpoint flag")? {
@@ -557,7 +687,7 @@ impl RecordMeta {
     }
 
     pub fn decode(block: &[u8]) -> Result<RecordMeta, FormatError> {
-        let mut d = open_block(block, RECORD_MAGIC)?;
+        let (mut d, _version) = open_block(block, RECORD_MAGIC)?;
         let pool_id = d.u128("pool id")?;
         let segment = d.u32("segment")?;
         let incarnation = d.u64("incarnation")?;
@@ -641,6 +771,9 @@ pub fn decode_checkpoint_header(d: &mut Decoder<'_>) -> Result<CheckpointHeader,
     let version = d.u32("checkpoint version")?;
     if version > FORMAT_VERSION {
         return Err(FormatError::NewerVersion(version));
+    }
+    if version < OLDEST_READABLE_VERSION {
+        return Err(FormatError::OlderVersion(version));
     }
     let header = CheckpointHeader {
         pool_id: d.u128("pool id")?,
@@ -773,6 +906,8 @@ mod tests {
                 size_bytes: 1 << 30,
                 page_bytes: 4096,
                 placement: "sepbit".into(),
+                controller: ControllerKind::Lsa,
+                settings: vec![(3, u64::MAX), (0, 7)],
             }],
             checkpoint: Some(CheckpointRef {
                 segments: vec![4, 5],
@@ -785,6 +920,89 @@ mod tests {
         assert_eq!(PoolMeta::decode(&slot).unwrap(), pm);
     }
 
+    /// Re-seals a pool-metadata block after a field was changed in place.
+    fn reseal(block: &mut [u8]) {
+        let n = block.len();
+        let c = crc(&block[..n - 4]);
+        block[n - 4..].copy_from_slice(&c.to_le_bytes());
+    }
+
+    #[test]
+    fn a_volume_of_an_unknown_controller_kind_is_refused() {
+        let mut pm = PoolMeta {
+            pool_id: 1,
+            next_volume_id: 2,
+            ..PoolMeta::default()
+        };
+        pm.volumes.push(VolumeRecord {
+            id: 1,
+            name: "v".into(),
+            size_bytes: 1 << 20,
+            page_bytes: 4096,
+            placement: "salsa".into(),
+            controller: ControllerKind::Lsa,
+            settings: vec![],
+        });
+        let mut block = pm.encode();
+        // The controller byte follows the placement name.
+        let at = block.windows(5).position(|w| w == b"salsa").unwrap() + 5;
+        assert_eq!(block[at], ControllerKind::Lsa as u8);
+        block[at] = 200;
+        reseal(&mut block);
+        let err = PoolMeta::decode(&block).unwrap_err();
+        assert!(err.to_string().contains("controller kind"), "{err}");
+    }
+
+    fn superblock() -> Superblock {
+        Superblock {
+            format_version: FORMAT_VERSION,
+            pool_id: 9,
+            device_index: 1,
+            device_count: 3,
+            device_size_bytes: 64 << 20,
+            storage_type: StorageType::Flash,
+            grain_bytes: 4096,
+            segment_bytes: 1 << 20,
+            first_segment: 63,
+            segment_count: 63,
+            total_segments: 189,
+            meta_interval_pages: 255,
+            victim_policy: "greedy".into(),
+            default_placement: "salsa".into(),
+            gc_aging_milli: 100,
+            spare_basis_points: 2000,
+            layout: DeviceLayout {
+                segments_offset_bytes: 1 << 20,
+                meta_slot_offsets: POOL_META_SLOT_OFFSETS,
+            },
+            array: ArrayKind::Linear,
+            stripe_unit_bytes: 0,
+            member_id: 22,
+            member_ids: vec![11, 22, 33],
+        }
+    }
+
+    #[test]
+    fn superblock_round_trips_with_its_member_list() {
+        let sb = superblock();
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+    }
+
+    #[test]
+    fn a_superblock_whose_member_list_disagrees_with_its_slot_is_refused() {
+        for (ids, member_id) in [(vec![11, 22, 22], 22), (vec![11, 22, 33], 33), (vec![0, 22, 33], 22)] {
+            let sb = Superblock {
+                member_ids: ids.clone(),
+                member_id,
+                ..superblock()
+            };
+            assert!(
+                matches!(Superblock::decode(&sb.encode()), Err(FormatError::Invalid(_))),
+                "{ids:?} {member_id}"
+            );
+        }
+    }
+
     #[test]
     fn decoders_never_panic_on_garbage() {
         use rand::{Rng, SeedableRng};
@@ -793,7 +1011,7 @@ mod tests {
             let mut block = vec![0u8; 4096];
             rng.fill(&mut block[..]);
             // Valid magic, version and crc, so the decoders get past the envelope into the body.
-            block[8..12].copy_from_slice(&1u32.to_le_bytes());
+            block[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
             for magic in [RECORD_MAGIC, SUPERBLOCK_MAGIC, POOL_META_MAGIC] {
                 block[..8].copy_from_slice(magic);
                 let c = crc(&block[..4092]);

@@ -61,8 +61,9 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     println!("volumes     {}", st.volumes.len());
     for v in &st.volumes {
         println!(
-            "  {:<20} size {:>10}  page {:>6}  mapped {:>10}  placement {} ({})",
+            "  {:<20} {:<4} size {:>10}  page {:>6}  mapped {:>10}  placement {} ({})",
             v.name,
+            v.controller,
             human(v.size_bytes),
             human(v.page_bytes as u64),
             human(v.mapped_bytes),
@@ -206,8 +207,8 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
             let pool = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
             for v in pool.stats().volumes {
                 println!(
-                    "{}\t{}\t{}\t{}\t{}",
-                    v.name, v.size_bytes, v.page_bytes, v.mapped_bytes, v.placement
+                    "{}\t{}\t{}\t{}\t{}\t{}",
+                    v.name, v.size_bytes, v.page_bytes, v.mapped_bytes, v.placement, v.controller
                 );
             }
             Ok(())

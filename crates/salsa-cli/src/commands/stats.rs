@@ -28,7 +28,7 @@ pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
         "map_memory_bytes": s.map_memory_bytes,
         "crc_table_memory_bytes": s.crc_table_memory_bytes,
         "volumes": s.volumes.iter().map(|v| serde_json::json!({
-            "name": v.name, "size_bytes": v.size_bytes, "page_bytes": v.page_bytes,
+            "name": v.name, "controller": v.controller, "size_bytes": v.size_bytes, "page_bytes": v.page_bytes,
             "mapped_bytes": v.mapped_bytes, "map_memory_bytes": v.map_memory_bytes,
             "placement": v.placement, "placement_memory_bytes": v.placement_memory_bytes,
         })).collect::<Vec<_>>(),

@@ -270,8 +270,7 @@ impl Array for LinearArray {
         Ok(())
     }
 
-    fn metadata_device(&self) -> (&dyn Device, DeviceLayout) {
-        let m = &self.members[0];
-        (m.device.as_ref(), m.layout)
+    fn metadata_devices(&self) -> Vec<(&dyn Device, DeviceLayout)> {
+        self.members.iter().map(|m| (m.device.as_ref(), m.layout)).collect()
     }
 }

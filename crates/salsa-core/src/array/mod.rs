@@ -18,6 +18,8 @@ use crate::error::Result;
 use crate::format::DeviceLayout;
 use std::sync::Arc;
 
+pub use crate::format::ArrayKind;
+
 pub use linear::LinearArray;
 
 /// One member device and the segments it holds.
@@ -26,21 +28,6 @@ pub struct Member {
     pub first_segment: u32,
     pub segment_count: u32,
     pub layout: DeviceLayout,
-}
-
-/// How the members are combined; recorded in every superblock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ArrayKind {
-    /// The members' segments one after another; no redundancy.
-    Linear,
-}
-
-impl ArrayKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            ArrayKind::Linear => "linear",
-        }
-    }
 }
 
 /// What the log asks of an array (see the module documentation for the invariants).
@@ -71,6 +58,7 @@ pub trait Array: Send + Sync {
     }
     /// Syncs every member.
     fn sync_all(&self) -> Result<()>;
-    /// The device and layout holding the pool-metadata slots.
-    fn metadata_device(&self) -> (&dyn Device, DeviceLayout);
+    /// The devices (and their layouts) that hold a copy of the pool metadata: every member
+    /// that can be written.
+    fn metadata_devices(&self) -> Vec<(&dyn Device, DeviceLayout)>;
 }

@@ -7,8 +7,9 @@
 //! checkpoint image. A controller writes through the log ([`crate::log::Log`]) and its own
 //! allocation streams ([`crate::log::stream::Streams`]), which the log registers, seals on
 //! flush and closes; it keeps only its map. The engine, the GC, recovery and the checkpoint
-//! hold volumes only as `Arc<dyn Controller>`; a new controller (dual mapping, hybrid,
-//! append-only, extent map) implements this trait and its own front-end, and the core does not
+//! hold volumes only as `Arc<dyn Controller>`, and the volume handle only as
+//! [`VolumeIo`], its byte-addressed front-end; a new controller (dual mapping, hybrid,
+//! append-only, extent map) implements both and a case in [`build`], and the core does not
 //! change. The LSA page-map controller ([`lsa::LsaVolume`]) is the default and the only one
 //! built so far.
 //!
@@ -23,11 +24,12 @@ pub mod lsa;
 pub mod map;
 
 use crate::error::Result;
-use crate::format::RecordMeta;
+use crate::format::{ControllerKind, RecordMeta, VolumeRecord};
+use crate::log::payload::WriteBuffer;
 use crate::log::stream::Streams;
-use crate::log::Log;
+use crate::log::{Geometry, Log};
+use crate::policy::Registry;
 use crate::util::Decoder;
-use std::any::Any;
 use std::sync::Arc;
 
 /// A record found by the recovery scan, handed to its volume's controller, oldest first.
@@ -63,6 +65,8 @@ impl Reference {
 #[derive(Debug, Clone, Default)]
 pub struct ControllerStats {
     pub name: String,
+    /// The controller kind's name (`lsa`, ...).
+    pub controller: String,
     pub size_bytes: u64,
     pub page_bytes: u32,
     pub mapped_bytes: u64,
@@ -72,8 +76,75 @@ pub struct ControllerStats {
     pub placement_memory_bytes: u64,
 }
 
+/// What the volume handle asks of a controller: byte-addressed I/O on ranges that the handle
+/// has checked to lie inside the volume. Never-written and trimmed bytes read as zeros; a
+/// checksum mismatch is an error, never wrong data; a write is durable after the next flush.
+/// Once [`VolumeIo::retire`] has returned, every call fails with `VolumeNotFound`.
+pub trait VolumeIo: Send + Sync {
+    fn kind(&self) -> ControllerKind;
+    fn size_bytes(&self) -> u64;
+    /// The unit of mapping: writes of less are read-modify-write.
+    fn page_bytes(&self) -> u32;
+    /// Bytes mapped to data (written and not trimmed).
+    fn mapped_bytes(&self) -> u64;
+    fn read(&self, log: &Log, offset: u64, buf: &mut [u8]) -> Result<()>;
+    /// Writes `data` at `offset`. When `payload` is given, `data` is all of it, and records
+    /// may hold the payload instead of copying whole pages out of it.
+    fn write(&self, log: &Log, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()>;
+    /// Discards the whole pages inside the range; partial pages are left as they are.
+    fn trim(&self, log: &Log, offset: u64, len: u64) -> Result<()>;
+    /// Physical grain holding `page`, `None` when it reads as zeros.
+    fn page_location(&self, page: u64) -> Option<u64>;
+    /// Grows the volume to `new_size_bytes` (already recorded in the volume table).
+    fn grow(&self, new_size_bytes: u64) -> Result<()>;
+    /// Waits for the I/O in flight to finish and refuses all I/O from then on (deletion).
+    fn retire(&self);
+    fn is_retired(&self) -> bool;
+    /// Grains of live data the volume holds (what its deletion frees).
+    fn mapped_grains(&self) -> u64;
+}
+
+/// Splits `[offset, offset + len)` into (page, offset in page, length) pieces of pages of
+/// `page_bytes`.
+pub fn page_pieces(offset: u64, len: u64, page_bytes: u32) -> impl Iterator<Item = (u64, usize, usize)> {
+    let pb = page_bytes as u64;
+    let end = offset + len;
+    let mut at = offset;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let page = at / pb;
+        let in_page = at % pb;
+        let n = (pb - in_page).min(end - at);
+        at += n;
+        Some((page, in_page as usize, n as usize))
+    })
+}
+
+/// Builds the controller a volume-table entry names, with an empty map (recovery or the
+/// checkpoint fills it). Fails when its placement policy is not registered or it carries a
+/// setting its controller does not know.
+pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::result::Result<Arc<dyn Controller>, String> {
+    let pages = rec.size_bytes / rec.page_bytes as u64;
+    let placement = policies.placement(&rec.placement, pages)?;
+    match rec.controller {
+        ControllerKind::Lsa => {
+            if let Some((key, _)) = rec.settings.first() {
+                return Err(format!("the lsa controller has no setting {key} (written by a newer SALSA?)"));
+            }
+            let encoding = map::Encoding {
+                total_grains: geo.total_grains,
+                total_segments: geo.total_segments,
+            };
+            let map = map::PageMap::new(pages, encoding);
+            Ok(Arc::new(lsa::LsaVolume::new(rec, map, geo.grain_bytes, placement)))
+        }
+    }
+}
+
 /// What the engine core asks of a volume (see the module documentation).
-pub trait Controller: Send + Sync + 'static {
+pub trait Controller: VolumeIo + Send + Sync + 'static {
     /// The volume's id in the volume table.
     fn id(&self) -> u32;
     fn name(&self) -> &str;
@@ -107,7 +178,4 @@ pub trait Controller: Send + Sync + 'static {
     /// Loads an image written by [`Controller::encode_image`]; an error leaves the volume to a
     /// recovery scan.
     fn load_image(&self, d: &mut Decoder<'_>) -> Result<()>;
-
-    /// The concrete controller, for the front-end that serves its kind of volume.
-    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 }

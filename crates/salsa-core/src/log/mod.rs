@@ -347,10 +347,10 @@ impl Log {
         Ok(())
     }
 
-    /// Writes the pool metadata into the slot after the current one and syncs it.
+    /// Writes the pool metadata into the slot after the current one on every member that
+    /// keeps a copy, and syncs it.
     pub fn write_pool_meta(&self, meta: &mut PoolMeta) -> Result<()> {
-        let (dev, layout) = self.array.metadata_device();
-        write_meta_slot(dev, &layout, meta)
+        write_meta_slot(&self.array.metadata_devices(), meta)
     }
 
     // ----- streams -----
@@ -393,16 +393,12 @@ impl Log {
     fn allocate_segment(&self, purpose: Purpose) -> Result<u32> {
         match self.segment_source.get().and_then(Weak::upgrade) {
             Some(source) => source.allocate_segment(purpose),
-            // No space manager (a log being opened): only what is free now.
-            None => {
-                self.check_writable()?;
-                let s = self
-                    .capacity
-                    .try_allocate(&ANY_TYPE, purpose)
-                    .ok_or_else(|| Error::NoSpace("no free segment".into()))?;
-                self.prepare_segment(s)?;
-                Ok(s)
-            }
+            // Nothing is written before the engine attaches (opening only reads) or after it
+            // is gone; a write then is a bug in the caller, refused rather than done without
+            // throttling or GC.
+            None => Err(Error::InvalidConfig(
+                "internal: a segment was asked for with no space manager attached to the log".into(),
+            )),
         }
     }
 
@@ -681,15 +677,14 @@ impl Log {
     }
 }
 
-/// Bumps the generation of `meta` and writes it into the slot the generation selects (the two
+/// Bumps the generation of `meta` and writes it, on each of `devices`, into the slot the generation selects (the two
 /// slots alternate, so a torn write leaves the previous copy intact), then syncs. A slot in a
 /// sequential zone is reset first (the other slot still holds the previous generation).
-pub fn write_meta_slot(dev: &dyn crate::device::Device, layout: &DeviceLayout, meta: &mut PoolMeta) -> Result<()> {
+pub fn write_meta_slot(devices: &[(&dyn crate::device::Device, DeviceLayout)], meta: &mut PoolMeta) -> Result<()> {
     // The generation numbers the epochs of ids and sequence numbers, which must fit the format.
     if meta.generation + 1 >= MAX_EPOCHS {
         return Err(Error::Exhausted(format!(
-            "device {} has written its pool metadata {} times, the most the format numbers",
-            dev.name(),
+            "the pool has written its metadata {} times, the most the format numbers",
             meta.generation
         )));
     }
@@ -697,19 +692,23 @@ pub fn write_meta_slot(dev: &dyn crate::device::Device, layout: &DeviceLayout, m
     let bytes = meta.encode();
     let mut buf = crate::util::AlignedBuf::zeroed(bytes.len());
     buf.copy_from_slice(&bytes);
-    let offset = layout.meta_slot_offsets[(meta.generation % 2) as usize];
-    let io = |op, source| Error::Io {
-        device: dev.name().to_string(),
-        op,
-        offset,
-        source,
-    };
-    if let Some(zone) = crate::layout::in_sequential_zone(dev, offset)? {
-        let z = dev.zones().expect("a sequential zone is on a zoned device");
-        z.reset_zone(zone).map_err(|e| io("reset zone", e))?;
+    // One generation, written member by member: after a crash part way, opening takes the
+    // newest valid copy on any member, and the next write brings every member up to date.
+    for (dev, layout) in devices {
+        let offset = layout.meta_slot_offsets[(meta.generation % 2) as usize];
+        let io = |op, source| Error::Io {
+            device: dev.name().to_string(),
+            op,
+            offset,
+            source,
+        };
+        if let Some(zone) = crate::layout::in_sequential_zone(*dev, offset)? {
+            let z = dev.zones().expect("a sequential zone is on a zoned device");
+            z.reset_zone(zone).map_err(|e| io("reset zone", e))?;
+        }
+        dev.write_at(&buf, offset).map_err(|e| io("write pool metadata", e))?;
+        dev.sync().map_err(|e| io("sync pool metadata", e))?;
     }
-    dev.write_at(&buf, offset).map_err(|e| io("write pool metadata", e))?;
-    dev.sync().map_err(|e| io("sync pool metadata", e))?;
     Ok(())
 }
 
@@ -731,14 +730,14 @@ mod tests {
             volumes: Vec::new(),
             checkpoint: None,
         };
-        write_meta_slot(&dev, &layout, &mut meta).unwrap();
+        write_meta_slot(&[(&dev as &dyn Device, layout)], &mut meta).unwrap();
         assert_eq!(meta.generation, MAX_EPOCHS - 1);
         // The largest epoch's sequence numbers still fit the format.
         let last_seq_of_largest_epoch = meta.generation << SEQ_EPOCH_SHIFT | ((1 << SEQ_EPOCH_SHIFT) - 1);
         assert_eq!(last_seq_of_largest_epoch, crate::format::MAX_SEQ);
         let mut before = vec![0u8; 2 * 4096];
         dev.read_at(&mut before, layout.meta_slot_offsets[0]).unwrap();
-        let err = write_meta_slot(&dev, &layout, &mut meta).unwrap_err();
+        let err = write_meta_slot(&[(&dev as &dyn Device, layout)], &mut meta).unwrap_err();
         assert!(matches!(err, Error::Exhausted(_)), "{err}");
         assert_eq!(meta.generation, MAX_EPOCHS - 1, "a refused write leaves the generation alone");
         let mut after = vec![0u8; 2 * 4096];

@@ -5,15 +5,14 @@
 
 use super::volumes::validate_volume;
 use super::{OpenOptions, OpenedFrom, Pool, PoolConfig};
-use crate::array::{LinearArray, Member};
-use crate::controller::lsa::LsaVolume;
-use crate::controller::map::{Encoding, PageMap};
+use crate::array::{Array, ArrayKind, LinearArray, Member};
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::DeviceLayout;
 use crate::format::{
-    meta_entries_per_page, FormatError, PoolMeta, Superblock, DEVICE_RESERVED_BYTES, FORMAT_VERSION, POOL_META_SLOT_BYTES, SUPERBLOCK_BYTES,
+    meta_entries_per_page, FormatError, PoolMeta, Superblock, DEVICE_RESERVED_BYTES, FORMAT_VERSION, MAX_DEVICES, POOL_META_SLOT_BYTES,
+    SUPERBLOCK_BYTES,
 };
 use crate::log::{Geometry, Log};
 use crate::policy::VictimParams;
@@ -104,8 +103,8 @@ fn write_superblock(d: &dyn Device, sb: &Superblock) -> Result<()> {
 impl Pool {
     /// Formats `devices` as a new pool (overwriting whatever they hold) and opens it.
     pub fn create(devices: Vec<Arc<dyn Device>>, cfg: &PoolConfig, opts: &OpenOptions) -> Result<Pool> {
-        if devices.is_empty() || devices.len() > u16::MAX as usize {
-            return Err(Error::InvalidConfig("a pool needs between 1 and 65535 devices".into()));
+        if devices.is_empty() || devices.len() > MAX_DEVICES {
+            return Err(Error::InvalidConfig(format!("a pool needs between 1 and {MAX_DEVICES} devices")));
         }
         check_open_options(opts)?;
         if !cfg.grain_bytes.is_power_of_two() || !(4096..=65536).contains(&cfg.grain_bytes) {
@@ -159,6 +158,7 @@ impl Pool {
             return Err(Error::InvalidConfig(format!("metadata interval must be 1 to {max_entries} pages")));
         }
         let pool_id: u128 = rand::thread_rng().gen::<u128>() | 1;
+        let member_ids = new_member_ids(devices.len());
         let mut first = 0u32;
         let mut sbs = Vec::new();
         for (i, d) in devices.iter().enumerate() {
@@ -182,9 +182,11 @@ impl Pool {
                 "the pool needs at least 16 segments; it has {first}: use smaller segments or bigger devices"
             )));
         }
+        let mut layouts = Vec::new();
         for (count, start, i, layout) in sbs {
             let d = &devices[i];
             let sb = Superblock {
+                format_version: FORMAT_VERSION,
                 pool_id,
                 device_index: i as u32,
                 device_count: devices.len() as u32,
@@ -201,8 +203,13 @@ impl Pool {
                 gc_aging_milli: (cfg.gc_aging * 1000.0).round() as u32,
                 spare_basis_points: (cfg.spare_percent * 100.0).round() as u32,
                 layout,
+                array: ArrayKind::Linear,
+                stripe_unit_bytes: 0,
+                member_id: member_ids[i],
+                member_ids: member_ids.clone(),
             };
             write_superblock(d.as_ref(), &sb)?;
+            layouts.push(layout);
         }
         let mut meta = PoolMeta {
             pool_id,
@@ -213,11 +220,8 @@ impl Pool {
             volumes: vec![],
             checkpoint: None,
         };
-        crate::log::write_meta_slot(
-            devices[0].as_ref(),
-            &DeviceLayout::plan(devices[0].as_ref(), segment_bytes)?.0,
-            &mut meta,
-        )?;
+        let copies: Vec<(&dyn Device, DeviceLayout)> = devices.iter().map(|d| d.as_ref()).zip(layouts).collect();
+        crate::log::write_meta_slot(&copies, &mut meta)?;
         let mut pool = Pool::open(devices, opts)?;
         pool.opened_from = OpenedFrom::NewPool;
         Ok(pool)
@@ -230,126 +234,25 @@ impl Pool {
     }
 
     /// As [`Pool::open`], reporting recovery-scan progress as (segments done, total).
+    ///
+    /// The steps: check every member's superblock against the others ([`read_members`]); take
+    /// the newest valid pool metadata of any member ([`read_pool_meta`]); mark the pool in use;
+    /// build the log, the engine and a controller per volume; load the checkpoint or scan
+    /// ([`load_state`]); start the write-back and GC threads.
     pub fn open_with_progress(devices: Vec<Arc<dyn Device>>, opts: &OpenOptions, progress: &dyn Fn(u64, u64)) -> Result<Pool> {
         if devices.is_empty() {
             return Err(Error::InvalidConfig("no devices given".into()));
         }
         check_open_options(opts)?;
-        let mut sbs = Vec::new();
-        for d in &devices {
-            sbs.push(read_superblock(d.as_ref())?);
-        }
-        let first = sbs[0].clone();
-        let mut ordered: Vec<Option<(Arc<dyn Device>, Superblock)>> = vec![None; first.device_count as usize];
-        for (d, sb) in devices.iter().zip(sbs) {
-            if sb.pool_id != first.pool_id {
-                return Err(Error::ForeignDevice {
-                    device: d.name().into(),
-                    expected: first.pool_id,
-                    found: sb.pool_id,
-                });
-            }
-            let same_geometry = sb.device_count == first.device_count
-                && sb.grain_bytes == first.grain_bytes
-                && sb.segment_bytes == first.segment_bytes
-                && sb.total_segments == first.total_segments
-                && sb.meta_interval_pages == first.meta_interval_pages;
-            if !same_geometry {
-                return Err(Error::DamagedSuperblock {
-                    device: d.name().into(),
-                    reason: "geometry differs from the other members".into(),
-                });
-            }
-            if sb.device_size_bytes > d.size_bytes() {
-                return Err(Error::DamagedSuperblock {
-                    device: d.name().into(),
-                    reason: format!("device is {} bytes but was formatted with {}", d.size_bytes(), sb.device_size_bytes),
-                });
-            }
-            let slot = &mut ordered[sb.device_index as usize];
-            if slot.is_some() {
-                return Err(Error::InvalidConfig(format!(
-                    "device index {} given twice ({})",
-                    sb.device_index,
-                    d.name()
-                )));
-            }
-            *slot = Some((d.clone(), sb));
-        }
-        let mut members = Vec::new();
-        let mut next_segment = 0u32;
-        for (i, m) in ordered.into_iter().enumerate() {
-            let Some((device, sb)) = m else {
-                return Err(Error::MissingMember {
-                    pool: first.pool_id,
-                    expected: first.device_count,
-                    given: devices.len() as u32,
-                    missing: i as u32,
-                });
-            };
-            if sb.first_segment != next_segment {
-                return Err(Error::DamagedSuperblock {
-                    device: device.name().into(),
-                    reason: "segment ranges of the members do not line up".into(),
-                });
-            }
-            next_segment += sb.segment_count;
-            members.push(Member {
-                device,
-                first_segment: sb.first_segment,
-                segment_count: sb.segment_count,
-                layout: sb.layout,
-            });
-        }
-        if next_segment != first.total_segments {
-            return Err(Error::DamagedSuperblock {
-                device: devices[0].name().into(),
-                reason: "segment counts do not add up".into(),
-            });
-        }
-        let dev0 = members[0].device.clone();
-        let layout0 = members[0].layout;
-        let mut best: Option<PoolMeta> = None;
-        for off in layout0.meta_slot_offsets {
-            let b = read_block(dev0.as_ref(), off, POOL_META_SLOT_BYTES)?;
-            if let Ok(m) = PoolMeta::decode(&b) {
-                if m.pool_id == first.pool_id && best.as_ref().is_none_or(|b| m.generation > b.generation) {
-                    best = Some(m);
-                }
-            }
-        }
-        let Some(old_meta) = best else {
-            return Err(Error::Corrupt(format!(
-                "no valid pool metadata on {} (both copies damaged)",
-                dev0.name()
-            )));
-        };
+        let (first, members) = read_members(&devices)?;
+        let old_meta = read_pool_meta(&members, first.pool_id)?;
         let grain = first.grain_bytes;
         for v in &old_meta.volumes {
             validate_volume(&v.name, v.page_bytes, grain, v.size_bytes)
                 .map_err(|e| Error::Corrupt(format!("volume table entry {:?}: {e}", v.name)))?;
         }
-        let gps = (first.segment_bytes / grain as u64) as u32;
-        let geo = Geometry {
-            grain_bytes: grain,
-            segment_bytes: first.segment_bytes,
-            grains_per_segment: gps,
-            total_segments: first.total_segments,
-            total_grains: first.total_segments as u64 * gps as u64,
-            meta_entries: meta_entries_per_page(grain as usize) as u32,
-            meta_interval_pages: first.meta_interval_pages.min(meta_entries_per_page(grain as usize) as u32),
-        };
+        let geo = geometry(&first);
         let array = LinearArray::new(members, first.segment_bytes, grain as u64)?;
-        // Mark the pool in use before anything else is written; its new generation is this
-        // session's epoch, so every id and sequence number of this session is larger than any
-        // of an earlier one.
-        let mut meta = old_meta.clone();
-        meta.clean = false;
-        meta.checkpoint = None;
-        meta.session_id = rand::thread_rng().gen();
-        if !opts.read_only {
-            crate::log::write_meta_slot(dev0.as_ref(), &layout0, &mut meta)?;
-        }
         let policy = opts
             .policies
             .victim(
@@ -359,43 +262,28 @@ impl Pool {
                 },
             )
             .map_err(|e| Error::InvalidConfig(format!("{e} (register it in OpenOptions::policies)")))?;
-        let mut placements = Vec::new();
+        let mut volumes = Vec::new();
         for v in &old_meta.volumes {
-            let p = opts
-                .policies
-                .placement(&v.placement, v.size_bytes / v.page_bytes as u64)
+            let c = crate::controller::build(v, &geo, &opts.policies)
                 .map_err(|e| Error::InvalidConfig(format!("volume {:?}: {e} (register it in OpenOptions::policies)", v.name)))?;
-            placements.push(p);
+            volumes.push(c);
+        }
+        // Mark the pool in use before anything else is written; its new generation is this
+        // session's epoch, so every id and sequence number of this session is larger than any
+        // of an earlier one. (A version-5 pool's metadata becomes version 6 here.)
+        let mut meta = old_meta.clone();
+        meta.clean = false;
+        meta.checkpoint = None;
+        meta.session_id = rand::thread_rng().gen();
+        if !opts.read_only {
+            crate::log::write_meta_slot(&array.metadata_devices(), &mut meta)?;
         }
         let log = Arc::new(Log::new(first.pool_id, geo, Box::new(array), meta, opts.read_only));
         let eng = Engine::new(log, policy, opts.background_gc, opts.gc_garbage_percent.map(|p| p / 100.0));
-        let encoding = Encoding {
-            total_grains: geo.total_grains,
-            total_segments: geo.total_segments,
-        };
-        for (v, placement) in old_meta.volumes.iter().zip(placements) {
-            let map = PageMap::new(v.size_bytes / v.page_bytes as u64, encoding);
-            eng.add_volume(Arc::new(LsaVolume::new(v, map, grain, placement)));
+        for c in volumes {
+            eng.add_volume(c);
         }
-        let mut opened_from = OpenedFrom::RecoveryScan;
-        match (old_meta.clean && !opts.force_scan, &old_meta.checkpoint) {
-            (true, Some(cp)) => match crate::recovery::load_checkpoint(&eng, cp, old_meta.session_id) {
-                Ok(()) => opened_from = OpenedFrom::Checkpoint,
-                Err(e) => {
-                    tracing::warn!("checkpoint unusable ({e}); recovering by scanning every segment");
-                    crate::recovery::clear_maps(&eng);
-                    crate::recovery::scan(&eng, progress)?;
-                }
-            },
-            _ => {
-                tracing::info!("pool was not shut down cleanly; scanning {} segments", geo.total_segments);
-                crate::recovery::scan(&eng, progress)?;
-            }
-        }
-        if !opts.read_only {
-            // What recovery read is now the state; make it durable before anything new lands.
-            eng.log.array().sync_all()?;
-        }
+        let opened_from = load_state(&eng, &old_meta, opts, progress)?;
         let eng = Arc::new(eng);
         Engine::attach(&eng);
         let pool = Pool {
@@ -423,6 +311,168 @@ impl Pool {
         }
         Ok(pool)
     }
+}
+
+/// Random, distinct, non-zero ids for the members of a new pool.
+fn new_member_ids(count: usize) -> Vec<u64> {
+    let mut rng = rand::thread_rng();
+    let mut ids: Vec<u64> = Vec::with_capacity(count);
+    while ids.len() < count {
+        let id = rng.gen::<u64>();
+        if id != 0 && !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+/// Reads every device's superblock and checks it against the first: same pool, same geometry
+/// and array, the same member list, a slot of its own that its member id matches, segment
+/// ranges that line up. Nothing is written. Returns the first superblock and the members in
+/// slot order.
+fn read_members(devices: &[Arc<dyn Device>]) -> Result<(Superblock, Vec<Member>)> {
+    let mut sbs = Vec::new();
+    for d in devices {
+        sbs.push(read_superblock(d.as_ref())?);
+    }
+    let first = sbs[0].clone();
+    let mut ordered: Vec<Option<(Arc<dyn Device>, Superblock)>> = vec![None; first.device_count as usize];
+    for (d, sb) in devices.iter().zip(sbs) {
+        if sb.pool_id != first.pool_id {
+            return Err(Error::ForeignDevice {
+                device: d.name().into(),
+                expected: first.pool_id,
+                found: sb.pool_id,
+            });
+        }
+        let same_geometry = sb.device_count == first.device_count
+            && sb.grain_bytes == first.grain_bytes
+            && sb.segment_bytes == first.segment_bytes
+            && sb.total_segments == first.total_segments
+            && sb.meta_interval_pages == first.meta_interval_pages
+            && sb.array == first.array
+            && sb.stripe_unit_bytes == first.stripe_unit_bytes;
+        if !same_geometry {
+            return Err(Error::DamagedSuperblock {
+                device: d.name().into(),
+                reason: "geometry differs from the other members".into(),
+            });
+        }
+        if sb.member_ids != first.member_ids {
+            return Err(Error::DamagedSuperblock {
+                device: d.name().into(),
+                reason: "its member list differs from the other members'".into(),
+            });
+        }
+        if sb.device_size_bytes > d.size_bytes() {
+            return Err(Error::DamagedSuperblock {
+                device: d.name().into(),
+                reason: format!("device is {} bytes but was formatted with {}", d.size_bytes(), sb.device_size_bytes),
+            });
+        }
+        let slot = &mut ordered[sb.device_index as usize];
+        if let Some((other, _)) = slot {
+            return Err(Error::InvalidConfig(format!(
+                "{} and {} are the same member (slot {}) of the pool: a device given twice, or a copy of one",
+                other.name(),
+                d.name(),
+                sb.device_index
+            )));
+        }
+        *slot = Some((d.clone(), sb));
+    }
+    let mut members = Vec::new();
+    let mut next_segment = 0u32;
+    for (i, m) in ordered.into_iter().enumerate() {
+        let Some((device, sb)) = m else {
+            return Err(Error::MissingMember {
+                pool: first.pool_id,
+                expected: first.device_count,
+                given: devices.len() as u32,
+                missing: i as u32,
+            });
+        };
+        if sb.first_segment != next_segment {
+            return Err(Error::DamagedSuperblock {
+                device: device.name().into(),
+                reason: "segment ranges of the members do not line up".into(),
+            });
+        }
+        next_segment += sb.segment_count;
+        members.push(Member {
+            device,
+            first_segment: sb.first_segment,
+            segment_count: sb.segment_count,
+            layout: sb.layout,
+        });
+    }
+    if next_segment != first.total_segments {
+        return Err(Error::DamagedSuperblock {
+            device: devices[0].name().into(),
+            reason: "segment counts do not add up".into(),
+        });
+    }
+    Ok((first, members))
+}
+
+/// The newest valid copy of the pool metadata on any member (every member keeps one since
+/// format version 6; a version-5 pool has it on member 0 only).
+fn read_pool_meta(members: &[Member], pool_id: u128) -> Result<PoolMeta> {
+    let mut best: Option<PoolMeta> = None;
+    for m in members {
+        for off in m.layout.meta_slot_offsets {
+            let b = read_block(m.device.as_ref(), off, POOL_META_SLOT_BYTES)?;
+            if let Ok(meta) = PoolMeta::decode(&b) {
+                if meta.pool_id == pool_id && best.as_ref().is_none_or(|b| meta.generation > b.generation) {
+                    best = Some(meta);
+                }
+            }
+        }
+    }
+    best.ok_or_else(|| {
+        let names: Vec<&str> = members.iter().map(|m| m.device.name()).collect();
+        Error::Corrupt(format!("no valid pool metadata on {} (every copy damaged)", names.join(", ")))
+    })
+}
+
+/// The pool's geometry as its superblock records it.
+fn geometry(sb: &Superblock) -> Geometry {
+    let grain = sb.grain_bytes;
+    let gps = (sb.segment_bytes / grain as u64) as u32;
+    Geometry {
+        grain_bytes: grain,
+        segment_bytes: sb.segment_bytes,
+        grains_per_segment: gps,
+        total_segments: sb.total_segments,
+        total_grains: sb.total_segments as u64 * gps as u64,
+        meta_entries: meta_entries_per_page(grain as usize) as u32,
+        meta_interval_pages: sb.meta_interval_pages.min(meta_entries_per_page(grain as usize) as u32),
+    }
+}
+
+/// Rebuilds the volumes' maps: from the clean-shutdown checkpoint when there is a usable one,
+/// otherwise by scanning every segment; then makes what was read durable.
+fn load_state(eng: &Engine, old_meta: &PoolMeta, opts: &OpenOptions, progress: &dyn Fn(u64, u64)) -> Result<OpenedFrom> {
+    let mut opened_from = OpenedFrom::RecoveryScan;
+    match (old_meta.clean && !opts.force_scan, &old_meta.checkpoint) {
+        (true, Some(cp)) => match crate::recovery::load_checkpoint(eng, cp, old_meta.session_id) {
+            Ok(()) => opened_from = OpenedFrom::Checkpoint,
+            Err(e) => {
+                tracing::warn!("checkpoint unusable ({e}); recovering by scanning every segment");
+                crate::recovery::clear_maps(eng);
+                crate::recovery::scan(eng, progress)?;
+            }
+        },
+        _ => {
+            tracing::info!("pool was not shut down cleanly; scanning {} segments", eng.log.geo().total_segments);
+            crate::recovery::scan(eng, progress)?;
+        }
+    }
+    if !opts.read_only {
+        // What recovery read is now the state; make it durable before anything new lands.
+        eng.log.array().sync_all()?;
+    }
+    Ok(opened_from)
 }
 
 /// Refuses options no pool can run with, before anything is written.

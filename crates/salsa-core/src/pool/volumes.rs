@@ -3,11 +3,10 @@
 //! write-zeroes on whole and partial pages.
 
 use super::{Pool, MAX_VOLUME_PAGES};
-use crate::controller::lsa::LsaVolume;
-use crate::controller::map::{Encoding, PageMap};
+use crate::controller::Controller;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::format::{VolumeRecord, MAX_VOLUMES, MAX_VOLUME_NAME_BYTES};
+use crate::format::{ControllerKind, VolumeRecord, MAX_VOLUMES, MAX_VOLUME_NAME_BYTES};
 use crate::log::payload::WriteBuffer;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
@@ -50,10 +49,6 @@ impl Pool {
     pub fn create_volume_with(&self, name: &str, size_bytes: u64, page_bytes: u32, placement: &str) -> Result<Volume> {
         self.eng.log.check_writable()?;
         validate_volume(name, page_bytes, self.eng.log.geo().grain_bytes, size_bytes)?;
-        let policy = self
-            .policies
-            .placement(placement, size_bytes / page_bytes as u64)
-            .map_err(Error::InvalidArgument)?;
         let mut meta = self.eng.log.meta().lock();
         if meta.volumes.iter().any(|v| v.name == name) {
             return Err(Error::VolumeExists(name.into()));
@@ -70,16 +65,14 @@ impl Pool {
             size_bytes,
             page_bytes,
             placement: placement.into(),
+            controller: ControllerKind::Lsa,
+            settings: Vec::new(),
         };
-        next.volumes.push(rec.clone());
+        // Built before the entry is durable, so a bad policy name changes nothing.
+        let vol = crate::controller::build(&rec, self.eng.log.geo(), &self.policies).map_err(Error::InvalidArgument)?;
+        next.volumes.push(rec);
         self.eng.log.write_pool_meta(&mut next)?;
         *meta = next;
-        let encoding = Encoding {
-            total_grains: self.eng.log.geo().total_grains,
-            total_segments: self.eng.log.geo().total_segments,
-        };
-        let map = PageMap::new(size_bytes / page_bytes as u64, encoding);
-        let vol = Arc::new(LsaVolume::new(&rec, map, self.eng.log.geo().grain_bytes, policy));
         self.eng.add_volume(vol.clone());
         Ok(Volume {
             eng: self.eng.clone(),
@@ -90,11 +83,7 @@ impl Pool {
     /// A handle on a volume.
     pub fn volume(&self, name: &str) -> Result<Volume> {
         let found = self.eng.volumes.read().values().find(|v| v.name() == name).cloned();
-        let vol = found
-            .ok_or_else(|| Error::VolumeNotFound(name.into()))?
-            .into_any()
-            .downcast::<LsaVolume>()
-            .map_err(|_| Error::InvalidArgument(format!("volume {name:?} is not a page-mapped (LSA) volume")))?;
+        let vol = found.ok_or_else(|| Error::VolumeNotFound(name.into()))?;
         Ok(Volume {
             eng: self.eng.clone(),
             vol,
@@ -110,7 +99,7 @@ impl Pool {
     pub fn grow_volume(&self, name: &str, new_size_bytes: u64) -> Result<()> {
         self.eng.log.check_writable()?;
         let vol = self.volume(name)?.vol;
-        validate_volume(name, vol.page_bytes, self.eng.log.geo().grain_bytes, new_size_bytes)?;
+        validate_volume(name, vol.page_bytes(), self.eng.log.geo().grain_bytes, new_size_bytes)?;
         if new_size_bytes < vol.size_bytes() {
             return Err(Error::InvalidArgument(format!(
                 "volume {name:?} is {} bytes; shrinking is not supported (create a smaller volume and copy)",
@@ -119,13 +108,12 @@ impl Pool {
         }
         let mut meta = self.eng.log.meta().lock();
         let mut next = meta.clone();
-        for v in next.volumes.iter_mut().filter(|v| v.id == vol.id) {
+        for v in next.volumes.iter_mut().filter(|v| v.id == vol.id()) {
             v.size_bytes = new_size_bytes;
         }
         self.eng.log.write_pool_meta(&mut next)?;
         *meta = next;
-        vol.grow(new_size_bytes);
-        Ok(())
+        vol.grow(new_size_bytes)
     }
 
     /// Deletes a volume; its space returns to the pool.
@@ -134,100 +122,70 @@ impl Pool {
         let vol = self.volume(name)?.vol;
         // No GC victim of this volume may be in progress.
         let _gc = self.eng.gc_lock.write();
-        let _gate = vol.gate.write();
-        vol.deleted.store(true, SeqCst);
+        vol.retire();
         {
             let mut meta = self.eng.log.meta().lock();
             let mut next = meta.clone();
-            next.volumes.retain(|v| v.id != vol.id);
+            next.volumes.retain(|v| v.id != vol.id());
             self.eng.log.write_pool_meta(&mut next)?;
             *meta = next;
         }
         // The deletion is durable: the volume's records are now garbage. Let in-flight records
         // land before their segments can be reused.
-        self.eng.log.remove_streams(vol.id)?;
-        self.eng.volumes.write().remove(&vol.id);
+        self.eng.log.remove_streams(vol.id())?;
+        self.eng.volumes.write().remove(&vol.id());
         self.eng.flush()?;
-        self.eng
-            .log
-            .add_mapped_grains(-((vol.mapped_pages.load(SeqCst) * vol.page_grains as u64) as i64));
-        self.eng.log.capacity().free_owned_by(vol.id);
+        self.eng.log.add_mapped_grains(-(vol.mapped_grains() as i64));
+        self.eng.log.capacity().free_owned_by(vol.id());
         Ok(())
     }
 }
 
-/// A volume handle: byte-addressed I/O.
+/// A volume handle: byte-addressed I/O, whatever controller maps the volume.
 #[derive(Clone)]
 pub struct Volume {
     eng: Arc<Engine>,
-    vol: Arc<LsaVolume>,
+    vol: Arc<dyn Controller>,
 }
 
 impl Volume {
     pub fn name(&self) -> &str {
-        &self.vol.name
+        self.vol.name()
     }
     pub fn size_bytes(&self) -> u64 {
         self.vol.size_bytes()
     }
     pub fn page_bytes(&self) -> u32 {
-        self.vol.page_bytes
+        self.vol.page_bytes()
+    }
+    /// The controller that maps the volume.
+    pub fn controller(&self) -> &'static str {
+        self.vol.kind().name()
     }
     /// Mapped (written and not trimmed) bytes.
     pub fn mapped_bytes(&self) -> u64 {
-        self.vol.mapped_pages.load(SeqCst) * self.vol.page_bytes as u64
+        self.vol.mapped_bytes()
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<()> {
-        if self.vol.deleted.load(SeqCst) {
-            return Err(Error::VolumeNotFound(self.vol.name.clone()));
+        if self.vol.is_retired() {
+            return Err(Error::VolumeNotFound(self.vol.name().to_string()));
         }
         match offset.checked_add(len) {
             Some(end) if end <= self.vol.size_bytes() => Ok(()),
             _ => Err(Error::InvalidArgument(format!(
                 "range of {len} bytes at {offset} is past the end of volume {:?} ({} bytes)",
-                self.vol.name,
+                self.vol.name(),
                 self.vol.size_bytes()
             ))),
         }
-    }
-
-    /// Splits `[offset, offset + len)` into (page, offset in page, length) pieces.
-    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, usize, usize)> {
-        let pb = self.vol.page_bytes as u64;
-        let end = offset + len;
-        let mut at = offset;
-        std::iter::from_fn(move || {
-            if at >= end {
-                return None;
-            }
-            let page = at / pb;
-            let in_page = at % pb;
-            let n = (pb - in_page).min(end - at);
-            at += n;
-            Some((page, in_page as usize, n as usize))
-        })
     }
 
     /// Reads `buf.len()` bytes at `offset`. Never-written and trimmed bytes read as zeros; a
     /// checksum mismatch is an error, never wrong data.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
-        let _gate = self.vol.gate.read();
-        let map = self.vol.map();
-        let pb = self.vol.page_bytes as usize;
-        let mut tmp = Vec::new();
-        let mut done = 0;
-        for (page, in_page, n) in self.pieces(offset, buf.len() as u64) {
-            if n == pb {
-                self.vol.read_page(&self.eng.log, &map, page, &mut buf[done..done + n])?;
-            } else {
-                tmp.resize(pb, 0);
-                self.vol.read_page(&self.eng.log, &map, page, &mut tmp)?;
-                buf[done..done + n].copy_from_slice(&tmp[in_page..in_page + n]);
-            }
-            done += n;
-        }
+        self.vol.read(&self.eng.log, offset, buf)?;
         self.eng.log.counters().user_bytes_read.fetch_add(buf.len() as u64, SeqCst);
         Ok(())
     }
@@ -257,38 +215,7 @@ impl Volume {
     fn write_from(&self, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
         self.check(offset, data.len() as u64)?;
         self.eng.log.check_writable()?;
-        let _gate = self.vol.gate.read();
-        let map = self.vol.map();
-        let pb = self.vol.page_bytes as usize;
-        if !data.is_empty() {
-            let first = offset / pb as u64;
-            let last = (offset + data.len() as u64 - 1) / pb as u64;
-            self.vol.check_space(&self.eng.log, &map, first..last + 1)?;
-        }
-        let mut done = 0;
-        // Whole pages go down in runs (one call for all the whole pages of the request); only
-        // the partial pages at either end are read-modify-write.
-        let mut run: Option<(u64, usize)> = None; // (first page, offset in `data`)
-        for (page, in_page, n) in self.pieces(offset, data.len() as u64) {
-            if n == pb {
-                run.get_or_insert((page, done));
-            } else {
-                if let Some((first, at)) = run.take() {
-                    self.vol
-                        .write_pages(&self.eng.log, &map, first, &data[at..done], payload.map(|p| (p, at)))?;
-                }
-                let _rmw = self.vol.rmw_lock(page).lock();
-                let mut tmp = vec![0u8; pb];
-                self.vol.read_page(&self.eng.log, &map, page, &mut tmp)?;
-                tmp[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
-                self.vol.write_pages(&self.eng.log, &map, page, &tmp, None)?;
-            }
-            done += n;
-        }
-        if let Some((first, at)) = run {
-            self.vol
-                .write_pages(&self.eng.log, &map, first, &data[at..done], payload.map(|p| (p, at)))?;
-        }
+        self.vol.write(&self.eng.log, offset, data, payload)?;
         self.eng.log.counters().user_bytes_written.fetch_add(data.len() as u64, SeqCst);
         Ok(())
     }
@@ -304,15 +231,7 @@ impl Volume {
     pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
         self.check(offset, len)?;
         self.eng.log.check_writable()?;
-        let _gate = self.vol.gate.read();
-        let pb = self.vol.page_bytes as u64;
-        let first = offset.div_ceil(pb);
-        let end = (offset + len) / pb;
-        if end > first {
-            let map = self.vol.map();
-            self.vol.trim_pages(&self.eng.log, &map, first, end - first)?;
-        }
-        Ok(())
+        self.vol.trim(&self.eng.log, offset, len)
     }
 
     /// Makes the range read as zeros: whole pages are trimmed, partial pages are rewritten
@@ -320,7 +239,7 @@ impl Volume {
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.check(offset, len)?;
         self.eng.log.check_writable()?;
-        let pb = self.vol.page_bytes as u64;
+        let pb = self.vol.page_bytes() as u64;
         let (first_full, end_full) = (offset.div_ceil(pb) * pb, (offset + len) / pb * pb);
         let zero_part = |from: u64, to: u64| -> Result<()> {
             if to > from && self.is_mapped(from) {
@@ -347,20 +266,16 @@ impl Volume {
     /// Physical grain holding page `page`, `None` when it reads as zeros (never written or
     /// trimmed).
     pub fn page_location(&self, page: u64) -> Option<u64> {
-        let map = self.vol.map();
-        match (page < map.pages()).then(|| map.load(page)) {
-            Some(crate::controller::map::Entry::Mapped(g)) => Some(g),
-            _ => None,
-        }
+        self.vol.page_location(page)
     }
 
     /// Pages in the volume.
     pub fn pages(&self) -> u64 {
-        self.vol.pages()
+        self.vol.size_bytes() / self.vol.page_bytes() as u64
     }
 
     /// Whether the page holding `offset` is mapped to data (for block-status queries).
     pub fn is_mapped(&self, offset: u64) -> bool {
-        self.page_location(offset / self.vol.page_bytes as u64).is_some()
+        self.page_location(offset / self.vol.page_bytes() as u64).is_some()
     }
 }

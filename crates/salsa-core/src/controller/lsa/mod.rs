@@ -8,6 +8,8 @@
 //! compare-and-swap (the GC, which never overwrites a newer entry); every place a page leaves is
 //! invalidated exactly once.
 
+mod io;
+
 use super::map::{Entry, PageMap};
 use super::{Controller, ControllerStats, Reference, ScannedRecord};
 use crate::error::{Error, Result};
@@ -81,10 +83,6 @@ impl LsaVolume {
 
     pub fn size_bytes(&self) -> u64 {
         self.size_bytes.load(SeqCst)
-    }
-
-    pub fn pages(&self) -> u64 {
-        self.size_bytes() / self.page_bytes as u64
     }
 
     pub fn map(&self) -> RwLockReadGuard<'_, PageMap> {
@@ -417,6 +415,7 @@ impl Controller for LsaVolume {
     fn stats(&self) -> ControllerStats {
         ControllerStats {
             name: self.name.clone(),
+            controller: crate::format::ControllerKind::Lsa.name().to_string(),
             size_bytes: self.size_bytes(),
             page_bytes: self.page_bytes,
             mapped_bytes: self.mapped_pages.load(SeqCst) * self.page_bytes as u64,
@@ -605,10 +604,6 @@ impl Controller for LsaVolume {
             map.store(p as u64, map.encoding.decode(v));
         }
         Ok(())
-    }
-
-    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
-        self
     }
 }
 
