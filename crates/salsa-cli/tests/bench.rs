@@ -348,3 +348,40 @@ fn garbage_trigger_and_volume_size_run_sepbit_style_cleaning_on_a_roomy_pool() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_window_too_short_for_its_sampling_period_is_reported() {
+    let run = |sample_ms: &str| {
+        salsa(&[
+            "bench",
+            "--memory",
+            "64M",
+            "--segment-size",
+            "1M",
+            "--workload",
+            "uniform",
+            "--warmup",
+            "0",
+            "--measure",
+            "0.5",
+            "--sample-ms",
+            sample_ms,
+            "--json",
+        ])
+    };
+    // Half a volume of 4 KiB writes in memory takes well under ten seconds.
+    let (ok, _, stderr) = run("10000");
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("warning: the measured window holds only"), "{stderr}");
+    let (ok, stdout, stderr) = run("10");
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let samples = v[0]["samples"].as_array().unwrap();
+    let seconds = v[0]["seconds"].as_f64().unwrap();
+    let times: Vec<f64> = samples.iter().map(|s| s[0].as_f64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "samples in time order: {times:?}");
+    assert_eq!(*times.last().unwrap(), seconds, "the last sample closes the window");
+    if times.len() > 5 {
+        assert!(!stderr.contains("warning: the measured window"), "{stderr}");
+    }
+}

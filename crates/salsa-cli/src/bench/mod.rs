@@ -2,7 +2,7 @@
 //! (placement × victim selection), and reports JSON plus SVG charts: throughput and write
 //! amplification over time, latency percentiles and CDF, and the policies side by side.
 //!
-//! Owns: the run loop ([`run_policy`]), workload generation ([`workload`]), trace replay and
+//! Owns: the run loop ([`run_policy`] and its steps), workload generation ([`workload`]), trace replay and
 //! device traces ([`trace`]), charts ([`plot`]), and the raw-device comparison of issue 2
 //! ([`raw`]).
 //!
@@ -72,6 +72,9 @@ pub struct Params {
     pub out_dir: Option<PathBuf>,
     pub sample_ms: u64,
 }
+
+/// Fewer throughput samples than this in the measured window draw a warning.
+const MIN_SAMPLES: usize = 5;
 
 /// One sample of the counters.
 #[derive(Debug, Clone, Copy)]
@@ -157,6 +160,8 @@ pub fn run(p: &Params, quiet: bool) -> Result<Vec<Outcome>, String> {
     Ok(outcomes)
 }
 
+/// One policy pair's run: a fresh pool on the backing, a volume sized for the workload,
+/// preconditioning and warm-up, the measured window, the report.
 fn run_policy(p: &Params, placement: &str, victim: &str, trace_ops: Option<Vec<trace::TraceOp>>, quiet: bool) -> Result<Outcome, String> {
     let label = format!("{placement}+{victim}");
     let say = |m: &str| {
@@ -164,25 +169,107 @@ fn run_policy(p: &Params, placement: &str, victim: &str, trace_ops: Option<Vec<t
             eprintln!("[{label}] {m}");
         }
     };
-    let mut devices = open_backing(p, &label)?;
-    let trace_writer = match &p.device_trace {
-        Some((path, format)) => {
-            let path = if p.policies.len() > 1 {
-                PathBuf::from(format!("{}.{label}", path.display()))
-            } else {
-                path.clone()
-            };
-            let names: Vec<String> = devices.iter().map(|d| d.name().to_string()).collect();
-            let w = trace::TraceWriter::create(&path, *format, &names)?;
-            devices = devices
-                .into_iter()
-                .enumerate()
-                .map(|(i, d)| Arc::new(trace::RecordingDevice::new(d, i, w.clone())) as Arc<dyn Device>)
-                .collect();
-            Some((w, names))
-        }
-        None => None,
+    let (devices, trace_writer) = record_device_trace(p, &label, open_backing(p, &label)?)?;
+    let (cfg, opts) = pool_settings(p, placement, victim);
+    let pool = Pool::create(devices, &cfg, &opts).map_err(|e| format!("{label}: {e}"))?;
+    let vol_bytes = volume_bytes(p, &pool, trace_ops.as_deref())?;
+    let vol = pool.create_volume("bench", vol_bytes, 4096).map_err(|e| e.to_string())?;
+    if p.precondition {
+        say(&format!("precondition: writing the {} MiB volume once", vol_bytes >> 20));
+        precondition(&pool, &vol, vol_bytes)?;
+    }
+    let mut gen =
+        Generator::new(&p.workload, vol_bytes, p.block_bytes, p.read_percent, p.seed, trace_ops).map_err(|e| format!("{label}: {e}"))?;
+    let start_stats = pool.stats();
+    let warm_bytes = if gen.trace_len().is_some() {
+        0
+    } else {
+        (vol_bytes as f64 * p.warmup_volumes) as u64
     };
+    if warm_bytes > 0 {
+        say(&format!("warm-up: {:.1} volume(s) of {}", p.warmup_volumes, p.workload));
+        drive(&vol, &mut gen, p, warm_bytes, None, &crate::progress_bar("warm-up"))?;
+    }
+    let measure_bytes = if gen.trace_len().is_some() {
+        u64::MAX
+    } else {
+        (vol_bytes as f64 * p.measure_volumes) as u64
+    };
+    say(&format!(
+        "measuring: {} at queue depth {}",
+        if measure_bytes == u64::MAX {
+            "the whole trace".to_string()
+        } else {
+            format!("{:.1} volume(s)", p.measure_volumes)
+        },
+        p.queue_depth
+    ));
+    let m = measure(p, &pool, &vol, &mut gen, measure_bytes)?;
+    let json = outcome_json(p, &pool, &label, (placement, victim), vol_bytes, &start_stats, &m);
+    say(&format!(
+        "WA {:.3} (device {:.3}), {:.0} MB/s median, write p99 {} us",
+        m.wa(),
+        json["device_wa"].as_f64().unwrap_or(0.0),
+        json["throughput_mbps_median"].as_f64().unwrap_or(0.0),
+        percentile(&m.hist_write, 0.99)
+    ));
+    let (throughput, wa_over_time, _) = m.series(vol_bytes, p.sample_ms);
+    if throughput.len() < MIN_SAMPLES {
+        eprintln!(
+            "[{label}] warning: the measured window holds only {} throughput sample(s) of {} ms; its median and charts say little (measure more volumes or lower --sample-ms)",
+            throughput.len(),
+            p.sample_ms.max(10)
+        );
+    }
+    let outcome = Outcome {
+        label,
+        json,
+        throughput,
+        wa_over_time,
+        latency_cdf: m.latency_cdf(),
+        wa: m.wa(),
+    };
+    drop(vol);
+    pool.close().map_err(|e| e.to_string())?;
+    if let Some((w, names)) = trace_writer {
+        w.finish(&names)?;
+    }
+    if let Backing::Files(specs) = &p.backing {
+        for s in specs {
+            let _ = std::fs::remove_file(&s.path);
+        }
+    }
+    Ok(outcome)
+}
+
+/// A device trace writer and the names of the devices it records.
+type DeviceTrace = (Arc<trace::TraceWriter>, Vec<String>);
+/// The devices a pool is created on.
+type DeviceList = Vec<Arc<dyn Device>>;
+
+/// Wraps the devices so that what SALSA sends them is recorded, when a device trace was asked
+/// for (one file per policy pair when several run).
+fn record_device_trace(p: &Params, label: &str, devices: DeviceList) -> Result<(DeviceList, Option<DeviceTrace>), String> {
+    let Some((path, format)) = &p.device_trace else {
+        return Ok((devices, None));
+    };
+    let path = if p.policies.len() > 1 {
+        PathBuf::from(format!("{}.{label}", path.display()))
+    } else {
+        path.clone()
+    };
+    let names: Vec<String> = devices.iter().map(|d| d.name().to_string()).collect();
+    let w = trace::TraceWriter::create(&path, *format, &names)?;
+    let devices = devices
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| Arc::new(trace::RecordingDevice::new(d, i, w.clone())) as Arc<dyn Device>)
+        .collect();
+    Ok((devices, Some((w, names))))
+}
+
+/// The pool's configuration and opening options for one policy pair.
+fn pool_settings(p: &Params, placement: &str, victim: &str) -> (PoolConfig, OpenOptions) {
     let cfg = PoolConfig {
         spare_percent: p.spare_percent,
         segment_bytes: p.segment_bytes,
@@ -203,8 +290,12 @@ fn run_policy(p: &Params, placement: &str, victim: &str, trace_ops: Option<Vec<t
         gc_garbage_percent: p.gc_garbage_percent,
         ..OpenOptions::default()
     };
-    let pool = Pool::create(devices, &cfg, &opts).map_err(|e| format!("{label}: {e}"))?;
-    let physical = pool.geometry().total_segments as u64 * pool.geometry().segment_bytes;
+    (cfg, opts)
+}
+
+/// The bench volume's size: as asked (at most the pool's logical capacity), the whole logical
+/// capacity, or for a trace the extent it touches; a multiple of the block size.
+fn volume_bytes(p: &Params, pool: &Pool, trace_ops: Option<&[trace::TraceOp]>) -> Result<u64, String> {
     let logical = pool.logical_capacity_bytes();
     let mut vol_bytes = match p.volume_bytes {
         Some(v) if v > logical => {
@@ -219,7 +310,7 @@ fn run_policy(p: &Params, placement: &str, victim: &str, trace_ops: Option<Vec<t
         None => logical,
     } / p.block_bytes
         * p.block_bytes;
-    if let Some(ops) = &trace_ops {
+    if let Some(ops) = trace_ops {
         let need = trace::extent(ops).div_ceil(p.block_bytes) * p.block_bytes;
         if need > vol_bytes {
             return Err(format!(
@@ -231,121 +322,174 @@ fn run_policy(p: &Params, placement: &str, victim: &str, trace_ops: Option<Vec<t
         }
         vol_bytes = need.max(p.block_bytes);
     }
-    let vol = pool.create_volume("bench", vol_bytes, 4096).map_err(|e| e.to_string())?;
-    let effective_spare = 1.0 - vol_bytes as f64 / physical as f64;
-    if p.precondition {
-        say(&format!("precondition: writing the {} MiB volume once", vol_bytes >> 20));
-        let chunk = vec![0x5au8; 1 << 20];
-        let bar = crate::progress_bar("precondition");
-        let mut off = 0;
-        while off < vol_bytes {
-            let n = (vol_bytes - off).min(chunk.len() as u64) as usize;
-            vol.write(off, &chunk[..n]).map_err(|e| e.to_string())?;
-            off += n as u64;
-            bar(off >> 20, vol_bytes >> 20);
-        }
-        pool.flush().map_err(|e| e.to_string())?;
+    Ok(vol_bytes)
+}
+
+/// Writes the whole volume once, sequentially, and flushes.
+fn precondition(pool: &Pool, vol: &salsa_core::Volume, vol_bytes: u64) -> Result<(), String> {
+    let chunk = vec![0x5au8; 1 << 20];
+    let bar = crate::progress_bar("precondition");
+    let mut off = 0;
+    while off < vol_bytes {
+        let n = (vol_bytes - off).min(chunk.len() as u64) as usize;
+        vol.write(off, &chunk[..n]).map_err(|e| e.to_string())?;
+        off += n as u64;
+        bar(off >> 20, vol_bytes >> 20);
     }
-    let mut gen =
-        Generator::new(&p.workload, vol_bytes, p.block_bytes, p.read_percent, p.seed, trace_ops).map_err(|e| format!("{label}: {e}"))?;
-    let start_stats = pool.stats();
-    let warm_bytes = if gen.trace_len().is_some() {
-        0
-    } else {
-        (vol_bytes as f64 * p.warmup_volumes) as u64
-    };
-    if warm_bytes > 0 {
-        say(&format!("warm-up: {:.1} volume(s) of {}", p.warmup_volumes, p.workload));
-        drive(&vol, &mut gen, p, warm_bytes, None, &crate::progress_bar("warm-up"))?;
-    }
+    pool.flush().map_err(|e| e.to_string())
+}
+
+/// What the measured window recorded.
+struct Measured {
+    /// Counters at the window's start and end.
+    before: Stats,
+    after: Stats,
+    /// Counters sampled through the window, from its start to its end.
+    samples: Vec<Sample>,
+    /// Seconds from the first request to the last completion (the sampler's shutdown is not
+    /// counted).
+    seconds: f64,
+    hist_write: Histogram<u64>,
+    hist_read: Histogram<u64>,
+}
+
+/// Runs the measured window: the workload at the queue depth, with the pool's counters
+/// sampled every `sample_ms`.
+fn measure(p: &Params, pool: &Pool, vol: &salsa_core::Volume, gen: &mut Generator, bytes: u64) -> Result<Measured, String> {
     let before = pool.stats();
-    let measure_bytes = if gen.trace_len().is_some() {
-        u64::MAX
-    } else {
-        (vol_bytes as f64 * p.measure_volumes) as u64
-    };
-    say(&format!(
-        "measuring: {} at queue depth {}",
-        if measure_bytes == u64::MAX {
-            "the whole trace".to_string()
-        } else {
-            format!("{:.1} volume(s)", p.measure_volumes)
-        },
-        p.queue_depth
-    ));
     let samples = Mutex::new(vec![Sample::of(0.0, &before)]);
     let stop = AtomicBool::new(false);
     let t0 = Instant::now();
     let bar = crate::progress_bar("measure");
-    let (hist_w, hist_r) = std::thread::scope(|s| {
+    let (hists, seconds) = std::thread::scope(|s| {
         let sampler = s.spawn(|| {
             while !stop.load(Relaxed) {
                 std::thread::sleep(Duration::from_millis(p.sample_ms.max(10)));
-                samples.lock().push(Sample::of(t0.elapsed().as_secs_f64(), &pool.stats()));
+                if !stop.load(Relaxed) {
+                    samples.lock().push(Sample::of(t0.elapsed().as_secs_f64(), &pool.stats()));
+                }
             }
         });
-        let r = drive(&vol, &mut gen, p, measure_bytes, Some(t0), &bar);
+        let r = drive(vol, gen, p, bytes, Some(t0), &bar);
+        let seconds = t0.elapsed().as_secs_f64();
         stop.store(true, Relaxed);
         let _ = sampler.join();
-        r
-    })?;
+        (r, seconds)
+    });
+    let (hist_write, hist_read) = hists?;
     let after = pool.stats();
     let mut samples = samples.into_inner();
-    samples.push(Sample::of(t0.elapsed().as_secs_f64(), &after));
-    let elapsed = t0.elapsed().as_secs_f64();
-    let user = (after.user_bytes_written - before.user_bytes_written) as f64;
-    let read = (after.user_bytes_read - before.user_bytes_read) as f64;
-    let gc = (after.gc_bytes_relocated - before.gc_bytes_relocated) as f64;
-    let device = (after.device_bytes_written - before.device_bytes_written) as f64;
-    let cum_user = (after.user_bytes_written - start_stats.user_bytes_written) as f64;
-    let cum_gc = (after.gc_bytes_relocated - start_stats.gc_bytes_relocated) as f64;
-    let wa = if user > 0.0 { (user + gc) / user } else { 1.0 };
-    // Throughput and WA per sample interval.
-    let mut throughput = Vec::new();
-    let mut wa_over_time = Vec::new();
-    let mut mbps = Vec::new();
-    for w in samples.windows(2) {
-        let dt = w[1].t - w[0].t;
-        if dt <= 0.0 {
-            continue;
-        }
-        let du = (w[1].user_written - w[0].user_written) as f64;
-        let dr = (w[1].user_read - w[0].user_read) as f64;
-        let dg = (w[1].gc - w[0].gc) as f64;
-        let v = (du + dr) / dt / 1e6;
-        throughput.push((w[1].t, v));
-        mbps.push(v);
-        if du > 0.0 {
-            wa_over_time.push((
-                (w[1].user_written - before.user_bytes_written) as f64 / vol_bytes as f64,
-                (du + dg) / du,
-            ));
+    // A sample the sampler took while the window was closing lies past its end.
+    samples.retain(|s| s.t <= seconds);
+    samples.push(Sample::of(seconds, &after));
+    Ok(Measured {
+        before,
+        after,
+        samples,
+        seconds,
+        hist_write,
+        hist_read,
+    })
+}
+
+fn percentile(h: &Histogram<u64>, q: f64) -> u64 {
+    if h.is_empty() {
+        0
+    } else {
+        h.value_at_quantile(q)
+    }
+}
+
+impl Measured {
+    fn user_written(&self) -> f64 {
+        (self.after.user_bytes_written - self.before.user_bytes_written) as f64
+    }
+
+    /// User plus relocated pages per user page over the window.
+    fn wa(&self) -> f64 {
+        let user = self.user_written();
+        let gc = (self.after.gc_bytes_relocated - self.before.gc_bytes_relocated) as f64;
+        if user > 0.0 {
+            (user + gc) / user
+        } else {
+            1.0
         }
     }
-    let pct = |h: &Histogram<u64>, q: f64| if h.is_empty() { 0 } else { h.value_at_quantile(q) };
-    let lat = |h: &Histogram<u64>| {
-        json!({"count": h.len(), "p50_us": pct(h, 0.5), "p90_us": pct(h, 0.9), "p99_us": pct(h, 0.99),
-               "p999_us": pct(h, 0.999), "max_us": h.max(), "mean_us": if h.is_empty() { 0.0 } else { h.mean() }})
-    };
-    let both = {
-        let mut h = hist_w.clone();
-        let _ = h.add(&hist_r);
-        h
-    };
-    let latency_cdf: Vec<(f64, f64)> = if both.is_empty() {
-        Vec::new()
-    } else {
+
+    /// Per sample interval: throughput (seconds, MB/s), WA over volumes written (volumes, WA),
+    /// and the throughputs alone (for the median). The last interval is left out when it is
+    /// shorter than half the sampling period: a few milliseconds at the window's end would
+    /// show as a spike or a dip that no one measured.
+    #[allow(clippy::type_complexity)]
+    fn series(&self, vol_bytes: u64, sample_ms: u64) -> (Vec<(f64, f64)>, Vec<(f64, f64)>, Vec<f64>) {
+        let mut throughput = Vec::new();
+        let mut wa_over_time = Vec::new();
+        let mut mbps = Vec::new();
+        let last = self.samples.len().saturating_sub(2);
+        let period = sample_ms.max(10) as f64 / 1000.0;
+        for (i, w) in self.samples.windows(2).enumerate() {
+            let dt = w[1].t - w[0].t;
+            if dt <= 0.0 || (i == last && i > 0 && dt < period / 2.0) {
+                continue;
+            }
+            let du = (w[1].user_written - w[0].user_written) as f64;
+            let dr = (w[1].user_read - w[0].user_read) as f64;
+            let dg = (w[1].gc - w[0].gc) as f64;
+            let v = (du + dr) / dt / 1e6;
+            throughput.push((w[1].t, v));
+            mbps.push(v);
+            if du > 0.0 {
+                wa_over_time.push((
+                    (w[1].user_written - self.before.user_bytes_written) as f64 / vol_bytes as f64,
+                    (du + dg) / du,
+                ));
+            }
+        }
+        (throughput, wa_over_time, mbps)
+    }
+
+    /// Latency CDF of reads and writes together: (microseconds, fraction) at 201 quantiles.
+    fn latency_cdf(&self) -> Vec<(f64, f64)> {
+        let mut both = self.hist_write.clone();
+        let _ = both.add(&self.hist_read);
+        if both.is_empty() {
+            return Vec::new();
+        }
         (0..=200)
             .map(|i| {
                 let q = i as f64 / 200.0;
                 (both.value_at_quantile(q).max(1) as f64, q)
             })
             .collect()
+    }
+}
+
+/// The JSON report of one run.
+fn outcome_json(
+    p: &Params,
+    pool: &Pool,
+    label: &str,
+    (placement, victim): (&str, &str),
+    vol_bytes: u64,
+    start: &Stats,
+    m: &Measured,
+) -> Value {
+    let (before, after) = (&m.before, &m.after);
+    let user = m.user_written();
+    let read = (after.user_bytes_read - before.user_bytes_read) as f64;
+    let device = (after.device_bytes_written - before.device_bytes_written) as f64;
+    let cum_user = (after.user_bytes_written - start.user_bytes_written) as f64;
+    let cum_gc = (after.gc_bytes_relocated - start.gc_bytes_relocated) as f64;
+    let physical = pool.geometry().total_segments as u64 * pool.geometry().segment_bytes;
+    let (_, _, mbps) = m.series(vol_bytes, p.sample_ms);
+    let lat = |h: &Histogram<u64>| {
+        json!({"count": h.len(), "p50_us": percentile(h, 0.5), "p90_us": percentile(h, 0.9), "p99_us": percentile(h, 0.99),
+               "p999_us": percentile(h, 0.999), "max_us": h.max(), "mean_us": if h.is_empty() { 0.0 } else { h.mean() }})
     };
     let vs = after.volumes.iter().find(|v| v.name == "bench");
     let placement_bytes = vs.map_or(0, |v| v.placement_memory_bytes);
     let pages = vol_bytes / 4096;
-    let json = json!({
+    json!({
         "label": label,
         "placement": placement,
         "victim": victim,
@@ -357,53 +501,29 @@ fn run_policy(p: &Params, placement: &str, victim: &str, trace_ops: Option<Vec<t
         "physical_bytes": physical,
         "spare_percent_requested": p.spare_percent,
         "gc_garbage_percent": p.gc_garbage_percent,
-        "spare_percent_effective": effective_spare * 100.0,
+        "spare_percent_effective": (1.0 - vol_bytes as f64 / physical as f64) * 100.0,
         "segment_bytes": pool.geometry().segment_bytes,
         "segments": pool.geometry().total_segments,
         "precondition": p.precondition,
         "warmup_volumes": p.warmup_volumes,
         "measured_user_bytes_written": user,
         "measured_user_bytes_read": read,
-        "wa": wa,
+        "wa": m.wa(),
         "device_wa": if user > 0.0 { device / user } else { 0.0 },
         "wa_cumulative": if cum_user > 0.0 { (cum_user + cum_gc) / cum_user } else { 1.0 },
-        "throughput_mbps_median": median(mbps.clone()),
-        "throughput_mbps_mean": (user + read) / elapsed.max(1e-9) / 1e6,
-        "seconds": elapsed,
-        "latency_write": lat(&hist_w),
-        "latency_read": lat(&hist_r),
+        "throughput_mbps_median": median(mbps),
+        "throughput_mbps_mean": (user + read) / m.seconds.max(1e-9) / 1e6,
+        "seconds": m.seconds,
+        "latency_write": lat(&m.hist_write),
+        "latency_read": lat(&m.hist_read),
         "placement_memory_bytes": placement_bytes,
         "placement_bytes_per_page": placement_bytes as f64 / pages.max(1) as f64,
         "map_memory_bytes": after.map_memory_bytes,
         "gc_segments_cleaned": after.gc_segments_cleaned - before.gc_segments_cleaned,
-        "free_segments_min": samples.iter().map(|s| s.free_segments).min(),
+        "free_segments_min": m.samples.iter().map(|s| s.free_segments).min(),
         "device_counters": after.device_counters.iter().map(|(d, k, v)| json!({"device": d, "counter": k, "value": v})).collect::<Vec<_>>(),
-        "samples": samples.iter().map(|s| json!([s.t, s.user_written - before.user_bytes_written, s.user_read - before.user_bytes_read, s.gc - before.gc_bytes_relocated, s.device - before.device_bytes_written])).collect::<Vec<_>>(),
+        "samples": m.samples.iter().map(|s| json!([s.t, s.user_written - before.user_bytes_written, s.user_read - before.user_bytes_read, s.gc - before.gc_bytes_relocated, s.device - before.device_bytes_written])).collect::<Vec<_>>(),
         "samples_columns": ["seconds", "user_bytes_written", "user_bytes_read", "gc_bytes_relocated", "device_bytes_written"],
-    });
-    say(&format!(
-        "WA {wa:.3} (device {:.3}), {:.0} MB/s median, write p99 {} us",
-        json["device_wa"].as_f64().unwrap_or(0.0),
-        json["throughput_mbps_median"].as_f64().unwrap_or(0.0),
-        pct(&hist_w, 0.99)
-    ));
-    drop(vol);
-    pool.close().map_err(|e| e.to_string())?;
-    if let Some((w, names)) = trace_writer {
-        w.finish(&names)?;
-    }
-    if let Backing::Files(specs) = &p.backing {
-        for s in specs {
-            let _ = std::fs::remove_file(&s.path);
-        }
-    }
-    Ok(Outcome {
-        label,
-        json,
-        throughput,
-        wa_over_time,
-        latency_cdf,
-        wa,
     })
 }
 
