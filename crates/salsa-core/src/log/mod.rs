@@ -677,9 +677,10 @@ impl Log {
     }
 }
 
-/// Bumps the generation of `meta` and writes it, on each of `devices`, into the slot the generation selects (the two
-/// slots alternate, so a torn write leaves the previous copy intact), then syncs. A slot in a
-/// sequential zone is reset first (the other slot still holds the previous generation).
+/// Bumps the generation of `meta` and writes it, on each of `devices`, into the slot the
+/// generation selects (the two slots alternate, so a torn write leaves the previous copy
+/// intact), then syncs. A slot in a sequential zone is reset first (the other slot still holds
+/// the previous generation).
 pub fn write_meta_slot(devices: &[(&dyn crate::device::Device, DeviceLayout)], meta: &mut PoolMeta) -> Result<()> {
     // The generation numbers the epochs of ids and sequence numbers, which must fit the format.
     if meta.generation + 1 >= MAX_EPOCHS {
