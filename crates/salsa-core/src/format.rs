@@ -139,20 +139,70 @@ pub struct DeviceLayout {
 pub enum ArrayKind {
     /// The members' segments one after another; no redundancy.
     Linear = 0,
+    /// Each segment striped across every member in stripe units; no redundancy.
+    Raid0 = 1,
+    /// Each segment written whole to every member.
+    Raid1 = 2,
+    /// Each segment striped across all members but one per row, with the row's parity on the
+    /// remaining member, rotating row by row.
+    Raid5 = 3,
 }
 
 impl ArrayKind {
+    pub const ALL: [ArrayKind; 4] = [ArrayKind::Linear, ArrayKind::Raid0, ArrayKind::Raid1, ArrayKind::Raid5];
+
     pub fn name(self) -> &'static str {
         match self {
             ArrayKind::Linear => "linear",
+            ArrayKind::Raid0 => "raid0",
+            ArrayKind::Raid1 => "raid1",
+            ArrayKind::Raid5 => "raid5",
         }
     }
 
     pub fn from_u8(v: u8) -> Option<ArrayKind> {
-        match v {
-            0 => Some(ArrayKind::Linear),
-            _ => None,
+        Self::ALL.into_iter().find(|k| *k as u8 == v)
+    }
+
+    pub fn from_name(name: &str) -> Option<ArrayKind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Fewest members the layout takes.
+    pub fn min_members(self) -> u32 {
+        match self {
+            ArrayKind::Linear => 1,
+            ArrayKind::Raid0 | ArrayKind::Raid1 => 2,
+            ArrayKind::Raid5 => 3,
         }
+    }
+
+    /// Members that may fail without losing data.
+    pub fn tolerated_failures(self, members: u32) -> u32 {
+        match self {
+            ArrayKind::Linear | ArrayKind::Raid0 => 0,
+            ArrayKind::Raid1 => members.saturating_sub(1),
+            ArrayKind::Raid5 => 1,
+        }
+    }
+
+    /// Members that hold each row's data (RAID-1: one copy; linear: the one member).
+    pub fn data_members(self, members: u32) -> u32 {
+        match self {
+            ArrayKind::Raid0 => members,
+            ArrayKind::Raid5 => members.saturating_sub(1),
+            ArrayKind::Linear | ArrayKind::Raid1 => 1,
+        }
+    }
+
+    /// Bytes of a segment that each member holds.
+    pub fn member_segment_bytes(self, members: u32, segment_bytes: u64) -> u64 {
+        segment_bytes / self.data_members(members).max(1) as u64
+    }
+
+    /// Whether a segment is striped in units across the members (the stripe unit matters).
+    pub fn is_striped(self) -> bool {
+        matches!(self, ArrayKind::Raid0 | ArrayKind::Raid5)
     }
 }
 
@@ -297,15 +347,33 @@ impl Superblock {
                 return bad("member id is not in its slot of the member list");
             }
         }
-        if self.array == ArrayKind::Linear && self.stripe_unit_bytes != 0 {
-            return bad("stripe unit of a linear array");
+        if self.device_count < self.array.min_members() {
+            return bad("too few members for the array layout");
+        }
+        if self.array.is_striped() {
+            let unit = self.stripe_unit_bytes as u64;
+            if !unit.is_power_of_two() || unit < self.grain_bytes as u64 || unit > self.segment_bytes {
+                return bad("stripe unit");
+            }
+            if !self
+                .segment_bytes
+                .is_multiple_of(unit * self.array.data_members(self.device_count) as u64)
+            {
+                return bad("segment size is not a whole number of rows");
+            }
+        } else if self.stripe_unit_bytes != 0 {
+            return bad("stripe unit of an array that does not stripe");
         }
         let end = (self.first_segment as u64).checked_add(self.segment_count as u64);
         if end.is_none_or(|e| e > self.total_segments as u64) {
             return bad("segment range");
         }
         self.layout
-            .validate(self.device_size_bytes, self.segment_bytes, self.segment_count)
+            .validate(
+                self.device_size_bytes,
+                self.array.member_segment_bytes(self.device_count, self.segment_bytes),
+                self.segment_count,
+            )
             .map_err(FormatError::Invalid)?;
         if self.meta_interval_pages == 0 {
             return bad("metadata interval");
@@ -368,6 +436,9 @@ pub struct PoolMeta {
     pub next_volume_id: u32,
     pub volumes: Vec<VolumeRecord>,
     pub checkpoint: Option<CheckpointRef>,
+    /// Ids of the members marked failed: their contents are not trusted until they are
+    /// replaced and rebuilt (at most [`MAX_DEVICES`]).
+    pub failed_members: Vec<u64>,
 }
 
 /// Where a clean-shutdown checkpoint lives.
@@ -409,6 +480,11 @@ impl PoolMeta {
                     e.u32(*s);
                 }
             }
+        }
+        assert!(self.failed_members.len() <= MAX_DEVICES, "too many failed members");
+        e.u16(self.failed_members.len() as u16);
+        for id in &self.failed_members {
+            e.u64(*id);
         }
         // Variable length: length-prefixed body, crc after it, padded to a 4 KiB multiple.
         let body_len = e.bytes.len() + 4;
@@ -504,6 +580,16 @@ impl PoolMeta {
                 Some(CheckpointRef { segments, bytes, crc })
             }
         };
+        let mut failed_members = Vec::new();
+        if version >= 6 {
+            let n = d.u16("failed member count")? as usize;
+            if n > MAX_DEVICES {
+                return Err(FormatError::Invalid(format!("{n} failed members")));
+            }
+            for _ in 0..n {
+                failed_members.push(d.u64("failed member")?);
+            }
+        }
         Ok(PoolMeta {
             pool_id,
             generation,
@@ -512,6 +598,7 @@ impl PoolMeta {
             next_volume_id,
             volumes,
             checkpoint,
+            failed_members,
         })
     }
 }
@@ -582,11 +669,17 @@ const SEQ_BYTES: usize = SEQ_BITS as usize / 8;
 /// An entry is `page u32, crc-or-count u32, seq u56`; which entries are trims is a bitmap in
 /// front of them (one bit per entry), so data and trim entries take one slot each.
 const ENTRY_BYTES: usize = 4 + 4 + SEQ_BYTES;
-const RECORD_HEADER_BYTES: usize = 8 + 4 + 16 + 4 + 8 + 4 + 1 + 8 + 8 + 8 + 4 + 4 + 4 + 4;
+const RECORD_HEADER_BYTES: usize = RECORD_HEADER_BYTES_V5 + 4;
+/// Version 5 had no padding field.
+const RECORD_HEADER_BYTES_V5: usize = 8 + 4 + 16 + 4 + 8 + 4 + 1 + 8 + 8 + 8 + 4 + 4 + 4 + 4;
 
 /// How many entries (and their kind bits) fit one metadata page of `grain_bytes`.
 pub fn meta_entries_per_page(grain_bytes: usize) -> usize {
-    let room = grain_bytes.saturating_sub(RECORD_HEADER_BYTES + 4);
+    entries_after_header(grain_bytes, RECORD_HEADER_BYTES)
+}
+
+fn entries_after_header(grain_bytes: usize, header_bytes: usize) -> usize {
+    let room = grain_bytes.saturating_sub(header_bytes + 4);
     let fits = |n: usize| n * ENTRY_BYTES + n.div_ceil(8) <= room;
     let mut n = room * 8 / (ENTRY_BYTES * 8 + 1);
     while n > 0 && !fits(n) {
@@ -614,6 +707,10 @@ pub struct RecordMeta {
     pub start_grain: u32,
     /// Grains per data page of the owning volume.
     pub page_grains: u32,
+    /// Grains of zeros written after the record's data pages, so that a flush ends on a
+    /// full stripe of a parity array (0 elsewhere; version 5 had none). The next record starts
+    /// after them.
+    pub pad_grains: u32,
     pub entries: Vec<MetaEntry>,
 }
 
@@ -635,6 +732,15 @@ impl RecordMeta {
         self.entries.iter().filter(|e| matches!(e, MetaEntry::Data { .. })).count()
     }
 
+    /// Grains from this record's metadata page to the next record's: the page, the data
+    /// pages and the padding. `None` when the fields overflow (a damaged page).
+    pub fn span_grains(&self) -> Option<usize> {
+        self.data_pages()
+            .checked_mul(self.page_grains as usize)?
+            .checked_add(1)?
+            .checked_add(self.pad_grains as usize)
+    }
+
     pub fn encode_into(&self, block: &mut [u8]) {
         let mut e = Encoder::default();
         e.raw(RECORD_MAGIC)
@@ -649,6 +755,7 @@ impl RecordMeta {
             .u64(self.synced_through)
             .u32(self.start_grain)
             .u32(self.page_grains)
+            .u32(self.pad_grains)
             .u32(self.data_pages() as u32)
             .u32(self.entries.len() as u32);
         let mut trims = vec![0u8; self.entries.len().div_ceil(8)];
@@ -687,7 +794,7 @@ impl RecordMeta {
     }
 
     pub fn decode(block: &[u8]) -> Result<RecordMeta, FormatError> {
-        let (mut d, _version) = open_block(block, RECORD_MAGIC)?;
+        let (mut d, version) = open_block(block, RECORD_MAGIC)?;
         let pool_id = d.u128("pool id")?;
         let segment = d.u32("segment")?;
         let incarnation = d.u64("incarnation")?;
@@ -698,9 +805,14 @@ impl RecordMeta {
         let synced_through = d.u64("synced through")?;
         let start_grain = d.u32("start grain")?;
         let page_grains = d.u32("page grains")?;
+        let (pad_grains, header_bytes) = if version >= 6 {
+            (d.u32("pad grains")?, RECORD_HEADER_BYTES)
+        } else {
+            (0, RECORD_HEADER_BYTES_V5)
+        };
         let data_pages = d.u32("data pages")? as usize;
         let count = d.u32("entry count")? as usize;
-        if count > meta_entries_per_page(block.len()) || page_grains == 0 {
+        if count > entries_after_header(block.len(), header_bytes) || page_grains == 0 {
             return Err(FormatError::Invalid("entry count".into()));
         }
         let trims = d.take(count.div_ceil(8), "trim bitmap")?.to_vec();
@@ -736,6 +848,7 @@ impl RecordMeta {
             synced_through,
             start_grain,
             page_grains,
+            pad_grains,
             entries,
         };
         if meta.data_pages() != data_pages {
@@ -802,6 +915,7 @@ mod tests {
             synced_through: 10,
             start_grain: 1,
             page_grains: 1,
+            pad_grains: 3,
             entries: vec![
                 MetaEntry::Data {
                     page: 5,
@@ -836,6 +950,7 @@ mod tests {
             synced_through: 0,
             start_grain: 0,
             page_grains: 1,
+            pad_grains: 0,
             entries: vec![MetaEntry::Data {
                 page: 0,
                 seq: MAX_SEQ + 1,
@@ -877,6 +992,7 @@ mod tests {
             synced_through: 1,
             start_grain: 1,
             page_grains: 1,
+            pad_grains: u32::MAX,
             entries,
         };
         let mut block = vec![0u8; 4096];
@@ -914,6 +1030,7 @@ mod tests {
                 bytes: 9000,
                 crc: 77,
             }),
+            failed_members: vec![42, u64::MAX],
         };
         let mut slot = pm.encode();
         slot.resize(POOL_META_SLOT_BYTES, 0xAA);

@@ -59,6 +59,7 @@ pub(crate) mod recovery;
 pub(crate) mod scan;
 pub(crate) mod util;
 
+pub use array::MemberStatus;
 pub use controller::ControllerStats;
 pub use device::{Device, StorageType};
 pub use error::{Error, ErrorKind, Result};
@@ -66,5 +67,5 @@ pub use format::StreamKind;
 pub use log::payload::WriteBuffer;
 pub use log::Geometry;
 pub use policy::Registry;
-pub use pool::{OpenOptions, OpenedFrom, Pool, PoolConfig, Stats, Volume, VolumeStats};
+pub use pool::{ArrayKind, OpenOptions, OpenedFrom, Pool, PoolConfig, ScrubReport, Stats, Volume, VolumeStats};
 pub use util::AlignedBuf;

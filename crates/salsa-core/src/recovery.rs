@@ -113,6 +113,9 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
     for v in volumes.values() {
         v.end_replay();
     }
+    if !eng.log.is_read_only() {
+        resync_unsynced(eng, &found, durable_through)?;
+    }
     let opened: Vec<u64> = headers.iter().map(|h| h.as_ref().map_or(0, |h| h.opened_seq)).collect();
     derive_segment_state(eng, &opened)?;
     // The stream a segment was written by guides placement and victim policies.
@@ -120,6 +123,41 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
         if let Some(h) = h {
             eng.log.capacity().segment(s as u32).stream.store(h.stream.to_u8(), SeqCst);
         }
+    }
+    Ok(())
+}
+
+/// Brings the array's redundancy back in line over what was being written at the crash: in
+/// every segment, from the first record that was not known durable to the end of its chain,
+/// and the row a chain ends in when it ends inside one. (Every other row was complete, and its
+/// parity or mirror copies synced, when the records in it became durable.)
+fn resync_unsynced(eng: &Engine, found: &[Found], durable_through: u64) -> Result<()> {
+    let mut ranges: std::collections::BTreeMap<u32, (u64, u64)> = std::collections::BTreeMap::new();
+    let mut chain_end: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+    for f in found {
+        let start = f.meta.start_grain as u64;
+        let end = start + f.meta.span_grains().unwrap_or(1) as u64;
+        let e = chain_end.entry(f.segment).or_insert(end);
+        *e = (*e).max(end);
+        if f.meta.record_id > durable_through {
+            let r = ranges.entry(f.segment).or_insert((start, end));
+            r.0 = r.0.min(start);
+            r.1 = r.1.max(end);
+        }
+    }
+    // A chain that ends inside a row: that row's parity was never written (the row was still
+    // filling), durable records or not.
+    let align = eng.log.array().flush_alignment_grains(eng.log.geo().grain_bytes) as u64;
+    for (segment, end) in chain_end {
+        if align > 1 && !end.is_multiple_of(align) {
+            let r = ranges.entry(segment).or_insert((end - 1, end));
+            r.0 = r.0.min(end - 1);
+            r.1 = r.1.max(end);
+        }
+    }
+    let gps = eng.log.geo().grains_per_segment as u64;
+    for (segment, (from, to)) in ranges {
+        eng.log.array().resync(segment, from, to.min(gps))?;
     }
     Ok(())
 }

@@ -3,7 +3,8 @@
 //!
 //! A chain starts with the first record at grain 0, whose metadata page also names the
 //! segment's incarnation, owner, stream and age; each record's metadata page says how many data
-//! pages follow, and the next record starts right after them. The walk stops at the first page that is not a valid metadata page of this
+//! pages follow (and how many grains of padding after them), and the next record starts right
+//! after them. The walk stops at the first page that is not a valid metadata page of this
 //! segment's current incarnation: left-overs of an earlier use of the segment, or a torn write.
 
 use crate::array::Array;
@@ -77,17 +78,15 @@ pub fn walk_segment(
         {
             break;
         }
-        let data_grains = match (meta.data_pages()).checked_mul(meta.page_grains as usize) {
-            Some(n) => n,
-            None => break,
-        };
+        let Some(span) = meta.span_grains() else { break };
+        let data_grains = meta.data_pages() * meta.page_grains as usize;
         if !w.ensure(array, base, gps, gb, pos, 1 + data_grains)? {
             break;
         }
         let off = (pos - w.start) * gb;
         visit(&header, &meta, &w.buf[off + gb..off + gb + data_grains * gb]);
         last_record = meta.record_id;
-        pos += 1 + data_grains;
+        pos += span;
     }
     buffers.put(w.buf);
     Ok(Some(header))

@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use salsa_core::device::{CrashDevice, CrashPlan, ZonedEmulator, ZonedGeometry};
-use salsa_core::{Device, OpenOptions, Pool, PoolConfig, StorageType};
+use salsa_core::device::{CrashDevice, CrashPlan, SliceDevice, ZonedEmulator, ZonedGeometry};
+use salsa_core::{ArrayKind, Device, OpenOptions, Pool, PoolConfig, StorageType};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -61,10 +61,14 @@ impl Oracle {
 
 const PLACEMENTS: [&str; 3] = ["salsa", "sepbit", "user-gc"];
 
-fn config() -> PoolConfig {
+fn config(medium: Medium) -> PoolConfig {
     PoolConfig {
         segment_bytes: Some(MIB),
         meta_interval_pages: Some(8),
+        array: match medium {
+            Medium::Raid { kind, .. } => kind,
+            _ => ArrayKind::Linear,
+        },
         ..PoolConfig::default()
     }
 }
@@ -77,6 +81,27 @@ enum Medium {
     /// An emulated host-managed zoned drive (1 MiB zones) kept on the crash device, with this
     /// many conventional zones.
     Zoned { conventional_zones: u32 },
+    /// A RAID array of `members` slices of the crash device, so that one crash point cuts
+    /// across all of them (between the members' writes of one row, between a row's data and
+    /// its parity).
+    Raid { kind: ArrayKind, members: u64 },
+}
+
+impl Medium {
+    /// MiB of the crash device: about the same data capacity on every medium.
+    fn device_mib(self) -> u64 {
+        match self {
+            Medium::Flat => DEVICE_MIB,
+            // A zoned drive gives up to three zones to the superblock and the pool metadata.
+            Medium::Zoned { .. } => DEVICE_MIB + 4,
+            Medium::Raid { kind, members } => members * self.member_mib(kind, members),
+        }
+    }
+
+    fn member_mib(self, kind: ArrayKind, members: u64) -> u64 {
+        let data = kind.data_members(members as u32) as u64;
+        1 + (DEVICE_MIB - 1).div_ceil(data)
+    }
 }
 
 /// How a seed's workload writes: `payload_writes` adds multi-page writes through
@@ -103,12 +128,7 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
     };
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut cleaned = 0u64;
-    // A zoned drive gives up to three zones to the superblock and the pool metadata.
-    let device_mib = match medium {
-        Medium::Flat => DEVICE_MIB,
-        Medium::Zoned { .. } => DEVICE_MIB + 4,
-    };
-    let dev = Arc::new(CrashDevice::new("crash0", device_mib * MIB, CrashPlan::default()));
+    let dev = Arc::new(CrashDevice::new("crash0", medium.device_mib() * MIB, CrashPlan::default()));
     // Every open builds the device anew from what the crash device durably holds, as a restart
     // of the machine would.
     let devs = || -> Vec<Arc<dyn Device>> {
@@ -124,9 +144,15 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
                     ZonedEmulator::open_or_create(dev.clone(), geo).expect("zone state readable"),
                 )]
             }
+            Medium::Raid { kind, members } => {
+                let each = medium.member_mib(kind, members) * MIB;
+                (0..members)
+                    .map(|i| Arc::new(SliceDevice::new(format!("member{i}"), dev.clone(), i * each, each).unwrap()) as Arc<dyn Device>)
+                    .collect()
+            }
         }
     };
-    let pool = Pool::create(devs(), &config(), &opts).unwrap();
+    let pool = Pool::create(devs(), &config(medium), &opts).unwrap();
     // Each seed runs the volumes under other placement policies.
     let placements: Vec<&str> = (0..VOLUMES.len())
         .map(|vi| PLACEMENTS[(seed as usize + vi) % PLACEMENTS.len()])
@@ -261,6 +287,12 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
     }
     dev.restart(CrashPlan::default());
     let pool = Pool::open(devs(), &opts).unwrap_or_else(|e| panic!("seed {seed}: reopen failed: {e}"));
+    // Before it serves, every row's parity (every mirror copy) agrees with its data.
+    let scrub = pool.scrub(false).unwrap_or_else(|e| panic!("seed {seed}: scrub failed: {e}"));
+    assert_eq!(
+        scrub.rows_mismatched, 0,
+        "seed {seed} ({medium:?}): redundancy disagrees with data after recovery: {scrub:?}"
+    );
     verify(seed, &pool, &oracle, pages);
     // The recovered pool must keep working: write over everything once more and re-verify.
     let vol = pool.volume(VOLUMES[0]).unwrap();
@@ -376,6 +408,23 @@ fn zoned_crash_at_many_points() {
     let seeds = seeds_from_env("SALSA_ZONED_CRASH_SEEDS", 16);
     crash_seeds(seeds, 30, COPIED, |seed| Medium::Zoned {
         conventional_zones: if seed % 2 == 0 { 2 } else { 0 },
+    });
+}
+
+/// The same on RAID-1, RAID-5 and RAID-0 arrays whose members share one crash: a crash can fall
+/// between the members' writes of a row and between a row's data and its parity; after
+/// recovery the oracle holds and every row's redundancy agrees with its data.
+#[test]
+fn raid_crash_at_many_points() {
+    let seeds = seeds_from_env("SALSA_RAID_CRASH_SEEDS", 12);
+    crash_seeds(seeds, 20, COPIED, |seed| {
+        let (kind, members) = [
+            (ArrayKind::Raid5, 3),
+            (ArrayKind::Raid1, 2),
+            (ArrayKind::Raid5, 3),
+            (ArrayKind::Raid0, 2),
+        ][seed as usize % 4];
+        Medium::Raid { kind, members }
     });
 }
 

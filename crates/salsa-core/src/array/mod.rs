@@ -12,6 +12,7 @@
 //! write that returned is visible to reads, durable only after [`Array::sync_all`].
 
 pub mod linear;
+pub mod raid;
 
 use crate::device::{Device, StorageType};
 use crate::error::Result;
@@ -21,6 +22,33 @@ use std::sync::Arc;
 pub use crate::format::ArrayKind;
 
 pub use linear::LinearArray;
+pub use raid::RaidArray;
+
+/// What a scrub of redundancy found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScrubCounts {
+    /// Rows (RAID-5) or mirrored ranges (RAID-1) compared.
+    pub rows_checked: u64,
+    /// Of those, whose parity or mirror copies disagreed with the data.
+    pub rows_mismatched: u64,
+    /// Of those, rewritten from the data.
+    pub rows_repaired: u64,
+}
+
+/// What the pool reports about one member.
+#[derive(Debug, Clone, Default)]
+pub struct MemberStatus {
+    pub name: String,
+    pub failed: bool,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Of the bytes written, parity.
+    pub parity_bytes_written: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    /// Bytes rewritten from redundancy after they failed their checksum on this member.
+    pub repaired_bytes: u64,
+}
 
 /// One member device and the segments it holds.
 pub struct Member {
@@ -58,6 +86,49 @@ pub trait Array: Send + Sync {
     }
     /// Syncs every member.
     fn sync_all(&self) -> Result<()>;
+    /// Grains a flush must end on, counted from the segment start: a parity array without a
+    /// parity buffer wants whole rows, so that no partial row is durable without its parity.
+    /// 1 for every other layout.
+    fn flush_alignment_grains(&self, _grain_bytes: u32) -> u32 {
+        1
+    }
+    /// The ids of the failed members, when the set changed since the last call (the log then
+    /// records it in the pool metadata).
+    fn take_failure_change(&self) -> Option<Vec<u64>> {
+        None
+    }
+    /// The ids of the failed members.
+    fn failed_ids(&self) -> Vec<u64> {
+        Vec::new()
+    }
+    /// Health and counters of every member, in slot order.
+    fn member_status(&self) -> Vec<MemberStatus> {
+        self.members()
+            .iter()
+            .map(|m| MemberStatus {
+                name: m.device.name().to_string(),
+                ..MemberStatus::default()
+            })
+            .collect()
+    }
+    /// After `buf` (read at `grain`) failed `verify`: tries the array's redundancy for a copy
+    /// that passes, rewrites the member that was wrong, and leaves the good bytes in `buf`.
+    /// `Ok(false)` when there is no redundancy or no copy passes.
+    fn read_repair(&self, _grain: u64, _buf: &mut [u8], _verify: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+        Ok(false)
+    }
+    /// Makes the redundancy of grains `[from_grain, to_grain)` of `segment` (rounded out to
+    /// whole rows) agree with the data again: RAID-5 parity is re-derived, RAID-1 mirrors copy
+    /// the first healthy member. Recovery calls it for what was being written at a crash.
+    fn resync(&self, _segment: u32, _from_grain: u64, _to_grain: u64) -> Result<()> {
+        Ok(())
+    }
+    /// Compares the redundancy of grains `[0, to_grain)` of `segment` (whole rows; rows still
+    /// being filled are skipped) with the data, and with `repair` rewrites what disagrees from
+    /// the data (whose pages the caller checks against their checksums).
+    fn scrub(&self, _segment: u32, _to_grain: u64, _repair: bool) -> Result<ScrubCounts> {
+        Ok(ScrubCounts::default())
+    }
     /// The devices (and their layouts) that hold a copy of the pool metadata: every member
     /// that can be written.
     fn metadata_devices(&self) -> Vec<(&dyn Device, DeviceLayout)>;

@@ -1,5 +1,5 @@
-//! Fault injection for tests: wraps a device and fails chosen writes or syncs, or flips a bit in
-//! data returned by reads of a chosen range.
+//! Fault injection for tests: wraps a device and fails chosen writes or syncs, flips a bit in
+//! data returned by reads of a chosen range, or dies (fails everything).
 
 use super::Device;
 use parking_lot::Mutex;
@@ -17,6 +17,8 @@ pub struct FaultPlan {
     pub sticky: bool,
     /// Flip bit 0 of the byte at each of these device offsets when a read covers it.
     pub flip_bits_at: Vec<u64>,
+    /// The device is dead: every read, write and sync fails.
+    pub dead: bool,
 }
 
 struct Counters {
@@ -66,6 +68,9 @@ impl Device for FaultDevice {
     }
     crate::forward_device_properties!(inner);
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if self.plan.lock().dead {
+            return Err(injected("read"));
+        }
         self.inner.read_at(buf, offset)?;
         let plan = self.plan.lock();
         for &at in &plan.flip_bits_at {
@@ -80,7 +85,7 @@ impl Device for FaultDevice {
             let plan = self.plan.lock();
             let mut c = self.counters.lock();
             c.writes += 1;
-            if (c.failing && plan.sticky) || plan.fail_write == Some(c.writes) {
+            if plan.dead || (c.failing && plan.sticky) || plan.fail_write == Some(c.writes) {
                 c.failing = true;
                 return Err(injected("write"));
             }
@@ -92,7 +97,7 @@ impl Device for FaultDevice {
             let plan = self.plan.lock();
             let mut c = self.counters.lock();
             c.syncs += 1;
-            if (c.failing && plan.sticky) || plan.fail_sync == Some(c.syncs) {
+            if plan.dead || (c.failing && plan.sticky) || plan.fail_sync == Some(c.syncs) {
                 c.failing = true;
                 return Err(injected("sync"));
             }

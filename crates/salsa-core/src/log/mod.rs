@@ -89,6 +89,9 @@ pub struct Counters {
     pub gc_wait_timeouts: AtomicU64,
     /// User bytes that records held in the writers' payloads instead of copying.
     pub user_bytes_held: AtomicU64,
+    /// Zeros written after records so that flushes end on full stripes (parity arrays
+    /// without a parity buffer).
+    pub pad_bytes_written: AtomicU64,
 }
 
 /// Where streams get new segments: the space manager above the log, which throttles writers
@@ -167,6 +170,11 @@ pub struct Log {
     payloads: Arc<payload::PayloadPool>,
     /// The space manager streams ask for segments (set once the engine above exists).
     segment_source: OnceLock<Weak<dyn SegmentSource>>,
+    /// Records sealed for a flush end on a multiple of this many grains in their segment (the
+    /// array's [`Array::flush_alignment_grains`]).
+    pub(super) flush_alignment_grains: u32,
+    /// Zeros for padding (1 MiB, repeated as needed).
+    zeros: crate::util::AlignedBuf,
 }
 
 /// Counts a write or trim in the log's invalidations in flight for its lifetime.
@@ -187,7 +195,14 @@ impl Log {
             geo.grains_per_segment,
         );
         let epoch = meta.generation;
+        let flush_alignment_grains = array.flush_alignment_grains(geo.grain_bytes);
+        assert!(
+            geo.grains_per_segment.is_multiple_of(flush_alignment_grains.max(1)),
+            "a segment holds whole flush alignments"
+        );
         Log {
+            flush_alignment_grains,
+            zeros: crate::util::AlignedBuf::zeroed(1 << 20),
             pool_id,
             geo,
             array,
@@ -413,11 +428,19 @@ impl Log {
     /// Writes a sealed record to the device and marks it complete.
     pub fn write_record(&self, r: SealedRecord) -> Result<()> {
         let gb = self.geo.grain_bytes as usize;
-        let len = r.used_grains as usize * gb;
+        let len = (r.used_grains + r.pad_grains) as usize * gb;
         let res = {
-            // One piece when the record holds no payload pages, else its pieces in order.
+            // One piece when the record holds no payload pages, else its pieces in order,
+            // then the padding.
             let bytes = r.buf.bytes.read();
-            self.array.write_vectored(r.buf.first_grain, &bytes.io_slices(r.used_grains, gb))
+            let mut slices = bytes.io_slices(r.used_grains, gb);
+            let mut pad = r.pad_grains as usize * gb;
+            while pad > 0 {
+                let n = pad.min(self.zeros.len());
+                slices.push(std::io::IoSlice::new(&self.zeros[..n]));
+                pad -= n;
+            }
+            self.array.write_vectored(r.buf.first_grain, &slices)
         };
         match res {
             Ok(()) => {
@@ -481,6 +504,18 @@ impl Log {
             return Err(e);
         }
         self.counters.syncs.fetch_add(1, SeqCst);
+        // A member that failed since the last sync is recorded as failed before the writes
+        // that went around it count as durable: a reopened pool must not trust it again.
+        if let Some(failed) = self.array.take_failure_change() {
+            let mut meta = self.meta.lock();
+            let mut next = meta.clone();
+            next.failed_members = failed;
+            if let Err(e) = self.write_pool_meta(&mut next) {
+                self.poison(&e);
+                return Err(e);
+            }
+            *meta = next;
+        }
         self.tracker.set_synced_through(upto);
         Ok(())
     }
@@ -635,14 +670,24 @@ impl Log {
             recs.iter().any(|r| r.read(grain, gb, out))
         };
         if !buffered {
+            let verify = |b: &[u8]| crc32c::crc32c(b) == crc;
+            // A page that fails its checksum on one member is repaired from the array's
+            // redundancy where it has some.
+            let read = |buf: &mut [u8]| -> Result<()> {
+                self.array.read(grain, buf)?;
+                if !verify(buf) && info.generation.load(SeqCst) == generation {
+                    self.array.read_repair(grain, buf, &verify)?;
+                }
+                Ok(())
+            };
             if self.array.needs_aligned_buffers() {
                 let mut tmp = self.buffers.get(out.len());
-                let r = self.array.read(grain, &mut tmp);
+                let r = read(&mut tmp);
                 out.copy_from_slice(&tmp);
                 self.buffers.put(tmp);
                 r?;
             } else {
-                self.array.read(grain, out)?;
+                read(out)?;
             }
         }
         if info.generation.load(SeqCst) != generation {
@@ -730,6 +775,7 @@ mod tests {
             next_volume_id: 1,
             volumes: Vec::new(),
             checkpoint: None,
+            failed_members: Vec::new(),
         };
         write_meta_slot(&[(&dev as &dyn Device, layout)], &mut meta).unwrap();
         assert_eq!(meta.generation, MAX_EPOCHS - 1);

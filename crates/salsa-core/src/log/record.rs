@@ -175,6 +175,8 @@ impl OpenRecord {
 pub struct SealedRecord {
     pub buf: Arc<RecordBuf>,
     pub used_grains: u32,
+    /// Grains of zeros written after it (see `RecordMeta::pad_grains`).
+    pub pad_grains: u32,
 }
 
 #[cfg(test)]

@@ -120,7 +120,7 @@ impl Streams {
             if r.entries_left > 0 && (!need_page || r.pages_left > 0) {
                 return Prep::Ready;
             }
-            return match self.seal_record(log, st) {
+            return match self.seal_record(log, st, false) {
                 Some(s) => Prep::Write(s),
                 None => Prep::Ready, // an empty record was dropped; loop again
             };
@@ -170,6 +170,7 @@ impl Streams {
                 synced_through: 0,
                 start_grain: os.next_grain,
                 page_grains: self.page_grains,
+                pad_grains: 0,
                 entries: Vec::new(),
             },
             data_grains: 0,
@@ -181,28 +182,47 @@ impl Streams {
     }
 
     /// Under the stream lock: closes the open record. An empty one is dropped; otherwise its
-    /// metadata page is encoded into its first grain and it is returned for writing.
-    fn seal_record(&self, log: &Log, st: &mut Stream) -> Option<SealedRecord> {
+    /// metadata page is encoded into its first grain and it is returned for writing. A record
+    /// sealed to be made durable (`for_flush`) is padded with zeros up to the array's flush
+    /// alignment, so that a parity array without a parity buffer never holds a partial stripe
+    /// at a flush.
+    fn seal_record(&self, log: &Log, st: &mut Stream, for_flush: bool) -> Option<SealedRecord> {
         let mut rec = st.rec.take()?;
         let seg_info = log.capacity.segment(rec.buf.segment);
-        if rec.is_empty() {
+        let align = log.flush_alignment_grains;
+        // An empty record sealed for a flush mid-row still goes out, as padding to the row's
+        // end, so that no partial row is durable without its parity.
+        let pad_only = for_flush && align > 1 && !rec.meta.start_grain.is_multiple_of(align);
+        if rec.is_empty() && !pad_only {
             seg_info.records.lock().retain(|x| !Arc::ptr_eq(x, &rec.buf));
             log.tracker.complete(rec.buf.record_id);
             return None;
         }
         let gb = log.geo.grain_bytes as usize;
         rec.meta.synced_through = log.tracker.synced_through();
+        let used = rec.used_grains();
+        let gps = log.geo.grains_per_segment;
+        let end = rec.meta.start_grain + used;
+        // The segment closes after this record when the next could not hold a page (as
+        // below); with rows to complete, the padding then runs to the segment's end.
+        let closes = end + 2 + self.page_grains > gps;
+        rec.meta.pad_grains = match (align > 1, closes, for_flush) {
+            (false, _, _) => 0,
+            (true, true, _) => gps - end,
+            (true, false, true) => (align - end % align) % align,
+            (true, false, false) => 0,
+        };
         {
             let mut b = rec.buf.bytes.write();
             rec.meta.encode_into(&mut b.own[..gb]);
         }
-        let used = rec.used_grains();
         rec.buf.span_grains.store(used, SeqCst);
         log.tracker.mark_sealed(rec.buf.record_id);
         log.counters.meta_bytes_written.fetch_add(gb as u64, SeqCst);
-        let gps = log.geo.grains_per_segment;
+        let pad = rec.meta.pad_grains;
+        log.counters.pad_bytes_written.fetch_add(pad as u64 * gb as u64, SeqCst);
         let os = st.seg.as_mut().expect("open record without open segment");
-        os.next_grain += used;
+        os.next_grain += used + pad;
         assert!(os.next_grain <= gps, "record ran past the end of segment {}", os.segment);
         if os.next_grain + 2 + self.page_grains > gps {
             let s = os.segment;
@@ -212,6 +232,7 @@ impl Streams {
         Some(SealedRecord {
             buf: rec.buf,
             used_grains: used,
+            pad_grains: pad,
         })
     }
 
@@ -231,8 +252,16 @@ impl Streams {
         let mut out = Vec::new();
         for s in self.streams.iter() {
             let mut st = lock_stream(s);
+            // Between records, mid-row: open one to carry the padding (see `seal_record`).
+            let align = log.flush_alignment_grains;
+            let mid_row = st.seg.as_ref().is_some_and(|os| align > 1 && !os.next_grain.is_multiple_of(align));
+            if st.rec.is_none() && mid_row {
+                if let Prep::Write(r) = self.prepare(log, &mut st, false) {
+                    out.push(r);
+                }
+            }
             if st.rec.as_ref().is_some_and(&which) {
-                out.extend(self.seal_record(log, &mut st));
+                out.extend(self.seal_record(log, &mut st, true));
             }
             if close {
                 if let Some(os) = st.seg.take() {
@@ -331,7 +360,7 @@ impl Streams {
                     if held_bytes > 0 {
                         log.counters.user_bytes_held.fetch_add(held_bytes, SeqCst);
                     }
-                    let sealed = if full { self.seal_record(log, &mut st) } else { None };
+                    let sealed = if full { self.seal_record(log, &mut st, false) } else { None };
                     if let Some(r) = sealed {
                         write_sealed(log, purpose, st, r)?;
                     }

@@ -20,6 +20,7 @@ pub use volumes::Volume;
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+pub use crate::format::ArrayKind;
 use crate::format::{CheckpointRef, MAX_CHECKPOINT_SEGMENTS};
 use crate::log::capacity::{Purpose, SegmentState};
 use crate::log::Geometry;
@@ -50,7 +51,33 @@ pub struct PoolConfig {
     pub gc_aging: f64,
     /// Physical space kept spare, as a percentage; sizes the default volume.
     pub spare_percent: f64,
+    /// How the devices are combined.
+    pub array: ArrayKind,
+    /// Stripe unit of a RAID-0 or RAID-5 array; `None`: [`DEFAULT_RAID0_STRIPE_UNIT_BYTES`] or
+    /// [`DEFAULT_RAID5_STRIPE_UNIT_BYTES`].
+    pub stripe_unit_bytes: Option<u32>,
 }
+
+/// What [`Pool::scrub`] found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScrubReport {
+    /// Segments in use that were checked.
+    pub segments: u64,
+    /// Rows (RAID-5) or mirrored ranges (RAID-1) compared.
+    pub rows_checked: u64,
+    /// Of those, whose parity or copies disagreed with the data.
+    pub rows_mismatched: u64,
+    /// Of those, rewritten.
+    pub rows_repaired: u64,
+}
+
+/// Default stripe unit of RAID-0, as MD's chunk of old.
+pub const DEFAULT_RAID0_STRIPE_UNIT_BYTES: u32 = 64 << 10;
+/// Default stripe unit of RAID-5: small, because without a parity buffer a flush pads the log
+/// to the end of its row (at most `data members x unit` less one grain).
+pub const DEFAULT_RAID5_STRIPE_UNIT_BYTES: u32 = 16 << 10;
+/// Largest stripe unit.
+pub const MAX_STRIPE_UNIT_BYTES: u32 = 1 << 20;
 
 impl Default for PoolConfig {
     fn default() -> Self {
@@ -62,6 +89,8 @@ impl Default for PoolConfig {
             default_placement: "salsa".into(),
             gc_aging: 0.1,
             spare_percent: 20.0,
+            array: ArrayKind::Linear,
+            stripe_unit_bytes: None,
         }
     }
 }
@@ -182,6 +211,37 @@ impl Pool {
         &self.default_placement
     }
 
+    /// Compares the array's redundancy (RAID-5 parity, RAID-1 mirror copies) with the data
+    /// of every segment in use, up to the end of its record chain, and with `repair` rewrites
+    /// what disagrees from the data. The GC waits while a segment is checked. Data pages are
+    /// checked against their checksums by reading them (`salsa check`); a page that fails on
+    /// one member is repaired on read.
+    pub fn scrub(&self, repair: bool) -> Result<ScrubReport> {
+        let mut report = ScrubReport::default();
+        for s in 0..self.eng.log.geo().total_segments {
+            let _gc = self.eng.gc_lock.write();
+            if self.eng.log.capacity().segment(s).state() == SegmentState::Free {
+                continue;
+            }
+            let mut end = 0u64;
+            let header = self.eng.log.walk_segment(s, |_, meta, _| {
+                end = end.max(meta.start_grain as u64 + meta.span_grains().unwrap_or(1) as u64);
+            })?;
+            if header.is_none() {
+                continue;
+            }
+            let c = self.eng.log.array().scrub(s, end, repair)?;
+            report.segments += 1;
+            report.rows_checked += c.rows_checked;
+            report.rows_mismatched += c.rows_mismatched;
+            report.rows_repaired += c.rows_repaired;
+        }
+        if repair && report.rows_repaired > 0 {
+            self.eng.log.array().sync_all()?;
+        }
+        Ok(report)
+    }
+
     /// Makes every write that returned before this call durable.
     pub fn flush(&self) -> Result<()> {
         self.eng.flush()
@@ -247,9 +307,12 @@ impl Pool {
             return Ok(());
         }
         let gps = self.eng.log.geo().grains_per_segment as u64;
+        // Whole rows on a parity array, so that every row of the checkpoint has its parity.
+        let gb = self.eng.log.geo().grain_bytes;
+        let unit = self.eng.log.array().flush_alignment_grains(gb) as usize * gb as usize;
         for (i, &s) in segs.iter().enumerate() {
             let chunk = &blob[i * sb..((i + 1) * sb).min(blob.len())];
-            let mut buf = AlignedBuf::zeroed(chunk.len().next_multiple_of(self.eng.log.geo().grain_bytes as usize));
+            let mut buf = AlignedBuf::zeroed(chunk.len().next_multiple_of(unit));
             buf[..chunk.len()].copy_from_slice(chunk);
             self.eng.log.array().write(s as u64 * gps, &buf)?;
         }

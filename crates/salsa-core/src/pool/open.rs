@@ -5,7 +5,7 @@
 
 use super::volumes::validate_volume;
 use super::{OpenOptions, OpenedFrom, Pool, PoolConfig};
-use crate::array::{Array, ArrayKind, LinearArray, Member};
+use crate::array::{Array, ArrayKind, LinearArray, Member, RaidArray};
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -129,23 +129,8 @@ impl Pool {
         opts.policies
             .check_placement(&cfg.default_placement)
             .map_err(Error::InvalidConfig)?;
-        let zone_bytes = devices.iter().find_map(|d| d.zones().map(|z| z.zone_bytes()));
-        let total: u64 = devices.iter().map(|d| d.size_bytes().saturating_sub(DEVICE_RESERVED_BYTES)).sum();
-        let segment_bytes = match (cfg.segment_bytes, zone_bytes) {
-            (Some(b), _) => b,
-            // Segments align to zones: one segment per zone.
-            (None, Some(z)) => z,
-            // At least a device's preferred write size (an SSD's block stripe, an SMR band).
-            (None, None) => {
-                let preferred = devices.iter().map(|d| d.preferred_alignment_bytes()).max().unwrap_or(0);
-                default_segment_bytes(total).max(preferred.next_power_of_two().min(1 << 30))
-            }
-        };
-        if !((1 << 20)..=(1 << 30)).contains(&segment_bytes) || !segment_bytes.is_multiple_of(cfg.grain_bytes as u64) {
-            return Err(Error::InvalidConfig(format!(
-                "segment size {segment_bytes} must be 1 MiB to 1 GiB and a multiple of the grain"
-            )));
-        }
+        let plan = plan_members(&devices, cfg)?;
+        let segment_bytes = plan.segment_bytes;
         let max_entries = meta_entries_per_page(cfg.grain_bytes as usize) as u32;
         // By default a full record is a power-of-two number of grains (255 data pages and their
         // metadata page: 1 MiB with 4 KiB grains), so records tile segments exactly and a 1 MiB
@@ -159,31 +144,9 @@ impl Pool {
         }
         let pool_id: u128 = rand::thread_rng().gen::<u128>() | 1;
         let member_ids = new_member_ids(devices.len());
-        let mut first = 0u32;
-        let mut sbs = Vec::new();
-        for (i, d) in devices.iter().enumerate() {
-            let (layout, count) = DeviceLayout::plan(d.as_ref(), segment_bytes)?;
-            if count == 0 {
-                return Err(Error::InvalidConfig(format!(
-                    "device {} ({} bytes) is too small for one {segment_bytes}-byte segment after its {}-byte header",
-                    d.name(),
-                    d.size_bytes(),
-                    layout.segments_offset_bytes
-                )));
-            }
-            let count = u32::try_from(count).map_err(|_| Error::InvalidConfig("too many segments".into()))?;
-            sbs.push((count, first, i, layout));
-            first = first
-                .checked_add(count)
-                .ok_or_else(|| Error::InvalidConfig("too many segments".into()))?;
-        }
-        if first < 16 {
-            return Err(Error::InvalidConfig(format!(
-                "the pool needs at least 16 segments; it has {first}: use smaller segments or bigger devices"
-            )));
-        }
+        let first = plan.total_segments;
         let mut layouts = Vec::new();
-        for (count, start, i, layout) in sbs {
+        for (i, (start, count, layout)) in plan.members.into_iter().enumerate() {
             let d = &devices[i];
             let sb = Superblock {
                 format_version: FORMAT_VERSION,
@@ -203,8 +166,8 @@ impl Pool {
                 gc_aging_milli: (cfg.gc_aging * 1000.0).round() as u32,
                 spare_basis_points: (cfg.spare_percent * 100.0).round() as u32,
                 layout,
-                array: ArrayKind::Linear,
-                stripe_unit_bytes: 0,
+                array: cfg.array,
+                stripe_unit_bytes: plan.stripe_unit_bytes,
                 member_id: member_ids[i],
                 member_ids: member_ids.clone(),
             };
@@ -219,6 +182,7 @@ impl Pool {
             next_volume_id: 1,
             volumes: vec![],
             checkpoint: None,
+            failed_members: vec![],
         };
         let copies: Vec<(&dyn Device, DeviceLayout)> = devices.iter().map(|d| d.as_ref()).zip(layouts).collect();
         crate::log::write_meta_slot(&copies, &mut meta)?;
@@ -244,7 +208,7 @@ impl Pool {
             return Err(Error::InvalidConfig("no devices given".into()));
         }
         check_open_options(opts)?;
-        let (first, members) = read_members(&devices)?;
+        let (first, members, missing) = read_members(&devices)?;
         let old_meta = read_pool_meta(&members, first.pool_id)?;
         let grain = first.grain_bytes;
         for v in &old_meta.volumes {
@@ -252,7 +216,24 @@ impl Pool {
                 .map_err(|e| Error::Corrupt(format!("volume table entry {:?}: {e}", v.name)))?;
         }
         let geo = geometry(&first);
-        let array = LinearArray::new(members, first.segment_bytes, grain as u64)?;
+        let array: Box<dyn Array> = match first.array {
+            ArrayKind::Linear => Box::new(LinearArray::new(members, first.segment_bytes, grain as u64)?),
+            kind => {
+                let mut failed = old_meta.failed_members.clone();
+                failed.extend(&missing);
+                failed.sort_unstable();
+                failed.dedup();
+                Box::new(RaidArray::new(
+                    kind,
+                    members,
+                    first.member_ids.clone(),
+                    &failed,
+                    first.stripe_unit_bytes as u64,
+                    first.segment_bytes,
+                    grain as u64,
+                )?)
+            }
+        };
         let policy = opts
             .policies
             .victim(
@@ -275,10 +256,12 @@ impl Pool {
         meta.clean = false;
         meta.checkpoint = None;
         meta.session_id = rand::thread_rng().gen();
+        // A member missing now is recorded as failed: if it comes back, it is stale.
+        meta.failed_members = array.failed_ids();
         if !opts.read_only {
             crate::log::write_meta_slot(&array.metadata_devices(), &mut meta)?;
         }
-        let log = Arc::new(Log::new(first.pool_id, geo, Box::new(array), meta, opts.read_only));
+        let log = Arc::new(Log::new(first.pool_id, geo, array, meta, opts.read_only));
         let eng = Engine::new(log, policy, opts.background_gc, opts.gc_garbage_percent.map(|p| p / 100.0));
         for c in volumes {
             eng.add_volume(c);
@@ -328,9 +311,10 @@ fn new_member_ids(count: usize) -> Vec<u64> {
 
 /// Reads every device's superblock and checks it against the first: same pool, same geometry
 /// and array, the same member list, a slot of its own that its member id matches, segment
-/// ranges that line up. Nothing is written. Returns the first superblock and the members in
-/// slot order.
-fn read_members(devices: &[Arc<dyn Device>]) -> Result<(Superblock, Vec<Member>)> {
+/// ranges that line up. Nothing is written. Returns the first superblock, the members in slot
+/// order (a missing one, where the layout survives it, as a stand-in that fails all I/O) and
+/// the ids of the missing members.
+fn read_members(devices: &[Arc<dyn Device>]) -> Result<(Superblock, Vec<Member>, Vec<u64>)> {
     let mut sbs = Vec::new();
     for d in devices {
         sbs.push(read_superblock(d.as_ref())?);
@@ -381,24 +365,47 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<(Superblock, Vec<Member>)
         }
         *slot = Some((d.clone(), sb));
     }
-    let mut members = Vec::new();
-    let mut next_segment = 0u32;
-    for (i, m) in ordered.into_iter().enumerate() {
-        let Some((device, sb)) = m else {
+    let tolerated = first.array.tolerated_failures(first.device_count);
+    let missing: Vec<u32> = (0..first.device_count).filter(|i| ordered[*i as usize].is_none()).collect();
+    if let Some(&slot) = missing.first() {
+        if missing.len() as u32 > tolerated {
             return Err(Error::MissingMember {
                 pool: first.pool_id,
                 expected: first.device_count,
                 given: devices.len() as u32,
-                missing: i as u32,
+                missing: slot,
             });
+        }
+        tracing::warn!(
+            "{} of {} members of this {} pool are missing; it opens degraded",
+            missing.len(),
+            first.device_count,
+            first.array.name()
+        );
+    }
+    let mut members = Vec::new();
+    let mut next_segment = 0u32;
+    for (i, m) in ordered.into_iter().enumerate() {
+        let (device, sb) = match m {
+            Some(found) => found,
+            None => {
+                let id = first.member_ids.get(i).copied().unwrap_or(0);
+                let stand_in: Arc<dyn Device> = Arc::new(crate::array::raid::MissingDevice::new(i as u32, id, first.device_size_bytes));
+                (stand_in, first.clone())
+            }
         };
-        if sb.first_segment != next_segment {
+        let expected_first = if first.array == ArrayKind::Linear { next_segment } else { 0 };
+        if sb.first_segment != expected_first {
             return Err(Error::DamagedSuperblock {
                 device: device.name().into(),
                 reason: "segment ranges of the members do not line up".into(),
             });
         }
-        next_segment += sb.segment_count;
+        next_segment = if first.array == ArrayKind::Linear {
+            next_segment + sb.segment_count
+        } else {
+            sb.segment_count
+        };
         members.push(Member {
             device,
             first_segment: sb.first_segment,
@@ -412,22 +419,37 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<(Superblock, Vec<Member>)
             reason: "segment counts do not add up".into(),
         });
     }
-    Ok((first, members))
+    let missing_ids = missing
+        .iter()
+        .map(|&i| first.member_ids.get(i as usize).copied().unwrap_or(0))
+        .collect();
+    Ok((first, members, missing_ids))
 }
 
 /// The newest valid copy of the pool metadata on any member (every member keeps one since
 /// format version 6; a version-5 pool has it on member 0 only).
 fn read_pool_meta(members: &[Member], pool_id: u128) -> Result<PoolMeta> {
     let mut best: Option<PoolMeta> = None;
+    let mut read_error = None;
     for m in members {
         for off in m.layout.meta_slot_offsets {
-            let b = read_block(m.device.as_ref(), off, POOL_META_SLOT_BYTES)?;
+            // A member that cannot be read (missing, failing) leaves the copies of the others.
+            let b = match read_block(m.device.as_ref(), off, POOL_META_SLOT_BYTES) {
+                Ok(b) => b,
+                Err(e) => {
+                    read_error.get_or_insert(e);
+                    continue;
+                }
+            };
             if let Ok(meta) = PoolMeta::decode(&b) {
                 if meta.pool_id == pool_id && best.as_ref().is_none_or(|b| meta.generation > b.generation) {
                     best = Some(meta);
                 }
             }
         }
+    }
+    if let (None, Some(e)) = (&best, read_error) {
+        return Err(e);
     }
     best.ok_or_else(|| {
         let names: Vec<&str> = members.iter().map(|m| m.device.name()).collect();
@@ -473,6 +495,189 @@ fn load_state(eng: &Engine, old_meta: &PoolMeta, opts: &OpenOptions, progress: &
         eng.log.array().sync_all()?;
     }
     Ok(opened_from)
+}
+
+/// Where a new pool's segments go: their size, and per member its first segment, segment count
+/// and layout.
+struct MemberPlan {
+    segment_bytes: u64,
+    stripe_unit_bytes: u32,
+    total_segments: u32,
+    members: Vec<(u32, u32, DeviceLayout)>,
+}
+
+/// Plans the members of a new pool. A linear pool concatenates the members' segments; a RAID
+/// pool puts `segment_bytes / data members` of every segment on each member (RAID-1: all of
+/// it), so every member holds as many segments as the smallest can, and the rest of a larger
+/// member is left unused (and reported).
+fn plan_members(devices: &[Arc<dyn Device>], cfg: &PoolConfig) -> Result<MemberPlan> {
+    let n = devices.len() as u32;
+    let zone_bytes = devices.iter().find_map(|d| d.zones().map(|z| z.zone_bytes()));
+    let preferred = devices.iter().map(|d| d.preferred_alignment_bytes()).max().unwrap_or(0);
+    let check_segment = |segment_bytes: u64| -> Result<()> {
+        if !((1 << 20)..=(1 << 30)).contains(&segment_bytes) || !segment_bytes.is_multiple_of(cfg.grain_bytes as u64) {
+            return Err(Error::InvalidConfig(format!(
+                "segment size {} must be 1 MiB to 1 GiB and a multiple of the grain",
+                human_bytes(segment_bytes)
+            )));
+        }
+        Ok(())
+    };
+    if cfg.array == ArrayKind::Linear {
+        if cfg.stripe_unit_bytes.is_some() {
+            return Err(Error::InvalidConfig("a linear array has no stripe unit".into()));
+        }
+        let total: u64 = devices.iter().map(|d| d.size_bytes().saturating_sub(DEVICE_RESERVED_BYTES)).sum();
+        let segment_bytes = match (cfg.segment_bytes, zone_bytes) {
+            (Some(b), _) => b,
+            // Segments align to zones: one segment per zone.
+            (None, Some(z)) => z,
+            // At least a device's preferred write size (an SSD's block stripe, an SMR band).
+            (None, None) => default_segment_bytes(total).max(preferred.next_power_of_two().min(1 << 30)),
+        };
+        check_segment(segment_bytes)?;
+        let mut first = 0u32;
+        let mut members = Vec::new();
+        for d in devices {
+            let (layout, count) = DeviceLayout::plan(d.as_ref(), segment_bytes)?;
+            if count == 0 {
+                return Err(Error::InvalidConfig(format!(
+                    "device {} ({}) is too small for one {} segment after its {} header",
+                    d.name(),
+                    human_bytes(d.size_bytes()),
+                    human_bytes(segment_bytes),
+                    human_bytes(layout.segments_offset_bytes)
+                )));
+            }
+            let count = u32::try_from(count).map_err(|_| Error::InvalidConfig("too many segments".into()))?;
+            members.push((first, count, layout));
+            first = first
+                .checked_add(count)
+                .ok_or_else(|| Error::InvalidConfig("too many segments".into()))?;
+        }
+        return Ok(MemberPlan {
+            segment_bytes,
+            stripe_unit_bytes: 0,
+            total_segments: first,
+            members,
+        });
+    }
+    let kind = cfg.array;
+    if n < kind.min_members() {
+        return Err(Error::InvalidConfig(format!(
+            "{} needs at least {} devices; {n} given",
+            kind.name(),
+            kind.min_members()
+        )));
+    }
+    if let Some(d) = devices.iter().find(|d| d.zones().is_some()) {
+        return Err(Error::InvalidConfig(format!(
+            "{}: a zoned drive cannot join a {} array (its members are written in place by rows); use a linear pool",
+            d.name(),
+            kind.name()
+        )));
+    }
+    let unit = match (kind, cfg.stripe_unit_bytes) {
+        (ArrayKind::Raid1, Some(_)) => return Err(Error::InvalidConfig("a raid1 array has no stripe unit".into())),
+        (ArrayKind::Raid1, None) => 0,
+        (ArrayKind::Raid0, u) => u.unwrap_or(super::DEFAULT_RAID0_STRIPE_UNIT_BYTES),
+        (_, u) => u.unwrap_or(super::DEFAULT_RAID5_STRIPE_UNIT_BYTES),
+    };
+    if kind.is_striped() && (!unit.is_power_of_two() || unit < cfg.grain_bytes || unit > super::MAX_STRIPE_UNIT_BYTES) {
+        return Err(Error::InvalidConfig(format!(
+            "stripe unit {} must be a power of two from the grain ({}) to {}",
+            human_bytes(unit as u64),
+            human_bytes(cfg.grain_bytes as u64),
+            human_bytes(super::MAX_STRIPE_UNIT_BYTES as u64)
+        )));
+    }
+    let data_members = match kind {
+        ArrayKind::Raid0 => n,
+        ArrayKind::Raid5 => n - 1,
+        _ => 1,
+    } as u64;
+    let row = (unit as u64 * data_members).max(cfg.grain_bytes as u64);
+    let smallest = devices.iter().map(|d| d.size_bytes()).min().unwrap_or(0);
+    let segment_bytes = match cfg.segment_bytes {
+        Some(b) => {
+            if kind.is_striped() && !b.is_multiple_of(row) {
+                let near = (b / row).max(1) * row;
+                return Err(Error::InvalidConfig(format!(
+                    "segment size {} is not a whole number of {} rows ({} data members x {} stripe unit); try {}",
+                    human_bytes(b),
+                    human_bytes(row),
+                    data_members,
+                    human_bytes(unit as u64),
+                    human_bytes(if near < 1 << 20 { (1u64 << 20).div_ceil(row) * row } else { near })
+                )));
+            }
+            b
+        }
+        None => {
+            // Each member's share is a power of two, at least a stripe unit and a device's
+            // preferred write size; the segment is at least 1 MiB.
+            let data = smallest.saturating_sub(DEVICE_RESERVED_BYTES) * data_members;
+            let mut share = (default_segment_bytes(data) / data_members)
+                .next_power_of_two()
+                .max(unit as u64)
+                .max(preferred.next_power_of_two());
+            while share * data_members < 1 << 20 {
+                share *= 2;
+            }
+            share * data_members
+        }
+    };
+    check_segment(segment_bytes)?;
+    let member_segment_bytes = segment_bytes / data_members;
+    let mut plans = Vec::new();
+    for d in devices {
+        plans.push(DeviceLayout::plan(d.as_ref(), member_segment_bytes)?);
+    }
+    let count = plans.iter().map(|(_, c)| *c).min().unwrap_or(0);
+    let count = u32::try_from(count).map_err(|_| Error::InvalidConfig("too many segments".into()))?;
+    for (d, (layout, c)) in devices.iter().zip(&plans) {
+        if *c > count as u64 {
+            tracing::warn!(
+                "{}: {} of it is left unused (the array stripes over the smallest member)",
+                d.name(),
+                human_bytes((*c - count as u64) * member_segment_bytes)
+            );
+        }
+        if count == 0 {
+            return Err(Error::InvalidConfig(format!(
+                "device {} ({}) is too small for one {} share of a segment after its {} header",
+                d.name(),
+                human_bytes(d.size_bytes()),
+                human_bytes(member_segment_bytes),
+                human_bytes(layout.segments_offset_bytes)
+            )));
+        }
+    }
+    Ok(MemberPlan {
+        segment_bytes,
+        stripe_unit_bytes: unit,
+        total_segments: count,
+        members: plans.into_iter().map(|(layout, _)| (0, count, layout)).collect(),
+    })
+}
+
+/// A byte count for messages: `1.5 GiB`, `64 KiB`, `512 bytes`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} bytes");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 /// Refuses options no pool can run with, before anything is written.

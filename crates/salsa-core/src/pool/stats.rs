@@ -45,6 +45,15 @@ pub struct Stats {
     pub unmovable_segments: u32,
     pub volumes: Vec<VolumeStats>,
     pub device_counters: Vec<(String, String, u64)>,
+    /// How the members are combined (`linear`, `raid0`, `raid1`, `raid5`).
+    pub array: String,
+    /// Health and I/O of every member, in slot order.
+    pub members: Vec<crate::array::MemberStatus>,
+    /// Zeros written so that flushes end on whole RAID-5 rows.
+    pub pad_bytes_written: u64,
+    /// Bytes written to all members (data, metadata, padding, parity and mirror copies) per
+    /// user byte written; for a linear array the same as `write_amplification`.
+    pub array_write_amplification: f64,
 }
 
 /// A volume's statistics, as its controller reports them.
@@ -65,7 +74,18 @@ impl Pool {
                 device_counters.push((m.device.name().to_string(), k, v));
             }
         }
+        let members = self.eng.log.array().member_status();
+        let array_bytes: u64 = members.iter().map(|m| m.bytes_written).sum();
+        let array_bytes = if self.eng.log.array().kind() == crate::ArrayKind::Linear {
+            dev
+        } else {
+            array_bytes
+        };
         Stats {
+            array: self.eng.log.array().kind().name().to_string(),
+            members,
+            pad_bytes_written: c.pad_bytes_written.load(SeqCst),
+            array_write_amplification: ratio(array_bytes),
             user_bytes_written: user,
             user_bytes_read: c.user_bytes_read.load(SeqCst),
             gc_bytes_relocated: gc,

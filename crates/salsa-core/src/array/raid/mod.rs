@@ -1,0 +1,710 @@
+//! Redundant and striped arrays: RAID-0, RAID-1 and RAID-5 over flat members, written only in
+//! whole segments of the log, so that no write ever reads old data or parity.
+//!
+//! Owns: the placement of a segment's bytes on the members ([`stripe`]), the parity of the rows
+//! being filled ([`rows`]), member health (a member that fails a write, or too many reads, is
+//! failed and no longer used; the log makes the failure durable in the pool metadata at its
+//! next flush), degraded reads (RAID-1 from another mirror, RAID-5 from the row's other
+//! members), repair of a page that fails its checksum on one member, and the resync of the
+//! rows that were being written when the pool stopped.
+//!
+//! Invariants: every member holds a segment in the same place (`segments_offset + segment *
+//! member_segment_bytes`); a RAID-5 row's parity is written only when the row is complete, by
+//! the write that completes it, and reaches the device before the flush that makes the row's
+//! data durable returns (the log pads flushes to whole rows); a RAID-1 read uses the first
+//! healthy member, so what recovery read is what it resyncs the others from; I/O is never sent
+//! to a failed member.
+
+pub mod rows;
+pub mod stripe;
+
+use super::{Array, ArrayKind, Member, MemberStatus, ScrubCounts};
+use crate::device::{Device, StorageType};
+use crate::error::{Error, Result};
+use crate::format::DeviceLayout;
+use rows::OpenRows;
+use std::io::IoSlice;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use stripe::{Piece, Stripe};
+
+/// Read errors after which a member is failed (each one is served from redundancy).
+pub const READ_ERRORS_TO_FAIL: u64 = 8;
+
+/// Health and counters of one member.
+#[derive(Default)]
+struct Health {
+    failed: AtomicBool,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    parity_bytes_written: AtomicU64,
+    read_errors: AtomicU64,
+    write_errors: AtomicU64,
+    repaired_bytes: AtomicU64,
+}
+
+/// A RAID-0, RAID-1 or RAID-5 array.
+pub struct RaidArray {
+    members: Vec<Member>,
+    ids: Vec<u64>,
+    stripe: Stripe,
+    grain_bytes: u64,
+    grains_per_segment: u64,
+    health: Vec<Health>,
+    rows: OpenRows,
+    /// A member failed since the pool metadata last recorded the failed set.
+    failure_changed: AtomicBool,
+    aligned_buffers: bool,
+}
+
+/// The bytes `[at, at + len)` of the concatenation of `bufs`, as slices.
+fn sub_slices<'b>(bufs: &'b [IoSlice<'_>], at: u64, len: u64) -> Vec<&'b [u8]> {
+    let mut out = Vec::new();
+    let (mut skip, mut left) = (at as usize, len as usize);
+    for b in bufs {
+        let b: &'b [u8] = b;
+        if skip >= b.len() {
+            skip -= b.len();
+            continue;
+        }
+        let n = (b.len() - skip).min(left);
+        out.push(&b[skip..skip + n]);
+        left -= n;
+        skip = 0;
+        if left == 0 {
+            break;
+        }
+    }
+    out
+}
+
+impl RaidArray {
+    /// An array of `kind` over `members` (all in slot order, a missing one given as a device
+    /// that fails every I/O and listed in `failed`).
+    pub fn new(
+        kind: ArrayKind,
+        members: Vec<Member>,
+        ids: Vec<u64>,
+        failed: &[u64],
+        unit_bytes: u64,
+        segment_bytes: u64,
+        grain_bytes: u64,
+    ) -> Result<RaidArray> {
+        let stripe = Stripe::new(kind, members.len() as u32, unit_bytes, segment_bytes);
+        let health: Vec<Health> = members.iter().map(|_| Health::default()).collect();
+        for (i, id) in ids.iter().enumerate() {
+            if failed.contains(id) {
+                health[i].failed.store(true, SeqCst);
+            }
+        }
+        let a = RaidArray {
+            aligned_buffers: members.iter().any(|m| m.device.alignment_bytes() > 512),
+            rows: OpenRows::new(stripe, grain_bytes),
+            members,
+            ids,
+            stripe,
+            grain_bytes,
+            grains_per_segment: segment_bytes / grain_bytes,
+            health,
+            failure_changed: AtomicBool::new(false),
+        };
+        let failed = a.failed_count();
+        let tolerated = kind.tolerated_failures(a.members.len() as u32);
+        if failed > tolerated {
+            return Err(Error::InvalidConfig(format!(
+                "{failed} members of this {} array are failed or missing; it survives {tolerated}",
+                kind.name()
+            )));
+        }
+        Ok(a)
+    }
+
+    fn failed_count(&self) -> u32 {
+        self.health.iter().filter(|h| h.failed.load(SeqCst)).count() as u32
+    }
+
+    fn is_failed(&self, m: u32) -> bool {
+        self.health[m as usize].failed.load(SeqCst)
+    }
+
+    fn device(&self, m: u32) -> &dyn Device {
+        self.members[m as usize].device.as_ref()
+    }
+
+    /// Byte offset on member `m` of `member_offset` in `segment`'s area.
+    fn offset(&self, m: u32, segment: u32, member_offset: u64) -> u64 {
+        self.members[m as usize].layout.segments_offset_bytes + segment as u64 * self.stripe.member_segment_bytes() + member_offset
+    }
+
+    fn io_error(&self, m: u32, op: &'static str, offset: u64, source: std::io::Error) -> Error {
+        Error::Io {
+            device: self.device(m).name().to_string(),
+            op,
+            offset,
+            source,
+        }
+    }
+
+    /// Fails member `m` after an I/O error. `Ok` while the array still has its data; the error
+    /// itself (which poisons the pool) once it does not.
+    fn fail(&self, m: u32, err: Error) -> Result<()> {
+        if !self.health[m as usize].failed.swap(true, SeqCst) {
+            tracing::error!("member {} failed: {err}", self.device(m).name());
+            self.failure_changed.store(true, SeqCst);
+        }
+        let tolerated = self.stripe.kind.tolerated_failures(self.members.len() as u32);
+        if self.failed_count() > tolerated {
+            return Err(Error::Poisoned(format!(
+                "{} of {} members of the {} array have failed, more than it survives ({err})",
+                self.failed_count(),
+                self.members.len(),
+                self.stripe.kind.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads from member `m`; counts the bytes, and errors towards failing it.
+    fn read_member(&self, m: u32, buf: &mut [u8], offset: u64) -> Result<()> {
+        if self.is_failed(m) {
+            return Err(Error::Io {
+                device: self.device(m).name().to_string(),
+                op: "read",
+                offset,
+                source: std::io::Error::other("the member has failed"),
+            });
+        }
+        let h = &self.health[m as usize];
+        match self.device(m).read_at(buf, offset) {
+            Ok(()) => {
+                h.bytes_read.fetch_add(buf.len() as u64, SeqCst);
+                Ok(())
+            }
+            Err(source) => {
+                let e = self.io_error(m, "read", offset, source);
+                if h.read_errors.fetch_add(1, SeqCst) + 1 >= READ_ERRORS_TO_FAIL {
+                    let msg = e.to_string();
+                    self.fail(m, e)?;
+                    return Err(Error::Io {
+                        device: self.device(m).name().to_string(),
+                        op: "read",
+                        offset,
+                        source: std::io::Error::other(msg),
+                    });
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes to member `m` unless it has failed; a failure fails the member.
+    fn write_member(&self, m: u32, bufs: &[IoSlice<'_>], offset: u64, parity_bytes: u64) -> Result<()> {
+        if self.is_failed(m) {
+            return Ok(());
+        }
+        let h = &self.health[m as usize];
+        match self.device(m).write_vectored_at(bufs, offset) {
+            Ok(()) => {
+                let n: usize = bufs.iter().map(|b| b.len()).sum();
+                h.bytes_written.fetch_add(n as u64, SeqCst);
+                h.parity_bytes_written.fetch_add(parity_bytes, SeqCst);
+                Ok(())
+            }
+            Err(source) => {
+                h.write_errors.fetch_add(1, SeqCst);
+                self.fail(m, self.io_error(m, "write", offset, source))
+            }
+        }
+    }
+
+    /// A buffer for device I/O of `len` bytes.
+    fn scratch(&self, len: usize) -> AlignedScratch {
+        AlignedScratch(crate::util::AlignedBuf::zeroed(len))
+    }
+
+    /// Reads `buf.len()` bytes at `member_offset` of data unit `p` of `segment` without using
+    /// the member that holds it: RAID-5 from the row's other members and its parity.
+    fn reconstruct(&self, segment: u32, p: &Piece, buf: &mut [u8]) -> Result<()> {
+        let unit = self.stripe.unit_bytes;
+        let in_unit = (p.member_offset % unit) as usize;
+        let gb = self.grain_bytes as usize;
+        let gpu = (unit / self.grain_bytes) as usize;
+        let parity_member = self
+            .stripe
+            .parity_member(p.row)
+            .ok_or_else(|| Error::Corrupt("reconstruction without parity".into()))?;
+        let snapshot = self.rows.snapshot(segment, p.row);
+        match &snapshot {
+            Some(s) => buf.copy_from_slice(&s.parity[in_unit..in_unit + buf.len()]),
+            None => self.read_member(parity_member, buf, self.offset(parity_member, segment, p.member_offset))?,
+        }
+        let mut tmp = self.scratch(buf.len());
+        for m in 0..self.members.len() as u32 {
+            if m == p.member || m == parity_member {
+                continue;
+            }
+            let u = self.stripe.unit_of(p.row, m).expect("a data member");
+            self.read_member(m, &mut tmp.0, self.offset(m, segment, p.member_offset))?;
+            for (g, (d, s)) in buf.chunks_mut(gb).zip(tmp.0.chunks(gb)).enumerate() {
+                // Of an open row, only grains written so far are in its parity.
+                let covered = snapshot.as_ref().is_none_or(|s| s.contributed[u as usize * gpu + in_unit / gb + g]);
+                if covered {
+                    for (x, y) in d.iter_mut().zip(s) {
+                        *x ^= *y;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the data pieces `pieces` of `segment` into `buf`, merging pieces that are
+    /// contiguous on one member into one read, and reconstructing what a failed member holds.
+    fn read_pieces(&self, segment: u32, pieces: &[Piece], buf: &mut [u8]) -> Result<()> {
+        let mut by_member: Vec<Vec<&Piece>> = vec![Vec::new(); self.members.len()];
+        for p in pieces {
+            by_member[p.member as usize].push(p);
+        }
+        for (m, list) in by_member.iter().enumerate() {
+            let mut i = 0;
+            while i < list.len() {
+                let mut j = i + 1;
+                while j < list.len() && list[j].member_offset == list[j - 1].member_offset + list[j - 1].len {
+                    j += 1;
+                }
+                let run = &list[i..j];
+                let first = run[0].member_offset;
+                let len: u64 = run.iter().map(|p| p.len).sum();
+                let direct = if self.is_failed(m as u32) {
+                    Err(Error::Corrupt(String::new()))
+                } else {
+                    let mut tmp = self.scratch(len as usize);
+                    self.read_member(m as u32, &mut tmp.0, self.offset(m as u32, segment, first))
+                        .map(|()| {
+                            for p in run {
+                                let from = (p.member_offset - first) as usize;
+                                buf[p.at as usize..(p.at + p.len) as usize].copy_from_slice(&tmp.0[from..from + p.len as usize]);
+                            }
+                        })
+                };
+                if let Err(e) = direct {
+                    if self.stripe.kind != ArrayKind::Raid5 {
+                        return Err(if self.is_failed(m as u32) {
+                            Error::Io {
+                                device: self.device(m as u32).name().to_string(),
+                                op: "read",
+                                offset: self.offset(m as u32, segment, first),
+                                source: std::io::Error::other("the member has failed and a RAID-0 array has no copy"),
+                            }
+                        } else {
+                            e
+                        });
+                    }
+                    for p in run {
+                        self.reconstruct(segment, p, &mut buf[p.at as usize..(p.at + p.len) as usize])?;
+                    }
+                }
+                i = j;
+            }
+        }
+        Ok(())
+    }
+
+    /// RAID-1 read: the first healthy member that answers.
+    fn read_mirror(&self, segment: u32, offset: u64, buf: &mut [u8], skip: Option<u32>) -> Result<u32> {
+        let mut last = None;
+        for m in 0..self.members.len() as u32 {
+            if self.is_failed(m) || skip == Some(m) {
+                continue;
+            }
+            match self.read_member(m, buf, self.offset(m, segment, offset)) {
+                Ok(()) => return Ok(m),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Poisoned("no healthy mirror left".into())))
+    }
+
+    /// Writes runs of (member offset, slices) per member, merging contiguous ones.
+    fn write_runs(&self, segment: u32, mut per_member: Vec<Vec<Extent<'_>>>) -> Result<()> {
+        for (m, list) in per_member.iter_mut().enumerate() {
+            list.sort_by_key(|(off, _, _)| *off);
+            let mut i = 0;
+            while i < list.len() {
+                let start = list[i].0;
+                let mut end = start;
+                let mut slices: Vec<IoSlice<'_>> = Vec::new();
+                let mut parity = 0;
+                let mut j = i;
+                while j < list.len() && list[j].0 == end {
+                    let n: usize = list[j].1.iter().map(|s| s.len()).sum();
+                    slices.extend(list[j].1.iter().map(|s| IoSlice::new(s)));
+                    parity += list[j].2;
+                    end += n as u64;
+                    j += 1;
+                }
+                self.write_member(m as u32, &slices, self.offset(m as u32, segment, start), parity)?;
+                i = j;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_striped(&self, segment: u32, offset: u64, bufs: &[IoSlice<'_>]) -> Result<()> {
+        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        let pieces: Vec<Piece> = self.stripe.pieces(offset, len).collect();
+        let mut per_member: Vec<Vec<Extent<'_>>> = vec![Vec::new(); self.members.len()];
+        for p in &pieces {
+            per_member[p.member as usize].push((p.member_offset, sub_slices(bufs, p.at, p.len), 0));
+        }
+        if self.stripe.kind != ArrayKind::Raid5 {
+            return self.write_runs(segment, per_member);
+        }
+        let done = self.rows.contribute(segment, &pieces, |p, xor| {
+            let mut at = 0;
+            for s in sub_slices(bufs, p.at, p.len) {
+                xor(at, s);
+                at += s.len() as u64;
+            }
+        });
+        let parity_slices: Vec<(u32, u64, &[u8])> = done
+            .iter()
+            .map(|d| (d.member, d.row * self.stripe.unit_bytes, &d.parity[..]))
+            .collect();
+        for (m, off, bytes) in &parity_slices {
+            per_member[*m as usize].push((*off, vec![*bytes], bytes.len() as u64));
+        }
+        let r = self.write_runs(segment, per_member);
+        self.rows.finished(segment, pieces.iter().map(|p| p.row));
+        r
+    }
+}
+
+/// The place of a member that was not given at open: every I/O fails (the array never sends
+/// it any, as the member is failed).
+pub struct MissingDevice {
+    name: String,
+    size_bytes: u64,
+}
+
+impl MissingDevice {
+    pub fn new(slot: u32, member_id: u64, size_bytes: u64) -> MissingDevice {
+        MissingDevice {
+            name: format!("missing member {slot} (id {member_id:016x})"),
+            size_bytes,
+        }
+    }
+}
+
+impl Device for MissingDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    fn read_at(&self, _buf: &mut [u8], _offset: u64) -> std::io::Result<()> {
+        Err(std::io::Error::new(std::io::ErrorKind::NotFound, "the member is missing"))
+    }
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> std::io::Result<()> {
+        Err(std::io::Error::new(std::io::ErrorKind::NotFound, "the member is missing"))
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        Err(std::io::Error::new(std::io::ErrorKind::NotFound, "the member is missing"))
+    }
+}
+
+/// Bytes to write at a member offset: (offset, pieces, of which parity bytes).
+type Extent<'a> = (u64, Vec<&'a [u8]>, u64);
+
+/// An aligned scratch buffer (device I/O may need `O_DIRECT` alignment).
+struct AlignedScratch(crate::util::AlignedBuf);
+
+impl Array for RaidArray {
+    fn kind(&self) -> ArrayKind {
+        self.stripe.kind
+    }
+
+    fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    fn needs_aligned_buffers(&self) -> bool {
+        self.aligned_buffers
+    }
+
+    fn storage_type(&self, _segment: u32) -> StorageType {
+        self.members[0].device.storage_type()
+    }
+
+    fn readable_grains(&self, _segment: u32) -> u64 {
+        self.grains_per_segment
+    }
+
+    fn prepare_segment(&self, segment: u32) -> Result<()> {
+        self.rows.forget_segment(segment);
+        Ok(())
+    }
+
+    fn read(&self, grain: u64, buf: &mut [u8]) -> Result<()> {
+        let segment = (grain / self.grains_per_segment) as u32;
+        let offset = (grain % self.grains_per_segment) * self.grain_bytes;
+        assert!(
+            offset + buf.len() as u64 <= self.stripe.segment_bytes,
+            "access crosses the end of segment {segment}"
+        );
+        if self.stripe.kind == ArrayKind::Raid1 {
+            return self.read_mirror(segment, offset, buf, None).map(|_| ());
+        }
+        let pieces: Vec<Piece> = self.stripe.pieces(offset, buf.len() as u64).collect();
+        self.read_pieces(segment, &pieces, buf)
+    }
+
+    fn write_vectored(&self, grain: u64, bufs: &[IoSlice<'_>]) -> Result<()> {
+        let segment = (grain / self.grains_per_segment) as u32;
+        let offset = (grain % self.grains_per_segment) * self.grain_bytes;
+        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        assert!(
+            offset + len <= self.stripe.segment_bytes,
+            "access crosses the end of segment {segment}"
+        );
+        if self.stripe.kind == ArrayKind::Raid1 {
+            for m in 0..self.members.len() as u32 {
+                self.write_member(m, bufs, self.offset(m, segment, offset), 0)?;
+            }
+            return Ok(());
+        }
+        self.write_striped(segment, offset, bufs)
+    }
+
+    fn sync_all(&self) -> Result<()> {
+        for m in 0..self.members.len() as u32 {
+            if self.is_failed(m) {
+                continue;
+            }
+            if let Err(source) = self.device(m).sync() {
+                self.health[m as usize].write_errors.fetch_add(1, SeqCst);
+                self.fail(m, self.io_error(m, "sync", 0, source))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn metadata_devices(&self) -> Vec<(&dyn Device, DeviceLayout)> {
+        (0..self.members.len() as u32)
+            .filter(|m| !self.is_failed(*m))
+            .map(|m| (self.device(m), self.members[m as usize].layout))
+            .collect()
+    }
+
+    fn flush_alignment_grains(&self, grain_bytes: u32) -> u32 {
+        match self.stripe.kind {
+            ArrayKind::Raid5 => (self.stripe.row_bytes() / grain_bytes as u64) as u32,
+            _ => 1,
+        }
+    }
+
+    fn take_failure_change(&self) -> Option<Vec<u64>> {
+        self.failure_changed.swap(false, SeqCst).then(|| self.failed_ids())
+    }
+
+    fn failed_ids(&self) -> Vec<u64> {
+        (0..self.members.len())
+            .filter(|m| self.is_failed(*m as u32))
+            .map(|m| self.ids[m])
+            .collect()
+    }
+
+    fn member_status(&self) -> Vec<MemberStatus> {
+        self.members
+            .iter()
+            .zip(&self.health)
+            .map(|(m, h)| MemberStatus {
+                name: m.device.name().to_string(),
+                failed: h.failed.load(SeqCst),
+                bytes_read: h.bytes_read.load(SeqCst),
+                bytes_written: h.bytes_written.load(SeqCst),
+                parity_bytes_written: h.parity_bytes_written.load(SeqCst),
+                read_errors: h.read_errors.load(SeqCst),
+                write_errors: h.write_errors.load(SeqCst),
+                repaired_bytes: h.repaired_bytes.load(SeqCst),
+            })
+            .collect()
+    }
+
+    fn read_repair(&self, grain: u64, buf: &mut [u8], verify: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+        let segment = (grain / self.grains_per_segment) as u32;
+        let offset = (grain % self.grains_per_segment) * self.grain_bytes;
+        match self.stripe.kind {
+            ArrayKind::Raid1 => {
+                let first = self.read_mirror(segment, offset, buf, None)?;
+                let mut good = None;
+                for m in 0..self.members.len() as u32 {
+                    if m == first || self.is_failed(m) {
+                        continue;
+                    }
+                    if self.read_member(m, buf, self.offset(m, segment, offset)).is_ok() && verify(buf) {
+                        good = Some(m);
+                        break;
+                    }
+                }
+                let Some(good) = good else { return Ok(false) };
+                // Every other mirror gets the good copy.
+                let mut check = self.scratch(buf.len());
+                for m in 0..self.members.len() as u32 {
+                    if m == good || self.is_failed(m) {
+                        continue;
+                    }
+                    let off = self.offset(m, segment, offset);
+                    if self.read_member(m, &mut check.0, off).is_err() || !verify(&check.0) {
+                        self.write_member(m, &[IoSlice::new(buf)], off, 0)?;
+                        self.health[m as usize].repaired_bytes.fetch_add(buf.len() as u64, SeqCst);
+                    }
+                }
+                Ok(true)
+            }
+            ArrayKind::Raid5 => {
+                let pieces: Vec<Piece> = self.stripe.pieces(offset, buf.len() as u64).collect();
+                let mut members: Vec<u32> = pieces.iter().map(|p| p.member).collect();
+                members.sort_unstable();
+                members.dedup();
+                if self.failed_count() > 0 {
+                    return Ok(false); // no redundancy left to tell which member is wrong
+                }
+                // Suppose each member in turn is the one that returned bad bytes.
+                for suspect in members {
+                    self.read_pieces(segment, &pieces, buf)?;
+                    for p in pieces.iter().filter(|p| p.member == suspect) {
+                        self.reconstruct(segment, p, &mut buf[p.at as usize..(p.at + p.len) as usize])?;
+                    }
+                    if verify(buf) {
+                        for p in pieces.iter().filter(|p| p.member == suspect) {
+                            let bytes = &buf[p.at as usize..(p.at + p.len) as usize];
+                            self.write_member(suspect, &[IoSlice::new(bytes)], self.offset(suspect, segment, p.member_offset), 0)?;
+                            self.health[suspect as usize].repaired_bytes.fetch_add(p.len, SeqCst);
+                        }
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    fn scrub(&self, segment: u32, to_grain: u64, repair: bool) -> Result<ScrubCounts> {
+        let mut counts = ScrubCounts::default();
+        if self.failed_count() > 0 || self.stripe.kind == ArrayKind::Raid0 {
+            return Ok(counts); // nothing to compare against
+        }
+        // RAID-1 compares exactly what the chain covers, in pieces of at most 1 MiB; RAID-5
+        // whole rows.
+        let row = if self.stripe.kind == ArrayKind::Raid1 { 1 << 20 } else { self.stripe.row_bytes() };
+        let to = match self.stripe.kind {
+            ArrayKind::Raid1 => to_grain * self.grain_bytes,
+            _ => (to_grain * self.grain_bytes).div_ceil(row) * row,
+        };
+        let to = to.min(self.stripe.segment_bytes);
+        let unit = self.stripe.unit_bytes;
+        let mut at = 0;
+        while at < to {
+            match self.stripe.kind {
+                ArrayKind::Raid1 => {
+                    let len = row.min(to - at) as usize;
+                    let mut first = self.scratch(len);
+                    let mut other = self.scratch(len);
+                    self.read_member(0, &mut first.0, self.offset(0, segment, at))?;
+                    let mut differs = false;
+                    for m in 1..self.members.len() as u32 {
+                        self.read_member(m, &mut other.0, self.offset(m, segment, at))?;
+                        if other.0[..] != first.0[..] {
+                            differs = true;
+                            if repair {
+                                self.write_member(m, &[IoSlice::new(&first.0)], self.offset(m, segment, at), 0)?;
+                            }
+                        }
+                    }
+                    counts.rows_checked += 1;
+                    counts.rows_mismatched += differs as u64;
+                    counts.rows_repaired += (differs && repair) as u64;
+                    at += len as u64;
+                }
+                _ => {
+                    let r = at / self.stripe.row_bytes();
+                    at += self.stripe.row_bytes();
+                    if self.rows.is_open(segment, r) {
+                        continue; // still being filled: its parity is in memory
+                    }
+                    let p = self.stripe.parity_member(r).expect("RAID-5");
+                    let mut parity = self.scratch(unit as usize);
+                    let mut tmp = self.scratch(unit as usize);
+                    for m in 0..self.members.len() as u32 {
+                        if m == p {
+                            continue;
+                        }
+                        self.read_member(m, &mut tmp.0, self.offset(m, segment, r * unit))?;
+                        for (d, s) in parity.0.iter_mut().zip(tmp.0.iter()) {
+                            *d ^= *s;
+                        }
+                    }
+                    self.read_member(p, &mut tmp.0, self.offset(p, segment, r * unit))?;
+                    counts.rows_checked += 1;
+                    if tmp.0[..] != parity.0[..] {
+                        counts.rows_mismatched += 1;
+                        if repair {
+                            self.write_member(p, &[IoSlice::new(&parity.0)], self.offset(p, segment, r * unit), unit)?;
+                            counts.rows_repaired += 1;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(counts)
+    }
+
+    fn resync(&self, segment: u32, from_grain: u64, to_grain: u64) -> Result<()> {
+        let gb = self.grain_bytes;
+        // Mirrors copy exactly the grains asked for; parity is per whole row.
+        let row = if self.stripe.kind == ArrayKind::Raid1 { gb } else { self.stripe.row_bytes() };
+        let from = (from_grain * gb) / row * row;
+        let to = (to_grain * gb).div_ceil(row) * row;
+        let to = to.min(self.stripe.segment_bytes);
+        if from >= to {
+            return Ok(());
+        }
+        match self.stripe.kind {
+            ArrayKind::Raid1 => {
+                let mut buf = self.scratch((to - from) as usize);
+                let source = self.read_mirror(segment, from, &mut buf.0, None)?;
+                for m in 0..self.members.len() as u32 {
+                    if m != source {
+                        self.write_member(m, &[IoSlice::new(&buf.0)], self.offset(m, segment, from), 0)?;
+                    }
+                }
+                Ok(())
+            }
+            ArrayKind::Raid5 => {
+                if self.failed_count() > 0 {
+                    return Ok(()); // the rows cannot be re-derived without every data member
+                }
+                let unit = self.stripe.unit_bytes;
+                for r in from / row..to / row {
+                    let p = self.stripe.parity_member(r).expect("RAID-5");
+                    let mut parity = self.scratch(unit as usize);
+                    let mut tmp = self.scratch(unit as usize);
+                    for m in 0..self.members.len() as u32 {
+                        if m == p {
+                            continue;
+                        }
+                        self.read_member(m, &mut tmp.0, self.offset(m, segment, r * unit))?;
+                        for (d, s) in parity.0.iter_mut().zip(tmp.0.iter()) {
+                            *d ^= *s;
+                        }
+                    }
+                    self.write_member(p, &[IoSlice::new(&parity.0)], self.offset(p, segment, r * unit), unit)?;
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}

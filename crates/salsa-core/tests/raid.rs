@@ -1,0 +1,332 @@
+//! RAID-0, RAID-1 and RAID-5 pools: data survives flushes, checkpoints and scans on every
+//! layout; RAID-5 writes whole rows with their parity and never reads to write; a failed or
+//! missing member leaves a redundant pool serving every block; a page damaged on one member is
+//! repaired from the others.
+
+mod common;
+
+use common::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use salsa_core::device::{FaultDevice, FaultPlan, MemoryDevice};
+use salsa_core::{ArrayKind, Device, Error, OpenOptions, OpenedFrom, Pool, PoolConfig};
+use std::sync::Arc;
+
+const MEMBER_MIB: u64 = 20;
+
+fn config(kind: ArrayKind) -> PoolConfig {
+    PoolConfig {
+        array: kind,
+        meta_interval_pages: Some(16),
+        ..PoolConfig::default()
+    }
+}
+
+/// Members wrapped in fault injectors (that inject nothing until told).
+fn members(n: usize) -> (Vec<Arc<FaultDevice>>, Vec<Arc<dyn Device>>) {
+    let faults: Vec<Arc<FaultDevice>> = (0..n)
+        .map(|i| {
+            let mem: Arc<dyn Device> = Arc::new(MemoryDevice::new(format!("m{i}"), MEMBER_MIB * MIB));
+            Arc::new(FaultDevice::new(mem, FaultPlan::default()))
+        })
+        .collect();
+    let devs = faults.iter().map(|f| f.clone() as Arc<dyn Device>).collect();
+    (faults, devs)
+}
+
+/// Random page writes and trims over a volume, twice its size (so the GC runs), with a model.
+fn churn(pool: &Pool, model: &mut [u64], seed: u64, ops: usize) {
+    let vol = pool.volume("v").unwrap();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for i in 0..ops {
+        let p = rng.gen_range(0..model.len());
+        match rng.gen_range(0..20) {
+            0 => {
+                vol.trim(p as u64 * PAGE as u64, PAGE as u64).unwrap();
+                model[p] = 0;
+            }
+            1 => pool.flush().unwrap(),
+            _ => {
+                let v = (seed << 32) | (i as u64 + 1);
+                vol.write(p as u64 * PAGE as u64, &pattern(1, p as u64, v)).unwrap();
+                model[p] = v;
+            }
+        }
+    }
+}
+
+fn verify(pool: &Pool, model: &[u64]) {
+    let vol = pool.volume("v").unwrap();
+    let mut buf = vec![0u8; PAGE];
+    for (p, &v) in model.iter().enumerate() {
+        vol.read(p as u64 * PAGE as u64, &mut buf)
+            .unwrap_or_else(|e| panic!("page {p}: {e}"));
+        let want = if v == 0 { vec![0; PAGE] } else { pattern(1, p as u64, v) };
+        assert!(buf == want, "page {p} holds the wrong data");
+    }
+}
+
+fn opts() -> OpenOptions {
+    OpenOptions {
+        background_gc: false,
+        ..OpenOptions::default()
+    }
+}
+
+const LAYOUTS: [(ArrayKind, usize); 5] = [
+    (ArrayKind::Raid0, 2),
+    (ArrayKind::Raid1, 2),
+    (ArrayKind::Raid1, 3),
+    (ArrayKind::Raid5, 3),
+    (ArrayKind::Raid5, 4),
+];
+
+#[test]
+fn every_layout_keeps_data_through_gc_checkpoint_and_scan() {
+    for (kind, n) in LAYOUTS {
+        let (_, devs) = members(n);
+        let pool = Pool::create(devs.clone(), &config(kind), &opts()).unwrap();
+        assert_eq!(pool.array_layout(), kind.name());
+        let size = pool.logical_capacity_bytes() * 3 / 4 / PAGE as u64 * PAGE as u64;
+        pool.create_volume("v", size, PAGE as u32).unwrap();
+        let mut model = vec![0u64; (size / PAGE as u64) as usize];
+        let ops = model.len() * 4;
+        churn(&pool, &mut model, 1, ops);
+        let st = pool.stats();
+        assert!(st.gc_segments_cleaned > 0, "{kind:?}: the GC ran: {st:?}");
+        assert_eq!(st.members.len(), n);
+        assert!(
+            st.members.iter().all(|m| !m.failed && m.bytes_written > 0),
+            "{kind:?}: {:?}",
+            st.members
+        );
+        verify(&pool, &model);
+        pool.close().unwrap();
+        for force_scan in [false, true] {
+            let pool = Pool::open(devs.clone(), &OpenOptions { force_scan, ..opts() }).unwrap();
+            let want = if force_scan {
+                OpenedFrom::RecoveryScan
+            } else {
+                OpenedFrom::Checkpoint
+            };
+            assert_eq!(pool.opened_from(), want, "{kind:?}");
+            verify(&pool, &model);
+            churn(&pool, &mut model, 2 + force_scan as u64, 500);
+            verify(&pool, &model);
+            pool.close().unwrap();
+        }
+        // The members may be given in any order.
+        let mut shuffled = devs.clone();
+        shuffled.reverse();
+        let pool = Pool::open(shuffled, &opts()).unwrap();
+        verify(&pool, &model);
+        pool.close().unwrap();
+    }
+}
+
+/// A segment fill, followed on the raw members: every RAID-5 row written holds the XOR of its
+/// data units in its parity unit, and filling the pool read nothing from the members.
+#[test]
+fn raid5_writes_whole_rows_with_parity_and_never_reads_to_write() {
+    let (faults, devs) = members(4);
+    let cfg = PoolConfig {
+        stripe_unit_bytes: Some(16 << 10),
+        ..config(ArrayKind::Raid5)
+    };
+    let pool = Pool::create(devs.clone(), &cfg, &opts()).unwrap();
+    let vol = pool.create_volume("v", 8 * MIB, PAGE as u32).unwrap();
+    let reads_before: Vec<u64> = pool.stats().members.iter().map(|m| m.bytes_read).collect();
+    for p in 0..2048u64 {
+        vol.write(p * PAGE as u64, &pattern(1, p, 1)).unwrap();
+        if p % 97 == 0 {
+            pool.flush().unwrap(); // flushes in the middle of rows: the log pads them
+        }
+    }
+    pool.flush().unwrap();
+    let st = pool.stats();
+    let reads_after: Vec<u64> = st.members.iter().map(|m| m.bytes_read).collect();
+    assert_eq!(reads_before, reads_after, "writing read nothing from the members");
+    assert!(st.pad_bytes_written > 0, "flushes mid-row were padded");
+    let parity: u64 = st.members.iter().map(|m| m.parity_bytes_written).sum();
+    let data: u64 = st.members.iter().map(|m| m.bytes_written).sum::<u64>() - parity;
+    // One parity unit per three data units, give or take the pool metadata copies.
+    let ratio = parity as f64 / data as f64;
+    assert!((0.30..0.34).contains(&ratio), "parity/data {ratio}");
+    assert!(st.array_write_amplification > st.write_amplification);
+    // Check every row of every segment that holds data, from the raw members.
+    let g = pool.geometry();
+    pool.close().unwrap();
+    let unit = 16u64 << 10;
+    let member_segment = g.segment_bytes / 3;
+    let raw: Vec<Vec<u8>> = faults
+        .iter()
+        .map(|f| {
+            let mut b = vec![0u8; f.size_bytes() as usize];
+            f.read_at(&mut b, 0).unwrap();
+            b
+        })
+        .collect();
+    let mut rows_checked = 0;
+    let base = 1u64 << 20; // segments start after the 1 MiB head
+    for s in 0..g.total_segments as u64 {
+        for r in 0..member_segment / unit {
+            let at = (base + s * member_segment + r * unit) as usize;
+            let units: Vec<&[u8]> = raw.iter().map(|m| &m[at..at + unit as usize]).collect();
+            if units.iter().all(|u| u.iter().all(|&b| b == 0)) {
+                continue;
+            }
+            let mut x = vec![0u8; unit as usize];
+            for u in &units {
+                for (a, b) in x.iter_mut().zip(u.iter()) {
+                    *a ^= *b;
+                }
+            }
+            assert!(x.iter().all(|&b| b == 0), "segment {s} row {r}: parity does not match its data");
+            rows_checked += 1;
+        }
+    }
+    assert!(rows_checked > 100, "{rows_checked} rows checked");
+}
+
+#[test]
+fn a_failed_member_leaves_a_redundant_pool_serving_and_is_remembered() {
+    for (kind, n) in [(ArrayKind::Raid1, 2), (ArrayKind::Raid5, 3), (ArrayKind::Raid5, 4)] {
+        let (faults, devs) = members(n);
+        let pool = Pool::create(devs.clone(), &config(kind), &opts()).unwrap();
+        let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
+        pool.create_volume("v", size, PAGE as u32).unwrap();
+        let mut model = vec![0u64; (size / PAGE as u64) as usize];
+        let n = model.len() * 2;
+        churn(&pool, &mut model, 3, n);
+        pool.flush().unwrap();
+        // Member 1 dies: reads are rebuilt from the others, writes go on.
+        faults[1].set_plan(FaultPlan {
+            dead: true,
+            ..FaultPlan::default()
+        });
+        verify(&pool, &model);
+        churn(&pool, &mut model, 4, n);
+        verify(&pool, &model);
+        let st = pool.stats();
+        assert!(st.members[1].failed, "{kind:?}: {:?}", st.members);
+        assert!(st.members.iter().enumerate().all(|(i, m)| i == 1 || !m.failed));
+        pool.close().unwrap();
+        // Reopened without it: degraded, everything there.
+        let without: Vec<Arc<dyn Device>> = devs.iter().enumerate().filter(|(i, _)| *i != 1).map(|(_, d)| d.clone()).collect();
+        let pool = Pool::open(without, &opts()).unwrap();
+        verify(&pool, &model);
+        churn(&pool, &mut model, 5, 300);
+        pool.close().unwrap();
+        // It comes back: the pool remembers it failed and does not trust what it holds.
+        faults[1].set_plan(FaultPlan::default());
+        let pool = Pool::open(devs.clone(), &opts()).unwrap();
+        assert!(pool.stats().members[1].failed, "{kind:?}: a failed member stays failed");
+        verify(&pool, &model);
+        pool.close().unwrap();
+        // A second member missing is more than RAID-5 survives.
+        if kind == ArrayKind::Raid5 {
+            let two_gone: Vec<Arc<dyn Device>> = devs.iter().skip(2).cloned().collect();
+            let e = Pool::open(two_gone, &opts()).err().expect("opened with two members gone");
+            assert!(matches!(e, Error::MissingMember { .. } | Error::InvalidConfig(_)), "{e}");
+        }
+    }
+}
+
+#[test]
+fn a_raid0_member_lost_is_a_clear_error() {
+    let (faults, devs) = members(2);
+    let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid0), &opts()).unwrap();
+    let vol = pool.create_volume("v", 4 * MIB, PAGE as u32).unwrap();
+    vol.write(0, &pattern(1, 0, 1)).unwrap();
+    pool.close().unwrap();
+    let e = Pool::open(vec![devs[0].clone()], &opts())
+        .err()
+        .expect("raid0 opened with a member missing");
+    assert!(matches!(e, Error::MissingMember { .. }), "{e}");
+    faults[1].set_plan(FaultPlan {
+        dead: true,
+        ..FaultPlan::default()
+    });
+    let pool = Pool::open(devs, &opts());
+    assert!(pool.is_err(), "a dead raid0 member fails the open");
+}
+
+#[test]
+fn a_page_damaged_on_one_member_is_repaired_from_the_others() {
+    for (kind, n) in [(ArrayKind::Raid1, 2), (ArrayKind::Raid5, 3)] {
+        let (faults, devs) = members(n);
+        let pool = Pool::create(devs.clone(), &config(kind), &opts()).unwrap();
+        let vol = pool.create_volume("v", 4 * MIB, PAGE as u32).unwrap();
+        let target = pattern(1, 7, 1);
+        for p in 0..64u64 {
+            vol.write(p * PAGE as u64, &pattern(1, p, 1)).unwrap();
+        }
+        pool.flush().unwrap();
+        // Find the page on a member, and damage it there.
+        let mut found = None;
+        let mut buf = vec![0u8; PAGE];
+        'search: for (i, f) in faults.iter().enumerate() {
+            for off in (0..f.size_bytes()).step_by(PAGE) {
+                f.read_at(&mut buf, off).unwrap();
+                if buf == target {
+                    found = Some((i, off));
+                    break 'search;
+                }
+            }
+        }
+        let (i, at) = found.expect("page on a member");
+        faults[i].set_plan(FaultPlan {
+            flip_bits_at: vec![at + 100],
+            ..FaultPlan::default()
+        });
+        vol.read(7 * PAGE as u64, &mut buf).unwrap();
+        assert!(buf == target, "{kind:?}: the read returned the good copy");
+        let st = pool.stats();
+        assert!(st.members[i].repaired_bytes >= PAGE as u64 / 4, "{kind:?}: {:?}", st.members);
+        // The member was rewritten: with the flip gone, the raw bytes are right again.
+        faults[i].set_plan(FaultPlan::default());
+        faults[i].read_at(&mut buf, at).unwrap();
+        assert!(buf == target, "{kind:?}: the damaged copy was repaired in place");
+        pool.close().unwrap();
+    }
+}
+
+#[test]
+fn bad_layouts_are_refused_before_anything_is_written() {
+    let (_, devs) = members(2);
+    for (cfg, what) in [
+        (config(ArrayKind::Raid5), "needs at least 3"),
+        (
+            PoolConfig {
+                stripe_unit_bytes: Some(12 << 10),
+                ..config(ArrayKind::Raid0)
+            },
+            "power of two",
+        ),
+        (
+            PoolConfig {
+                stripe_unit_bytes: Some(64 << 10),
+                ..config(ArrayKind::Raid1)
+            },
+            "no stripe unit",
+        ),
+    ] {
+        let e = Pool::create(devs.clone(), &cfg, &opts()).err().expect("bad layout accepted");
+        assert!(e.to_string().contains(what), "{e}");
+    }
+    let (_, four) = members(4);
+    let e = Pool::create(
+        four,
+        &PoolConfig {
+            segment_bytes: Some(MIB),
+            ..config(ArrayKind::Raid5)
+        },
+        &opts(),
+    )
+    .err()
+    .expect("a segment that is not whole rows");
+    assert!(e.to_string().contains("rows"), "{e}");
+    for d in &devs {
+        assert!(salsa_core::pool::device_is_blank(d.as_ref()).unwrap(), "nothing written");
+    }
+}
