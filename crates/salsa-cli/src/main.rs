@@ -10,7 +10,7 @@ use commands::admin::{check, format_pool, info, volume, VolumeCommand};
 use commands::bench::{run_bench, run_device_bench, run_workload_bench, BenchArgs, BenchDeviceArgs};
 use commands::serve::{serve, ServeArgs};
 use commands::stats::stats;
-use salsa_core::{OpenOptions, Pool, PoolConfig};
+use salsa_core::{ArrayKind, OpenOptions, Pool, PoolConfig};
 use spec::{parse_size, DeviceSpec};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -63,6 +63,21 @@ struct FormatArgs {
     /// A metadata page after at most this many data pages (default: as many as fit one page).
     #[arg(long)]
     meta_interval: Option<u32>,
+    /// How the devices are combined: linear (concatenated), raid0 (striped), raid1 (every
+    /// device a mirror), raid5 (striped with rotating parity, no read-modify-write).
+    #[arg(long, default_value = "linear", value_parser = parse_array)]
+    array: ArrayKind,
+    /// Stripe unit of raid0 (default 64K) or raid5 (default 16K): a power of two, 4K to 1M.
+    #[arg(long, value_parser = parse_size)]
+    stripe_unit: Option<u64>,
+}
+
+/// Parses `--array`.
+fn parse_array(s: &str) -> Result<ArrayKind, String> {
+    ArrayKind::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = ArrayKind::ALL.iter().map(|k| k.name()).collect();
+        format!("unknown array layout {s:?}; one of {}", names.join(", "))
+    })
 }
 
 impl FormatArgs {
@@ -75,6 +90,11 @@ impl FormatArgs {
             victim_policy: self.victim.clone(),
             default_placement: self.placement.clone(),
             spare_percent: self.spare,
+            array: self.array,
+            stripe_unit_bytes: self
+                .stripe_unit
+                .map(|u| u32::try_from(u).map_err(|_| "stripe unit too large"))
+                .transpose()?,
             ..PoolConfig::default()
         })
     }

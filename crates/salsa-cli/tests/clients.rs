@@ -126,6 +126,82 @@ fn fio_random_writes_verify_while_gc_runs() {
     assert!(ok, "salsa check after fio: {out}");
 }
 
+/// fio over NBD on a RAID-5 pool of four files: random writes verified while the GC runs;
+/// then one member file is removed and the pool, reopened degraded on the other three, serves
+/// every block to fio's verification pass and to `salsa check`, and an ext4 file system on it
+/// mounts, takes new files and fscks clean.
+#[test]
+fn fio_and_ext4_on_a_raid5_pool_of_four_files_survive_losing_a_member() {
+    require("fio");
+    require("nbdfuse");
+    require("mkfs.ext4");
+    let dir = test_dir("raid5");
+    let members: Vec<String> = (0..4).map(|i| format!("{}:40M", dir.join(format!("m{i}.img")).display())).collect();
+    let fio = |srv: &Server, rw: &str, extra: &[&str]| {
+        run(Command::new("fio")
+            .args([
+                "--name=raid5",
+                "--ioengine=nbd",
+                &format!("--uri={}", srv.uri()),
+                &format!("--rw={rw}"),
+            ])
+            .args([
+                "--iodepth=16",
+                "--size=64M",
+                "--bs=4k",
+                "--randseed=7",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+            ])
+            .args(extra))
+    };
+    let srv = Server::start_on(&dir, &members, &["--array", "raid5"]);
+    let (ok, out) = fio(&srv, "randwrite", &["--loops=3"]);
+    assert!(ok && !out.contains("verify: bad"), "fio randwrite on raid5:\n{out}");
+    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .args(["stats", "--json", "--device"])
+        .arg(dir.join("m0.img")));
+    assert!(ok, "salsa stats: {out}");
+    let stats: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(stats["array"], "raid5", "{stats}");
+    let members = stats["members"].as_array().unwrap();
+    assert_eq!(members.len(), 4);
+    for m in members {
+        assert_eq!(m["state"], "ok", "{m}");
+        assert!(m["parity_bytes_written"].as_u64().unwrap() > 0, "{m}");
+    }
+    assert!(stats["gc_segments_cleaned"].as_u64().unwrap() > 0, "the GC ran: {stats}");
+    assert!(srv.stop().success(), "{}", srv_log(&dir));
+    // A member is lost.
+    std::fs::remove_file(dir.join("m2.img")).unwrap();
+    let degraded: Vec<String> = [0, 1, 3]
+        .iter()
+        .map(|i| dir.join(format!("m{i}.img")).display().to_string())
+        .collect();
+    let srv = Server::start_on(&dir, &degraded, &[]);
+    let (ok, out) = fio(&srv, "randwrite", &["--loops=3", "--verify_only"]);
+    assert!(ok && !out.contains("verify: bad"), "fio verification on the degraded pool:\n{out}");
+    assert!(srv.log().contains("opens degraded"), "{}", srv.log());
+    with_filesystem(&srv, true, |mnt| {
+        for i in 0..10 {
+            std::fs::write(mnt.join(format!("f{i}")), file_bytes(i)).unwrap();
+        }
+    });
+    with_filesystem(&srv, false, |mnt| {
+        for i in 0..10 {
+            assert_eq!(std::fs::read(mnt.join(format!("f{i}"))).unwrap(), file_bytes(i), "file f{i}");
+        }
+    });
+    assert!(srv.stop().success(), "{}", srv_log(&dir));
+    let mut check = Command::new(env!("CARGO_BIN_EXE_salsa"));
+    check.arg("check");
+    for d in &degraded {
+        check.args(["--device", d]);
+    }
+    let (ok, out) = run(&mut check);
+    assert!(ok, "salsa check of the degraded pool: {out}");
+}
+
 fn srv_log(dir: &std::path::Path) -> String {
     std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
 }

@@ -44,6 +44,14 @@ pub fn require(tool: &str) {
 impl Server {
     /// Starts `salsa serve` on `dir/pool.img` (created at `size` if missing) with extra args.
     pub fn start(dir: &Path, size: &str, extra: &[&str]) -> Server {
+        let device = format!("{}:{size}", dir.join("pool.img").display());
+        let mut args = vec!["--segment-size", "1M"];
+        args.extend_from_slice(extra);
+        Server::start_on(dir, &[device], &args)
+    }
+
+    /// Starts `salsa serve` on the device specs `devices` with extra args.
+    pub fn start_on(dir: &Path, devices: &[String], extra: &[&str]) -> Server {
         let port = free_port();
         let socket = dir.join("nbd.sock");
         let log = std::fs::OpenOptions::new()
@@ -51,17 +59,20 @@ impl Server {
             .append(true)
             .open(dir.join("serve.log"))
             .unwrap();
-        let device = format!("{}:{size}", dir.join("pool.img").display());
-        let child = Command::new(env!("CARGO_BIN_EXE_salsa"))
-            .args(["serve", "--device", &device, "--listen", &format!("127.0.0.1:{port}"), "--unix"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_salsa"));
+        cmd.arg("serve");
+        for d in devices {
+            cmd.args(["--device", d]);
+        }
+        let child = cmd
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--unix"])
             .arg(&socket)
-            .args(["--segment-size", "1M"])
             .args(extra)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .expect("start salsa serve");
-        let s = Server {
+        let mut s = Server {
             child,
             port,
             socket,
@@ -69,6 +80,9 @@ impl Server {
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while UnixStream::connect(&s.socket).is_err() {
+            if let Ok(Some(status)) = s.child.try_wait() {
+                panic!("server exited with {status}: {}", s.log());
+            }
             assert!(Instant::now() < deadline, "server did not start: {}", s.log());
             std::thread::sleep(Duration::from_millis(50));
         }

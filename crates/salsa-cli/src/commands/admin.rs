@@ -41,7 +41,20 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     for d in &devices.devices {
         println!("device      {}", d.path.display());
     }
-    println!("array       {} ({} devices)", pool.array_layout(), devices.devices.len());
+    println!("array       {}", pool.array_description());
+    for (i, m) in st.members.iter().enumerate() {
+        println!(
+            "  member {i:<3} {:<9} {}  read {}  written {} (parity {})  errors {}r/{}w  repaired {}",
+            if m.failed { "FAILED" } else { "ok" },
+            m.name,
+            human(m.bytes_read),
+            human(m.bytes_written),
+            human(m.parity_bytes_written),
+            m.read_errors,
+            m.write_errors,
+            human(m.repaired_bytes)
+        );
+    }
     println!("physical    {}", human(g.total_grains * g.grain_bytes as u64));
     println!(
         "segments    {} x {} (grain {})",

@@ -27,6 +27,15 @@ pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
         "payload_buffer_bytes": s.payload_buffer_bytes,
         "map_memory_bytes": s.map_memory_bytes,
         "crc_table_memory_bytes": s.crc_table_memory_bytes,
+        "array": s.array,
+        "pad_bytes_written": s.pad_bytes_written,
+        "array_write_amplification": s.array_write_amplification,
+        "members": s.members.iter().map(|m| serde_json::json!({
+            "name": m.name, "state": if m.failed { "failed" } else { "ok" },
+            "bytes_read": m.bytes_read, "bytes_written": m.bytes_written,
+            "parity_bytes_written": m.parity_bytes_written, "read_errors": m.read_errors,
+            "write_errors": m.write_errors, "repaired_bytes": m.repaired_bytes,
+        })).collect::<Vec<_>>(),
         "volumes": s.volumes.iter().map(|v| serde_json::json!({
             "name": v.name, "controller": v.controller, "size_bytes": v.size_bytes, "page_bytes": v.page_bytes,
             "mapped_bytes": v.mapped_bytes, "map_memory_bytes": v.map_memory_bytes,
@@ -60,6 +69,27 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     println!("write amp.        {:.3}", v["write_amplification"].as_f64().unwrap_or(0.0));
     println!("free segments     {} of {}", n("free_segments"), n("total_segments"));
     println!("map memory        {}", human(n("map_memory_bytes")));
+    if v["array"].as_str().is_some_and(|a| a != "linear") {
+        println!(
+            "array             {} (all members written per user byte: {:.3}; padding {})",
+            v["array"].as_str().unwrap_or("?"),
+            v["array_write_amplification"].as_f64().unwrap_or(0.0),
+            human(n("pad_bytes_written"))
+        );
+        for m in v["members"].as_array().into_iter().flatten() {
+            let k = |key: &str| m[key].as_u64().unwrap_or(0);
+            println!(
+                "  {:<7} {}  read {}  written {} (parity {})  errors {}r/{}w",
+                m["state"].as_str().unwrap_or("?"),
+                m["name"].as_str().unwrap_or("?"),
+                human(k("bytes_read")),
+                human(k("bytes_written")),
+                human(k("parity_bytes_written")),
+                k("read_errors"),
+                k("write_errors")
+            );
+        }
+    }
     for vol in v["volumes"].as_array().into_iter().flatten() {
         println!(
             "volume {:<20} size {:>10} mapped {:>10}",

@@ -101,6 +101,10 @@ pub trait Array: Send + Sync {
     fn failed_ids(&self) -> Vec<u64> {
         Vec::new()
     }
+    /// One line for people: the layout, its members and how it keeps redundancy.
+    fn describe(&self) -> String {
+        format!("{} ({} devices)", self.kind().name(), self.members().len())
+    }
     /// Health and counters of every member, in slot order.
     fn member_status(&self) -> Vec<MemberStatus> {
         self.members()

@@ -13,7 +13,7 @@ mod open;
 mod stats;
 mod volumes;
 
-pub use open::{device_is_blank, read_superblock};
+pub use open::{device_is_blank, human_bytes, read_superblock};
 pub use stats::{Stats, VolumeStats};
 pub use volumes::Volume;
 
@@ -163,9 +163,15 @@ impl Pool {
         self.eng.log.array().members().iter().map(|m| m.device.clone()).collect()
     }
 
-    /// How the pool's devices are combined (`linear`).
+    /// How the pool's devices are combined (`linear`, `raid0`, `raid1`, `raid5`).
     pub fn array_layout(&self) -> &'static str {
         self.eng.log.array().kind().name()
+    }
+
+    /// The array for people: layout, members, stripe unit, how redundancy is kept, whether
+    /// it is degraded.
+    pub fn array_description(&self) -> String {
+        self.eng.log.array().describe()
     }
 
     pub fn pool_id(&self) -> u128 {

@@ -503,6 +503,24 @@ impl Array for RaidArray {
         }
     }
 
+    fn describe(&self) -> String {
+        let n = self.members.len();
+        let unit = crate::pool::human_bytes(self.stripe.unit_bytes);
+        let failed = match self.failed_count() {
+            0 => String::new(),
+            f => format!(", DEGRADED: {f} failed"),
+        };
+        match self.stripe.kind {
+            ArrayKind::Raid0 => format!("raid0 ({n} devices, stripe unit {unit}, no redundancy{failed})"),
+            ArrayKind::Raid1 => format!("raid1 ({n} mirrors{failed})"),
+            _ => format!(
+                "raid5 ({n} devices: {} data + rotating parity, stripe unit {unit}; no parity buffer: a flush pads the log to a whole {} row{failed})",
+                n - 1,
+                crate::pool::human_bytes(self.stripe.row_bytes())
+            ),
+        }
+    }
+
     fn take_failure_change(&self) -> Option<Vec<u64>> {
         self.failure_changed.swap(false, SeqCst).then(|| self.failed_ids())
     }
@@ -598,7 +616,11 @@ impl Array for RaidArray {
         }
         // RAID-1 compares exactly what the chain covers, in pieces of at most 1 MiB; RAID-5
         // whole rows.
-        let row = if self.stripe.kind == ArrayKind::Raid1 { 1 << 20 } else { self.stripe.row_bytes() };
+        let row = if self.stripe.kind == ArrayKind::Raid1 {
+            1 << 20
+        } else {
+            self.stripe.row_bytes()
+        };
         let to = match self.stripe.kind {
             ArrayKind::Raid1 => to_grain * self.grain_bytes,
             _ => (to_grain * self.grain_bytes).div_ceil(row) * row,
@@ -664,7 +686,11 @@ impl Array for RaidArray {
     fn resync(&self, segment: u32, from_grain: u64, to_grain: u64) -> Result<()> {
         let gb = self.grain_bytes;
         // Mirrors copy exactly the grains asked for; parity is per whole row.
-        let row = if self.stripe.kind == ArrayKind::Raid1 { gb } else { self.stripe.row_bytes() };
+        let row = if self.stripe.kind == ArrayKind::Raid1 {
+            gb
+        } else {
+            self.stripe.row_bytes()
+        };
         let from = (from_grain * gb) / row * row;
         let to = (to_grain * gb).div_ceil(row) * row;
         let to = to.min(self.stripe.segment_bytes);
