@@ -439,6 +439,20 @@ pub struct PoolMeta {
     /// Ids of the members marked failed: their contents are not trusted until they are
     /// replaced and rebuilt (at most [`MAX_DEVICES`]).
     pub failed_members: Vec<u64>,
+    /// The current member of every slot, by id (empty: as the superblocks say; a replacement
+    /// changes it here, so a replaced member that comes back is recognised as stale).
+    pub member_ids: Vec<u64>,
+    /// A member being rebuilt, and how far (resumed at the next open).
+    pub rebuild: Option<RebuildState>,
+}
+
+/// Progress of a member's rebuild.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RebuildState {
+    pub slot: u32,
+    pub member_id: u64,
+    /// Every segment below this one is rebuilt.
+    pub next_segment: u32,
 }
 
 /// Where a clean-shutdown checkpoint lives.
@@ -485,6 +499,19 @@ impl PoolMeta {
         e.u16(self.failed_members.len() as u16);
         for id in &self.failed_members {
             e.u64(*id);
+        }
+        assert!(self.member_ids.len() <= MAX_DEVICES, "too many members");
+        e.u16(self.member_ids.len() as u16);
+        for id in &self.member_ids {
+            e.u64(*id);
+        }
+        match &self.rebuild {
+            None => {
+                e.u8(0);
+            }
+            Some(r) => {
+                e.u8(1).u32(r.slot).u64(r.member_id).u32(r.next_segment);
+            }
         }
         // Variable length: length-prefixed body, crc after it, padded to a 4 KiB multiple.
         let body_len = e.bytes.len() + 4;
@@ -590,6 +617,28 @@ impl PoolMeta {
                 failed_members.push(d.u64("failed member")?);
             }
         }
+        let mut member_ids = Vec::new();
+        let mut rebuild = None;
+        if version >= 6 {
+            let n = d.u16("member count")? as usize;
+            if n > MAX_DEVICES {
+                return Err(FormatError::Invalid(format!("{n} members")));
+            }
+            for _ in 0..n {
+                member_ids.push(d.u64("member id")?);
+            }
+            if d.u8("rebuild flag")? != 0 {
+                let r = RebuildState {
+                    slot: d.u32("rebuild slot")?,
+                    member_id: d.u64("rebuild member")?,
+                    next_segment: d.u32("rebuild progress")?,
+                };
+                if r.slot as usize >= member_ids.len() || member_ids[r.slot as usize] != r.member_id {
+                    return Err(FormatError::Invalid("rebuild of a member not in the member list".into()));
+                }
+                rebuild = Some(r);
+            }
+        }
         Ok(PoolMeta {
             pool_id,
             generation,
@@ -599,6 +648,8 @@ impl PoolMeta {
             volumes,
             checkpoint,
             failed_members,
+            member_ids,
+            rebuild,
         })
     }
 }
@@ -1031,6 +1082,12 @@ mod tests {
                 crc: 77,
             }),
             failed_members: vec![42, u64::MAX],
+            member_ids: vec![5, 42, 6],
+            rebuild: Some(RebuildState {
+                slot: 1,
+                member_id: 42,
+                next_segment: 99,
+            }),
         };
         let mut slot = pm.encode();
         slot.resize(POOL_META_SLOT_BYTES, 0xAA);

@@ -67,5 +67,7 @@ pub use format::StreamKind;
 pub use log::payload::WriteBuffer;
 pub use log::Geometry;
 pub use policy::Registry;
-pub use pool::{ArrayKind, OpenOptions, OpenedFrom, Pool, PoolConfig, ScrubReport, Stats, Volume, VolumeStats};
+pub use pool::{
+    ArrayKind, OpenOptions, OpenedFrom, Pool, PoolConfig, RebuildOptions, RebuildReport, ScrubReport, Stats, Volume, VolumeStats,
+};
 pub use util::AlignedBuf;

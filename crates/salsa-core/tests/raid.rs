@@ -9,6 +9,7 @@ use common::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use salsa_core::device::{FaultDevice, FaultPlan, MemoryDevice};
+use salsa_core::RebuildOptions;
 use salsa_core::{ArrayKind, Device, Error, OpenOptions, OpenedFrom, Pool, PoolConfig};
 use std::sync::Arc;
 
@@ -329,4 +330,143 @@ fn bad_layouts_are_refused_before_anything_is_written() {
     for d in &devs {
         assert!(salsa_core::pool::device_is_blank(d.as_ref()).unwrap(), "nothing written");
     }
+}
+
+/// Waits until no member is being rebuilt.
+fn wait_rebuilt(pool: &Pool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while pool.rebuild_in_progress() {
+        assert!(std::time::Instant::now() < deadline, "the rebuild did not finish");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_failed_member_is_replaced_and_rebuilt_while_the_pool_serves() {
+    for (kind, n) in [(ArrayKind::Raid5, 4), (ArrayKind::Raid1, 2)] {
+        let (faults, devs) = members(n);
+        let pool = Arc::new(Pool::create(devs.clone(), &config(kind), &opts()).unwrap());
+        let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
+        pool.create_volume("v", size, PAGE as u32).unwrap();
+        let mut model = vec![0u64; (size / PAGE as u64) as usize];
+        let ops = model.len() * 2;
+        churn(&pool, &mut model, 11, ops);
+        faults[1].set_plan(FaultPlan {
+            dead: true,
+            ..FaultPlan::default()
+        });
+        churn(&pool, &mut model, 12, 500);
+        assert!(pool.stats().members[1].failed);
+        // Replace it while a writer keeps going.
+        let fresh: Arc<dyn Device> = Arc::new(MemoryDevice::new("fresh", MEMBER_MIB * MIB));
+        let total = pool.geometry().total_segments as u64;
+        let report = std::thread::scope(|s| {
+            let p = pool.clone();
+            let fresh = fresh.clone();
+            let h = s.spawn(move || p.replace_member("m1", fresh, RebuildOptions::default(), &|_, _| {}));
+            churn(&pool, &mut model, 13, 2000);
+            h.join().unwrap().unwrap()
+        });
+        assert!(
+            report.segments_rebuilt > 0 && report.segments_rebuilt < total,
+            "{kind:?}: {report:?} of {total}"
+        );
+        let st = pool.stats();
+        assert!(!st.members[1].failed && !st.members[1].rebuilding, "{kind:?}: {:?}", st.members[1]);
+        assert_eq!(st.members[1].name, "fresh");
+        verify(&pool, &model);
+        let scrub = pool.scrub(false).unwrap();
+        assert!(scrub.rows_checked > 0 && scrub.rows_mismatched == 0, "{kind:?}: {scrub:?}");
+        // The rebuilt member carries the data: lose another one and read everything.
+        faults[0].set_plan(FaultPlan {
+            dead: true,
+            ..FaultPlan::default()
+        });
+        verify(&pool, &model);
+        faults[0].set_plan(FaultPlan::default());
+        Arc::try_unwrap(pool).ok().unwrap().close().unwrap();
+        // The old member is stale: given instead of the new one, it is refused.
+        faults[1].set_plan(FaultPlan::default());
+        let mut with_old = devs.clone();
+        with_old[0] = devs[0].clone();
+        let e = Pool::open(with_old, &opts()).err().expect("the replaced member was accepted");
+        assert!(e.to_string().contains("replaced"), "{kind:?}: {e}");
+        let mut with_new = devs.clone();
+        with_new[1] = fresh.clone();
+        let pool = Pool::open(with_new, &opts()).unwrap();
+        verify(&pool, &model);
+        pool.close().unwrap();
+    }
+}
+
+/// A crash in the middle of a rebuild: the pool reopens with the rebuild's progress, resumes
+/// it in the background, and ends with every block and every parity right.
+#[test]
+fn a_rebuild_interrupted_by_a_crash_resumes_where_it_was() {
+    let resumed: Vec<bool> = [3, 10, 25, 40].into_iter().map(rebuild_crash).collect();
+    assert!(resumed.iter().any(|r| *r), "no crash point left a rebuild to resume: {resumed:?}");
+}
+
+/// Returns whether the reopened pool resumed the rebuild on its own.
+fn rebuild_crash(crash_at: u64) -> bool {
+    use salsa_core::device::{CrashDevice, CrashPlan, SliceDevice};
+    let each = MEMBER_MIB * MIB;
+    let crash = Arc::new(CrashDevice::new("crash", 5 * each, CrashPlan::default()));
+    let slice = |i: u64| -> Arc<dyn Device> { Arc::new(SliceDevice::new(format!("s{i}"), crash.clone(), i * each, each).unwrap()) };
+    let devs: Vec<Arc<dyn Device>> = (0..4).map(slice).collect();
+    let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid5), &opts()).unwrap();
+    let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
+    pool.create_volume("v", size, PAGE as u32).unwrap();
+    let mut model = vec![0u64; (size / PAGE as u64) as usize];
+    let ops = model.len() * 2;
+    churn(&pool, &mut model, 21, ops);
+    pool.close().unwrap();
+    // Member 2 is gone; slice 4 replaces it, and the machine crashes part way.
+    let degraded: Vec<Arc<dyn Device>> = [0, 1, 3].iter().map(|&i| devs[i].clone()).collect();
+    let pool = Pool::open(degraded.clone(), &opts()).unwrap();
+    crash.restart(CrashPlan {
+        crash_after_ops: Some(crash_at),
+        seed: crash_at,
+    });
+    let r = pool.replace_member("2", slice(4), RebuildOptions::default(), &|_, _| {});
+    assert!(
+        r.is_err() && crash.has_crashed(),
+        "crash {crash_at}: the crash came during the rebuild: {r:?}"
+    );
+    drop(pool);
+    crash.restart(CrashPlan::default());
+    let all: Vec<Arc<dyn Device>> = vec![devs[0].clone(), devs[1].clone(), slice(4), devs[3].clone()];
+    // Where the crash fell before the new member was recorded, the pool opens degraded on the
+    // three and the replacement starts again.
+    let pool = match Pool::open(all.clone(), &opts()) {
+        Ok(p) => p,
+        Err(e) => {
+            assert!(
+                e.to_string().contains("same member") || e.to_string().contains("replaced"),
+                "crash {crash_at}: {e}"
+            );
+            let p = Pool::open(degraded.clone(), &opts()).unwrap();
+            p.replace_member("2", slice(4), RebuildOptions::default(), &|_, _| {}).unwrap();
+            p
+        }
+    };
+    let resumed = pool.stats().members[2].rebuilding;
+    if pool.stats().members[2].failed {
+        pool.replace_member("2", slice(4), RebuildOptions::default(), &|_, _| {}).unwrap();
+    }
+    wait_rebuilt(&pool);
+    assert!(
+        pool.stats().members.iter().all(|m| !m.failed && !m.rebuilding),
+        "crash {crash_at}: {:?}",
+        pool.stats().members
+    );
+    verify(&pool, &model);
+    let scrub = pool.scrub(false).unwrap();
+    assert_eq!(scrub.rows_mismatched, 0, "crash {crash_at}: {scrub:?}");
+    pool.close().unwrap();
+    // Without member 0, the rebuilt member and the others still hold everything.
+    let pool = Pool::open(vec![devs[1].clone(), slice(4), devs[3].clone()], &opts()).unwrap();
+    verify(&pool, &model);
+    pool.close().unwrap();
+    resumed
 }

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::format::DeviceLayout;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a write waits for the writes ahead of it in its zone before the array gives up
@@ -270,7 +271,7 @@ impl Array for LinearArray {
         Ok(())
     }
 
-    fn metadata_devices(&self) -> Vec<(&dyn Device, DeviceLayout)> {
-        self.members.iter().map(|m| (m.device.as_ref(), m.layout)).collect()
+    fn metadata_devices(&self) -> Vec<(Arc<dyn Device>, DeviceLayout)> {
+        self.members.iter().map(|m| (m.device.clone(), m.layout)).collect()
     }
 }

@@ -40,6 +40,8 @@ pub struct ScrubCounts {
 pub struct MemberStatus {
     pub name: String,
     pub failed: bool,
+    /// A replacement being rebuilt (takes writes, not yet read from).
+    pub rebuilding: bool,
     pub bytes_read: u64,
     pub bytes_written: u64,
     /// Of the bytes written, parity.
@@ -127,6 +129,27 @@ pub trait Array: Send + Sync {
     fn resync(&self, _segment: u32, _from_grain: u64, _to_grain: u64) -> Result<()> {
         Ok(())
     }
+    /// Puts `device` (id `member_id`, laid out as `layout`) in slot `slot` as a replacement
+    /// being rebuilt: from now on it takes every write and is not read from, until
+    /// [`Array::finish_rebuild`]. Fails on a layout without redundancy, or when the other
+    /// members cannot rebuild it.
+    fn replace_member(&self, _slot: u32, _device: Arc<dyn Device>, _member_id: u64, _layout: DeviceLayout) -> Result<()> {
+        Err(crate::error::Error::InvalidArgument(format!(
+            "a {} array has no redundancy to rebuild a member from",
+            self.kind().name()
+        )))
+    }
+    /// Writes the share of slot `slot` of grains `[0, to_grain)` of `segment`, rebuilt from the
+    /// other members; returns the bytes written.
+    fn rebuild_segment(&self, _slot: u32, _segment: u32, _to_grain: u64) -> Result<u64> {
+        Err(crate::error::Error::InvalidArgument("nothing to rebuild".into()))
+    }
+    /// The slot's rebuild is complete: it is read from again.
+    fn finish_rebuild(&self, _slot: u32) {}
+    /// The current member id of every slot (empty for a linear array).
+    fn member_ids(&self) -> Vec<u64> {
+        Vec::new()
+    }
     /// Compares the redundancy of grains `[0, to_grain)` of `segment` (whole rows; rows still
     /// being filled are skipped) with the data, and with `repair` rewrites what disagrees from
     /// the data (whose pages the caller checks against their checksums).
@@ -135,5 +158,5 @@ pub trait Array: Send + Sync {
     }
     /// The devices (and their layouts) that hold a copy of the pool metadata: every member
     /// that can be written.
-    fn metadata_devices(&self) -> Vec<(&dyn Device, DeviceLayout)>;
+    fn metadata_devices(&self) -> Vec<(Arc<dyn Device>, DeviceLayout)>;
 }

@@ -726,7 +726,7 @@ impl Log {
 /// generation selects (the two slots alternate, so a torn write leaves the previous copy
 /// intact), then syncs. A slot in a sequential zone is reset first (the other slot still holds
 /// the previous generation).
-pub fn write_meta_slot(devices: &[(&dyn crate::device::Device, DeviceLayout)], meta: &mut PoolMeta) -> Result<()> {
+pub fn write_meta_slot(devices: &[(Arc<dyn crate::device::Device>, DeviceLayout)], meta: &mut PoolMeta) -> Result<()> {
     // The generation numbers the epochs of ids and sequence numbers, which must fit the format.
     if meta.generation + 1 >= MAX_EPOCHS {
         return Err(Error::Exhausted(format!(
@@ -748,7 +748,7 @@ pub fn write_meta_slot(devices: &[(&dyn crate::device::Device, DeviceLayout)], m
             offset,
             source,
         };
-        if let Some(zone) = crate::layout::in_sequential_zone(*dev, offset)? {
+        if let Some(zone) = crate::layout::in_sequential_zone(dev.as_ref(), offset)? {
             let z = dev.zones().expect("a sequential zone is on a zoned device");
             z.reset_zone(zone).map_err(|e| io("reset zone", e))?;
         }
@@ -765,8 +765,8 @@ mod tests {
 
     #[test]
     fn the_pool_metadata_generation_stops_where_sequence_numbers_would_outgrow_the_format() {
-        let dev = MemoryDevice::new("mem0", 16 << 20);
-        let (layout, _) = DeviceLayout::plan(&dev, 1 << 20).unwrap();
+        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem0", 16 << 20));
+        let (layout, _) = DeviceLayout::plan(dev.as_ref(), 1 << 20).unwrap();
         let mut meta = PoolMeta {
             pool_id: 7,
             generation: MAX_EPOCHS - 2,
@@ -775,16 +775,16 @@ mod tests {
             next_volume_id: 1,
             volumes: Vec::new(),
             checkpoint: None,
-            failed_members: Vec::new(),
+            ..PoolMeta::default()
         };
-        write_meta_slot(&[(&dev as &dyn Device, layout)], &mut meta).unwrap();
+        write_meta_slot(&[(dev.clone(), layout)], &mut meta).unwrap();
         assert_eq!(meta.generation, MAX_EPOCHS - 1);
         // The largest epoch's sequence numbers still fit the format.
         let last_seq_of_largest_epoch = meta.generation << SEQ_EPOCH_SHIFT | ((1 << SEQ_EPOCH_SHIFT) - 1);
         assert_eq!(last_seq_of_largest_epoch, crate::format::MAX_SEQ);
         let mut before = vec![0u8; 2 * 4096];
         dev.read_at(&mut before, layout.meta_slot_offsets[0]).unwrap();
-        let err = write_meta_slot(&[(&dev as &dyn Device, layout)], &mut meta).unwrap_err();
+        let err = write_meta_slot(&[(dev.clone(), layout)], &mut meta).unwrap_err();
         assert!(matches!(err, Error::Exhausted(_)), "{err}");
         assert_eq!(meta.generation, MAX_EPOCHS - 1, "a refused write leaves the generation alone");
         let mut after = vec![0u8; 2 * 4096];

@@ -10,10 +10,12 @@
 //!   checkpoint.
 
 mod open;
+mod rebuild;
 mod stats;
 mod volumes;
 
 pub use open::{device_is_blank, human_bytes, read_superblock};
+pub use rebuild::{RebuildOptions, RebuildReport};
 pub use stats::{Stats, VolumeStats};
 pub use volumes::Volume;
 

@@ -81,7 +81,7 @@ pub fn device_is_blank(dev: &dyn Device) -> Result<bool> {
 
 /// Formats the head of a device: the superblock, and zeros over the metadata slots so nothing
 /// of an earlier pool survives in them. Sequential zones are reset first.
-fn write_superblock(d: &dyn Device, sb: &Superblock) -> Result<()> {
+pub(super) fn write_superblock(d: &dyn Device, sb: &Superblock) -> Result<()> {
     let head = sb.layout.meta_slot_offsets[0].min(sb.layout.meta_slot_offsets[1]);
     let mut buf = match crate::layout::in_sequential_zone(d, 0)? {
         Some(zone) => {
@@ -183,8 +183,10 @@ impl Pool {
             volumes: vec![],
             checkpoint: None,
             failed_members: vec![],
+            member_ids: member_ids.clone(),
+            rebuild: None,
         };
-        let copies: Vec<(&dyn Device, DeviceLayout)> = devices.iter().map(|d| d.as_ref()).zip(layouts).collect();
+        let copies: Vec<(Arc<dyn Device>, DeviceLayout)> = devices.iter().cloned().zip(layouts).collect();
         crate::log::write_meta_slot(&copies, &mut meta)?;
         let mut pool = Pool::open(devices, opts)?;
         pool.opened_from = OpenedFrom::NewPool;
@@ -208,8 +210,35 @@ impl Pool {
             return Err(Error::InvalidConfig("no devices given".into()));
         }
         check_open_options(opts)?;
-        let (first, members, missing) = read_members(&devices)?;
+        let FoundMembers {
+            first,
+            members,
+            missing,
+            present_ids,
+        } = read_members(&devices)?;
         let old_meta = read_pool_meta(&members, first.pool_id)?;
+        // The pool metadata names each slot's current member; a superblock from a member that
+        // was replaced since is stale.
+        let ids = if old_meta.member_ids.is_empty() {
+            first.member_ids.clone()
+        } else {
+            old_meta.member_ids.clone()
+        };
+        if !ids.is_empty() {
+            for (slot, (&claimed, m)) in present_ids.iter().zip(&members).enumerate() {
+                if claimed != 0 && ids.get(slot) != Some(&claimed) {
+                    return Err(Error::DamagedSuperblock {
+                        device: m.device.name().into(),
+                        reason: format!("it was member {slot} of this pool until it was replaced; it holds nothing the pool needs"),
+                    });
+                }
+            }
+        }
+        let missing: Vec<u64> = missing.iter().map(|&slot| ids.get(slot as usize).copied().unwrap_or(0)).collect();
+        let rebuilding = old_meta
+            .rebuild
+            .filter(|r| present_ids.get(r.slot as usize) == Some(&r.member_id))
+            .map(|r| r.slot);
         let grain = first.grain_bytes;
         for v in &old_meta.volumes {
             validate_volume(&v.name, v.page_bytes, grain, v.size_bytes)
@@ -226,8 +255,9 @@ impl Pool {
                 Box::new(RaidArray::new(
                     kind,
                     members,
-                    first.member_ids.clone(),
+                    ids.clone(),
                     &failed,
+                    rebuilding,
                     first.stripe_unit_bytes as u64,
                     first.segment_bytes,
                     grain as u64,
@@ -258,6 +288,7 @@ impl Pool {
         meta.session_id = rand::thread_rng().gen();
         // A member missing now is recorded as failed: if it comes back, it is stale.
         meta.failed_members = array.failed_ids();
+        meta.member_ids = array.member_ids();
         if !opts.read_only {
             crate::log::write_meta_slot(&array.metadata_devices(), &mut meta)?;
         }
@@ -281,6 +312,9 @@ impl Pool {
         };
         if !opts.read_only {
             crate::log::write_back::WriteBack::start(&eng.log, opts.write_back_threads)?;
+        }
+        if !opts.read_only {
+            pool.resume_rebuild()?;
         }
         if opts.background_gc && !opts.read_only {
             for i in 0..opts.gc_workers.clamp(1, 16) {
@@ -312,9 +346,9 @@ fn new_member_ids(count: usize) -> Vec<u64> {
 /// Reads every device's superblock and checks it against the first: same pool, same geometry
 /// and array, the same member list, a slot of its own that its member id matches, segment
 /// ranges that line up. Nothing is written. Returns the first superblock, the members in slot
-/// order (a missing one, where the layout survives it, as a stand-in that fails all I/O) and
-/// the ids of the missing members.
-fn read_members(devices: &[Arc<dyn Device>]) -> Result<(Superblock, Vec<Member>, Vec<u64>)> {
+/// order (a missing one, where the layout survives it, as a stand-in that fails all I/O), the
+/// missing slots, and the member id each slot's superblock claims (0 when missing).
+fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
     let mut sbs = Vec::new();
     for d in devices {
         sbs.push(read_superblock(d.as_ref())?);
@@ -342,12 +376,6 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<(Superblock, Vec<Member>,
                 reason: "geometry differs from the other members".into(),
             });
         }
-        if sb.member_ids != first.member_ids {
-            return Err(Error::DamagedSuperblock {
-                device: d.name().into(),
-                reason: "its member list differs from the other members'".into(),
-            });
-        }
         if sb.device_size_bytes > d.size_bytes() {
             return Err(Error::DamagedSuperblock {
                 device: d.name().into(),
@@ -357,7 +385,7 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<(Superblock, Vec<Member>,
         let slot = &mut ordered[sb.device_index as usize];
         if let Some((other, _)) = slot {
             return Err(Error::InvalidConfig(format!(
-                "{} and {} are the same member (slot {}) of the pool: a device given twice, or a copy of one",
+                "{} and {} are the same member (slot {}) of the pool: a device given twice, a copy of one, or a member and its replacement",
                 other.name(),
                 d.name(),
                 sb.device_index
@@ -383,6 +411,7 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<(Superblock, Vec<Member>,
             first.array.name()
         );
     }
+    let present_ids: Vec<u64> = ordered.iter().map(|m| m.as_ref().map_or(0, |(_, sb)| sb.member_id)).collect();
     let mut members = Vec::new();
     let mut next_segment = 0u32;
     for (i, m) in ordered.into_iter().enumerate() {
@@ -419,11 +448,20 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<(Superblock, Vec<Member>,
             reason: "segment counts do not add up".into(),
         });
     }
-    let missing_ids = missing
-        .iter()
-        .map(|&i| first.member_ids.get(i as usize).copied().unwrap_or(0))
-        .collect();
-    Ok((first, members, missing_ids))
+    Ok(FoundMembers {
+        first,
+        members,
+        missing,
+        present_ids,
+    })
+}
+
+/// What [`read_members`] found.
+struct FoundMembers {
+    first: Superblock,
+    members: Vec<Member>,
+    missing: Vec<u32>,
+    present_ids: Vec<u64>,
 }
 
 /// The newest valid copy of the pool metadata on any member (every member keeps one since

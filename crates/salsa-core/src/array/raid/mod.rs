@@ -22,9 +22,11 @@ use super::{Array, ArrayKind, Member, MemberStatus, ScrubCounts};
 use crate::device::{Device, StorageType};
 use crate::error::{Error, Result};
 use crate::format::DeviceLayout;
+use parking_lot::{Mutex, RwLock};
 use rows::OpenRows;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
 use stripe::{Piece, Stripe};
 
 /// Read errors after which a member is failed (each one is served from redundancy).
@@ -34,6 +36,8 @@ pub const READ_ERRORS_TO_FAIL: u64 = 8;
 #[derive(Default)]
 struct Health {
     failed: AtomicBool,
+    /// A replacement being filled: it takes writes but is not read from.
+    rebuilding: AtomicBool,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     parity_bytes_written: AtomicU64,
@@ -44,8 +48,11 @@ struct Health {
 
 /// A RAID-0, RAID-1 or RAID-5 array.
 pub struct RaidArray {
+    /// As opened (for reporting the original layout); I/O goes through `slots`.
     members: Vec<Member>,
-    ids: Vec<u64>,
+    /// The device and layout of every slot: a replacement swaps them.
+    slots: Vec<RwLock<(Arc<dyn Device>, DeviceLayout)>>,
+    ids: Mutex<Vec<u64>>,
     stripe: Stripe,
     grain_bytes: u64,
     grains_per_segment: u64,
@@ -79,12 +86,15 @@ fn sub_slices<'b>(bufs: &'b [IoSlice<'_>], at: u64, len: u64) -> Vec<&'b [u8]> {
 
 impl RaidArray {
     /// An array of `kind` over `members` (all in slot order, a missing one given as a device
-    /// that fails every I/O and listed in `failed`).
+    /// that fails every I/O and listed in `failed`); `rebuilding`: the slot of a replacement
+    /// whose rebuild is not finished.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         kind: ArrayKind,
         members: Vec<Member>,
         ids: Vec<u64>,
         failed: &[u64],
+        rebuilding: Option<u32>,
         unit_bytes: u64,
         segment_bytes: u64,
         grain_bytes: u64,
@@ -94,13 +104,16 @@ impl RaidArray {
         for (i, id) in ids.iter().enumerate() {
             if failed.contains(id) {
                 health[i].failed.store(true, SeqCst);
+            } else if rebuilding == Some(i as u32) {
+                health[i].rebuilding.store(true, SeqCst);
             }
         }
         let a = RaidArray {
             aligned_buffers: members.iter().any(|m| m.device.alignment_bytes() > 512),
             rows: OpenRows::new(stripe, grain_bytes),
+            slots: members.iter().map(|m| RwLock::new((m.device.clone(), m.layout))).collect(),
             members,
-            ids,
+            ids: Mutex::new(ids),
             stripe,
             grain_bytes,
             grains_per_segment: segment_bytes / grain_bytes,
@@ -118,21 +131,24 @@ impl RaidArray {
         Ok(a)
     }
 
+    /// Members that do not hold their share of the redundancy: failed, or being rebuilt.
     fn failed_count(&self) -> u32 {
-        self.health.iter().filter(|h| h.failed.load(SeqCst)).count() as u32
+        (0..self.members.len() as u32).filter(|m| self.is_failed(*m)).count() as u32
     }
 
+    /// Whether member `m` cannot be read from: failed, or being rebuilt.
     fn is_failed(&self, m: u32) -> bool {
-        self.health[m as usize].failed.load(SeqCst)
+        let h = &self.health[m as usize];
+        h.failed.load(SeqCst) || h.rebuilding.load(SeqCst)
     }
 
-    fn device(&self, m: u32) -> &dyn Device {
-        self.members[m as usize].device.as_ref()
+    fn device(&self, m: u32) -> Arc<dyn Device> {
+        self.slots[m as usize].read().0.clone()
     }
 
     /// Byte offset on member `m` of `member_offset` in `segment`'s area.
     fn offset(&self, m: u32, segment: u32, member_offset: u64) -> u64 {
-        self.members[m as usize].layout.segments_offset_bytes + segment as u64 * self.stripe.member_segment_bytes() + member_offset
+        self.slots[m as usize].read().1.segments_offset_bytes + segment as u64 * self.stripe.member_segment_bytes() + member_offset
     }
 
     fn io_error(&self, m: u32, op: &'static str, offset: u64, source: std::io::Error) -> Error {
@@ -196,9 +212,10 @@ impl RaidArray {
         }
     }
 
-    /// Writes to member `m` unless it has failed; a failure fails the member.
+    /// Writes to member `m` unless it has failed (a member being rebuilt takes writes); a
+    /// failure fails the member.
     fn write_member(&self, m: u32, bufs: &[IoSlice<'_>], offset: u64, parity_bytes: u64) -> Result<()> {
-        if self.is_failed(m) {
+        if self.health[m as usize].failed.load(SeqCst) {
             return Ok(());
         }
         let h = &self.health[m as usize];
@@ -478,7 +495,7 @@ impl Array for RaidArray {
 
     fn sync_all(&self) -> Result<()> {
         for m in 0..self.members.len() as u32 {
-            if self.is_failed(m) {
+            if self.health[m as usize].failed.load(SeqCst) {
                 continue;
             }
             if let Err(source) = self.device(m).sync() {
@@ -489,10 +506,10 @@ impl Array for RaidArray {
         Ok(())
     }
 
-    fn metadata_devices(&self) -> Vec<(&dyn Device, DeviceLayout)> {
-        (0..self.members.len() as u32)
-            .filter(|m| !self.is_failed(*m))
-            .map(|m| (self.device(m), self.members[m as usize].layout))
+    fn metadata_devices(&self) -> Vec<(Arc<dyn Device>, DeviceLayout)> {
+        (0..self.members.len())
+            .filter(|m| !self.health[*m].failed.load(SeqCst))
+            .map(|m| self.slots[m].read().clone())
             .collect()
     }
 
@@ -526,19 +543,21 @@ impl Array for RaidArray {
     }
 
     fn failed_ids(&self) -> Vec<u64> {
+        let ids = self.ids.lock();
         (0..self.members.len())
-            .filter(|m| self.is_failed(*m as u32))
-            .map(|m| self.ids[m])
+            .filter(|m| self.health[*m].failed.load(SeqCst))
+            .map(|m| ids[m])
             .collect()
     }
 
     fn member_status(&self) -> Vec<MemberStatus> {
-        self.members
+        self.slots
             .iter()
             .zip(&self.health)
-            .map(|(m, h)| MemberStatus {
-                name: m.device.name().to_string(),
+            .map(|(slot, h)| MemberStatus {
+                name: slot.read().0.name().to_string(),
                 failed: h.failed.load(SeqCst),
+                rebuilding: h.rebuilding.load(SeqCst),
                 bytes_read: h.bytes_read.load(SeqCst),
                 bytes_written: h.bytes_written.load(SeqCst),
                 parity_bytes_written: h.parity_bytes_written.load(SeqCst),
@@ -607,6 +626,107 @@ impl Array for RaidArray {
             }
             _ => Ok(false),
         }
+    }
+
+    fn replace_member(&self, slot: u32, device: Arc<dyn Device>, member_id: u64, layout: DeviceLayout) -> Result<()> {
+        let others_failed = (0..self.members.len() as u32).filter(|m| *m != slot && self.is_failed(*m)).count();
+        if self.stripe.kind == ArrayKind::Raid0
+            || (self.stripe.kind == ArrayKind::Raid5 && others_failed > 0)
+            || others_failed + 1 >= self.members.len()
+        {
+            return Err(Error::InvalidArgument(format!(
+                "the {} array cannot rebuild slot {slot}: {others_failed} other member(s) failed too",
+                self.stripe.kind.name()
+            )));
+        }
+        *self.slots[slot as usize].write() = (device, layout);
+        self.ids.lock()[slot as usize] = member_id;
+        let h = &self.health[slot as usize];
+        h.rebuilding.store(true, SeqCst);
+        h.failed.store(false, SeqCst);
+        for c in [&h.read_errors, &h.write_errors] {
+            c.store(0, SeqCst);
+        }
+        Ok(())
+    }
+
+    fn rebuild_segment(&self, slot: u32, segment: u32, to_grain: u64) -> Result<u64> {
+        let row = if self.stripe.kind == ArrayKind::Raid1 {
+            self.grain_bytes
+        } else {
+            self.stripe.row_bytes()
+        };
+        let rows = ((to_grain * self.grain_bytes).div_ceil(row)).min(self.stripe.segment_bytes / row);
+        let share = match self.stripe.kind {
+            ArrayKind::Raid1 => rows * row,
+            _ => rows * self.stripe.unit_bytes,
+        };
+        if share == 0 {
+            return Ok(0);
+        }
+        let mut out = self.scratch(share as usize);
+        match self.stripe.kind {
+            ArrayKind::Raid1 => {
+                let m = (0..self.members.len() as u32).find(|m| *m != slot && !self.is_failed(*m));
+                let m = m.ok_or_else(|| Error::Poisoned("no healthy mirror to rebuild from".into()))?;
+                self.read_member(m, &mut out.0, self.offset(m, segment, 0))?;
+            }
+            _ => {
+                // A closed row's missing unit, data or parity, is the XOR of the row's other
+                // units: one sequential read per member gives every row at once.
+                let mut tmp = self.scratch(share as usize);
+                for m in 0..self.members.len() as u32 {
+                    if m == slot {
+                        continue;
+                    }
+                    self.read_member(m, &mut tmp.0, self.offset(m, segment, 0))?;
+                    for (d, s) in out.0.iter_mut().zip(tmp.0.iter()) {
+                        *d ^= *s;
+                    }
+                }
+                // A row still being filled: its data units come from its parity so far; its
+                // parity unit is written when the row completes.
+                let unit = self.stripe.unit_bytes;
+                for r in 0..rows {
+                    if !self.rows.is_open(segment, r) {
+                        continue;
+                    }
+                    let at = (r * unit) as usize;
+                    match self.stripe.unit_of(r, slot) {
+                        None => out.0[at..at + unit as usize].fill(0),
+                        Some(u) => {
+                            let p = Piece {
+                                row: r,
+                                unit: u,
+                                member: slot,
+                                member_offset: r * unit,
+                                at: 0,
+                                len: unit,
+                            };
+                            self.reconstruct(segment, &p, &mut out.0[at..at + unit as usize])?;
+                        }
+                    }
+                }
+            }
+        }
+        self.write_member(slot, &[IoSlice::new(&out.0)], self.offset(slot, segment, 0), 0)?;
+        if self.health[slot as usize].failed.load(SeqCst) {
+            return Err(Error::Io {
+                device: self.device(slot).name().to_string(),
+                op: "rebuild",
+                offset: self.offset(slot, segment, 0),
+                source: std::io::Error::other("the replacement failed while it was rebuilt"),
+            });
+        }
+        Ok(share)
+    }
+
+    fn finish_rebuild(&self, slot: u32) {
+        self.health[slot as usize].rebuilding.store(false, SeqCst);
+    }
+
+    fn member_ids(&self) -> Vec<u64> {
+        self.ids.lock().clone()
     }
 
     fn scrub(&self, segment: u32, to_grain: u64, repair: bool) -> Result<ScrubCounts> {

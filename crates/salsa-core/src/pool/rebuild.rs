@@ -1,0 +1,276 @@
+//! Replacing a member of a redundant array and rebuilding it, while the pool serves.
+//!
+//! Steps (each durable before the next): the new device gets a superblock naming its slot and
+//! a fresh member id; the array puts it in the slot as *rebuilding* (it takes every write from
+//! now on, and is not read from); the segments in use at that moment are listed and the open
+//! segments closed, so that every segment allocated afterwards is written whole with the new
+//! member; the pool metadata records the new member id and the rebuild's progress. Then each
+//! listed segment still holding the same data is rebuilt onto the new member (only live
+//! segments: a log-structured pool knows which ones hold data), the progress written to the
+//! pool metadata as it goes, so that a crash or a restart resumes where it was. At the end a
+//! flush makes everything durable, and the member is read from again.
+
+use super::open::{human_bytes, read_superblock, write_superblock};
+use super::Pool;
+use crate::device::Device;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::format::{DeviceLayout, RebuildState, Superblock, FORMAT_VERSION};
+use crate::log::capacity::SegmentState;
+use rand::Rng;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How a rebuild runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RebuildOptions {
+    /// Most bytes written to the new member per second; `None`: as fast as it goes.
+    pub rate_bytes_per_sec: Option<u64>,
+}
+
+/// What a rebuild did.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RebuildReport {
+    /// Segments rebuilt (in use when it started and still holding the same data).
+    pub segments_rebuilt: u64,
+    /// Segments of the pool: what a whole-device resync would have rewritten.
+    pub segments_total: u64,
+    pub bytes_written: u64,
+    pub seconds: f64,
+}
+
+/// The segments a rebuild must visit: in use now, from `from` on, with their generation.
+fn live_segments(eng: &Engine, from: u32) -> Vec<(u32, u64)> {
+    let cap = eng.log.capacity();
+    (from..eng.log.geo().total_segments)
+        .filter_map(|s| {
+            let info = cap.segment(s);
+            (info.state() != SegmentState::Free).then(|| (s, info.generation.load(SeqCst)))
+        })
+        .collect()
+}
+
+/// Rebuilds `segments` onto slot `state.slot`, recording progress; stops early (and leaves the
+/// rest for the next open) when the pool shuts down.
+pub(crate) fn run_rebuild(
+    eng: &Engine,
+    mut state: RebuildState,
+    segments: Vec<(u32, u64)>,
+    opts: RebuildOptions,
+    progress: &dyn Fn(u64, u64),
+) -> Result<RebuildReport> {
+    let start = Instant::now();
+    let mut report = RebuildReport {
+        segments_total: eng.log.geo().total_segments as u64,
+        ..RebuildReport::default()
+    };
+    let total = segments.len() as u64;
+    let mut last_saved = Instant::now();
+    for (i, (s, generation)) in segments.into_iter().enumerate() {
+        if eng.shutting_down.load(SeqCst) {
+            return Ok(report);
+        }
+        eng.log.check_writable()?;
+        {
+            // The GC may not free or reuse the segment while it is rebuilt.
+            let _gc = eng.gc_lock.write();
+            let info = eng.log.capacity().segment(s);
+            if info.state() != SegmentState::Free && info.generation.load(SeqCst) == generation {
+                let mut end = 0u64;
+                let header = eng.log.walk_segment(s, |_, meta, _| {
+                    end = end.max(meta.start_grain as u64 + meta.span_grains().unwrap_or(1) as u64);
+                })?;
+                // A checkpoint being written has no chain: all of it.
+                let end = if header.is_some() {
+                    end
+                } else {
+                    eng.log.geo().grains_per_segment as u64
+                };
+                let bytes = eng
+                    .log
+                    .array()
+                    .rebuild_segment(state.slot, s, end)
+                    .inspect_err(|e| eng.log.poison(e))?;
+                report.bytes_written += bytes;
+                report.segments_rebuilt += 1;
+            }
+        }
+        progress(i as u64 + 1, total);
+        if let Some(rate) = opts.rate_bytes_per_sec.filter(|r| *r > 0) {
+            let due = Duration::from_secs_f64(report.bytes_written as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(start.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        if last_saved.elapsed() >= Duration::from_secs(1) {
+            // Rebuilt data is durable before the progress that skips it.
+            eng.log.array().sync_all()?;
+            state.next_segment = s + 1;
+            save_progress(eng, Some(state))?;
+            last_saved = Instant::now();
+        }
+    }
+    eng.flush()?;
+    eng.log.array().sync_all()?;
+    eng.log.array().finish_rebuild(state.slot);
+    save_progress(eng, None)?;
+    report.seconds = start.elapsed().as_secs_f64();
+    tracing::info!(
+        "rebuilt {} of {} segments ({}) in {:.1} s",
+        report.segments_rebuilt,
+        report.segments_total,
+        human_bytes(report.bytes_written),
+        report.seconds
+    );
+    Ok(report)
+}
+
+fn save_progress(eng: &Engine, state: Option<RebuildState>) -> Result<()> {
+    let mut meta = eng.log.meta().lock();
+    let mut next = meta.clone();
+    next.rebuild = state;
+    next.member_ids = eng.log.array().member_ids();
+    next.failed_members = eng.log.array().failed_ids();
+    eng.log.write_pool_meta(&mut next)?;
+    *meta = next;
+    Ok(())
+}
+
+impl Pool {
+    /// The slot of a member named by its device name or by its slot number.
+    fn slot_of(&self, member: &str) -> Result<u32> {
+        let status = self.eng.log.array().member_status();
+        if let Some(i) = status.iter().position(|m| m.name == member) {
+            return Ok(i as u32);
+        }
+        match member.parse::<u32>() {
+            Ok(i) if (i as usize) < status.len() => Ok(i),
+            _ => {
+                let names: Vec<String> = status.iter().enumerate().map(|(i, m)| format!("{i}: {}", m.name)).collect();
+                Err(Error::InvalidArgument(format!(
+                    "{member:?} is not a member of this pool (members: {})",
+                    names.join(", ")
+                )))
+            }
+        }
+    }
+
+    /// Replaces member `old` (its device name or slot number) with `new` and rebuilds it
+    /// onto `new` while the pool serves; returns when the rebuild is done. `new` must not
+    /// belong to this pool and must be at least as large as the slot needs.
+    pub fn replace_member(
+        &self,
+        old: &str,
+        new: Arc<dyn Device>,
+        opts: RebuildOptions,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<RebuildReport> {
+        self.eng.log.check_writable()?;
+        let array = self.eng.log.array();
+        let slot = self.slot_of(old)?;
+        let status = array.member_status();
+        if status.iter().any(|m| m.rebuilding) && !status[slot as usize].rebuilding {
+            return Err(Error::InvalidArgument(
+                "another member is being rebuilt; wait for it to finish".into(),
+            ));
+        }
+        if let Ok(sb) = read_superblock(new.as_ref()) {
+            if sb.pool_id == self.pool_id() && status.iter().any(|m| m.name == new.name()) {
+                return Err(Error::InvalidArgument(format!("{} is already a member of this pool", new.name())));
+            }
+        }
+        // The new member's superblock: a healthy member's, with its own slot, id and layout.
+        let template = (0..status.len())
+            .filter(|i| *i != slot as usize && !status[*i].failed && !status[*i].rebuilding)
+            .find_map(|i| read_superblock(array.members()[i].device.as_ref()).ok())
+            .ok_or_else(|| Error::InvalidArgument("no healthy member left to copy the pool's description from".into()))?;
+        let member_segment_bytes = template.array.member_segment_bytes(template.device_count, template.segment_bytes);
+        let (layout, count) = DeviceLayout::plan(new.as_ref(), member_segment_bytes)?;
+        if count < template.segment_count as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "{} ({}) is too small: the slot needs {} segments of {} after a {} header",
+                new.name(),
+                human_bytes(new.size_bytes()),
+                template.segment_count,
+                human_bytes(member_segment_bytes),
+                human_bytes(layout.segments_offset_bytes)
+            )));
+        }
+        let mut ids = array.member_ids();
+        let member_id = loop {
+            let id = rand::thread_rng().gen::<u64>();
+            if id != 0 && !ids.contains(&id) {
+                break id;
+            }
+        };
+        ids[slot as usize] = member_id;
+        let sb = Superblock {
+            format_version: FORMAT_VERSION,
+            device_index: slot,
+            device_size_bytes: new.size_bytes(),
+            storage_type: new.storage_type(),
+            layout,
+            member_id,
+            member_ids: ids,
+            ..template
+        };
+        write_superblock(new.as_ref(), &sb)?;
+        array.replace_member(slot, new.clone(), member_id, layout)?;
+        let segments = live_segments(&self.eng, 0);
+        // Segments allocated from here on are written whole, with the new member.
+        self.eng.log.close_all_streams()?;
+        let state = RebuildState {
+            slot,
+            member_id,
+            next_segment: 0,
+        };
+        save_progress(&self.eng, Some(state))?;
+        tracing::info!(
+            "rebuilding slot {slot} onto {}: {} of {} segments hold data",
+            new.name(),
+            segments.len(),
+            self.eng.log.geo().total_segments
+        );
+        run_rebuild(&self.eng, state, segments, opts, progress)
+    }
+
+    /// Resumes a rebuild that an earlier session left unfinished (in the background).
+    pub(crate) fn resume_rebuild(&self) -> Result<()> {
+        let Some(state) = self.eng.log.meta().lock().rebuild else {
+            return Ok(());
+        };
+        if !self
+            .eng
+            .log
+            .array()
+            .member_status()
+            .get(state.slot as usize)
+            .is_some_and(|m| m.rebuilding)
+        {
+            tracing::warn!(
+                "the rebuild of slot {} cannot resume: its new member is not here; replace it again",
+                state.slot
+            );
+            return Ok(());
+        }
+        let eng = self.eng.clone();
+        let segments = live_segments(&eng, state.next_segment);
+        tracing::info!("resuming the rebuild of slot {} at segment {}", state.slot, state.next_segment);
+        let h = std::thread::Builder::new()
+            .name("salsa-rebuild".into())
+            .spawn(move || {
+                if let Err(e) = run_rebuild(&eng, state, segments, RebuildOptions::default(), &|_, _| {}) {
+                    tracing::error!("rebuild of slot {} failed: {e}", state.slot);
+                }
+            })
+            .map_err(|e| Error::InvalidConfig(format!("cannot start the rebuild thread: {e}")))?;
+        self.gc_threads.lock().push(h);
+        Ok(())
+    }
+
+    /// Whether a member is being rebuilt.
+    pub fn rebuild_in_progress(&self) -> bool {
+        self.eng.log.array().member_status().iter().any(|m| m.rebuilding)
+    }
+}
