@@ -6,7 +6,7 @@ mod spec;
 
 use bench::workload;
 use clap::{Parser, Subcommand};
-use commands::admin::{check, format_pool, info, volume, VolumeCommand};
+use commands::admin::{check, format_pool, info, scrub_pool, volume, VolumeCommand};
 use commands::bench::{run_bench, run_device_bench, run_workload_bench, BenchArgs, BenchDeviceArgs};
 use commands::serve::{serve, ServeArgs};
 use commands::stats::stats;
@@ -179,6 +179,18 @@ enum Command {
     Check {
         #[command(flatten)]
         devices: Devices,
+        /// Also compare the array's redundancy (RAID-5 parity, RAID-1 copies) with the data
+        /// of every segment in use.
+        #[arg(long)]
+        scrub: bool,
+        /// With --scrub: rewrite redundancy that disagrees with the data.
+        #[arg(long, requires = "scrub")]
+        repair: bool,
+    },
+    /// Manage the devices of a pool.
+    Device {
+        #[command(subcommand)]
+        command: DeviceCommand,
     },
     /// Manage volumes.
     Volume {
@@ -232,6 +244,38 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum DeviceCommand {
+    /// Mark member MEMBER (its path or slot number) failed, as a dying disk would be; a
+    /// redundant pool keeps serving without it. Through the running server when one answers.
+    Fail {
+        #[arg(long = "device", short = 'd', value_name = "PATH[:SIZE]")]
+        devices: Vec<DeviceSpec>,
+        #[arg(long)]
+        control: Option<PathBuf>,
+        member: String,
+    },
+    /// Replace member OLD (its path or slot number) with NEW and rebuild it from the others,
+    /// only the segments that hold data. Through the running server's control socket when one
+    /// answers (the pool keeps serving), else offline on --device.
+    Replace {
+        /// The pool's members (offline), or its first member (to find the server's control
+        /// socket).
+        #[arg(long = "device", short = 'd', value_name = "PATH[:SIZE]")]
+        devices: Vec<DeviceSpec>,
+        /// The running server's control socket.
+        #[arg(long)]
+        control: Option<PathBuf>,
+        /// Most bytes per second written to the new member (e.g. 200M); default: no limit.
+        #[arg(long, value_parser = parse_size)]
+        rate: Option<u64>,
+        /// The member to replace: its device path as the pool knows it, or its slot number.
+        old: String,
+        /// The new device: PATH[:SIZE] (SIZE creates a missing file).
+        new: DeviceSpec,
     },
 }
 
@@ -313,12 +357,27 @@ fn main() -> ExitCode {
             no_default_volume,
         } => format_pool(devices, format, *force, !no_default_volume),
         Command::Info { devices } => info(devices),
-        Command::Check { devices } => match check(devices) {
-            Ok(true) => Ok(()),
-            Ok(false) => return ExitCode::from(1),
-            Err(e) => Err(e),
-        },
+        Command::Check { devices, scrub, repair } => {
+            match check(devices).and_then(|ok| Ok(ok && (!*scrub || scrub_pool(devices, *repair)?))) {
+                Ok(true) => Ok(()),
+                Ok(false) => return ExitCode::from(1),
+                Err(e) => Err(e),
+            }
+        }
         Command::Volume { command } => volume(command),
+        Command::Device {
+            command:
+                DeviceCommand::Replace {
+                    devices,
+                    control,
+                    rate,
+                    old,
+                    new,
+                },
+        } => commands::device::replace(devices, control.as_deref(), old, new, *rate),
+        Command::Device {
+            command: DeviceCommand::Fail { devices, control, member },
+        } => commands::device::fail(devices, control.as_deref(), member),
         Command::Policies => {
             let (victims, placements) = salsa_core::Registry::builtin().describe();
             println!("placement policies (--placement):");

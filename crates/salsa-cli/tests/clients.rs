@@ -126,25 +126,22 @@ fn fio_random_writes_verify_while_gc_runs() {
     assert!(ok, "salsa check after fio: {out}");
 }
 
-/// fio over NBD on a RAID-5 pool of four files: random writes verified while the GC runs;
-/// then one member file is removed and the pool, reopened degraded on the other three, serves
-/// every block to fio's verification pass and to `salsa check`, and an ext4 file system on it
-/// mounts, takes new files and fscks clean.
+/// fio over NBD on a RAID-5 pool of four files: random writes verified while the GC runs, and
+/// while one member is failed and rebuilt onto a fifth file through the control socket; then
+/// `salsa check --scrub` finds every parity right. Then a member file is removed and the pool,
+/// reopened degraded on the other three, serves every block to fio's verification pass, and
+/// an ext4 file system on it mounts, takes new files and fscks clean.
 #[test]
-fn fio_and_ext4_on_a_raid5_pool_of_four_files_survive_losing_a_member() {
+fn fio_and_ext4_on_a_raid5_pool_survive_a_failure_a_rebuild_and_a_lost_member() {
     require("fio");
     require("nbdfuse");
     require("mkfs.ext4");
     let dir = test_dir("raid5");
-    let members: Vec<String> = (0..4).map(|i| format!("{}:40M", dir.join(format!("m{i}.img")).display())).collect();
-    let fio = |srv: &Server, rw: &str, extra: &[&str]| {
+    let path = |i: usize| dir.join(format!("m{i}.img")).display().to_string();
+    let members: Vec<String> = (0..4).map(|i| format!("{}:40M", path(i))).collect();
+    let fio = |srv: &Server, extra: &[&str]| {
         run(Command::new("fio")
-            .args([
-                "--name=raid5",
-                "--ioengine=nbd",
-                &format!("--uri={}", srv.uri()),
-                &format!("--rw={rw}"),
-            ])
+            .args(["--name=raid5", "--ioengine=nbd", &format!("--uri={}", srv.uri()), "--rw=randwrite"])
             .args([
                 "--iodepth=16",
                 "--size=64M",
@@ -152,34 +149,57 @@ fn fio_and_ext4_on_a_raid5_pool_of_four_files_survive_losing_a_member() {
                 "--randseed=7",
                 "--verify=crc32c",
                 "--verify_fatal=1",
+                "--loops=6",
             ])
             .args(extra))
     };
+    let salsa = |args: &[&str]| run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(args));
     let srv = Server::start_on(&dir, &members, &["--array", "raid5"]);
-    let (ok, out) = fio(&srv, "randwrite", &["--loops=3"]);
-    assert!(ok && !out.contains("verify: bad"), "fio randwrite on raid5:\n{out}");
-    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa"))
-        .args(["stats", "--json", "--device"])
-        .arg(dir.join("m0.img")));
+    let (report, fio_out) = std::thread::scope(|s| {
+        let writer = s.spawn(|| fio(&srv, &[]));
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let (ok, out) = salsa(&["device", "fail", "--device", &path(0), &path(1)]);
+        assert!(ok, "salsa device fail: {out}");
+        let new = format!("{}:40M", path(4));
+        let (ok, out) = salsa(&["device", "replace", "--device", &path(0), &path(1), &new]);
+        assert!(ok, "salsa device replace: {out}");
+        (out, writer.join().unwrap())
+    });
+    assert!(
+        fio_out.0 && !fio_out.1.contains("verify: bad"),
+        "fio during the failure and rebuild:\n{}",
+        fio_out.1
+    );
+    assert!(report.contains("rebuilt") && report.contains("segments"), "{report}");
+    let (ok, out) = salsa(&["stats", "--json", "--device", &path(0)]);
     assert!(ok, "salsa stats: {out}");
     let stats: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(stats["array"], "raid5", "{stats}");
-    let members = stats["members"].as_array().unwrap();
-    assert_eq!(members.len(), 4);
-    for m in members {
+    let members_now = stats["members"].as_array().unwrap();
+    assert_eq!(members_now[1]["name"].as_str().unwrap(), path(4), "{stats}");
+    for m in members_now {
         assert_eq!(m["state"], "ok", "{m}");
         assert!(m["parity_bytes_written"].as_u64().unwrap() > 0, "{m}");
     }
     assert!(stats["gc_segments_cleaned"].as_u64().unwrap() > 0, "the GC ran: {stats}");
     assert!(srv.stop().success(), "{}", srv_log(&dir));
+    let pool: Vec<String> = [0, 4, 2, 3].iter().map(|&i| path(i)).collect();
+    let mut args = vec!["check", "--scrub"];
+    for p in &pool {
+        args.extend(["--device", p.as_str()]);
+    }
+    let (ok, out) = salsa(&args);
+    assert!(ok && out.contains("0 disagreed"), "salsa check --scrub after the rebuild: {out}");
+    // The replaced member is stale: with it instead of the new one, the pool does not open.
+    let mut stale = args.clone();
+    stale[5] = Box::leak(path(1).into_boxed_str());
+    let (ok, out) = salsa(&stale);
+    assert!(!ok && out.contains("replaced"), "{out}");
     // A member is lost.
-    std::fs::remove_file(dir.join("m2.img")).unwrap();
-    let degraded: Vec<String> = [0, 1, 3]
-        .iter()
-        .map(|i| dir.join(format!("m{i}.img")).display().to_string())
-        .collect();
+    std::fs::remove_file(path(2)).unwrap();
+    let degraded: Vec<String> = [0, 4, 3].iter().map(|&i| path(i)).collect();
     let srv = Server::start_on(&dir, &degraded, &[]);
-    let (ok, out) = fio(&srv, "randwrite", &["--loops=3", "--verify_only"]);
+    let (ok, out) = fio(&srv, &["--verify_only"]);
     assert!(ok && !out.contains("verify: bad"), "fio verification on the degraded pool:\n{out}");
     assert!(srv.log().contains("opens degraded"), "{}", srv.log());
     with_filesystem(&srv, true, |mnt| {
@@ -193,12 +213,11 @@ fn fio_and_ext4_on_a_raid5_pool_of_four_files_survive_losing_a_member() {
         }
     });
     assert!(srv.stop().success(), "{}", srv_log(&dir));
-    let mut check = Command::new(env!("CARGO_BIN_EXE_salsa"));
-    check.arg("check");
+    let mut check = vec!["check"];
     for d in &degraded {
-        check.args(["--device", d]);
+        check.extend(["--device", d.as_str()]);
     }
-    let (ok, out) = run(&mut check);
+    let (ok, out) = salsa(&check);
     assert!(ok, "salsa check of the degraded pool: {out}");
 }
 

@@ -87,6 +87,27 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     Ok(())
 }
 
+/// `salsa check --scrub`: compares the array's redundancy with the data, and with `repair`
+/// rewrites what disagrees; false when something disagreed and was not repaired.
+pub(crate) fn scrub_pool(devices: &Devices, repair: bool) -> Result<bool, String> {
+    let opts = if repair { rw_options() } else { ro_options() };
+    let pool = Pool::open(devices.open(!repair)?, &opts).map_err(|e| e.to_string())?;
+    let r = pool.scrub(repair).map_err(|e| e.to_string())?;
+    println!(
+        "scrub: {} segments in use, {} rows compared, {} disagreed with their data, {} repaired ({})",
+        r.segments,
+        r.rows_checked,
+        r.rows_mismatched,
+        r.rows_repaired,
+        pool.array_description()
+    );
+    let clean = r.rows_mismatched == r.rows_repaired;
+    if repair {
+        pool.close().map_err(|e| e.to_string())?;
+    }
+    Ok(clean)
+}
+
 pub(crate) fn check(devices: &Devices) -> Result<bool, String> {
     // First as a server would open it (the checkpoint after a clean shutdown), remembering every
     // page's location; then again, rebuilding everything from the log alone. One at a time: the

@@ -2,5 +2,6 @@
 
 pub(crate) mod admin;
 pub(crate) mod bench;
+pub(crate) mod device;
 pub(crate) mod serve;
 pub(crate) mod stats;

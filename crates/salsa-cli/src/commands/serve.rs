@@ -1,7 +1,6 @@
 //! `salsa serve`: open (or create) the pool, serve its volumes over NBD, answer the control
 //! socket, and shut down cleanly on SIGINT/SIGTERM.
 
-use super::stats::stats_json;
 use crate::*;
 
 pub(crate) struct ServeArgs {
@@ -18,18 +17,31 @@ pub(crate) fn control_path_for(device: &std::path::Path) -> std::path::PathBuf {
     device.with_extension("ctl")
 }
 
-/// Answers every connection on the control socket with the statistics, until `stop`.
+/// Most control connections answered at once (a rebuild holds one for its whole run).
+const CONTROL_CONNECTIONS_MAX: usize = 8;
+
+/// Answers the control socket (see [`super::device`] for the requests), each connection on
+/// its own thread, until `stop`; waits for the connections in progress.
 pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, pool: Arc<Pool>, stop: Arc<std::sync::atomic::AtomicBool>) {
-    use std::io::Write;
     let _ = listener.set_nonblocking(true);
+    let mut running: Vec<std::thread::JoinHandle<()>> = Vec::new();
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        running.retain(|h| !h.is_finished());
         match listener.accept() {
-            Ok((mut s, _)) => {
-                let _ = s.set_nonblocking(false);
-                let _ = writeln!(s, "{}", stats_json(&pool));
+            Ok((s, _)) if running.len() < CONTROL_CONNECTIONS_MAX => {
+                let pool = pool.clone();
+                running.push(std::thread::spawn(move || super::device::answer(s, &pool)));
+            }
+            Ok((s, _)) => {
+                use std::io::Write;
+                let mut s = s;
+                let _ = writeln!(s, "error the server is busy with {CONTROL_CONNECTIONS_MAX} control requests");
             }
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
         }
+    }
+    for h in running {
+        let _ = h.join();
     }
 }
 
@@ -116,6 +128,8 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         std::thread::spawn(move || control_thread(control, pool, stop))
     };
     listening.run(stop);
+    // A rebuild in progress stops at its next segment (and resumes at the next start).
+    pool.begin_shutdown();
     let _ = control_thread.join();
     let _ = std::fs::remove_file(&control_path);
     eprintln!("salsa: stopping: writing the checkpoint");

@@ -54,6 +54,8 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
             path.display()
         )
     })?;
+    use std::io::Write;
+    let _ = writeln!(s, "stats");
     let mut text = String::new();
     s.read_to_string(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(text.trim()).map_err(|e| format!("bad answer from {}: {e}", path.display()))?;

@@ -139,6 +139,14 @@ pub trait Array: Send + Sync {
             self.kind().name()
         )))
     }
+    /// Fails member `slot` on request (an administrator taking a disk out): it is no longer
+    /// read or written. Refused when the array would lose data.
+    fn fail_member(&self, _slot: u32) -> Result<()> {
+        Err(crate::error::Error::InvalidArgument(format!(
+            "a {} array has no redundancy: failing a member would lose data",
+            self.kind().name()
+        )))
+    }
     /// Writes the share of slot `slot` of grains `[0, to_grain)` of `segment`, rebuilt from the
     /// other members; returns the bytes written.
     fn rebuild_segment(&self, _slot: u32, _segment: u32, _to_grain: u64) -> Result<u64> {

@@ -69,7 +69,12 @@ pub(crate) fn run_rebuild(
     let mut last_saved = Instant::now();
     for (i, (s, generation)) in segments.into_iter().enumerate() {
         if eng.shutting_down.load(SeqCst) {
-            return Ok(report);
+            eng.log.array().sync_all()?;
+            state.next_segment = s;
+            save_progress(eng, Some(state))?;
+            return Err(Error::InvalidArgument(format!(
+                "the pool is shutting down; the rebuild stopped at segment {s} and resumes when the pool opens again"
+            )));
         }
         eng.log.check_writable()?;
         {
@@ -267,6 +272,23 @@ impl Pool {
             .map_err(|e| Error::InvalidConfig(format!("cannot start the rebuild thread: {e}")))?;
         self.gc_threads.lock().push(h);
         Ok(())
+    }
+
+    /// Marks member `member` (its device name or slot number) failed, as a dying disk would
+    /// be: it is no longer used, and the pool metadata records it before this returns. Refused
+    /// when the array would lose data.
+    pub fn fail_member(&self, member: &str) -> Result<()> {
+        self.eng.log.check_writable()?;
+        let slot = self.slot_of(member)?;
+        self.eng.log.array().fail_member(slot)?;
+        self.eng.flush()
+    }
+
+    /// Asks background work (GC, a rebuild) to stop at its next step; the pool still serves
+    /// until it is closed. A rebuild stopped this way resumes at the next open.
+    pub fn begin_shutdown(&self) {
+        self.eng.shutting_down.store(true, SeqCst);
+        self.eng.wake_gc();
     }
 
     /// Whether a member is being rebuilt.

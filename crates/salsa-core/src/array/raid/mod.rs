@@ -721,6 +721,29 @@ impl Array for RaidArray {
         Ok(share)
     }
 
+    fn fail_member(&self, slot: u32) -> Result<()> {
+        let tolerated = self.stripe.kind.tolerated_failures(self.members.len() as u32);
+        let others = (0..self.members.len() as u32).filter(|m| *m != slot && self.is_failed(*m)).count() as u32;
+        if others + 1 > tolerated {
+            return Err(Error::InvalidArgument(format!(
+                "failing slot {slot} would leave the {} array without its data ({others} other member(s) failed or rebuilding)",
+                self.stripe.kind.name()
+            )));
+        }
+        let name = self.device(slot).name().to_string();
+        self.fail(
+            slot,
+            Error::Io {
+                device: name,
+                op: "fail",
+                offset: 0,
+                source: std::io::Error::other("failed on request"),
+            },
+        )?;
+        self.health[slot as usize].rebuilding.store(false, SeqCst);
+        Ok(())
+    }
+
     fn finish_rebuild(&self, slot: u32) {
         self.health[slot as usize].rebuilding.store(false, SeqCst);
     }

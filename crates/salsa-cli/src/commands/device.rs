@@ -1,0 +1,175 @@
+//! `salsa device fail` and `salsa device replace`: take a member out, and replace a member of a redundant pool and rebuild it, offline (the
+//! command opens the pool itself) or online (through the running server's control socket,
+//! while it serves), with a progress bar and an optional rate limit.
+//!
+//! The control socket speaks lines: a client sends one request line (`stats`, `scrub`,
+//! `scrub repair`, `fail <member>`, or `replace <member> <new device spec> [<bytes per
+//! second>]`); the server answers `stats` and `scrub` with one JSON line, `fail` with `ok` or
+//! `error`, and `replace` with `progress <done> <total>` lines and a final `ok <json>` or
+//! `error <message>` line. A client that sends
+//! nothing gets the statistics (what `salsa stats` did before requests existed).
+
+use super::{serve, stats};
+use crate::*;
+use std::io::{BufRead, BufReader, Write};
+
+/// Offline or online replacement of member `old` by `new`.
+pub(crate) fn replace(
+    devices: &[DeviceSpec],
+    control: Option<&std::path::Path>,
+    old: &str,
+    new: &DeviceSpec,
+    rate: Option<u64>,
+) -> Result<(), String> {
+    let control = control
+        .map(|p| p.to_path_buf())
+        .or_else(|| devices.first().map(|d| serve::control_path_for(&d.path)))
+        .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok());
+    if let Some(path) = control {
+        return replace_online(&path, old, new, rate);
+    }
+    if devices.is_empty() {
+        return Err("give the pool's devices (--device), or --control of the server that serves it".into());
+    }
+    let devs: Vec<_> = devices.iter().map(|d| d.open(false)).collect::<Result<_, _>>()?;
+    let pool = Pool::open(devs, &rw_options()).map_err(|e| e.to_string())?;
+    let new_dev = new.open(false)?;
+    let report = pool
+        .replace_member(
+            old,
+            new_dev,
+            salsa_core::RebuildOptions { rate_bytes_per_sec: rate },
+            &progress_bar("rebuild"),
+        )
+        .map_err(|e| e.to_string())?;
+    print_report(&report_json(&report));
+    pool.close().map_err(|e| e.to_string())
+}
+
+/// The report as JSON (the control socket's `ok` line).
+fn report_json(r: &salsa_core::RebuildReport) -> serde_json::Value {
+    serde_json::json!({
+        "segments_rebuilt": r.segments_rebuilt,
+        "segments_total": r.segments_total,
+        "bytes_written": r.bytes_written,
+        "seconds": r.seconds,
+    })
+}
+
+fn print_report(v: &serde_json::Value) {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let secs = v["seconds"].as_f64().unwrap_or(0.0);
+    println!(
+        "rebuilt {} of {} segments ({}) in {secs:.1} s ({}/s); a whole-device resync would have rewritten all {}",
+        n("segments_rebuilt"),
+        n("segments_total"),
+        human(n("bytes_written")),
+        human((n("bytes_written") as f64 / secs.max(1e-9)) as u64),
+        n("segments_total")
+    );
+}
+
+fn replace_online(control: &std::path::Path, old: &str, new: &DeviceSpec, rate: Option<u64>) -> Result<(), String> {
+    let mut s = std::os::unix::net::UnixStream::connect(control).map_err(|e| format!("{}: {e}", control.display()))?;
+    let spec = match new.size_bytes {
+        Some(b) => format!("{}:{b}", new.path.display()),
+        None => new.path.display().to_string(),
+    };
+    if old.contains(char::is_whitespace) || spec.contains(char::is_whitespace) {
+        return Err("member names and paths with spaces cannot go through the control socket; replace offline".into());
+    }
+    writeln!(s, "replace {old} {spec} {}", rate.unwrap_or(0)).map_err(|e| e.to_string())?;
+    let bar = progress_bar("rebuild");
+    for line in BufReader::new(s).lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        if let Some(rest) = line.strip_prefix("progress ") {
+            let mut it = rest.split_whitespace().map(|x| x.parse::<u64>().unwrap_or(0));
+            bar(it.next().unwrap_or(0), it.next().unwrap_or(0));
+        } else if let Some(rest) = line.strip_prefix("ok ") {
+            print_report(&serde_json::from_str(rest).unwrap_or_default());
+            return Ok(());
+        } else if let Some(rest) = line.strip_prefix("error ") {
+            return Err(rest.to_string());
+        }
+    }
+    Err("the server closed the control connection before the rebuild finished".into())
+}
+
+/// Offline or online: marks member `member` failed.
+pub(crate) fn fail(devices: &[DeviceSpec], control: Option<&std::path::Path>, member: &str) -> Result<(), String> {
+    let control = control
+        .map(|p| p.to_path_buf())
+        .or_else(|| devices.first().map(|d| serve::control_path_for(&d.path)))
+        .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok());
+    if let Some(path) = control {
+        let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        writeln!(s, "fail {member}").map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).map_err(|e| e.to_string())?;
+        return match line.trim().strip_prefix("error ") {
+            Some(e) => Err(e.to_string()),
+            None => {
+                println!("member {member} marked failed; replace it with: salsa device replace {member} NEW");
+                Ok(())
+            }
+        };
+    }
+    let devs: Vec<_> = devices.iter().map(|d| d.open(false)).collect::<Result<_, _>>()?;
+    let pool = Pool::open(devs, &rw_options()).map_err(|e| e.to_string())?;
+    pool.fail_member(member).map_err(|e| e.to_string())?;
+    println!("member {member} marked failed; replace it with: salsa device replace {member} NEW");
+    pool.close().map_err(|e| e.to_string())
+}
+
+/// Serves one control connection (see the module documentation).
+pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(200)));
+    let mut line = String::new();
+    let request = match BufReader::new(&s).read_line(&mut line) {
+        Ok(_) => line.trim().to_string(),
+        Err(_) => String::new(), // said nothing: the statistics
+    };
+    let mut words = request.split_whitespace();
+    let reply = match words.next() {
+        None | Some("stats") => format!("{}", stats::stats_json(pool)),
+        Some("scrub") => match pool.scrub(words.next() == Some("repair")) {
+            Ok(r) => serde_json::json!({
+                "segments": r.segments, "rows_checked": r.rows_checked,
+                "rows_mismatched": r.rows_mismatched, "rows_repaired": r.rows_repaired,
+            })
+            .to_string(),
+            Err(e) => format!("error {e}"),
+        },
+        Some("replace") => {
+            let (Some(old), Some(spec)) = (words.next(), words.next()) else {
+                let _ = writeln!(s, "error usage: replace <member> <device spec> [<bytes per second>]");
+                return;
+            };
+            let rate = words.next().and_then(|r| r.parse::<u64>().ok()).filter(|r| *r > 0);
+            let result = spec.parse::<DeviceSpec>().and_then(|d| d.open(false)).and_then(|dev| {
+                let out = std::sync::Mutex::new(s.try_clone().map_err(|e| e.to_string())?);
+                let progress = |done: u64, total: u64| {
+                    if let Ok(mut o) = out.lock() {
+                        let _ = writeln!(o, "progress {done} {total}");
+                    }
+                };
+                pool.replace_member(old, dev, salsa_core::RebuildOptions { rate_bytes_per_sec: rate }, &progress)
+                    .map_err(|e| e.to_string())
+            });
+            match result {
+                Ok(r) => format!("ok {}", report_json(&r)),
+                Err(e) => format!("error {e}"),
+            }
+        }
+        Some("fail") => match words.next() {
+            Some(member) => match pool.fail_member(member) {
+                Ok(()) => format!("ok {{\"failed\": {member:?}}}"),
+                Err(e) => format!("error {e}"),
+            },
+            None => "error usage: fail <member>".into(),
+        },
+        Some(other) => format!("error unknown request {other:?} (stats, scrub [repair], fail, replace)"),
+    };
+    let _ = writeln!(s, "{reply}");
+}
