@@ -206,6 +206,40 @@ enum Command {
     /// workload through SALSA and straight on the raw device, side by side on identical fresh
     /// models; reports device write amplification, wear and modelled throughput over time.
     BenchDevice(BenchDeviceArgs),
+    /// Benchmark: SALSA's RAID-5 against an in-place RAID-5 doing what Linux MD does (read old
+    /// data and parity to write), on the same member files, alternating rounds: 4 KiB random
+    /// and 1 MiB sequential writes, degraded reads, rebuild against a whole-device resync.
+    /// Prints one JSON object.
+    BenchRaid {
+        /// Directory for the member files (m0.img.. and a spare; overwritten, then removed).
+        #[arg(long, default_value = "salsa-data/bench-raid")]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 4)]
+        members: usize,
+        /// Size of each member file.
+        #[arg(long, value_parser = parse_size, default_value = "512M")]
+        member_size: u64,
+        /// The in-place baseline's chunk (stripe unit).
+        #[arg(long, value_parser = parse_size, default_value = "64K")]
+        chunk: u64,
+        #[arg(long, default_value_t = 32)]
+        queue_depth: usize,
+        /// Seconds of each measured run.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Alternating rounds of each side.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// SALSA's layout (raid5; the others show what redundancy costs on the same files).
+        #[arg(long, default_value = "raid5", value_parser = parse_array)]
+        salsa_array: ArrayKind,
+        /// SALSA's stripe unit (default: the layout's).
+        #[arg(long, value_parser = parse_size)]
+        salsa_stripe_unit: Option<u64>,
+        /// Run only these parts: randwrite_4k, seqwrite_1m, reads_rebuild (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+    },
     /// Benchmark: random overwrites through SALSA against the same writes straight to the file
     /// with O_DIRECT, side by side.
     BenchRaw {
@@ -375,6 +409,30 @@ fn main() -> ExitCode {
                     new,
                 },
         } => commands::device::replace(devices, control.as_deref(), old, new, *rate),
+        Command::BenchRaid {
+            dir,
+            members,
+            member_size,
+            chunk,
+            queue_depth,
+            seconds,
+            rounds,
+            only,
+            salsa_array,
+            salsa_stripe_unit,
+        } => bench::raid::run(&bench::raid::RaidBenchParams {
+            salsa_stripe_unit: salsa_stripe_unit.map(|u| u.min(u32::MAX as u64) as u32),
+            only: only.clone(),
+            salsa_array: *salsa_array,
+            dir: dir.clone(),
+            members: *members,
+            member_bytes: *member_size,
+            chunk_bytes: *chunk,
+            queue_depth: *queue_depth,
+            seconds: *seconds,
+            rounds: *rounds,
+        })
+        .map(|v| println!("{v}")),
         Command::Device {
             command: DeviceCommand::Fail { devices, control, member },
         } => commands::device::fail(devices, control.as_deref(), member),

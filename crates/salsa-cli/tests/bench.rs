@@ -385,3 +385,41 @@ fn a_window_too_short_for_its_sampling_period_is_reported() {
         assert!(!stderr.contains("warning: the measured window"), "{stderr}");
     }
 }
+
+/// A short `salsa bench-raid`: both sides ran every part and the report holds their figures
+/// (the long run behind BENCHMARKS.md uses the defaults).
+#[test]
+fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
+    let dir = scratch("raid");
+    let (ok, stdout, stderr) = salsa(&[
+        "bench-raid",
+        "--dir",
+        dir.join("m").to_str().unwrap(),
+        "--member-size",
+        "48M",
+        "--seconds",
+        "1",
+        "--rounds",
+        "1",
+    ]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    for part in ["randwrite_4k", "seqwrite_1m"] {
+        let r = &v[part];
+        for k in ["in_place_mbps", "salsa_mbps", "in_place_p99_us", "salsa_p99_us"] {
+            assert!(r[k].as_f64().unwrap() > 0.0, "{part}.{k}: {v}");
+        }
+        // Parity is written: every user byte costs at least 4/3 bytes on the members.
+        assert!(r["salsa_array_write_amplification"].as_f64().unwrap() >= 1.3, "{part}: {v}");
+    }
+    let rebuild = &v["rebuild"];
+    let (done, total) = (
+        rebuild["salsa_segments_rebuilt"].as_u64().unwrap(),
+        rebuild["segments_total"].as_u64().unwrap(),
+    );
+    assert!(done > 0 && done < total, "a half-full pool rebuilds part of its segments: {v}");
+    let degraded = v["degraded_reads"]["ratio"].as_f64().unwrap();
+    assert!(degraded > 0.0 && degraded < 2.0, "{v}");
+    assert!(!dir.join("m").join("m0.img").exists(), "the member files are removed");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -12,6 +12,7 @@
 
 pub mod device;
 pub mod plot;
+pub mod raid;
 pub mod raw;
 pub mod trace;
 pub mod workload;
@@ -540,7 +541,7 @@ fn drive(
     let gen = Mutex::new(gen);
     let done = AtomicU64::new(0);
     let failed: Mutex<Option<String>> = Mutex::new(None);
-    let new_hist = || Histogram::<u64>::new(3).map_err(|e| e.to_string());
+    let new_hist = || Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string());
     let (mut hw, mut hr) = (new_hist()?, new_hist()?);
     let start = t0.unwrap_or_else(Instant::now);
     let total = gen.lock().trace_len().map(|n| n as u64);

@@ -55,7 +55,7 @@ pub fn analytic_greedy_wa(spare_fraction: f64) -> f64 {
 }
 
 /// Samples a byte counter once a second while `run` runs; returns MB/s samples.
-fn sampled<T>(counter: &AtomicU64, run: impl FnOnce() -> T) -> (T, Vec<f64>) {
+pub(crate) fn sampled<T>(counter: &AtomicU64, run: impl FnOnce() -> T) -> (T, Vec<f64>) {
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let sampler = s.spawn(|| {
@@ -130,7 +130,7 @@ fn raw_baseline(p: &BenchParams, path: &std::path::Path) -> Result<Vec<f64>, Str
 }
 
 /// Writes the whole file once so both runs see allocated blocks.
-fn preallocate(path: &std::path::Path, size: u64) -> Result<(), String> {
+pub(crate) fn preallocate(path: &std::path::Path, size: u64) -> Result<(), String> {
     let _ = std::fs::remove_file(path);
     let dev = FileDevice::open(
         path,

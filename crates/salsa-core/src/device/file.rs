@@ -213,6 +213,31 @@ impl Device for FileDevice {
         self.start_writeback(offset, buf.len());
         Ok(())
     }
+    fn read_vectored_at(&self, bufs: &mut [io::IoSliceMut<'_>], offset: u64) -> io::Result<()> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        check_range(self.size_bytes, offset, total)?;
+        let mut rest = bufs;
+        let mut at = offset;
+        while !rest.is_empty() {
+            let count = rest.len().min(IOV_MAX);
+            // SAFETY: IoSliceMut is ABI-compatible with iovec on Unix (a guarantee of std), and
+            // the first `count` slices of `rest` are valid for writes for the whole call.
+            let n = unsafe { libc::preadv(self.file.as_raw_fd(), rest.as_ptr().cast(), count as libc::c_int, at as libc::off_t) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "preadv read nothing"));
+            }
+            io::IoSliceMut::advance_slices(&mut rest, n as usize);
+            at += n as u64;
+        }
+        Ok(())
+    }
     fn write_vectored_at(&self, bufs: &[io::IoSlice<'_>], offset: u64) -> io::Result<()> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         check_range(self.size_bytes, offset, total)?;

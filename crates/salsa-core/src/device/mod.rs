@@ -102,6 +102,17 @@ pub trait Device: Send + Sync {
         }
         self.write_at(&all, offset)
     }
+    /// Reads into each of `bufs` in turn, from `offset` on, as one read where the device can
+    /// (each piece meets [`Device::alignment_bytes`]). The default reads them one by one; a
+    /// file uses `preadv`.
+    fn read_vectored_at(&self, bufs: &mut [io::IoSliceMut<'_>], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for b in bufs.iter_mut() {
+            self.read_at(b, at)?;
+            at += b.len() as u64;
+        }
+        Ok(())
+    }
     /// Makes every write that returned before this call durable.
     fn sync(&self) -> io::Result<()>;
     /// Zone management, for zoned devices (host-managed SMR, ZNS); `None` for flat devices.

@@ -82,20 +82,13 @@ pub(crate) fn run_rebuild(
             let _gc = eng.gc_lock.write();
             let info = eng.log.capacity().segment(s);
             if info.state() != SegmentState::Free && info.generation.load(SeqCst) == generation {
-                let mut end = 0u64;
-                let header = eng.log.walk_segment(s, |_, meta, _| {
-                    end = end.max(meta.start_grain as u64 + meta.span_grains().unwrap_or(1) as u64);
-                })?;
-                // A checkpoint being written has no chain: all of it.
-                let end = if header.is_some() {
-                    end
-                } else {
-                    eng.log.geo().grains_per_segment as u64
-                };
+                // The whole share: a segment in use is full but for the open ones, and
+                // rebuilding an unwritten tail costs less than walking the chain to find it.
+                let gps = eng.log.geo().grains_per_segment as u64;
                 let bytes = eng
                     .log
                     .array()
-                    .rebuild_segment(state.slot, s, end)
+                    .rebuild_segment(state.slot, s, gps)
                     .inspect_err(|e| eng.log.poison(e))?;
                 report.bytes_written += bytes;
                 report.segments_rebuilt += 1;

@@ -29,6 +29,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use stripe::{Piece, Stripe};
 
+/// Below this many bytes per member, an array write goes to the members one after another;
+/// above, to all of them at once.
+const PARALLEL_IO_BYTES: u64 = 64 << 10;
+
 /// Read errors after which a member is failed (each one is served from redundancy).
 pub const READ_ERRORS_TO_FAIL: u64 = 8;
 
@@ -274,54 +278,127 @@ impl RaidArray {
         Ok(())
     }
 
-    /// Reads the data pieces `pieces` of `segment` into `buf`, merging pieces that are
-    /// contiguous on one member into one read, and reconstructing what a failed member holds.
+    /// Reads the data pieces `pieces` of `segment` into `buf` (they cover it, in order): one
+    /// vectored read per healthy member, straight into `buf`, the parity units between its
+    /// pieces read into a scratch buffer so the run stays one request; what a failed member
+    /// holds is reconstructed.
     fn read_pieces(&self, segment: u32, pieces: &[Piece], buf: &mut [u8]) -> Result<()> {
-        let mut by_member: Vec<Vec<&Piece>> = vec![Vec::new(); self.members.len()];
+        let n = self.members.len();
+        // `buf` cut into the pieces, to be handed to the members' reads.
+        let mut slices: Vec<Option<&mut [u8]>> = Vec::with_capacity(pieces.len());
+        let mut rest = &mut buf[..];
         for p in pieces {
-            by_member[p.member as usize].push(p);
+            let (head, tail) = rest.split_at_mut(p.len as usize);
+            slices.push(Some(head));
+            rest = tail;
         }
-        for (m, list) in by_member.iter().enumerate() {
-            let mut i = 0;
-            while i < list.len() {
-                let mut j = i + 1;
-                while j < list.len() && list[j].member_offset == list[j - 1].member_offset + list[j - 1].len {
-                    j += 1;
-                }
-                let run = &list[i..j];
-                let first = run[0].member_offset;
-                let len: u64 = run.iter().map(|p| p.len).sum();
-                let direct = if self.is_failed(m as u32) {
-                    Err(Error::Corrupt(String::new()))
-                } else {
-                    let mut tmp = self.scratch(len as usize);
-                    self.read_member(m as u32, &mut tmp.0, self.offset(m as u32, segment, first))
-                        .map(|()| {
-                            for p in run {
-                                let from = (p.member_offset - first) as usize;
-                                buf[p.at as usize..(p.at + p.len) as usize].copy_from_slice(&tmp.0[from..from + p.len as usize]);
-                            }
-                        })
-                };
-                if let Err(e) = direct {
-                    if self.stripe.kind != ArrayKind::Raid5 {
-                        return Err(if self.is_failed(m as u32) {
-                            Error::Io {
-                                device: self.device(m as u32).name().to_string(),
-                                op: "read",
-                                offset: self.offset(m as u32, segment, first),
-                                source: std::io::Error::other("the member has failed and a RAID-0 array has no copy"),
-                            }
-                        } else {
-                            e
-                        });
-                    }
-                    for p in run {
-                        self.reconstruct(segment, p, &mut buf[p.at as usize..(p.at + p.len) as usize])?;
-                    }
-                }
-                i = j;
+        let mut by_member: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, p) in pieces.iter().enumerate() {
+            by_member[p.member as usize].push(i);
+        }
+        let unit = self.stripe.unit_bytes;
+        let mut lost: Vec<usize> = Vec::new();
+        // Gaps between a member's pieces are whole parity units (RAID-5): they are read into
+        // scratch so that each member gets one request.
+        let gap_bytes = |list: &[usize]| -> u64 {
+            list.windows(2)
+                .map(|w| pieces[w[1]].member_offset - (pieces[w[0]].member_offset + pieces[w[0]].len))
+                .sum()
+        };
+        let mut gap_bufs: Vec<AlignedScratch> = by_member
+            .iter()
+            .map(|l| self.scratch(gap_bytes(l).max(unit).min(unit * 64) as usize))
+            .collect();
+        // One job per healthy member: (member, device offset, bytes, the pieces to read into).
+        let mut jobs: Vec<(u32, u64, u64, Vec<std::io::IoSliceMut<'_>>)> = Vec::new();
+        for ((m, list), gap_buf) in by_member.iter().enumerate().zip(gap_bufs.iter_mut()) {
+            let Some(&first) = list.first() else { continue };
+            if self.is_failed(m as u32) {
+                lost.extend(list);
+                continue;
             }
+            let start = pieces[first].member_offset;
+            let mut iov: Vec<std::io::IoSliceMut<'_>> = Vec::with_capacity(2 * list.len());
+            let mut gap_rest = &mut gap_buf.0[..];
+            let mut at = start;
+            let mut job_start = start;
+            for &i in list {
+                let p = &pieces[i];
+                if p.member_offset > at {
+                    let gap = (p.member_offset - at) as usize;
+                    if gap > gap_rest.len() {
+                        // Out of scratch (a very long read): this member's request ends here.
+                        jobs.push((m as u32, job_start, at - job_start, std::mem::take(&mut iov)));
+                        job_start = p.member_offset;
+                    } else {
+                        let (g, r) = std::mem::take(&mut gap_rest).split_at_mut(gap);
+                        iov.push(std::io::IoSliceMut::new(g));
+                        gap_rest = r;
+                    }
+                }
+                let s = slices[i].take().expect("each piece is read once");
+                at = p.member_offset + p.len;
+                iov.push(std::io::IoSliceMut::new(s));
+            }
+            jobs.push((m as u32, job_start, at - job_start, iov));
+        }
+        let run = |(m, start, len, mut iov): (u32, u64, u64, Vec<std::io::IoSliceMut<'_>>)| {
+            let offset = self.offset(m, segment, start);
+            (m, offset, len, self.device(m).read_vectored_at(&mut iov, offset))
+        };
+        let parallel = jobs.len() >= 2 && jobs.iter().filter(|j| j.2 >= PARALLEL_IO_BYTES).count() >= 2;
+        let results: Vec<(u32, u64, u64, std::io::Result<()>)> = if parallel {
+            std::thread::scope(|s| {
+                let mut it = jobs.into_iter();
+                let first = it.next().expect("two jobs or more");
+                let handles: Vec<_> = it.map(|j| ((j.0, j.1, j.2), s.spawn(move || run(j)))).collect();
+                let mut out = vec![run(first)];
+                for ((m, start, len), h) in handles {
+                    out.push(
+                        h.join()
+                            .unwrap_or_else(|_| (m, start, len, Err(std::io::Error::other("a member read thread panicked")))),
+                    );
+                }
+                out
+            })
+        } else {
+            jobs.into_iter().map(run).collect()
+        };
+        for (m, offset, len, r) in results {
+            let h = &self.health[m as usize];
+            match r {
+                Ok(()) => {
+                    h.bytes_read.fetch_add(len, SeqCst);
+                }
+                Err(source) => {
+                    let e = self.io_error(m, "read", offset, source);
+                    if self.stripe.kind != ArrayKind::Raid5 {
+                        return Err(e);
+                    }
+                    if h.read_errors.fetch_add(1, SeqCst) + 1 >= READ_ERRORS_TO_FAIL {
+                        self.fail(m, e)?;
+                    }
+                    lost.extend(&by_member[m as usize]);
+                }
+            }
+        }
+        if lost.is_empty() {
+            return Ok(());
+        }
+        if self.stripe.kind != ArrayKind::Raid5 {
+            let m = pieces[lost[0]].member;
+            return Err(Error::Io {
+                device: self.device(m).name().to_string(),
+                op: "read",
+                offset: self.offset(m, segment, pieces[lost[0]].member_offset),
+                source: std::io::Error::other("the member has failed and a RAID-0 array has no copy"),
+            });
+        }
+        lost.sort_unstable();
+        lost.dedup();
+        for i in lost {
+            let p = &pieces[i];
+            self.reconstruct(segment, p, &mut buf[p.at as usize..(p.at + p.len) as usize])?;
         }
         Ok(())
     }
@@ -342,8 +419,11 @@ impl RaidArray {
     }
 
     /// Writes runs of (member offset, slices) per member, merging contiguous ones.
+    /// Writes runs of (member offset, slices) per member, merging contiguous ones. Members
+    /// are written at once when more than one has a large run (a record becomes one write per
+    /// member, and the members work in parallel, as one device would on the whole record).
     fn write_runs(&self, segment: u32, mut per_member: Vec<Vec<Extent<'_>>>) -> Result<()> {
-        for (m, list) in per_member.iter_mut().enumerate() {
+        let write_member_runs = |m: usize, list: &mut Vec<Extent<'_>>| -> Result<()> {
             list.sort_by_key(|(off, _, _)| *off);
             let mut i = 0;
             while i < list.len() {
@@ -362,8 +442,29 @@ impl RaidArray {
                 self.write_member(m as u32, &slices, self.offset(m as u32, segment, start), parity)?;
                 i = j;
             }
+            Ok(())
+        };
+        let bytes = |list: &Vec<Extent<'_>>| -> u64 { list.iter().map(|(_, s, _)| s.iter().map(|x| x.len() as u64).sum::<u64>()).sum() };
+        let busy = per_member.iter().filter(|l| bytes(l) >= PARALLEL_IO_BYTES).count();
+        if busy < 2 {
+            for (m, list) in per_member.iter_mut().enumerate() {
+                write_member_runs(m, list)?;
+            }
+            return Ok(());
         }
-        Ok(())
+        std::thread::scope(|s| {
+            let mut lists = per_member.iter_mut().enumerate();
+            let (m0, first) = lists.next().expect("an array has members");
+            let handles: Vec<_> = lists.map(|(m, list)| s.spawn(move || write_member_runs(m, list))).collect();
+            let mut r = write_member_runs(m0, first);
+            for h in handles {
+                let other = h
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::Poisoned("a member write thread panicked".into())));
+                r = r.and(other);
+            }
+            r
+        })
     }
 
     fn write_striped(&self, segment: u32, offset: u64, bufs: &[IoSlice<'_>]) -> Result<()> {
@@ -494,11 +595,27 @@ impl Array for RaidArray {
     }
 
     fn sync_all(&self) -> Result<()> {
-        for m in 0..self.members.len() as u32 {
-            if self.health[m as usize].failed.load(SeqCst) {
-                continue;
+        // All members at once: a sync waits for the device's cache flush, and members that
+        // share a disk (or a controller) flush together rather than one after another.
+        let live: Vec<u32> = (0..self.members.len() as u32)
+            .filter(|m| !self.health[*m as usize].failed.load(SeqCst))
+            .collect();
+        let results: Vec<(u32, std::io::Result<()>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = live[1..]
+                .iter()
+                .map(|&m| {
+                    let dev = self.device(m);
+                    (m, s.spawn(move || dev.sync()))
+                })
+                .collect();
+            let mut out = vec![(live[0], self.device(live[0]).sync())];
+            for (m, h) in handles {
+                out.push((m, h.join().unwrap_or_else(|_| Err(std::io::Error::other("sync thread panicked")))));
             }
-            if let Err(source) = self.device(m).sync() {
+            out
+        });
+        for (m, r) in results {
+            if let Err(source) = r {
                 self.health[m as usize].write_errors.fetch_add(1, SeqCst);
                 self.fail(m, self.io_error(m, "sync", 0, source))?;
             }

@@ -1,0 +1,443 @@
+//! `salsa bench-raid`: SALSA's RAID-5 against an in-place RAID-5 that does what Linux MD does,
+//! over the same member files, side by side in one run (alternating rounds).
+//!
+//! The baseline ([`InPlaceRaid5`]) stripes a linear address space over the members in chunks
+//! with rotating parity, and updates in place: a write that covers a whole row computes its
+//! parity from the new data; any other write reads the old data and the old parity of what it
+//! touches, and writes the new data and the new parity (read-modify-write), holding the row's
+//! lock meanwhile, as MD does for a partial-stripe write. Its whole-device resync reads every
+//! surviving member from start to end and writes the new one.
+//!
+//! Measured: 4 KiB random writes at a queue depth and 1 MiB sequential writes (throughput and
+//! latency percentiles, and for SALSA the bytes written to all members per user byte, parity
+//! included); SALSA's 4 KiB random reads healthy and with a member failed; and the rebuild of
+//! a failed member of a half-full SALSA pool against the baseline's whole-device resync onto
+//! the same spare file, beside the spare's own sequential write bandwidth.
+
+use super::raw::{preallocate, sampled};
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use salsa_core::device::file::FileOpenOptions;
+use salsa_core::device::FileDevice;
+use salsa_core::{ArrayKind, Device, OpenOptions, Pool, PoolConfig};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Parameters of `salsa bench-raid`.
+#[derive(Debug, Clone)]
+pub struct RaidBenchParams {
+    /// Directory of the member files (overwritten), `m0.img` to `m<members>.img` (the last
+    /// one is the spare that rebuilds go to).
+    pub dir: PathBuf,
+    pub members: usize,
+    pub member_bytes: u64,
+    /// The baseline's chunk (MD's stripe unit).
+    pub chunk_bytes: u64,
+    pub queue_depth: usize,
+    pub seconds: u64,
+    pub rounds: usize,
+    /// SALSA's layout on the members (RAID-5 normally; others to see what redundancy costs).
+    pub salsa_array: ArrayKind,
+    /// SALSA's stripe unit (`None`: the layout's default).
+    pub salsa_stripe_unit: Option<u32>,
+    /// Parts to run: `randwrite_4k`, `seqwrite_1m`, `reads_rebuild` (empty: all).
+    pub only: Vec<String>,
+}
+
+fn open_direct(path: &Path) -> Result<Arc<dyn Device>, String> {
+    let d = FileDevice::open(
+        path,
+        FileOpenOptions {
+            create_size_bytes: None,
+            direct: true,
+            read_only: false,
+        },
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))?;
+    if !d.is_direct() {
+        return Err(format!(
+            "{}: O_DIRECT is not supported here; the figures would measure the page cache",
+            path.display()
+        ));
+    }
+    Ok(Arc::new(d))
+}
+
+/// An in-place RAID-5 (see the module documentation).
+pub struct InPlaceRaid5 {
+    devs: Vec<Arc<dyn Device>>,
+    chunk: u64,
+    rows: u64,
+    locks: Vec<Mutex<()>>,
+}
+
+impl InPlaceRaid5 {
+    pub fn new(devs: Vec<Arc<dyn Device>>, chunk: u64) -> InPlaceRaid5 {
+        let rows = devs.iter().map(|d| d.size_bytes()).min().unwrap_or(0) / chunk;
+        InPlaceRaid5 {
+            devs,
+            chunk,
+            rows,
+            locks: (0..1024).map(|_| Mutex::new(())).collect(),
+        }
+    }
+
+    fn n(&self) -> u64 {
+        self.devs.len() as u64
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.rows * (self.n() - 1) * self.chunk
+    }
+
+    fn parity_member(&self, row: u64) -> usize {
+        (self.n() - 1 - row % self.n()) as usize
+    }
+
+    fn data_member(&self, row: u64, unit: u64) -> usize {
+        ((self.parity_member(row) as u64 + 1 + unit) % self.n()) as usize
+    }
+
+    /// Writes `data` at `offset` (both multiples of 4 KiB). Returns the device bytes moved.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), String> {
+        let row_bytes = (self.n() - 1) * self.chunk;
+        let mut at = 0u64;
+        while at < data.len() as u64 {
+            let pos = offset + at;
+            let row = pos / row_bytes;
+            let in_row = pos % row_bytes;
+            let n = (row_bytes - in_row).min(data.len() as u64 - at);
+            let piece = &data[at as usize..(at + n) as usize];
+            let _lock = self.locks[(row % self.locks.len() as u64) as usize].lock();
+            let p = self.parity_member(row);
+            let base = row * self.chunk;
+            let err = |e: std::io::Error| e.to_string();
+            if n == row_bytes {
+                // A whole row: parity from the new data alone.
+                let mut parity = salsa_core::AlignedBuf::zeroed(self.chunk as usize);
+                for (u, unit) in piece.chunks(self.chunk as usize).enumerate() {
+                    for (x, y) in parity.iter_mut().zip(unit) {
+                        *x ^= *y;
+                    }
+                    self.devs[self.data_member(row, u as u64)].write_at(unit, base).map_err(err)?;
+                }
+                self.devs[p].write_at(&parity, base).map_err(err)?;
+            } else {
+                // Read-modify-write of each unit touched: old data, old parity, new both.
+                let mut done = 0u64;
+                while done < n {
+                    let x = in_row + done;
+                    let unit = x / self.chunk;
+                    let in_unit = x % self.chunk;
+                    let len = (self.chunk - in_unit).min(n - done) as usize;
+                    let new = &piece[done as usize..done as usize + len];
+                    let d = self.data_member(row, unit);
+                    let mut old = salsa_core::AlignedBuf::zeroed(len);
+                    let mut parity = salsa_core::AlignedBuf::zeroed(len);
+                    self.devs[d].read_at(&mut old, base + in_unit).map_err(err)?;
+                    self.devs[p].read_at(&mut parity, base + in_unit).map_err(err)?;
+                    for ((q, o), w) in parity.iter_mut().zip(old.iter()).zip(new) {
+                        *q ^= *o ^ *w;
+                    }
+                    let mut data_buf = salsa_core::AlignedBuf::zeroed(len);
+                    data_buf.copy_from_slice(new);
+                    self.devs[d].write_at(&data_buf, base + in_unit).map_err(err)?;
+                    self.devs[p].write_at(&parity, base + in_unit).map_err(err)?;
+                    done += len as u64;
+                }
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Whole-device resync of member `lost` onto `spare`: every row, read from the others.
+    pub fn resync(&self, lost: usize, spare: &dyn Device) -> Result<u64, String> {
+        let step = (1u64 << 20) / self.chunk * self.chunk;
+        let end = self.rows * self.chunk;
+        let mut out = salsa_core::AlignedBuf::zeroed(step as usize);
+        let mut tmp = salsa_core::AlignedBuf::zeroed(step as usize);
+        let mut at = 0;
+        while at < end {
+            let len = step.min(end - at) as usize;
+            out[..len].fill(0);
+            for (i, d) in self.devs.iter().enumerate() {
+                if i != lost {
+                    d.read_at(&mut tmp[..len], at).map_err(|e| e.to_string())?;
+                    for (x, y) in out[..len].iter_mut().zip(tmp[..len].iter()) {
+                        *x ^= *y;
+                    }
+                }
+            }
+            spare.write_at(&out[..len], at).map_err(|e| e.to_string())?;
+            at += len as u64;
+        }
+        spare.sync().map_err(|e| e.to_string())?;
+        Ok(end)
+    }
+}
+
+/// One side's measured run.
+struct Run {
+    mbps: f64,
+    p50_us: u64,
+    p99_us: u64,
+}
+
+/// Runs `op(thread, rng)` (returning bytes moved) from `threads` threads for `seconds`.
+fn drive(threads: usize, seconds: u64, op: &(dyn Fn(usize, &mut SmallRng) -> Result<u64, String> + Sync)) -> Result<Run, String> {
+    let moved = AtomicU64::new(0);
+    let hist = Mutex::new(Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?);
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let (res, samples) = sampled(&moved, || {
+        std::thread::scope(|s| -> Result<(), String> {
+            let hs: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (moved, hist) = (&moved, &hist);
+                    s.spawn(move || -> Result<(), String> {
+                        let mut rng = SmallRng::seed_from_u64(t as u64 * 7919 + 1);
+                        let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
+                        while Instant::now() < deadline {
+                            let t0 = Instant::now();
+                            let n = op(t, &mut rng)?;
+                            h.saturating_record(t0.elapsed().as_micros().max(1) as u64);
+                            moved.fetch_add(n, Relaxed);
+                        }
+                        hist.lock().add(&h).map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .try_for_each(|h| h.join().map_err(|_| "benchmark thread panicked".to_string())?)
+        })
+    });
+    res?;
+    let h = hist.into_inner();
+    let mut v = samples;
+    v.sort_by(|a, b| a.total_cmp(b));
+    Ok(Run {
+        mbps: v.get(v.len() / 2).copied().unwrap_or(0.0),
+        p50_us: h.value_at_quantile(0.5),
+        p99_us: h.value_at_quantile(0.99),
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn member_paths(p: &RaidBenchParams) -> Vec<PathBuf> {
+    (0..=p.members).map(|i| p.dir.join(format!("m{i}.img"))).collect()
+}
+
+/// A fresh SALSA RAID-5 pool on the members, its volume written once; returns the pool.
+fn salsa_pool(p: &RaidBenchParams, volume_fraction: f64) -> Result<Pool, String> {
+    let devs: Vec<Arc<dyn Device>> = member_paths(p)[..p.members]
+        .iter()
+        .map(|m| open_direct(m))
+        .collect::<Result<_, _>>()?;
+    let cfg = PoolConfig {
+        array: p.salsa_array,
+        stripe_unit_bytes: p.salsa_stripe_unit,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::create(devs, &cfg, &OpenOptions::default()).map_err(|e| e.to_string())?;
+    let size = (pool.logical_capacity_bytes() as f64 * volume_fraction) as u64 / (1 << 20) * (1 << 20);
+    let vol = pool.create_volume("bench", size, 4096).map_err(|e| e.to_string())?;
+    let chunk = salsa_core::AlignedBuf::zeroed(1 << 20);
+    let mut off = 0;
+    while off < size {
+        vol.write(off, &chunk).map_err(|e| e.to_string())?;
+        off += 1 << 20;
+    }
+    pool.flush().map_err(|e| e.to_string())?;
+    Ok(pool)
+}
+
+fn baseline_array(p: &RaidBenchParams) -> Result<InPlaceRaid5, String> {
+    let devs: Vec<Arc<dyn Device>> = member_paths(p)[..p.members]
+        .iter()
+        .map(|m| open_direct(m))
+        .collect::<Result<_, _>>()?;
+    Ok(InPlaceRaid5::new(devs, p.chunk_bytes))
+}
+
+/// How a workload writes `data` at an offset, on either side.
+type WriteFn<'a> = dyn Fn(u64, &[u8]) -> Result<(), String> + Sync + 'a;
+
+/// A write workload on either side: 4 KiB random at the queue depth, or 1 MiB sequential
+/// from one writer.
+#[derive(Clone, Copy)]
+enum Workload {
+    Random4k,
+    Sequential1m,
+}
+
+fn run_workload(p: &RaidBenchParams, w: Workload, capacity: u64, write: &WriteFn<'_>) -> Result<Run, String> {
+    let (threads, block) = match w {
+        Workload::Random4k => (p.queue_depth, 4096u64),
+        Workload::Sequential1m => (1, 1 << 20),
+    };
+    let blocks = capacity / block;
+    let next = AtomicU64::new(0);
+    let bufs: Vec<Mutex<salsa_core::AlignedBuf>> = (0..threads)
+        .map(|t| {
+            let mut b = salsa_core::AlignedBuf::zeroed(block as usize);
+            SmallRng::seed_from_u64(t as u64).fill(&mut b[..]);
+            Mutex::new(b)
+        })
+        .collect();
+    drive(threads, p.seconds, &|t, rng| {
+        let b = match w {
+            Workload::Random4k => rng.gen_range(0..blocks),
+            Workload::Sequential1m => next.fetch_add(1, Relaxed) % blocks,
+        };
+        let mut buf = bufs[t].lock();
+        buf[0] = buf[0].wrapping_add(1);
+        write(b * block, &buf)?;
+        Ok(block)
+    })
+}
+
+/// Runs the whole comparison; returns the JSON report (and prints a table on stderr).
+pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
+    if p.members < 3 {
+        return Err("RAID-5 needs at least 3 members".into());
+    }
+    std::fs::create_dir_all(&p.dir).map_err(|e| format!("{}: {e}", p.dir.display()))?;
+    let paths = member_paths(p);
+    let say = |m: String| eprintln!("[bench-raid] {m}");
+    let mut report = json!({
+        "members": p.members, "member_bytes": p.member_bytes, "chunk_bytes": p.chunk_bytes,
+        "queue_depth": p.queue_depth, "seconds": p.seconds, "rounds": p.rounds,
+    });
+    let wanted = |part: &str| p.only.is_empty() || p.only.iter().any(|o| o == part);
+    for (name, w) in [("randwrite_4k", Workload::Random4k), ("seqwrite_1m", Workload::Sequential1m)] {
+        if !wanted(name) {
+            continue;
+        }
+        let mut base = Vec::new();
+        let mut ours = Vec::new();
+        let mut wa = Vec::new();
+        for round in 0..p.rounds {
+            for path in &paths[..p.members] {
+                preallocate(path, p.member_bytes)?;
+            }
+            let arr = baseline_array(p)?;
+            let b = run_workload(p, w, arr.capacity_bytes(), &|off, data| arr.write(off, data))?;
+            say(format!(
+                "{name} round {round}: in-place RAID-5 {:.1} MB/s, p99 {} us",
+                b.mbps, b.p99_us
+            ));
+            base.push(b);
+            drop(arr);
+            let pool = salsa_pool(p, 1.0)?;
+            let vol = pool.volume("bench").map_err(|e| e.to_string())?;
+            let before = pool.stats();
+            let s = run_workload(p, w, vol.size_bytes(), &|off, data| vol.write(off, data).map_err(|e| e.to_string()))?;
+            let after = pool.stats();
+            let user = (after.user_bytes_written - before.user_bytes_written).max(1) as f64;
+            let members = |st: &salsa_core::Stats| st.members.iter().map(|m| m.bytes_written).sum::<u64>();
+            let array_wa = (members(&after) - members(&before)) as f64 / user;
+            let pad = (after.pad_bytes_written - before.pad_bytes_written) as f64 / user;
+            let gc_wa = (user + (after.gc_bytes_relocated - before.gc_bytes_relocated) as f64) / user;
+            say(format!(
+                "{name} round {round}: SALSA {} {:.1} MB/s, p99 {} us, all members written per user byte {array_wa:.2} (GC {gc_wa:.2}, padding {pad:.2}); {} syncs ({} ms), GC busy {} ms, {} throttled",
+                p.salsa_array.name(),
+                s.mbps,
+                s.p99_us,
+                after.syncs - before.syncs,
+                (after.sync_micros - before.sync_micros) / 1000,
+                (after.gc_micros - before.gc_micros) / 1000,
+                after.throttled_allocations - before.throttled_allocations
+            ));
+            ours.push(s);
+            wa.push(array_wa);
+            drop(vol);
+            pool.close().map_err(|e| e.to_string())?;
+        }
+        let m = |v: &[Run], f: fn(&Run) -> f64| median(v.iter().map(f).collect());
+        let (bm, sm) = (m(&base, |r| r.mbps), m(&ours, |r| r.mbps));
+        let (b99, s99) = (m(&base, |r| r.p99_us as f64), m(&ours, |r| r.p99_us as f64));
+        report[name] = json!({
+            "in_place_mbps": bm, "salsa_mbps": sm, "throughput_ratio": sm / bm.max(1e-9),
+            "in_place_p50_us": m(&base, |r| r.p50_us as f64), "salsa_p50_us": m(&ours, |r| r.p50_us as f64),
+            "in_place_p99_us": b99, "salsa_p99_us": s99, "p99_ratio": b99 / s99.max(1.0),
+            "salsa_array_write_amplification": median(wa),
+        });
+    }
+    if !wanted("reads_rebuild") {
+        return Ok(report);
+    }
+    // Reads, healthy and degraded, and the rebuild of a half-full pool.
+    for path in &paths {
+        preallocate(path, p.member_bytes)?;
+    }
+    let pool = salsa_pool(p, 0.5)?;
+    let vol = pool.volume("bench").map_err(|e| e.to_string())?;
+    let pages = vol.size_bytes() / 4096;
+    let read = |_: usize, rng: &mut SmallRng| -> Result<u64, String> {
+        let mut buf = vec![0u8; 4096];
+        vol.read(rng.gen_range(0..pages) * 4096, &mut buf).map_err(|e| e.to_string())?;
+        Ok(4096)
+    };
+    let healthy = drive(p.queue_depth, p.seconds, &read)?;
+    pool.fail_member("1").map_err(|e| e.to_string())?;
+    let degraded = drive(p.queue_depth, p.seconds, &read)?;
+    say(format!(
+        "random 4 KiB reads: healthy {:.1} MB/s, one member failed {:.1} MB/s",
+        healthy.mbps, degraded.mbps
+    ));
+    let spare = open_direct(&paths[p.members])?;
+    let seq = {
+        let buf = salsa_core::AlignedBuf::zeroed(1 << 20);
+        let blocks = p.member_bytes >> 20;
+        let next = AtomicU64::new(0);
+        drive(1, p.seconds.min(5), &|_, _| {
+            spare
+                .write_at(&buf, (next.fetch_add(1, Relaxed) % blocks) << 20)
+                .map_err(|e| e.to_string())?;
+            Ok(1 << 20)
+        })?
+    };
+    let rebuild = pool
+        .replace_member("1", spare.clone(), salsa_core::RebuildOptions::default(), &|_, _| {})
+        .map_err(|e| e.to_string())?;
+    drop(vol);
+    pool.close().map_err(|e| e.to_string())?;
+    let arr = baseline_array(p)?;
+    let t = Instant::now();
+    let resynced = arr.resync(1, spare.as_ref())?;
+    let resync_seconds = t.elapsed().as_secs_f64();
+    say(format!(
+        "rebuild of a half-full pool: SALSA {} segments of {} in {:.2} s ({:.1} MB/s); in-place whole-device resync {:.2} s; spare's sequential writes {:.1} MB/s",
+        rebuild.segments_rebuilt,
+        rebuild.segments_total,
+        rebuild.seconds,
+        rebuild.bytes_written as f64 / rebuild.seconds.max(1e-9) / 1e6,
+        resync_seconds,
+        seq.mbps
+    ));
+    report["degraded_reads"] = json!({
+        "healthy_mbps": healthy.mbps, "degraded_mbps": degraded.mbps,
+        "ratio": degraded.mbps / healthy.mbps.max(1e-9),
+    });
+    report["rebuild"] = json!({
+        "salsa_seconds": rebuild.seconds, "salsa_segments_rebuilt": rebuild.segments_rebuilt,
+        "segments_total": rebuild.segments_total, "salsa_bytes_written": rebuild.bytes_written,
+        "salsa_mbps": rebuild.bytes_written as f64 / rebuild.seconds.max(1e-9) / 1e6,
+        "in_place_resync_seconds": resync_seconds, "in_place_resync_bytes": resynced,
+        "speedup": resync_seconds / rebuild.seconds.max(1e-9),
+        "spare_sequential_write_mbps": seq.mbps,
+    });
+    for path in &paths {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(report)
+}
