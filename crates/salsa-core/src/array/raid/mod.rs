@@ -791,12 +791,28 @@ impl Array for RaidArray {
             _ => {
                 // A closed row's missing unit, data or parity, is the XOR of the row's other
                 // units: one sequential read per member gives every row at once.
-                let mut tmp = self.scratch(share as usize);
-                for m in 0..self.members.len() as u32 {
-                    if m == slot {
-                        continue;
-                    }
-                    self.read_member(m, &mut tmp.0, self.offset(m, segment, 0))?;
+                // The members are read at once.
+                let others: Vec<u32> = (0..self.members.len() as u32).filter(|m| *m != slot).collect();
+                let shares: Vec<Result<AlignedScratch>> = std::thread::scope(|s| {
+                    let handles: Vec<_> = others
+                        .iter()
+                        .map(|&m| {
+                            s.spawn(move || {
+                                let mut tmp = self.scratch(share as usize);
+                                self.read_member(m, &mut tmp.0, self.offset(m, segment, 0)).map(|()| tmp)
+                            })
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| {
+                            h.join()
+                                .unwrap_or_else(|_| Err(Error::Poisoned("a rebuild read thread panicked".into())))
+                        })
+                        .collect()
+                });
+                for tmp in shares {
+                    let tmp = tmp?;
                     for (d, s) in out.0.iter_mut().zip(tmp.0.iter()) {
                         *d ^= *s;
                     }
