@@ -1,13 +1,14 @@
 //! Property test: random sequences of write / read / trim / write-zeroes / flush / volume
 //! operations / reopen across several volumes, on a tiny pool where the GC runs constantly,
-//! checked byte for byte against an in-memory model.
+//! checked byte for byte against an in-memory model; on a flat device, a zoned drive, and
+//! RAID-5, RAID-1 and RAID-0 arrays.
 
 mod common;
 use common::*;
 use proptest::prelude::*;
 use salsa_core::device::{MemoryDevice, ZonedEmulator, ZonedGeometry};
 use salsa_core::StorageType;
-use salsa_core::{Device, Error, Pool};
+use salsa_core::{ArrayKind, Device, Error, Pool};
 use std::sync::Arc;
 
 const VOLS: usize = 3;
@@ -91,7 +92,7 @@ fn clamp(model: &[u8], offset: u64, len: u64) -> (u64, u64) {
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    run_on(Arc::new(MemoryDevice::new("mem", 56 * MIB)), ops)
+    run_on(vec![Arc::new(MemoryDevice::new("mem", 56 * MIB))], &tiny_config(), ops)
 }
 
 /// The same model on an emulated host-managed zoned drive without conventional zones (so the
@@ -103,11 +104,30 @@ fn run_zoned(ops: Vec<Op>) -> Result<(), TestCaseError> {
         conventional_zones: 0,
         storage_type: StorageType::SmrSequential,
     };
-    run_on(Arc::new(ZonedEmulator::open_or_create(backing, geo).unwrap()), ops)
+    run_on(
+        vec![Arc::new(ZonedEmulator::open_or_create(backing, geo).unwrap())],
+        &tiny_config(),
+        ops,
+    )
 }
 
-fn run_on(dev: Arc<dyn Device>, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let mut pool = Some(Pool::create(vec![dev.clone()], &tiny_config(), &inline_gc()).unwrap());
+/// The same model on a RAID layout of `members` memory devices with about the data capacity
+/// of the linear pool.
+fn run_raid(kind: ArrayKind, members: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let data = kind.data_members(members as u32) as u64;
+    let each = 1 + 55u64.div_ceil(data);
+    let devs: Vec<Arc<dyn Device>> = (0..members)
+        .map(|i| Arc::new(MemoryDevice::new(format!("m{i}"), each * MIB)) as Arc<dyn Device>)
+        .collect();
+    let cfg = salsa_core::PoolConfig {
+        array: kind,
+        ..tiny_config()
+    };
+    run_on(devs, &cfg, ops)
+}
+
+fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut pool = Some(Pool::create(devs.clone(), cfg, &inline_gc()).unwrap());
     let mut model: Vec<Option<Vec<u8>>> = vec![None; VOLS];
     for (v, m) in model.iter_mut().enumerate().take(2) {
         let vol = pool
@@ -198,7 +218,7 @@ fn run_on(dev: Arc<dyn Device>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 } else {
                     drop(p);
                 }
-                pool = Some(Pool::open(vec![dev.clone()], &inline_gc()).unwrap());
+                pool = Some(Pool::open(devs.clone(), &inline_gc()).unwrap());
             }
             Op::Create { vol } => {
                 let r = p.create_volume_with(&name(vol), VOL_PAGES * PAGE as u64, 4096, placement(vol));
@@ -229,7 +249,7 @@ fn run_on(dev: Arc<dyn Device>, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let st = pool.as_ref().unwrap().stats();
     GC_SEGMENTS.fetch_add(st.gc_segments_cleaned, std::sync::atomic::Ordering::Relaxed);
     drop(pool.take());
-    let p = Pool::open(vec![dev], &inline_gc()).unwrap();
+    let p = Pool::open(devs, &inline_gc()).unwrap();
     for (v, m) in model.iter().enumerate() {
         let Some(m) = m else { continue };
         let mut buf = vec![0u8; m.len()];
@@ -269,6 +289,23 @@ proptest! {
     #[test]
     fn engine_matches_model_on_zoned_drive(ops in proptest::collection::vec(op(), 1..120)) {
         run_zoned(ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, max_shrink_iters: 100, ..ProptestConfig::default() })]
+    #[test]
+    fn engine_matches_model_on_raid5(ops in proptest::collection::vec(op(), 1..120)) {
+        run_raid(ArrayKind::Raid5, 3, ops)?;
+    }
+
+    #[test]
+    fn engine_matches_model_on_raid1_and_raid0(ops in proptest::collection::vec(op(), 1..100), mirror in any::<bool>()) {
+        if mirror {
+            run_raid(ArrayKind::Raid1, 2, ops)?;
+        } else {
+            run_raid(ArrayKind::Raid0, 2, ops)?;
+        }
     }
 }
 
