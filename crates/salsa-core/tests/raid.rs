@@ -470,3 +470,44 @@ fn rebuild_crash(crash_at: u64) -> bool {
     pool.close().unwrap();
     resumed
 }
+
+/// A member dies at a random point of a seeded workload (writes, trims, flushes, GC), on
+/// RAID-1 and RAID-5: the workload goes on, every block reads back its latest value, and after
+/// a replacement and rebuild, so does every block with another member gone.
+#[test]
+fn a_member_killed_at_random_points_loses_nothing() {
+    for seed in 0..8u64 {
+        let (kind, n) = if seed % 2 == 0 {
+            (ArrayKind::Raid5, 3)
+        } else {
+            (ArrayKind::Raid1, 2)
+        };
+        let (faults, devs) = members(n);
+        let pool = Pool::create(devs.clone(), &config(kind), &opts()).unwrap();
+        let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
+        pool.create_volume("v", size, PAGE as u32).unwrap();
+        let mut model = vec![0u64; (size / PAGE as u64) as usize];
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let before = rng.gen_range(0..model.len() * 2);
+        churn(&pool, &mut model, 100 + seed, before);
+        let victim = rng.gen_range(0..n);
+        faults[victim].set_plan(FaultPlan {
+            dead: true,
+            ..FaultPlan::default()
+        });
+        let after = rng.gen_range(1..model.len());
+        churn(&pool, &mut model, 200 + seed, after);
+        verify(&pool, &model);
+        assert!(pool.stats().members[victim].failed, "seed {seed}: the dead member was noticed");
+        let fresh: Arc<dyn Device> = Arc::new(MemoryDevice::new(format!("fresh{seed}"), MEMBER_MIB * MIB));
+        pool.replace_member(&victim.to_string(), fresh, RebuildOptions::default(), &|_, _| {})
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let other = (victim + 1) % n;
+        faults[other].set_plan(FaultPlan {
+            dead: true,
+            ..FaultPlan::default()
+        });
+        verify(&pool, &model);
+        drop(pool);
+    }
+}
