@@ -35,8 +35,14 @@ struct Devices {
 }
 
 impl Devices {
+    /// Opens (creating missing files at the sizes given): for `format`.
     fn open(&self, read_only: bool) -> Result<Vec<Arc<dyn salsa_core::Device>>, String> {
         self.devices.iter().map(|d| d.open(read_only)).collect()
+    }
+
+    /// Opens devices that must exist: for the commands that only look at or change a pool.
+    fn open_existing(&self, read_only: bool) -> Result<Vec<Arc<dyn salsa_core::Device>>, String> {
+        self.devices.iter().map(|d| d.open_existing(read_only)).collect()
     }
 }
 
@@ -103,6 +109,14 @@ impl FormatArgs {
     fn create_default_volume(&self, pool: &Pool) -> Result<u64, String> {
         let page = u32::try_from(self.page_size).map_err(|_| "page size too large")?;
         let size = pool.logical_capacity_bytes() / self.page_size.max(1) * self.page_size;
+        if size == 0 {
+            return Err(format!(
+                "the pool is too small to hold a volume once its spare ({}%) and the GC's reserve are set aside: {} segments of {}; give bigger devices or a smaller --segment-size",
+                self.spare,
+                pool.geometry().total_segments,
+                human(pool.geometry().segment_bytes)
+            ));
+        }
         pool.create_volume("default", size, page).map_err(|e| e.to_string())?;
         Ok(size)
     }

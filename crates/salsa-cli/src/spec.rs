@@ -231,6 +231,18 @@ impl DeviceSpec {
         self.open_with(read_only, false)
     }
 
+    /// Opens a device that must exist: commands that only look at or change a pool (`info`,
+    /// `check`, `volume`, `device`) never create a file, whatever size the spec names.
+    pub fn open_existing(&self, read_only: bool) -> Result<Arc<dyn Device>, String> {
+        if self.model.is_none() && !self.path.exists() {
+            return Err(format!(
+                "{}: no such file or device (this command never creates one; `salsa format` or `salsa serve` do)",
+                self.path.display()
+            ));
+        }
+        self.open(read_only)
+    }
+
     /// Opens the device; with `page_cache`, through the kernel's page cache instead of
     /// `O_DIRECT` (flushes still sync the device).
     pub fn open_with(&self, read_only: bool, page_cache: bool) -> Result<Arc<dyn Device>, String> {

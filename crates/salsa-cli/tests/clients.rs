@@ -354,7 +354,9 @@ fn serve_refuses_a_device_with_foreign_data() {
     let img = dir.join("data.img");
     std::fs::write(&img, vec![7u8; 8 << 20]).unwrap();
     let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa"))
-        .args(["serve", "--no-tcp", "--device"])
+        .args(["serve", "--no-tcp", "--unix"])
+        .arg(dir.join("nbd.sock"))
+        .arg("--device")
         .arg(&img));
     assert!(!ok && out.contains("salsa format --force"), "{out}");
     assert!(std::fs::read(&img).unwrap().iter().all(|&b| b == 7), "the device was modified");

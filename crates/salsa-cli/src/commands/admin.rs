@@ -34,7 +34,7 @@ pub(crate) fn format_pool(devices: &Devices, f: &FormatArgs, force: bool, defaul
 }
 
 pub(crate) fn info(devices: &Devices) -> Result<(), String> {
-    let pool = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
+    let pool = Pool::open(devices.open_existing(true)?, &ro_options()).map_err(|e| e.to_string())?;
     let g = pool.geometry();
     let st = pool.stats();
     println!("pool        {:032x}", pool.pool_id());
@@ -91,7 +91,7 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
 /// rewrites what disagrees; false when something disagreed and was not repaired.
 pub(crate) fn scrub_pool(devices: &Devices, repair: bool) -> Result<bool, String> {
     let opts = if repair { rw_options() } else { ro_options() };
-    let pool = Pool::open(devices.open(!repair)?, &opts).map_err(|e| e.to_string())?;
+    let pool = Pool::open(devices.open_existing(!repair)?, &opts).map_err(|e| e.to_string())?;
     let r = pool.scrub(repair).map_err(|e| e.to_string())?;
     println!(
         "scrub: {} segments in use, {} rows compared, {} disagreed with their data, {} repaired ({})",
@@ -115,7 +115,7 @@ pub(crate) fn check(devices: &Devices) -> Result<bool, String> {
     let mut locations = std::collections::HashMap::new();
     let mut damage = 0u64;
     {
-        let normal = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
+        let normal = Pool::open(devices.open_existing(true)?, &ro_options()).map_err(|e| e.to_string())?;
         for name in normal.volume_names() {
             let v = normal.volume(&name).map_err(|e| e.to_string())?;
             let mut buf = vec![0u8; v.page_bytes() as usize];
@@ -135,7 +135,7 @@ pub(crate) fn check(devices: &Devices) -> Result<bool, String> {
         }
     }
     let scanned = Pool::open_with_progress(
-        devices.open(true)?,
+        devices.open_existing(true)?,
         &OpenOptions {
             force_scan: true,
             ..ro_options()
@@ -200,10 +200,13 @@ pub(crate) enum VolumeCommand {
         #[arg(long)]
         placement: Option<String>,
     },
-    /// List volumes.
+    /// List volumes: a table with human sizes, or JSON with byte counts.
     List {
         #[command(flatten)]
         devices: Devices,
+        /// One JSON array, sizes in bytes.
+        #[arg(long)]
+        json: bool,
     },
     /// Delete a volume; its space returns to the pool.
     Delete {
@@ -230,31 +233,54 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
             page_size,
             placement,
         } => {
-            let pool = Pool::open(devices.open(false)?, &rw_options()).map_err(|e| e.to_string())?;
+            let pool = Pool::open(devices.open_existing(false)?, &rw_options()).map_err(|e| e.to_string())?;
             let page = u32::try_from(*page_size).map_err(|_| "page size too large")?;
             let placement = placement.clone().unwrap_or_else(|| pool.default_placement().to_string());
             pool.create_volume_with(name, *size, page, &placement).map_err(|e| e.to_string())?;
             println!("created volume {name}: {}", human(*size));
             pool.close().map_err(|e| e.to_string())
         }
-        VolumeCommand::List { devices } => {
-            let pool = Pool::open(devices.open(true)?, &ro_options()).map_err(|e| e.to_string())?;
-            for v in pool.stats().volumes {
+        VolumeCommand::List { devices, json } => {
+            let pool = Pool::open(devices.open_existing(true)?, &ro_options()).map_err(|e| e.to_string())?;
+            let vols = pool.stats().volumes;
+            if *json {
+                let list: Vec<serde_json::Value> = vols
+                    .iter()
+                    .map(|v| {
+                        serde_json::json!({
+                            "name": v.name, "controller": v.controller, "size_bytes": v.size_bytes,
+                            "page_bytes": v.page_bytes, "mapped_bytes": v.mapped_bytes, "placement": v.placement,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(list));
+                return Ok(());
+            }
+            println!(
+                "{:<24} {:<10} {:>12} {:>8} {:>12}  PLACEMENT",
+                "NAME", "CONTROLLER", "SIZE", "PAGE", "MAPPED"
+            );
+            for v in vols {
                 println!(
-                    "{}\t{}\t{}\t{}\t{}\t{}",
-                    v.name, v.size_bytes, v.page_bytes, v.mapped_bytes, v.placement, v.controller
+                    "{:<24} {:<10} {:>12} {:>8} {:>12}  {}",
+                    v.name,
+                    v.controller,
+                    human(v.size_bytes),
+                    human(v.page_bytes as u64),
+                    human(v.mapped_bytes),
+                    v.placement
                 );
             }
             Ok(())
         }
         VolumeCommand::Delete { devices, name } => {
-            let pool = Pool::open(devices.open(false)?, &rw_options()).map_err(|e| e.to_string())?;
+            let pool = Pool::open(devices.open_existing(false)?, &rw_options()).map_err(|e| e.to_string())?;
             pool.delete_volume(name).map_err(|e| e.to_string())?;
             println!("deleted volume {name}");
             pool.close().map_err(|e| e.to_string())
         }
         VolumeCommand::Resize { devices, name, size } => {
-            let pool = Pool::open(devices.open(false)?, &rw_options()).map_err(|e| e.to_string())?;
+            let pool = Pool::open(devices.open_existing(false)?, &rw_options()).map_err(|e| e.to_string())?;
             pool.grow_volume(name, *size).map_err(|e| e.to_string())?;
             println!("volume {name} is now {}", human(*size));
             pool.close().map_err(|e| e.to_string())

@@ -31,7 +31,7 @@ pub(crate) fn replace(
     if devices.is_empty() {
         return Err("give the pool's devices (--device), or --control of the server that serves it".into());
     }
-    let devs: Vec<_> = devices.iter().map(|d| d.open(false)).collect::<Result<_, _>>()?;
+    let devs: Vec<_> = devices.iter().map(|d| d.open_existing(false)).collect::<Result<_, _>>()?;
     let pool = Pool::open(devs, &rw_options()).map_err(|e| e.to_string())?;
     let new_dev = new.open(false)?;
     let report = pool
@@ -114,7 +114,7 @@ pub(crate) fn fail(devices: &[DeviceSpec], control: Option<&std::path::Path>, me
             }
         };
     }
-    let devs: Vec<_> = devices.iter().map(|d| d.open(false)).collect::<Result<_, _>>()?;
+    let devs: Vec<_> = devices.iter().map(|d| d.open_existing(false)).collect::<Result<_, _>>()?;
     let pool = Pool::open(devs, &rw_options()).map_err(|e| e.to_string())?;
     pool.fail_member(member).map_err(|e| e.to_string())?;
     println!("member {member} marked failed; replace it with: salsa device replace {member} NEW");

@@ -48,8 +48,17 @@ pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, pool: A
 /// Opens the pool on `specs`, or creates it when every device is blank; refuses anything else.
 pub(crate) fn open_or_create(specs: &[DeviceSpec], format: &FormatArgs, read_only: bool, page_cache: bool) -> Result<Pool, String> {
     for s in specs {
-        if let Some(dir) = s.path.parent().filter(|d| !d.as_os_str().is_empty() && s.size_bytes.is_some()) {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if let Some(dir) = s
+            .path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty() && s.size_bytes.is_some() && s.model.is_none())
+        {
+            if !dir.is_dir() {
+                return Err(format!(
+                    "directory {} does not exist; create it first (only the default salsa-data/ is created)",
+                    dir.display()
+                ));
+            }
         }
     }
     let devs: Vec<_> = specs.iter().map(|d| d.open_with(read_only, page_cache)).collect::<Result<_, _>>()?;
@@ -100,15 +109,45 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         size_bytes: Some(1 << 30),
         model: None,
     }];
-    let specs = if specs.is_empty() { &default[..] } else { specs };
-    let pool = Arc::new(open_or_create(specs, format, args.read_only, args.page_cache)?);
+    let specs = if specs.is_empty() {
+        std::fs::create_dir_all("salsa-data").map_err(|e| format!("salsa-data: {e}"))?;
+        &default[..]
+    } else {
+        specs
+    };
+    if args.tcp.is_none() && args.unix.is_none() {
+        return Err("nothing to listen on: give a TCP address (--listen) or a Unix socket (--unix); nothing was created".into());
+    }
+    // A port already in use is found before anything is created.
+    if let Some(addr) = args.tcp {
+        std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}; nothing was created"))?;
+    }
+    // Files this start creates are removed again if it fails.
+    let created: Vec<std::path::PathBuf> = specs
+        .iter()
+        .filter(|s| s.model.is_none() && s.size_bytes.is_some() && !s.path.exists())
+        .map(|s| s.path.clone())
+        .collect();
+    let remove_created = |e: String| -> String {
+        for p in &created {
+            let _ = std::fs::remove_file(p);
+        }
+        e
+    };
+    let pool = Arc::new(open_or_create(specs, format, args.read_only, args.page_cache).map_err(remove_created)?);
     let cfg = salsa_nbd::server::ServerConfig {
         tcp: args.tcp,
         unix: args.unix.clone(),
         read_only: args.read_only,
         threads_per_connection: args.threads_per_connection,
     };
-    let listening = salsa_nbd::server::Listening::bind(pool.clone(), &cfg)?;
+    let listening = match salsa_nbd::server::Listening::bind(pool.clone(), &cfg) {
+        Ok(l) => l,
+        Err(e) => {
+            drop(pool);
+            return Err(remove_created(e));
+        }
+    };
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("cannot handle signals: {e}"))?;

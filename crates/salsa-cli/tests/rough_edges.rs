@@ -1,0 +1,99 @@
+//! What a new user runs into: commands that only look at a pool never create files, a server
+//! that cannot start leaves nothing behind, and listings read well.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("salsa-edges-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn salsa(dir: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[test]
+fn looking_at_a_missing_pool_creates_nothing() {
+    let dir = scratch("missing");
+    for args in [
+        vec!["info", "--device", "missing.img:100M"],
+        vec!["check", "--device", "missing.img:100M"],
+        vec!["volume", "list", "--device", "missing.img:100M"],
+        vec!["volume", "create", "--device", "missing.img:100M", "v", "1M"],
+        vec!["device", "fail", "--device", "missing.img:100M", "0"],
+    ] {
+        let (ok, out) = salsa(&dir, &args);
+        assert!(!ok && out.contains("no such file"), "{args:?}: {out}");
+        assert!(!dir.join("missing.img").exists(), "{args:?} created the file");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_server_that_cannot_start_leaves_nothing_behind() {
+    let dir = scratch("serve");
+    // A missing parent directory is not created.
+    let (ok, out) = salsa(
+        &dir,
+        &["serve", "--no-tcp", "--unix", "nbd.sock", "--device", "sub/dir/pool.img:64M"],
+    );
+    assert!(!ok && out.contains("does not exist"), "{out}");
+    assert!(!dir.join("sub").exists(), "the directory was created");
+    // A busy port is found before the pool file is created.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port().to_string();
+    let (ok, out) = salsa(
+        &dir,
+        &["serve", "--listen", &format!("127.0.0.1:{port}"), "--device", "pool.img:64M"],
+    );
+    assert!(!ok && out.contains("cannot listen"), "{out}");
+    assert!(!dir.join("pool.img").exists(), "a pool was created for a server that did not start");
+    // A file too small for a pool is removed again.
+    let (ok, out) = salsa(&dir, &["serve", "--no-tcp", "--unix", "nbd.sock", "--device", "tiny.img:3M"]);
+    assert!(!ok && out.contains("too small"), "{out}");
+    assert!(!dir.join("tiny.img").exists(), "the too-small pool file was left behind: {out}");
+    // Nothing to listen on is said before anything is created.
+    let (ok, out) = salsa(&dir, &["serve", "--no-tcp", "--device", "pool.img:64M"]);
+    assert!(!ok && out.contains("nothing to listen on"), "{out}");
+    assert!(!dir.join("pool.img").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn volume_list_has_a_header_human_sizes_and_json() {
+    let dir = scratch("list");
+    let (ok, out) = salsa(&dir, &["format", "--device", "pool.img:64M"]);
+    assert!(ok, "{out}");
+    let (ok, out) = salsa(&dir, &["volume", "create", "--device", "pool.img", "db", "3M"]);
+    assert!(ok, "{out}");
+    let (ok, out) = salsa(&dir, &["volume", "list", "--device", "pool.img"]);
+    assert!(ok, "{out}");
+    let mut lines = out.lines();
+    let header = lines.next().unwrap();
+    assert!(
+        header.starts_with("NAME") && header.contains("SIZE") && header.contains("CONTROLLER"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("db ") && l.contains("3.0 MiB") && l.contains("lsa")),
+        "{out}"
+    );
+    let (ok, out) = salsa(&dir, &["volume", "list", "--json", "--device", "pool.img"]);
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let db = v.as_array().unwrap().iter().find(|x| x["name"] == "db").unwrap();
+    assert_eq!(db["size_bytes"], 3 << 20);
+    assert_eq!(db["controller"], "lsa");
+    let _ = std::fs::remove_dir_all(dir);
+}
