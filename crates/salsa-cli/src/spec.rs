@@ -256,7 +256,18 @@ impl DeviceSpec {
         };
         FileDevice::open(&self.path, opts)
             .map(|d| Arc::new(d) as Arc<dyn Device>)
-            .map_err(|e| format!("cannot open {}: {e}", self.path.display()))
+            .map_err(|e| {
+                let hint = if e.kind() == std::io::ErrorKind::WouldBlock {
+                    format!(
+                        "; if `salsa serve` has it, ask the server: `salsa stats --device {0}`, `salsa device fail|replace --device {0} ...` (its control socket is {1})",
+                        self.path.display(),
+                        self.path.with_extension("ctl").display()
+                    )
+                } else {
+                    String::new()
+                };
+                format!("cannot open {}: {e}{hint}", self.path.display())
+            })
     }
 }
 

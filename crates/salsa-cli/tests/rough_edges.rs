@@ -97,3 +97,30 @@ fn volume_list_has_a_header_human_sizes_and_json() {
     assert_eq!(db["controller"], "lsa");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn commands_refused_by_a_served_pool_point_to_the_server() {
+    let dir = scratch("served");
+    let mut srv = Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .current_dir(&dir)
+        .args(["serve", "--no-tcp", "--unix", "nbd.sock", "--device", "pool.img:64M"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !dir.join("pool.ctl").exists() {
+        assert!(std::time::Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (ok, out) = salsa(&dir, &["info", "--device", "pool.img"]);
+    assert!(
+        !ok && out.contains("salsa stats --device pool.img") && out.contains("pool.ctl"),
+        "{out}"
+    );
+    let (ok, out) = salsa(&dir, &["stats", "--device", "pool.img"]);
+    assert!(ok && out.contains("user written"), "{out}");
+    // SAFETY: kill only sends a signal to our own child's pid.
+    unsafe { libc::kill(srv.id() as i32, libc::SIGTERM) };
+    assert!(srv.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(dir);
+}
