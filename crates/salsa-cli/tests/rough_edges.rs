@@ -124,3 +124,43 @@ fn commands_refused_by_a_served_pool_point_to_the_server() {
     assert!(srv.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn stats_json_carries_the_device_models_counters() {
+    let dir = scratch("models");
+    let mut srv = Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .current_dir(&dir)
+        .args([
+            "serve",
+            "--no-tcp",
+            "--unix",
+            "nbd.sock",
+            "--control",
+            "pool.ctl",
+            "--device",
+            "ssd:size=256M",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !dir.join("pool.ctl").exists() {
+        assert!(std::time::Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (ok, out) = salsa(&dir, &["stats", "--json", "--control", "pool.ctl"]);
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let counters = v["device_counters"].as_array().unwrap();
+    assert!(!counters.is_empty(), "the SSD model's counters are missing: {v}");
+    assert!(
+        counters
+            .iter()
+            .all(|c| c["device"].is_string() && c["counter"].is_string() && c["value"].is_u64()),
+        "{v}"
+    );
+    // SAFETY: kill only sends a signal to our own child's pid.
+    unsafe { libc::kill(srv.id() as i32, libc::SIGTERM) };
+    assert!(srv.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(dir);
+}

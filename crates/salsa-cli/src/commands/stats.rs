@@ -27,6 +27,9 @@ pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
         "payload_buffer_bytes": s.payload_buffer_bytes,
         "map_memory_bytes": s.map_memory_bytes,
         "crc_table_memory_bytes": s.crc_table_memory_bytes,
+        "device_counters": s.device_counters.iter().map(|(device, counter, value)| serde_json::json!({
+            "device": device, "counter": counter, "value": value,
+        })).collect::<Vec<_>>(),
         "array": s.array,
         "pad_bytes_written": s.pad_bytes_written,
         "array_write_amplification": s.array_write_amplification,
