@@ -332,6 +332,46 @@ fn bad_layouts_are_refused_before_anything_is_written() {
     }
 }
 
+/// A rate-limited rebuild reports its progress in the statistics while it runs.
+#[test]
+fn a_rebuild_reports_its_progress() {
+    let (faults, devs) = members(3);
+    let pool = Arc::new(Pool::create(devs, &config(ArrayKind::Raid5), &opts()).unwrap());
+    let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
+    pool.create_volume("v", size, PAGE as u32).unwrap();
+    let mut model = vec![0u64; (size / PAGE as u64) as usize];
+    let ops = model.len();
+    churn(&pool, &mut model, 31, ops);
+    faults[2].set_plan(FaultPlan {
+        dead: true,
+        ..FaultPlan::default()
+    });
+    let seen = std::thread::scope(|s| {
+        let p = pool.clone();
+        let h = s.spawn(move || {
+            let fresh: Arc<dyn Device> = Arc::new(MemoryDevice::new("fresh", MEMBER_MIB * MIB));
+            let opts = RebuildOptions {
+                rate_bytes_per_sec: Some(4 << 20),
+            };
+            p.replace_member("2", fresh, opts, &|_, _| {})
+        });
+        let mut seen = Vec::new();
+        while !h.is_finished() {
+            if let Some(r) = pool.stats().rebuild {
+                seen.push(r);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        h.join().unwrap().unwrap();
+        seen
+    });
+    assert!(!seen.is_empty(), "no progress was reported while the rebuild ran");
+    assert!(seen.iter().all(|&(slot, next, total)| slot == 2 && next <= total), "{seen:?}");
+    assert!(seen.windows(2).all(|w| w[0].1 <= w[1].1), "progress only grows: {seen:?}");
+    assert_eq!(pool.stats().rebuild, None);
+    verify(&pool, &model);
+}
+
 /// Waits until no member is being rebuilt.
 fn wait_rebuilt(pool: &Pool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -373,6 +413,7 @@ fn a_failed_member_is_replaced_and_rebuilt_while_the_pool_serves() {
         );
         let st = pool.stats();
         assert!(!st.members[1].failed && !st.members[1].rebuilding, "{kind:?}: {:?}", st.members[1]);
+        assert_eq!(st.rebuild, None, "{kind:?}: the rebuild's progress is cleared when it is done");
         assert_eq!(st.members[1].name, "fresh");
         verify(&pool, &model);
         let scrub = pool.scrub(false).unwrap();

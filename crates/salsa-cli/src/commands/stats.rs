@@ -31,6 +31,9 @@ pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
             "device": device, "counter": counter, "value": value,
         })).collect::<Vec<_>>(),
         "array": s.array,
+        "rebuild": s.rebuild.map(|(slot, next, total)| serde_json::json!({
+            "slot": slot, "next_segment": next, "total_segments": total,
+        })),
         "pad_bytes_written": s.pad_bytes_written,
         "array_write_amplification": s.array_write_amplification,
         "members": s.members.iter().map(|m| serde_json::json!({
@@ -81,6 +84,15 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
             v["array_write_amplification"].as_f64().unwrap_or(0.0),
             human(n("pad_bytes_written"))
         );
+        if let Some(r) = v["rebuild"].as_object() {
+            let k = |key: &str| r.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
+            println!(
+                "rebuilding        slot {}: {} of {} segments passed",
+                k("slot"),
+                k("next_segment"),
+                k("total_segments")
+            );
+        }
         for m in v["members"].as_array().into_iter().flatten() {
             let k = |key: &str| m[key].as_u64().unwrap_or(0);
             println!(

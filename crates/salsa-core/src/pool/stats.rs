@@ -54,6 +54,9 @@ pub struct Stats {
     /// Bytes written to all members (data, metadata, padding, parity and mirror copies) per
     /// user byte written; for a linear array the same as `write_amplification`.
     pub array_write_amplification: f64,
+    /// A member being rebuilt: (slot, segments below this one are done, segments in the pool).
+    /// Progress is recorded about once a second.
+    pub rebuild: Option<(u32, u32, u32)>,
 }
 
 /// A volume's statistics, as its controller reports them.
@@ -81,7 +84,15 @@ impl Pool {
         } else {
             array_bytes
         };
+        let rebuild = self
+            .eng
+            .log
+            .meta()
+            .lock()
+            .rebuild
+            .map(|r| (r.slot, r.next_segment, self.eng.log.geo().total_segments));
         Stats {
+            rebuild,
             array: self.eng.log.array().kind().name().to_string(),
             members,
             pad_bytes_written: c.pad_bytes_written.load(SeqCst),
