@@ -261,7 +261,7 @@ impl DeviceSpec {
                     format!(
                         "; if `salsa serve` has it, ask the server: `salsa stats --device {0}`, `salsa device fail|replace --device {0} ...` (its control socket is {1})",
                         self.path.display(),
-                        self.path.with_extension("ctl").display()
+                        crate::commands::serve::control_path_for(&self.path).display()
                     )
                 } else {
                     String::new()

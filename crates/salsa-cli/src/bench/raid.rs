@@ -19,8 +19,6 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use salsa_core::device::file::FileOpenOptions;
-use salsa_core::device::FileDevice;
 use salsa_core::{ArrayKind, Device, OpenOptions, Pool, PoolConfig};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -50,22 +48,7 @@ pub struct RaidBenchParams {
 }
 
 fn open_direct(path: &Path) -> Result<Arc<dyn Device>, String> {
-    let d = FileDevice::open(
-        path,
-        FileOpenOptions {
-            create_size_bytes: None,
-            direct: true,
-            read_only: false,
-        },
-    )
-    .map_err(|e| format!("{}: {e}", path.display()))?;
-    if !d.is_direct() {
-        return Err(format!(
-            "{}: O_DIRECT is not supported here; the figures would measure the page cache",
-            path.display()
-        ));
-    }
-    Ok(Arc::new(d))
+    Ok(Arc::new(super::raw::open_direct(path)?))
 }
 
 /// An in-place RAID-5 (see the module documentation).

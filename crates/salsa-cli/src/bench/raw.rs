@@ -83,8 +83,9 @@ pub(crate) fn sampled<T>(counter: &AtomicU64, run: impl FnOnce() -> T) -> (T, Ve
     })
 }
 
-/// Random block writes straight to the file, `O_DIRECT`, for `seconds`.
-fn raw_baseline(p: &BenchParams, path: &std::path::Path) -> Result<Vec<f64>, String> {
+/// Opens an existing file with `O_DIRECT`, refusing a file system that falls back to the page
+/// cache (a baseline would then measure memory).
+pub(crate) fn open_direct(path: &std::path::Path) -> Result<FileDevice, String> {
     let dev = FileDevice::open(
         path,
         FileOpenOptions {
@@ -100,6 +101,12 @@ fn raw_baseline(p: &BenchParams, path: &std::path::Path) -> Result<Vec<f64>, Str
             path.display()
         ));
     }
+    Ok(dev)
+}
+
+/// Random block writes straight to the file, `O_DIRECT`, for `seconds`.
+fn raw_baseline(p: &BenchParams, path: &std::path::Path) -> Result<Vec<f64>, String> {
+    let dev = open_direct(path)?;
     let blocks = dev.size_bytes() / p.block_bytes as u64;
     let written = AtomicU64::new(0);
     let deadline = Instant::now() + Duration::from_secs(p.baseline_seconds);

@@ -13,6 +13,24 @@ use super::{serve, stats};
 use crate::*;
 use std::io::{BufRead, BufReader, Write};
 
+/// The control socket of a server that answers: `control`, or the one next to the first
+/// device.
+fn running_server(devices: &[DeviceSpec], control: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
+    control
+        .map(|p| p.to_path_buf())
+        .or_else(|| devices.first().map(|d| serve::control_path_for(&d.path)))
+        .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
+}
+
+/// Opens the pool on `devices` for a change, when no server has it.
+fn open_offline(devices: &[DeviceSpec]) -> Result<Pool, String> {
+    if devices.is_empty() {
+        return Err("give the pool's devices (--device), or --control of the server that serves it".into());
+    }
+    let devs: Vec<_> = devices.iter().map(|d| d.open_existing(false)).collect::<Result<_, _>>()?;
+    Pool::open(devs, &rw_options()).map_err(|e| e.to_string())
+}
+
 /// Offline or online replacement of member `old` by `new`.
 pub(crate) fn replace(
     devices: &[DeviceSpec],
@@ -21,18 +39,10 @@ pub(crate) fn replace(
     new: &DeviceSpec,
     rate: Option<u64>,
 ) -> Result<(), String> {
-    let control = control
-        .map(|p| p.to_path_buf())
-        .or_else(|| devices.first().map(|d| serve::control_path_for(&d.path)))
-        .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok());
-    if let Some(path) = control {
+    if let Some(path) = running_server(devices, control) {
         return replace_online(&path, old, new, rate);
     }
-    if devices.is_empty() {
-        return Err("give the pool's devices (--device), or --control of the server that serves it".into());
-    }
-    let devs: Vec<_> = devices.iter().map(|d| d.open_existing(false)).collect::<Result<_, _>>()?;
-    let pool = Pool::open(devs, &rw_options()).map_err(|e| e.to_string())?;
+    let pool = open_offline(devices)?;
     let new_dev = new.open(false)?;
     let report = pool
         .replace_member(
@@ -97,11 +107,7 @@ fn replace_online(control: &std::path::Path, old: &str, new: &DeviceSpec, rate: 
 
 /// Offline or online: marks member `member` failed.
 pub(crate) fn fail(devices: &[DeviceSpec], control: Option<&std::path::Path>, member: &str) -> Result<(), String> {
-    let control = control
-        .map(|p| p.to_path_buf())
-        .or_else(|| devices.first().map(|d| serve::control_path_for(&d.path)))
-        .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok());
-    if let Some(path) = control {
+    if let Some(path) = running_server(devices, control) {
         let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         writeln!(s, "fail {member}").map_err(|e| e.to_string())?;
         let mut line = String::new();
@@ -114,8 +120,7 @@ pub(crate) fn fail(devices: &[DeviceSpec], control: Option<&std::path::Path>, me
             }
         };
     }
-    let devs: Vec<_> = devices.iter().map(|d| d.open_existing(false)).collect::<Result<_, _>>()?;
-    let pool = Pool::open(devs, &rw_options()).map_err(|e| e.to_string())?;
+    let pool = open_offline(devices)?;
     pool.fail_member(member).map_err(|e| e.to_string())?;
     println!("member {member} marked failed; replace it with: salsa device replace {member} NEW");
     pool.close().map_err(|e| e.to_string())

@@ -278,6 +278,22 @@ impl RaidArray {
         Ok(())
     }
 
+    /// Row `r` of `segment`'s parity member and the parity its data units on the devices
+    /// give (what scrub compares and resync writes).
+    fn row_parity(&self, segment: u32, r: u64) -> Result<(u32, AlignedScratch)> {
+        let unit = self.stripe.unit_bytes;
+        let p = self.stripe.parity_member(r).expect("RAID-5 rows have parity");
+        let mut parity = self.scratch(unit as usize);
+        let mut tmp = self.scratch(unit as usize);
+        for m in (0..self.members.len() as u32).filter(|m| *m != p) {
+            self.read_member(m, &mut tmp.0, self.offset(m, segment, r * unit))?;
+            for (d, s) in parity.0.iter_mut().zip(tmp.0.iter()) {
+                *d ^= *s;
+            }
+        }
+        Ok((p, parity))
+    }
+
     /// Reads the data pieces `pieces` of `segment` into `buf` (they cover it, in order): one
     /// vectored read per healthy member, straight into `buf`, the parity units between its
     /// pieces read into a scratch buffer so the run stays one request; what a failed member
@@ -932,18 +948,8 @@ impl Array for RaidArray {
                     if self.rows.is_open(segment, r) {
                         continue; // still being filled: its parity is in memory
                     }
-                    let p = self.stripe.parity_member(r).expect("RAID-5");
-                    let mut parity = self.scratch(unit as usize);
+                    let (p, parity) = self.row_parity(segment, r)?;
                     let mut tmp = self.scratch(unit as usize);
-                    for m in 0..self.members.len() as u32 {
-                        if m == p {
-                            continue;
-                        }
-                        self.read_member(m, &mut tmp.0, self.offset(m, segment, r * unit))?;
-                        for (d, s) in parity.0.iter_mut().zip(tmp.0.iter()) {
-                            *d ^= *s;
-                        }
-                    }
                     self.read_member(p, &mut tmp.0, self.offset(p, segment, r * unit))?;
                     counts.rows_checked += 1;
                     if tmp.0[..] != parity.0[..] {
@@ -990,18 +996,7 @@ impl Array for RaidArray {
                 }
                 let unit = self.stripe.unit_bytes;
                 for r in from / row..to / row {
-                    let p = self.stripe.parity_member(r).expect("RAID-5");
-                    let mut parity = self.scratch(unit as usize);
-                    let mut tmp = self.scratch(unit as usize);
-                    for m in 0..self.members.len() as u32 {
-                        if m == p {
-                            continue;
-                        }
-                        self.read_member(m, &mut tmp.0, self.offset(m, segment, r * unit))?;
-                        for (d, s) in parity.0.iter_mut().zip(tmp.0.iter()) {
-                            *d ^= *s;
-                        }
-                    }
+                    let (p, parity) = self.row_parity(segment, r)?;
                     self.write_member(p, &[IoSlice::new(&parity.0)], self.offset(p, segment, r * unit), unit)?;
                 }
                 Ok(())
