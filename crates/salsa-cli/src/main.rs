@@ -32,6 +32,12 @@ struct Devices {
     /// for several devices, combined linearly.
     #[arg(long = "device", short = 'd', required = true, value_name = "PATH[:SIZE]")]
     devices: Vec<DeviceSpec>,
+    /// RAID-5 only: a small fast device (a file or block device; on real hardware NVM, an NVMe
+    /// PMR or a small SSD partition) that keeps the parity of the rows being filled, so that a
+    /// flush never pads a row. PATH[:SIZE]; `salsa format` creates a missing file at SIZE, or
+    /// at the size the layout needs. Every later command on the pool names it too.
+    #[arg(long, value_name = "PATH[:SIZE]")]
+    parity_buffer: Option<DeviceSpec>,
 }
 
 impl Devices {
@@ -44,6 +50,40 @@ impl Devices {
     fn open_existing(&self, read_only: bool) -> Result<Vec<Arc<dyn salsa_core::Device>>, String> {
         self.devices.iter().map(|d| d.open_existing(read_only)).collect()
     }
+
+    /// Opens the existing pool on these devices (and its parity buffer) with `opts`.
+    fn open_pool(&self, opts: OpenOptions) -> Result<Pool, String> {
+        self.open_pool_with_progress(opts, &|_, _| {})
+    }
+
+    fn open_pool_with_progress(&self, opts: OpenOptions, progress: &dyn Fn(u64, u64)) -> Result<Pool, String> {
+        let devs = self.open_existing(opts.read_only)?;
+        let opts = with_parity_buffer(opts, self.parity_buffer.as_ref(), None)?;
+        Pool::open_with_progress(devs, &opts, progress).map_err(|e| e.to_string())
+    }
+}
+
+/// `opts` with the parity buffer `spec` opened, read-only when they are. `new_pool`: the
+/// configuration and member count of a pool about to be created, for the size of a missing
+/// file given without one; otherwise the buffer must exist.
+fn with_parity_buffer(
+    mut opts: OpenOptions,
+    spec: Option<&DeviceSpec>,
+    new_pool: Option<(&PoolConfig, usize)>,
+) -> Result<OpenOptions, String> {
+    let Some(spec) = spec else { return Ok(opts) };
+    let device = match new_pool {
+        Some((cfg, members)) => {
+            let mut spec = spec.clone();
+            if spec.model.is_none() && spec.size_bytes.is_none() && !spec.path.exists() {
+                spec.size_bytes = Some(salsa_core::pool::default_parity_buffer_bytes(cfg, members as u32));
+            }
+            spec.open(false)?
+        }
+        None => spec.open_existing(opts.read_only)?,
+    };
+    opts.parity_buffer = Some(device);
+    Ok(opts)
 }
 
 #[derive(clap::Args, Clone)]
@@ -154,6 +194,10 @@ enum Command {
         /// Control socket answering `salsa stats` (default: next to the first device, `.ctl`).
         #[arg(long)]
         control: Option<std::path::PathBuf>,
+        /// A RAID-5 pool's parity buffer, PATH[:SIZE] (see `salsa format --help`); created with
+        /// a new pool when missing.
+        #[arg(long, value_name = "PATH[:SIZE]")]
+        parity_buffer: Option<DeviceSpec>,
         /// Options used only when a new pool is created.
         #[command(flatten)]
         format: FormatArgs,
@@ -302,6 +346,9 @@ enum DeviceCommand {
     Fail {
         #[arg(long = "device", short = 'd', value_name = "PATH[:SIZE]")]
         devices: Vec<DeviceSpec>,
+        /// A RAID-5 pool's parity buffer (offline only).
+        #[arg(long, value_name = "PATH")]
+        parity_buffer: Option<DeviceSpec>,
         #[arg(long)]
         control: Option<PathBuf>,
         member: String,
@@ -314,6 +361,9 @@ enum DeviceCommand {
         /// socket).
         #[arg(long = "device", short = 'd', value_name = "PATH[:SIZE]")]
         devices: Vec<DeviceSpec>,
+        /// A RAID-5 pool's parity buffer (offline only).
+        #[arg(long, value_name = "PATH")]
+        parity_buffer: Option<DeviceSpec>,
         /// The running server's control socket.
         #[arg(long)]
         control: Option<PathBuf>,
@@ -384,6 +434,7 @@ fn main() -> ExitCode {
             threads_per_connection,
             control,
             page_cache,
+            parity_buffer,
             format,
         } => serve(
             devices,
@@ -394,6 +445,7 @@ fn main() -> ExitCode {
                 threads_per_connection: usize::from(*threads_per_connection),
                 control: control.clone(),
                 page_cache: *page_cache,
+                parity_buffer: parity_buffer.clone(),
             },
             format,
         ),
@@ -417,12 +469,13 @@ fn main() -> ExitCode {
             command:
                 DeviceCommand::Replace {
                     devices,
+                    parity_buffer,
                     control,
                     rate,
                     old,
                     new,
                 },
-        } => commands::device::replace(devices, control.as_deref(), old, new, *rate),
+        } => commands::device::replace(devices, parity_buffer.as_ref(), control.as_deref(), old, new, *rate),
         Command::BenchRaid {
             dir,
             members,
@@ -448,8 +501,14 @@ fn main() -> ExitCode {
         })
         .map(|v| println!("{v}")),
         Command::Device {
-            command: DeviceCommand::Fail { devices, control, member },
-        } => commands::device::fail(devices, control.as_deref(), member),
+            command:
+                DeviceCommand::Fail {
+                    devices,
+                    parity_buffer,
+                    control,
+                    member,
+                },
+        } => commands::device::fail(devices, parity_buffer.as_ref(), control.as_deref(), member),
         Command::Policies => {
             let (victims, placements) = salsa_core::Registry::builtin().describe();
             println!("placement policies (--placement):");

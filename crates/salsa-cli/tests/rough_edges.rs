@@ -164,3 +164,51 @@ fn stats_json_carries_the_device_models_counters() {
     assert!(srv.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--parity-buffer`: `salsa format` creates the buffer at the size the layout needs and
+/// `salsa info` says the mode; a command that leaves it out is told to give it; a linear pool
+/// refuses one before anything is written.
+#[test]
+fn a_raid5_parity_buffer_is_created_reported_and_required() {
+    let dir = scratch("parity-buffer");
+    let members = ["-d", "m0.img:32M", "-d", "m1.img:32M", "-d", "m2.img:32M"];
+    let mut format = vec!["format", "--array", "raid5", "--parity-buffer", "nvm.img"];
+    format.extend(members);
+    let (ok, out) = salsa(&dir, &format);
+    assert!(ok, "{out}");
+    let size = std::fs::metadata(dir.join("nvm.img")).unwrap().len();
+    assert!((1 << 20..64 << 20).contains(&size), "parity buffer of {size} bytes");
+    let existing = ["-d", "m0.img", "-d", "m1.img", "-d", "m2.img"];
+    let mut info = vec!["info", "--parity-buffer", "nvm.img"];
+    info.extend(existing);
+    let (ok, out) = salsa(&dir, &info);
+    assert!(ok && out.contains("parity buffer nvm.img"), "{out}");
+    let mut without = vec!["info"];
+    without.extend(existing);
+    let (ok, out) = salsa(&dir, &without);
+    assert!(!ok && out.contains("--parity-buffer"), "{out}");
+    // Without a buffer, info says flushes pad.
+    let (ok, out) = salsa(
+        &dir,
+        &[
+            "format",
+            "--array",
+            "raid5",
+            "-d",
+            "p0.img:32M",
+            "-d",
+            "p1.img:32M",
+            "-d",
+            "p2.img:32M",
+        ],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = salsa(&dir, &["info", "-d", "p0.img", "-d", "p1.img", "-d", "p2.img"]);
+    assert!(ok && out.contains("no parity buffer: a flush pads"), "{out}");
+    // A linear pool refuses one, and writes nothing to its device.
+    let (ok, out) = salsa(&dir, &["format", "--parity-buffer", "nvm2.img:8M", "-d", "l.img:32M"]);
+    assert!(!ok && out.contains("parity buffer keeps RAID-5 parity"), "{out}");
+    let (ok, out) = salsa(&dir, &["info", "-d", "l.img"]);
+    assert!(!ok && out.contains("not a SALSA pool member"), "{out}");
+    let _ = std::fs::remove_dir_all(dir);
+}

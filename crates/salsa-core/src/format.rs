@@ -10,7 +10,7 @@ use crate::util::{Decoder, Encoder, Truncated};
 ///
 /// Version 6 added the array layout and the member list to the superblock, the controller kind
 /// and settings to the volume table, and a copy of the pool metadata on every member.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 /// Oldest format version this build reads. A version-5 pool opens as it is (its superblocks
 /// decode as a linear array without member ids; its records and checkpoint are unchanged) and
 /// its pool metadata is rewritten as version 6 by the first write after it opens.
@@ -41,6 +41,8 @@ const SUPERBLOCK_MAGIC: &[u8; 8] = b"SALSASB1";
 const POOL_META_MAGIC: &[u8; 8] = b"SALSAPM1";
 const RECORD_MAGIC: &[u8; 8] = b"SALSARC1";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"SALSACP1";
+const PARITY_BUFFER_MAGIC: &[u8; 8] = b"SALSAPB1";
+const PARITY_BANK_MAGIC: &[u8; 8] = b"SALSAPK1";
 
 /// Why bytes failed to decode.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -444,6 +446,9 @@ pub struct PoolMeta {
     pub member_ids: Vec<u64>,
     /// A member being rebuilt, and how far (resumed at the next open).
     pub rebuild: Option<RebuildState>,
+    /// Id of the RAID-5 parity buffer that holds the parity of the rows being filled (0: none;
+    /// flushes pad the log to whole rows instead). Version 7.
+    pub parity_buffer_id: u64,
 }
 
 /// Progress of a member's rebuild.
@@ -513,6 +518,7 @@ impl PoolMeta {
                 e.u8(1).u32(r.slot).u64(r.member_id).u32(r.next_segment);
             }
         }
+        e.u64(self.parity_buffer_id);
         // Variable length: length-prefixed body, crc after it, padded to a 4 KiB multiple.
         let body_len = e.bytes.len() + 4;
         let block_len = body_len.next_multiple_of(4096);
@@ -639,6 +645,7 @@ impl PoolMeta {
                 rebuild = Some(r);
             }
         }
+        let parity_buffer_id = if version >= 7 { d.u64("parity buffer id")? } else { 0 };
         Ok(PoolMeta {
             pool_id,
             generation,
@@ -650,6 +657,7 @@ impl PoolMeta {
             failed_members,
             member_ids,
             rebuild,
+            parity_buffer_id,
         })
     }
 }
@@ -949,6 +957,143 @@ pub fn decode_checkpoint_header(d: &mut Decoder<'_>) -> Result<CheckpointHeader,
     Ok(header)
 }
 
+/// Size of a parity buffer's header block, of a bank's header block and the unit its entry
+/// descriptors are rounded up to (so every part of the buffer can be written with `O_DIRECT`).
+pub const PARITY_BLOCK_BYTES: usize = 4096;
+
+/// Most data grains a RAID-5 row may have for its parity to be kept in a parity buffer (the
+/// bits of an entry's coverage map).
+pub const MAX_PARITY_ROW_GRAINS: u32 = 1 << 16;
+
+/// The first block of a RAID-5 parity buffer: the pool it serves and the layout of its two
+/// banks. Each sync writes the parity of the rows being filled into the bank the previous
+/// sync did not use, so a torn bank leaves the previous one whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParityBufferHeader {
+    pub pool_id: u128,
+    pub buffer_id: u64,
+    /// Bytes of parity per entry: the array's stripe unit.
+    pub unit_bytes: u32,
+    /// Data grains per row: the bits of an entry's coverage map.
+    pub row_grains: u32,
+    /// Bytes of each bank: its header block and its entries.
+    pub bank_bytes: u64,
+}
+
+impl ParityBufferHeader {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::default();
+        e.raw(PARITY_BUFFER_MAGIC)
+            .u32(FORMAT_VERSION)
+            .u128(self.pool_id)
+            .u64(self.buffer_id)
+            .u32(self.unit_bytes)
+            .u32(self.row_grains)
+            .u64(self.bank_bytes);
+        let mut block = vec![0u8; PARITY_BLOCK_BYTES];
+        seal_block(&e.bytes, &mut block);
+        block
+    }
+
+    pub fn decode(block: &[u8]) -> Result<ParityBufferHeader, FormatError> {
+        let (mut d, _) = open_block(block, PARITY_BUFFER_MAGIC)?;
+        let h = ParityBufferHeader {
+            pool_id: d.u128("pool id")?,
+            buffer_id: d.u64("buffer id")?,
+            unit_bytes: d.u32("stripe unit")?,
+            row_grains: d.u32("row grains")?,
+            bank_bytes: d.u64("bank size")?,
+        };
+        if !h.unit_bytes.is_power_of_two() || (h.unit_bytes as usize) < PARITY_BLOCK_BYTES || h.unit_bytes > 1 << 20 {
+            return Err(FormatError::Invalid(format!("parity buffer stripe unit {}", h.unit_bytes)));
+        }
+        if h.row_grains == 0 || h.row_grains > MAX_PARITY_ROW_GRAINS {
+            return Err(FormatError::Invalid(format!("parity buffer row of {} grains", h.row_grains)));
+        }
+        if !h.bank_bytes.is_multiple_of(PARITY_BLOCK_BYTES as u64) || h.bank_bytes < PARITY_BLOCK_BYTES as u64 + h.entry_bytes() {
+            return Err(FormatError::Invalid(format!("parity buffer bank of {} bytes", h.bank_bytes)));
+        }
+        Ok(h)
+    }
+
+    /// Bytes of an entry's descriptor (segment, row, coverage map), whole blocks.
+    pub fn descriptor_bytes(&self) -> u64 {
+        (12 + self.row_grains.div_ceil(8) as u64).next_multiple_of(PARITY_BLOCK_BYTES as u64)
+    }
+
+    /// Bytes of one entry: its descriptor and one stripe unit of parity.
+    pub fn entry_bytes(&self) -> u64 {
+        self.descriptor_bytes() + self.unit_bytes as u64
+    }
+
+    /// Entries a bank holds.
+    pub fn entries_per_bank(&self) -> u64 {
+        (self.bank_bytes - PARITY_BLOCK_BYTES as u64) / self.entry_bytes()
+    }
+
+    /// Byte offset of bank 0 or 1.
+    pub fn bank_offset(&self, bank: usize) -> u64 {
+        PARITY_BLOCK_BYTES as u64 + bank as u64 * self.bank_bytes
+    }
+}
+
+/// The header block of a bank: which sync wrote it, how many entries follow, and the crc32c
+/// of those entries (descriptors and parity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParityBankHeader {
+    pub buffer_id: u64,
+    /// Increases with every bank written; the valid bank with the highest wins.
+    pub seq: u64,
+    pub count: u32,
+    pub body_crc: u32,
+}
+
+impl ParityBankHeader {
+    pub fn encode_into(&self, block: &mut [u8]) {
+        let mut e = Encoder::default();
+        e.raw(PARITY_BANK_MAGIC)
+            .u32(FORMAT_VERSION)
+            .u64(self.buffer_id)
+            .u64(self.seq)
+            .u32(self.count)
+            .u32(self.body_crc);
+        seal_block(&e.bytes, block);
+    }
+
+    pub fn decode(block: &[u8]) -> Result<ParityBankHeader, FormatError> {
+        let (mut d, _) = open_block(block, PARITY_BANK_MAGIC)?;
+        Ok(ParityBankHeader {
+            buffer_id: d.u64("buffer id")?,
+            seq: d.u64("bank sequence")?,
+            count: d.u32("entry count")?,
+            body_crc: d.u32("entries crc")?,
+        })
+    }
+}
+
+/// Writes the descriptor of one parity-buffer entry: segment, row and which data grains of
+/// the row its parity covers (one bit each, grain-major within the row's data).
+pub fn encode_parity_descriptor(segment: u32, row: u64, covered: &[bool], out: &mut [u8]) {
+    out.fill(0);
+    out[..4].copy_from_slice(&segment.to_le_bytes());
+    out[4..12].copy_from_slice(&row.to_le_bytes());
+    for (i, c) in covered.iter().enumerate() {
+        if *c {
+            out[12 + i / 8] |= 1 << (i % 8);
+        }
+    }
+}
+
+/// Reads a descriptor written by [`encode_parity_descriptor`] for rows of `row_grains` grains.
+pub fn decode_parity_descriptor(block: &[u8], row_grains: u32) -> Result<(u32, u64, Vec<bool>), FormatError> {
+    let mut d = Decoder::new(block);
+    let segment = d.u32("entry segment")?;
+    let row = d.u64("entry row")?;
+    let bits = d.take(row_grains.div_ceil(8) as usize, "entry coverage")?;
+    let covered = (0..row_grains as usize).map(|i| bits[i / 8] & (1 << (i % 8)) != 0).collect();
+    Ok((segment, row, covered))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1060,6 +1205,36 @@ mod tests {
     }
 
     #[test]
+    fn parity_buffer_structures_round_trip() {
+        let h = ParityBufferHeader {
+            pool_id: 9,
+            buffer_id: 77,
+            unit_bytes: 16 << 10,
+            row_grains: 12,
+            bank_bytes: 1 << 20,
+        };
+        assert_eq!(ParityBufferHeader::decode(&h.encode()).unwrap(), h);
+        assert_eq!(h.descriptor_bytes(), 4096);
+        assert_eq!(h.entries_per_bank(), (1_048_576 - 4096) / (4096 + 16384));
+        let b = ParityBankHeader {
+            buffer_id: 77,
+            seq: 5,
+            count: 3,
+            body_crc: 0xABCD,
+        };
+        let mut block = vec![0u8; PARITY_BLOCK_BYTES];
+        b.encode_into(&mut block);
+        assert_eq!(ParityBankHeader::decode(&block).unwrap(), b);
+        let covered: Vec<bool> = (0..12).map(|i| i % 3 == 0).collect();
+        let mut d = vec![0u8; 4096];
+        encode_parity_descriptor(4, 9, &covered, &mut d);
+        assert_eq!(decode_parity_descriptor(&d, 12).unwrap(), (4, 9, covered));
+        // A header whose bank cannot hold one entry is refused.
+        let small = ParityBufferHeader { bank_bytes: 8192, ..h };
+        assert!(ParityBufferHeader::decode(&small.encode()).is_err());
+    }
+
+    #[test]
     fn pool_meta_round_trips() {
         let pm = PoolMeta {
             pool_id: 1,
@@ -1088,6 +1263,7 @@ mod tests {
                 member_id: 42,
                 next_segment: 99,
             }),
+            parity_buffer_id: 0xFEED,
         };
         let mut slot = pm.encode();
         slot.resize(POOL_META_SLOT_BYTES, 0xAA);

@@ -59,7 +59,7 @@ pub(crate) mod recovery;
 pub(crate) mod scan;
 pub(crate) mod util;
 
-pub use array::MemberStatus;
+pub use array::{MemberStatus, ParityBufferStatus};
 pub use controller::ControllerStats;
 pub use device::{Device, StorageType};
 pub use error::{Error, ErrorKind, Result};

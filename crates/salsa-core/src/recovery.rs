@@ -147,7 +147,7 @@ fn resync_unsynced(eng: &Engine, found: &[Found], durable_through: u64) -> Resul
     }
     // A chain that ends inside a row: that row's parity was never written (the row was still
     // filling), durable records or not.
-    let align = eng.log.array().flush_alignment_grains(eng.log.geo().grain_bytes) as u64;
+    let align = eng.log.array().row_grains(eng.log.geo().grain_bytes) as u64;
     for (segment, end) in chain_end {
         if align > 1 && !end.is_multiple_of(align) {
             let r = ranges.entry(segment).or_insert((end - 1, end));

@@ -14,6 +14,10 @@ use salsa_core::{Device, OpenOptions, OpenedFrom, Pool};
 use std::io::Read;
 use std::sync::Arc;
 
+/// The format version this build writes (version 7 added the RAID-5 parity buffer id to the
+/// pool metadata).
+const CURRENT_VERSION: u32 = 7;
+
 const MEMBER_BYTES: u64 = 24 * MIB;
 /// Offsets of the two pool-metadata slots on a flat member (format constants).
 const META_SLOTS: [u64; 2] = [64 << 10, 544 << 10];
@@ -130,14 +134,14 @@ fn upgrade(kind: &str, expected_open: OpenedFrom) {
     let pool = Pool::open(devs.clone(), &opts()).unwrap();
     assert_eq!(pool.opened_from(), expected_open);
     verify(&pool);
-    // The metadata is version 6 now, with a copy on every member; the superblocks stay as
+    // The metadata is the current version now, with a copy on every member; the superblocks stay as
     // they were (a version-5 superblock reads as a linear array).
     for d in &devs {
-        assert_eq!(meta_version(d.as_ref()), 6, "{}", d.name());
+        assert_eq!(meta_version(d.as_ref()), CURRENT_VERSION, "{}", d.name());
         assert_eq!(superblock_version(d.as_ref()), 5, "{}", d.name());
     }
     assert_eq!(pool.array_layout(), "linear");
-    // New writes land in version-6 records next to the old ones.
+    // New writes land in current-version records next to the old ones.
     let alpha = pool.volume("alpha").unwrap();
     alpha.write(5 * 4096, &page(1, 5, 7, 4096)).unwrap();
     pool.create_volume("gamma", MIB, 4096)
@@ -193,8 +197,8 @@ fn every_member_keeps_the_pool_metadata_so_losing_one_copy_loses_nothing() {
         .unwrap();
     pool.close().unwrap();
     for d in &devs {
-        assert_eq!(meta_version(d.as_ref()), 6, "{}", d.name());
-        assert_eq!(superblock_version(d.as_ref()), 6, "{}", d.name());
+        assert_eq!(meta_version(d.as_ref()), CURRENT_VERSION, "{}", d.name());
+        assert_eq!(superblock_version(d.as_ref()), CURRENT_VERSION, "{}", d.name());
     }
     // Both slots of member 0 destroyed: the copy on another member opens the pool, from its
     // checkpoint.

@@ -552,3 +552,152 @@ fn a_member_killed_at_random_points_loses_nothing() {
         drop(pool);
     }
 }
+
+fn with_buffer(buffer: &Arc<dyn Device>) -> OpenOptions {
+    OpenOptions {
+        parity_buffer: Some(buffer.clone()),
+        ..opts()
+    }
+}
+
+/// Single-page writes, each followed by a flush (what a database's log does), with a model.
+fn write_flush(pool: &Pool, model: &mut [u64], seed: u64, ops: usize) {
+    let vol = pool.volume("v").unwrap();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    for i in 0..ops {
+        let p = rng.gen_range(0..model.len());
+        let v = (seed << 32) | (i as u64 + 1);
+        vol.write(p as u64 * PAGE as u64, &pattern(1, p as u64, v)).unwrap();
+        model[p] = v;
+        pool.flush().unwrap();
+    }
+}
+
+/// With a parity buffer a flush in the middle of a RAID-5 row pads nothing: the row's parity
+/// so far goes to the buffer. After the pool stops without a clean shutdown, a member missing
+/// at the next open costs nothing: what was flushed into partial rows is rebuilt from the
+/// other members and the buffer's parity. With all members back, recovery re-derives the
+/// parity on the members and the pool goes on.
+#[test]
+fn a_parity_buffer_keeps_partial_rows_across_a_crash_without_padding() {
+    for missing in 0..3usize {
+        let (_, devs) = members(3);
+        let buffer: Arc<dyn Device> = Arc::new(MemoryDevice::new("nvm", 4 * MIB));
+        let o = with_buffer(&buffer);
+        let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid5), &o).unwrap();
+        assert!(
+            pool.array_description().contains("parity buffer nvm"),
+            "{}",
+            pool.array_description()
+        );
+        let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
+        pool.create_volume("v", size, PAGE as u32).unwrap();
+        let mut model = vec![0u64; (size / PAGE as u64) as usize];
+        write_flush(&pool, &mut model, 10 + missing as u64, 300);
+        let st = pool.stats();
+        // Only segments that close are padded to their end (their last row completes).
+        assert!(
+            st.pad_bytes_written <= st.total_segments as u64 * 16 * PAGE as u64 / 8,
+            "flushes padded rows although a parity buffer keeps their parity: {} bytes",
+            st.pad_bytes_written
+        );
+        let pad_with_buffer = st.pad_bytes_written;
+        let pb = st.parity_buffer.clone().expect("the pool reports its parity buffer");
+        assert!(pb.banks_written >= 300, "one bank per flush: {pb:?}");
+        // More data, so the GC runs and rows complete and close while others stay open.
+        let n = model.len() * 2;
+        churn(&pool, &mut model, 20 + missing as u64, n);
+        write_flush(&pool, &mut model, 30 + missing as u64, 1 + missing);
+        drop(pool); // no clean shutdown: the next open scans
+        let without: Vec<Arc<dyn Device>> = devs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != missing)
+            .map(|(_, d)| d.clone())
+            .collect();
+        let ro = OpenOptions {
+            read_only: true,
+            ..o.clone()
+        };
+        let pool = Pool::open(without, &ro).unwrap();
+        verify(&pool, &model);
+        drop(pool);
+        let pool = Pool::open(devs.clone(), &o).unwrap();
+        let scrub = pool.scrub(false).unwrap();
+        assert_eq!(scrub.rows_mismatched, 0, "{scrub:?}");
+        verify(&pool, &model);
+        write_flush(&pool, &mut model, 40 + missing as u64, 50);
+        pool.close().unwrap();
+        let pool = Pool::open(devs.clone(), &o).unwrap();
+        assert_eq!(pool.opened_from(), OpenedFrom::Checkpoint);
+        verify(&pool, &model);
+        pool.close().unwrap();
+
+        // The same writes without a parity buffer pad every flush to the row's end.
+        let (_, devs) = members(3);
+        let pool = Pool::create(devs, &config(ArrayKind::Raid5), &opts()).unwrap();
+        pool.create_volume("v", size, PAGE as u32).unwrap();
+        write_flush(&pool, &mut model, 10 + missing as u64, 300);
+        let pad_without = pool.stats().pad_bytes_written;
+        assert!(pool.stats().parity_buffer.is_none());
+        assert!(
+            pad_with_buffer * 10 < pad_without,
+            "padding with a parity buffer {pad_with_buffer}, without {pad_without}"
+        );
+        pool.close().unwrap();
+    }
+}
+
+/// A pool formatted with a parity buffer does not open without it, nor with another pool's;
+/// a pool formatted without one does not take one; only RAID-5 takes one; a buffer too small
+/// is refused before anything is written.
+#[test]
+fn a_parity_buffer_is_checked_like_a_member() {
+    let (_, devs) = members(3);
+    let buffer: Arc<dyn Device> = Arc::new(MemoryDevice::new("nvm", 4 * MIB));
+    let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid5), &with_buffer(&buffer)).unwrap();
+    pool.close().unwrap();
+    let e = Pool::open(devs.clone(), &opts()).err().expect("opened without its parity buffer");
+    assert!(e.to_string().contains("--parity-buffer"), "{e}");
+    let (_, other_devs) = members(3);
+    let other: Arc<dyn Device> = Arc::new(MemoryDevice::new("other", 4 * MIB));
+    Pool::create(other_devs.clone(), &config(ArrayKind::Raid5), &with_buffer(&other))
+        .unwrap()
+        .close()
+        .unwrap();
+    let e = Pool::open(devs.clone(), &with_buffer(&other))
+        .err()
+        .expect("opened with another pool's buffer");
+    assert!(e.to_string().contains("belongs to pool"), "{e}");
+    let blank: Arc<dyn Device> = Arc::new(MemoryDevice::new("blank", 4 * MIB));
+    let e = Pool::open(devs.clone(), &with_buffer(&blank))
+        .err()
+        .expect("opened with a blank buffer");
+    assert!(e.to_string().contains("not this pool's parity buffer"), "{e}");
+    Pool::open(devs.clone(), &with_buffer(&buffer)).unwrap().close().unwrap();
+    // A pool without one refuses one.
+    let (_, plain) = members(3);
+    Pool::create(plain.clone(), &config(ArrayKind::Raid5), &opts())
+        .unwrap()
+        .close()
+        .unwrap();
+    let e = Pool::open(plain, &with_buffer(&buffer))
+        .err()
+        .expect("a pool without a buffer took one");
+    assert!(e.to_string().contains("without a parity buffer"), "{e}");
+    // Only RAID-5 takes one.
+    let (_, mirrors) = members(2);
+    let e = Pool::create(mirrors.clone(), &config(ArrayKind::Raid1), &with_buffer(&blank))
+        .err()
+        .expect("a mirror took a parity buffer");
+    assert!(e.to_string().contains("raid1"), "{e}");
+    // Too small: refused with the size it needs, and the members were not formatted.
+    let tiny: Arc<dyn Device> = Arc::new(MemoryDevice::new("tiny", 256 << 10));
+    let (_, fresh) = members(3);
+    let e = Pool::create(fresh.clone(), &config(ArrayKind::Raid5), &with_buffer(&tiny))
+        .err()
+        .expect("a tiny buffer was taken");
+    assert!(e.to_string().contains("needs at least"), "{e}");
+    let e = Pool::open(fresh, &opts()).err().expect("a member was formatted");
+    assert!(matches!(e, Error::NotAPool { .. }), "{e}");
+}

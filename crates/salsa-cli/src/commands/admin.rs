@@ -24,7 +24,9 @@ pub(crate) fn check_blank(devs: &[Arc<dyn salsa_core::Device>], force: bool) -> 
 pub(crate) fn format_pool(devices: &Devices, f: &FormatArgs, force: bool, default_volume: bool) -> Result<(), String> {
     let devs = devices.open(false)?;
     check_blank(&devs, force)?;
-    let pool = Pool::create(devs, &f.pool_config()?, &rw_options()).map_err(|e| e.to_string())?;
+    let cfg = f.pool_config()?;
+    let opts = with_parity_buffer(rw_options(), devices.parity_buffer.as_ref(), Some((&cfg, devs.len())))?;
+    let pool = Pool::create(devs, &cfg, &opts).map_err(|e| e.to_string())?;
     if default_volume {
         let size = f.create_default_volume(&pool)?;
         println!("created volume default: {}", human(size));
@@ -34,7 +36,7 @@ pub(crate) fn format_pool(devices: &Devices, f: &FormatArgs, force: bool, defaul
 }
 
 pub(crate) fn info(devices: &Devices) -> Result<(), String> {
-    let pool = Pool::open(devices.open_existing(true)?, &ro_options()).map_err(|e| e.to_string())?;
+    let pool = devices.open_pool(ro_options())?;
     let g = pool.geometry();
     let st = pool.stats();
     println!("pool        {:032x}", pool.pool_id());
@@ -91,7 +93,7 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
 /// rewrites what disagrees; false when something disagreed and was not repaired.
 pub(crate) fn scrub_pool(devices: &Devices, repair: bool) -> Result<bool, String> {
     let opts = if repair { rw_options() } else { ro_options() };
-    let pool = Pool::open(devices.open_existing(!repair)?, &opts).map_err(|e| e.to_string())?;
+    let pool = devices.open_pool(opts)?;
     let r = pool.scrub(repair).map_err(|e| e.to_string())?;
     println!(
         "scrub: {} segments in use, {} rows compared, {} disagreed with their data, {} repaired ({})",
@@ -118,7 +120,7 @@ pub(crate) fn check(devices: &Devices) -> Result<bool, String> {
     // once.
     let mut damaged: std::collections::HashSet<(String, u64, Option<u64>)> = std::collections::HashSet::new();
     {
-        let normal = Pool::open(devices.open_existing(true)?, &ro_options()).map_err(|e| e.to_string())?;
+        let normal = devices.open_pool(ro_options())?;
         for name in normal.volume_names() {
             let v = normal.volume(&name).map_err(|e| e.to_string())?;
             let mut buf = vec![0u8; v.page_bytes() as usize];
@@ -138,15 +140,13 @@ pub(crate) fn check(devices: &Devices) -> Result<bool, String> {
             locations.insert(name, locs);
         }
     }
-    let scanned = Pool::open_with_progress(
-        devices.open_existing(true)?,
-        &OpenOptions {
+    let scanned = devices.open_pool_with_progress(
+        OpenOptions {
             force_scan: true,
             ..ro_options()
         },
         &progress_bar("scan"),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let mut pages_checked = 0u64;
     for name in scanned.volume_names() {
         let b = scanned.volume(&name).map_err(|e| e.to_string())?;
@@ -239,7 +239,7 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
             page_size,
             placement,
         } => {
-            let pool = Pool::open(devices.open_existing(false)?, &rw_options()).map_err(|e| e.to_string())?;
+            let pool = devices.open_pool(rw_options())?;
             let page = u32::try_from(*page_size).map_err(|_| "page size too large")?;
             let placement = placement.clone().unwrap_or_else(|| pool.default_placement().to_string());
             pool.create_volume_with(name, *size, page, &placement).map_err(|e| e.to_string())?;
@@ -247,7 +247,7 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
             pool.close().map_err(|e| e.to_string())
         }
         VolumeCommand::List { devices, json } => {
-            let pool = Pool::open(devices.open_existing(true)?, &ro_options()).map_err(|e| e.to_string())?;
+            let pool = devices.open_pool(ro_options())?;
             let vols = pool.stats().volumes;
             if *json {
                 let list: Vec<serde_json::Value> = vols
@@ -280,13 +280,13 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
             Ok(())
         }
         VolumeCommand::Delete { devices, name } => {
-            let pool = Pool::open(devices.open_existing(false)?, &rw_options()).map_err(|e| e.to_string())?;
+            let pool = devices.open_pool(rw_options())?;
             pool.delete_volume(name).map_err(|e| e.to_string())?;
             println!("deleted volume {name}");
             pool.close().map_err(|e| e.to_string())
         }
         VolumeCommand::Resize { devices, name, size } => {
-            let pool = Pool::open(devices.open_existing(false)?, &rw_options()).map_err(|e| e.to_string())?;
+            let pool = devices.open_pool(rw_options())?;
             pool.grow_volume(name, *size).map_err(|e| e.to_string())?;
             println!("volume {name} is now {}", human(*size));
             pool.close().map_err(|e| e.to_string())

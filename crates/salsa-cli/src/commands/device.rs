@@ -23,17 +23,19 @@ fn running_server(devices: &[DeviceSpec], control: Option<&std::path::Path>) -> 
 }
 
 /// Opens the pool on `devices` for a change, when no server has it.
-fn open_offline(devices: &[DeviceSpec]) -> Result<Pool, String> {
+fn open_offline(devices: &[DeviceSpec], parity_buffer: Option<&DeviceSpec>) -> Result<Pool, String> {
     if devices.is_empty() {
         return Err("give the pool's devices (--device), or --control of the server that serves it".into());
     }
     let devs: Vec<_> = devices.iter().map(|d| d.open_existing(false)).collect::<Result<_, _>>()?;
-    Pool::open(devs, &rw_options()).map_err(|e| e.to_string())
+    let opts = with_parity_buffer(rw_options(), parity_buffer, None)?;
+    Pool::open(devs, &opts).map_err(|e| e.to_string())
 }
 
 /// Offline or online replacement of member `old` by `new`.
 pub(crate) fn replace(
     devices: &[DeviceSpec],
+    parity_buffer: Option<&DeviceSpec>,
     control: Option<&std::path::Path>,
     old: &str,
     new: &DeviceSpec,
@@ -42,7 +44,7 @@ pub(crate) fn replace(
     if let Some(path) = running_server(devices, control) {
         return replace_online(&path, old, new, rate);
     }
-    let pool = open_offline(devices)?;
+    let pool = open_offline(devices, parity_buffer)?;
     let new_dev = new.open(false)?;
     let report = pool
         .replace_member(
@@ -106,7 +108,12 @@ fn replace_online(control: &std::path::Path, old: &str, new: &DeviceSpec, rate: 
 }
 
 /// Offline or online: marks member `member` failed.
-pub(crate) fn fail(devices: &[DeviceSpec], control: Option<&std::path::Path>, member: &str) -> Result<(), String> {
+pub(crate) fn fail(
+    devices: &[DeviceSpec],
+    parity_buffer: Option<&DeviceSpec>,
+    control: Option<&std::path::Path>,
+    member: &str,
+) -> Result<(), String> {
     if let Some(path) = running_server(devices, control) {
         let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         writeln!(s, "fail {member}").map_err(|e| e.to_string())?;
@@ -120,7 +127,7 @@ pub(crate) fn fail(devices: &[DeviceSpec], control: Option<&std::path::Path>, me
             }
         };
     }
-    let pool = open_offline(devices)?;
+    let pool = open_offline(devices, parity_buffer)?;
     pool.fail_member(member).map_err(|e| e.to_string())?;
     println!("member {member} marked failed; replace it with: salsa device replace {member} NEW");
     pool.close().map_err(|e| e.to_string())

@@ -10,6 +10,7 @@ pub(crate) struct ServeArgs {
     pub(crate) threads_per_connection: usize,
     pub(crate) control: Option<std::path::PathBuf>,
     pub(crate) page_cache: bool,
+    pub(crate) parity_buffer: Option<DeviceSpec>,
 }
 
 /// The control socket of a server whose first device is `device`: `<device without extension>.ctl`.
@@ -46,7 +47,13 @@ pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, pool: A
 }
 
 /// Opens the pool on `specs`, or creates it when every device is blank; refuses anything else.
-pub(crate) fn open_or_create(specs: &[DeviceSpec], format: &FormatArgs, read_only: bool, page_cache: bool) -> Result<Pool, String> {
+pub(crate) fn open_or_create(
+    specs: &[DeviceSpec],
+    parity_buffer: Option<&DeviceSpec>,
+    format: &FormatArgs,
+    read_only: bool,
+    page_cache: bool,
+) -> Result<Pool, String> {
     for s in specs {
         if let Some(dir) = s
             .path
@@ -85,6 +92,7 @@ pub(crate) fn open_or_create(specs: &[DeviceSpec], format: &FormatArgs, read_onl
     };
     if members == devs.len() {
         eprintln!("salsa: opening pool on {} device(s)", devs.len());
+        let opts = with_parity_buffer(opts, parity_buffer, None)?;
         return Pool::open_with_progress(devs, &opts, &progress_bar("recovery scan")).map_err(|e| e.to_string());
     }
     if members > 0 {
@@ -93,7 +101,9 @@ pub(crate) fn open_or_create(specs: &[DeviceSpec], format: &FormatArgs, read_onl
     if read_only {
         return Err("the devices hold no pool and --read-only forbids creating one".into());
     }
-    let pool = Pool::create(devs, &format.pool_config()?, &opts).map_err(|e| e.to_string())?;
+    let cfg = format.pool_config()?;
+    let opts = with_parity_buffer(opts, parity_buffer, Some((&cfg, devs.len())))?;
+    let pool = Pool::create(devs, &cfg, &opts).map_err(|e| e.to_string())?;
     let size = format.create_default_volume(&pool)?;
     eprintln!(
         "salsa: created a new pool {:032x} with volume default ({})",
@@ -123,18 +133,26 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}; nothing was created"))?;
     }
     // Files this start creates are removed again if it fails.
-    let created: Vec<std::path::PathBuf> = specs
+    let mut created: Vec<std::path::PathBuf> = specs
         .iter()
         .filter(|s| s.model.is_none() && s.size_bytes.is_some() && !s.path.exists())
         .map(|s| s.path.clone())
         .collect();
+    // A parity buffer is created (at its size, or the one the layout needs) with a new pool.
+    created.extend(
+        args.parity_buffer
+            .iter()
+            .filter(|s| s.model.is_none() && !s.path.exists())
+            .map(|s| s.path.clone()),
+    );
     let remove_created = |e: String| -> String {
         for p in &created {
             let _ = std::fs::remove_file(p);
         }
         e
     };
-    let pool = Arc::new(open_or_create(specs, format, args.read_only, args.page_cache).map_err(remove_created)?);
+    let pool =
+        Arc::new(open_or_create(specs, args.parity_buffer.as_ref(), format, args.read_only, args.page_cache).map_err(remove_created)?);
     let cfg = salsa_nbd::server::ServerConfig {
         tcp: args.tcp,
         unix: args.unix.clone(),

@@ -35,9 +35,13 @@ pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
             "slot": slot, "next_segment": next, "total_segments": total,
         })),
         "pad_bytes_written": s.pad_bytes_written,
+        "parity_buffer": s.parity_buffer.as_ref().map(|b| serde_json::json!({
+            "name": b.name, "size_bytes": b.size_bytes, "rows_per_bank": b.rows_per_bank,
+            "banks_written": b.banks_written, "bytes_written": b.bytes_written, "banks_skipped": b.banks_skipped,
+        })),
         "array_write_amplification": s.array_write_amplification,
         "members": s.members.iter().map(|m| serde_json::json!({
-            "name": m.name, "state": if m.failed { "failed" } else { "ok" },
+            "name": m.name, "state": if m.failed { "failed" } else if m.rebuilding { "rebuilding" } else { "ok" },
             "bytes_read": m.bytes_read, "bytes_written": m.bytes_written,
             "parity_bytes_written": m.parity_bytes_written, "read_errors": m.read_errors,
             "write_errors": m.write_errors, "repaired_bytes": m.repaired_bytes,
@@ -84,6 +88,18 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
             v["array_write_amplification"].as_f64().unwrap_or(0.0),
             human(n("pad_bytes_written"))
         );
+        if let Some(b) = v["parity_buffer"].as_object() {
+            let k = |key: &str| b.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
+            println!(
+                "parity buffer     {} ({}, {} rows per bank): {} banks written, {}; {} syncs had nothing new",
+                b.get("name").and_then(|x| x.as_str()).unwrap_or("?"),
+                human(k("size_bytes")),
+                k("rows_per_bank"),
+                k("banks_written"),
+                human(k("bytes_written")),
+                k("banks_skipped")
+            );
+        }
         if let Some(r) = v["rebuild"].as_object() {
             let k = |key: &str| r.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
             println!(

@@ -22,6 +22,7 @@ use std::sync::Arc;
 pub use crate::format::ArrayKind;
 
 pub use linear::LinearArray;
+pub use raid::parity_buffer::ParityBuffer;
 pub use raid::RaidArray;
 
 /// What a scrub of redundancy found.
@@ -50,6 +51,19 @@ pub struct MemberStatus {
     pub write_errors: u64,
     /// Bytes rewritten from redundancy after they failed their checksum on this member.
     pub repaired_bytes: u64,
+}
+
+/// What the pool reports about a RAID-5 parity buffer.
+#[derive(Debug, Clone, Default)]
+pub struct ParityBufferStatus {
+    pub name: String,
+    pub size_bytes: u64,
+    /// Rows each of its two banks holds.
+    pub rows_per_bank: u64,
+    pub banks_written: u64,
+    pub bytes_written: u64,
+    /// Syncs that had nothing new for it.
+    pub banks_skipped: u64,
 }
 
 /// One member device and the segments it holds.
@@ -88,11 +102,20 @@ pub trait Array: Send + Sync {
     }
     /// Syncs every member.
     fn sync_all(&self) -> Result<()>;
+    /// Grains of a RAID-5 row (1 for every other layout): a segment that closes, and a
+    /// checkpoint, are padded to whole rows, so that no row is left without its parity.
+    fn row_grains(&self, _grain_bytes: u32) -> u32 {
+        1
+    }
     /// Grains a flush must end on, counted from the segment start: a parity array without a
     /// parity buffer wants whole rows, so that no partial row is durable without its parity.
-    /// 1 for every other layout.
+    /// 1 for every other layout, and for RAID-5 with a parity buffer.
     fn flush_alignment_grains(&self, _grain_bytes: u32) -> u32 {
         1
+    }
+    /// The parity buffer, when the array keeps one: its device, size and what it wrote.
+    fn parity_buffer_status(&self) -> Option<ParityBufferStatus> {
+        None
     }
     /// The ids of the failed members, when the set changed since the last call (the log then
     /// records it in the pool metadata).

@@ -173,6 +173,9 @@ pub struct Log {
     /// Records sealed for a flush end on a multiple of this many grains in their segment (the
     /// array's [`Array::flush_alignment_grains`]).
     pub(super) flush_alignment_grains: u32,
+    /// A segment that closes, and a clean shutdown, pad the log to a multiple of this many
+    /// grains (the array's [`Array::row_grains`]), so no row is left without its parity.
+    pub(super) row_grains: u32,
     /// Zeros for padding (1 MiB, repeated as needed).
     zeros: crate::util::AlignedBuf,
 }
@@ -196,12 +199,14 @@ impl Log {
         );
         let epoch = meta.generation;
         let flush_alignment_grains = array.flush_alignment_grains(geo.grain_bytes);
+        let row_grains = array.row_grains(geo.grain_bytes);
         assert!(
-            geo.grains_per_segment.is_multiple_of(flush_alignment_grains.max(1)),
-            "a segment holds whole flush alignments"
+            geo.grains_per_segment.is_multiple_of(row_grains.max(1)) && row_grains.max(1).is_multiple_of(flush_alignment_grains.max(1)),
+            "a segment holds whole rows, and a row whole flush alignments"
         );
         Log {
             flush_alignment_grains,
+            row_grains,
             zeros: crate::util::AlignedBuf::zeroed(1 << 20),
             pool_id,
             geo,

@@ -120,7 +120,7 @@ impl Streams {
             if r.entries_left > 0 && (!need_page || r.pages_left > 0) {
                 return Prep::Ready;
             }
-            return match self.seal_record(log, st, false) {
+            return match self.seal_record(log, st, None) {
                 Some(s) => Prep::Write(s),
                 None => Prep::Ready, // an empty record was dropped; loop again
             };
@@ -183,13 +183,15 @@ impl Streams {
 
     /// Under the stream lock: closes the open record. An empty one is dropped; otherwise its
     /// metadata page is encoded into its first grain and it is returned for writing. A record
-    /// sealed to be made durable (`for_flush`) is padded with zeros up to the array's flush
-    /// alignment, so that a parity array without a parity buffer never holds a partial stripe
-    /// at a flush.
-    fn seal_record(&self, log: &Log, st: &mut Stream, for_flush: bool) -> Option<SealedRecord> {
+    /// sealed to be made durable (`flush_align`: the array's flush alignment, or its row at a
+    /// clean shutdown) is padded with zeros up to a multiple of it, so that a parity array
+    /// without a parity buffer never holds a partial stripe at a flush; a record after which
+    /// the segment closes is padded to the segment's end when the array has rows.
+    fn seal_record(&self, log: &Log, st: &mut Stream, flush_align: Option<u32>) -> Option<SealedRecord> {
+        let for_flush = flush_align.is_some();
+        let align = flush_align.unwrap_or(1);
         let mut rec = st.rec.take()?;
         let seg_info = log.capacity.segment(rec.buf.segment);
-        let align = log.flush_alignment_grains;
         // An empty record sealed for a flush mid-row still goes out, as padding to the row's
         // end, so that no partial row is durable without its parity.
         let pad_only = for_flush && align > 1 && !rec.meta.start_grain.is_multiple_of(align);
@@ -206,11 +208,10 @@ impl Streams {
         // The segment closes after this record when the next could not hold a page (as
         // below); with rows to complete, the padding then runs to the segment's end.
         let closes = end + 2 + self.page_grains > gps;
-        rec.meta.pad_grains = match (align > 1, closes, for_flush) {
-            (false, _, _) => 0,
+        rec.meta.pad_grains = match (log.row_grains > 1, closes, for_flush) {
             (true, true, _) => gps - end,
-            (true, false, true) => (align - end % align) % align,
-            (true, false, false) => 0,
+            (_, false, true) => (align - end % align) % align,
+            _ => 0,
         };
         {
             let mut b = rec.buf.bytes.write();
@@ -250,10 +251,11 @@ impl Streams {
 
     fn seal_streams(&self, log: &Log, which: impl Fn(&OpenRecord) -> bool, close: bool) -> Vec<SealedRecord> {
         let mut out = Vec::new();
+        // A flush ends on the flush alignment; a clean shutdown completes every row.
+        let align = if close { log.row_grains } else { log.flush_alignment_grains };
         for s in self.streams.iter() {
             let mut st = lock_stream(s);
             // Between records, mid-row: open one to carry the padding (see `seal_record`).
-            let align = log.flush_alignment_grains;
             let mid_row = st.seg.as_ref().is_some_and(|os| align > 1 && !os.next_grain.is_multiple_of(align));
             if st.rec.is_none() && mid_row {
                 if let Prep::Write(r) = self.prepare(log, &mut st, false) {
@@ -261,7 +263,7 @@ impl Streams {
                 }
             }
             if st.rec.as_ref().is_some_and(&which) {
-                out.extend(self.seal_record(log, &mut st, true));
+                out.extend(self.seal_record(log, &mut st, Some(align)));
             }
             if close {
                 if let Some(os) = st.seg.take() {
@@ -360,7 +362,7 @@ impl Streams {
                     if held_bytes > 0 {
                         log.counters.user_bytes_held.fetch_add(held_bytes, SeqCst);
                     }
-                    let sealed = if full { self.seal_record(log, &mut st, false) } else { None };
+                    let sealed = if full { self.seal_record(log, &mut st, None) } else { None };
                     if let Some(r) = sealed {
                         write_sealed(log, purpose, st, r)?;
                     }

@@ -78,6 +78,14 @@ pub const DEFAULT_RAID0_STRIPE_UNIT_BYTES: u32 = 64 << 10;
 /// Default stripe unit of RAID-5: small, because without a parity buffer a flush pads the log
 /// to the end of its row (at most `data members x unit` less one grain).
 pub const DEFAULT_RAID5_STRIPE_UNIT_BYTES: u32 = 16 << 10;
+/// Bytes of a parity buffer for a RAID-5 pool of `members` devices formatted with `cfg`: room
+/// for [`crate::array::raid::parity_buffer::DEFAULT_ENTRIES_PER_BANK`] rows being filled.
+pub fn default_parity_buffer_bytes(cfg: &PoolConfig, members: u32) -> u64 {
+    let unit = cfg.stripe_unit_bytes.unwrap_or(DEFAULT_RAID5_STRIPE_UNIT_BYTES);
+    let row_grains = ArrayKind::Raid5.data_members(members.max(3)) * (unit / cfg.grain_bytes.max(1));
+    crate::array::raid::parity_buffer::buffer_bytes_for(unit, row_grains, crate::array::raid::parity_buffer::DEFAULT_ENTRIES_PER_BANK)
+}
+
 /// Largest stripe unit.
 pub const MAX_STRIPE_UNIT_BYTES: u32 = 1 << 20;
 
@@ -98,7 +106,7 @@ impl Default for PoolConfig {
 }
 
 /// How to open a pool.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OpenOptions {
     /// Run the GC in a background thread (otherwise writers run it when they need space).
     pub background_gc: bool,
@@ -119,6 +127,9 @@ pub struct OpenOptions {
     /// [`crate::log::write_back`]); at most 16. With 0 every writer writes the records it fills
     /// itself, which keeps the order of device writes deterministic (crash tests use that).
     pub write_back_threads: usize,
+    /// A RAID-5 pool's parity buffer (see [`crate::array::ParityBuffer`]): formatted by
+    /// [`Pool::create`], required by [`Pool::open`] of a pool created with one.
+    pub parity_buffer: Option<Arc<dyn crate::device::Device>>,
 }
 
 impl Default for OpenOptions {
@@ -131,6 +142,7 @@ impl Default for OpenOptions {
             policies: Registry::builtin(),
             gc_garbage_percent: None,
             write_back_threads: 4,
+            parity_buffer: None,
         }
     }
 }
@@ -317,7 +329,7 @@ impl Pool {
         let gps = self.eng.log.geo().grains_per_segment as u64;
         // Whole rows on a parity array, so that every row of the checkpoint has its parity.
         let gb = self.eng.log.geo().grain_bytes;
-        let unit = self.eng.log.array().flush_alignment_grains(gb) as usize * gb as usize;
+        let unit = self.eng.log.array().row_grains(gb) as usize * gb as usize;
         for (i, &s) in segs.iter().enumerate() {
             let chunk = &blob[i * sb..((i + 1) * sb).min(blob.len())];
             let mut buf = AlignedBuf::zeroed(chunk.len().next_multiple_of(unit));

@@ -130,6 +130,12 @@ impl Pool {
             .check_placement(&cfg.default_placement)
             .map_err(Error::InvalidConfig)?;
         let plan = plan_members(&devices, cfg)?;
+        if opts.parity_buffer.is_some() && cfg.array != ArrayKind::Raid5 {
+            return Err(Error::InvalidConfig(format!(
+                "a parity buffer keeps RAID-5 parity; this pool is {}",
+                cfg.array.name()
+            )));
+        }
         let segment_bytes = plan.segment_bytes;
         let max_entries = meta_entries_per_page(cfg.grain_bytes as usize) as u32;
         // By default a full record is a power-of-two number of grains (255 data pages and their
@@ -144,6 +150,14 @@ impl Pool {
         }
         let pool_id: u128 = rand::thread_rng().gen::<u128>() | 1;
         let member_ids = new_member_ids(devices.len());
+        // The parity buffer first: one too small is refused before a member is written.
+        let mut parity_buffer_id = 0;
+        if let Some(buffer) = &opts.parity_buffer {
+            parity_buffer_id = rand::thread_rng().gen::<u64>() | 1;
+            let unit = plan.stripe_unit_bytes;
+            let row_grains = cfg.array.data_members(devices.len() as u32) * (unit / cfg.grain_bytes);
+            crate::array::ParityBuffer::format(buffer.clone(), pool_id, parity_buffer_id, unit, row_grains)?;
+        }
         let first = plan.total_segments;
         let mut layouts = Vec::new();
         for (i, (start, count, layout)) in plan.members.into_iter().enumerate() {
@@ -185,6 +199,7 @@ impl Pool {
             failed_members: vec![],
             member_ids: member_ids.clone(),
             rebuild: None,
+            parity_buffer_id,
         };
         let copies: Vec<(Arc<dyn Device>, DeviceLayout)> = devices.iter().cloned().zip(layouts).collect();
         crate::log::write_meta_slot(&copies, &mut meta)?;
@@ -252,6 +267,7 @@ impl Pool {
                 failed.extend(&missing);
                 failed.sort_unstable();
                 failed.dedup();
+                let buffer = open_parity_buffer(&first, &old_meta, members.len() as u32, opts)?;
                 Box::new(RaidArray::new(
                     kind,
                     members,
@@ -261,6 +277,7 @@ impl Pool {
                     first.stripe_unit_bytes as u64,
                     first.segment_bytes,
                     grain as u64,
+                    buffer,
                 )?)
             }
         };
@@ -327,6 +344,31 @@ impl Pool {
             }
         }
         Ok(pool)
+    }
+}
+
+/// The pool's RAID-5 parity buffer and the rows it kept, when the pool uses one; refuses a
+/// pool that uses one opened without it, and a buffer given to a pool that does not.
+fn open_parity_buffer(
+    first: &Superblock,
+    meta: &PoolMeta,
+    members: u32,
+    opts: &OpenOptions,
+) -> Result<Option<(crate::array::ParityBuffer, Vec<crate::array::raid::rows::LandedRow>)>> {
+    match (meta.parity_buffer_id, &opts.parity_buffer) {
+        (0, None) => Ok(None),
+        (0, Some(d)) => Err(Error::InvalidConfig(format!(
+            "this pool was formatted without a parity buffer ({} is not one of its devices); flushes pad its rows instead",
+            d.name()
+        ))),
+        (id, None) => Err(Error::InvalidConfig(format!(
+            "this RAID-5 pool keeps the parity of the rows being filled in parity buffer {id:016x}; give that device too (--parity-buffer PATH)"
+        ))),
+        (id, Some(d)) => {
+            let unit = first.stripe_unit_bytes;
+            let row_grains = first.array.data_members(members) * (unit / first.grain_bytes);
+            crate::array::ParityBuffer::open(d.clone(), first.pool_id, id, unit, row_grains).map(Some)
+        }
     }
 }
 

@@ -57,6 +57,8 @@ pub struct Stats {
     /// A member being rebuilt: (slot, segments below this one are done, segments in the pool).
     /// Progress is recorded about once a second.
     pub rebuild: Option<(u32, u32, u32)>,
+    /// The RAID-5 parity buffer, when the pool has one.
+    pub parity_buffer: Option<crate::array::ParityBufferStatus>,
 }
 
 /// A volume's statistics, as its controller reports them.
@@ -93,6 +95,7 @@ impl Pool {
             .map(|r| (r.slot, r.next_segment, self.eng.log.geo().total_segments));
         Stats {
             rebuild,
+            parity_buffer: self.eng.log.array().parity_buffer_status(),
             array: self.eng.log.array().kind().name().to_string(),
             members,
             pad_bytes_written: c.pad_bytes_written.load(SeqCst),

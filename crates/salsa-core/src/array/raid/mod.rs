@@ -15,6 +15,7 @@
 //! healthy member, so what recovery read is what it resyncs the others from; I/O is never sent
 //! to a failed member.
 
+pub mod parity_buffer;
 pub mod rows;
 pub mod stripe;
 
@@ -22,8 +23,9 @@ use super::{Array, ArrayKind, Member, MemberStatus, ScrubCounts};
 use crate::device::{Device, StorageType};
 use crate::error::{Error, Result};
 use crate::format::DeviceLayout;
+use parity_buffer::ParityBuffer;
 use parking_lot::{Mutex, RwLock};
-use rows::OpenRows;
+use rows::{LandedRow, OpenRows};
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -65,6 +67,11 @@ pub struct RaidArray {
     /// A member failed since the pool metadata last recorded the failed set.
     failure_changed: AtomicBool,
     aligned_buffers: bool,
+    /// RAID-5 with a persistent parity buffer: flushes need not end on a row.
+    parity_buffer: Option<ParityBuffer>,
+    /// Held from taking the open rows' landed parity to persisting it, so that banks are
+    /// written in the order their contents were taken.
+    parity_sync: Mutex<()>,
 }
 
 /// The bytes `[at, at + len)` of the concatenation of `bufs`, as slices.
@@ -91,7 +98,8 @@ fn sub_slices<'b>(bufs: &'b [IoSlice<'_>], at: u64, len: u64) -> Vec<&'b [u8]> {
 impl RaidArray {
     /// An array of `kind` over `members` (all in slot order, a missing one given as a device
     /// that fails every I/O and listed in `failed`); `rebuilding`: the slot of a replacement
-    /// whose rebuild is not finished.
+    /// whose rebuild is not finished; `parity_buffer`: a RAID-5 array's parity buffer and the
+    /// rows it kept (see [`parity_buffer`]).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         kind: ArrayKind,
@@ -102,7 +110,18 @@ impl RaidArray {
         unit_bytes: u64,
         segment_bytes: u64,
         grain_bytes: u64,
+        parity_buffer: Option<(ParityBuffer, Vec<LandedRow>)>,
     ) -> Result<RaidArray> {
+        if parity_buffer.is_some() && kind != ArrayKind::Raid5 {
+            return Err(Error::InvalidConfig(format!(
+                "a parity buffer serves a raid5 array, not {}",
+                kind.name()
+            )));
+        }
+        let (parity_buffer, kept_rows) = match parity_buffer {
+            Some((b, rows)) => (Some(b), rows),
+            None => (None, Vec::new()),
+        };
         let stripe = Stripe::new(kind, members.len() as u32, unit_bytes, segment_bytes);
         let health: Vec<Health> = members.iter().map(|_| Health::default()).collect();
         for (i, id) in ids.iter().enumerate() {
@@ -114,7 +133,7 @@ impl RaidArray {
         }
         let a = RaidArray {
             aligned_buffers: members.iter().any(|m| m.device.alignment_bytes() > 512),
-            rows: OpenRows::new(stripe, grain_bytes),
+            rows: OpenRows::new(stripe, grain_bytes, parity_buffer.is_some()),
             slots: members.iter().map(|m| RwLock::new((m.device.clone(), m.layout))).collect(),
             members,
             ids: Mutex::new(ids),
@@ -123,7 +142,21 @@ impl RaidArray {
             grains_per_segment: segment_bytes / grain_bytes,
             health,
             failure_changed: AtomicBool::new(false),
+            parity_buffer,
+            parity_sync: Mutex::new(()),
         };
+        let row_grains = (a.stripe.row_bytes() / grain_bytes) as usize;
+        let grains = a.grains_per_segment;
+        for r in kept_rows {
+            let rows_per_segment = grains / row_grains as u64;
+            if r.covered.len() != row_grains || r.row >= rows_per_segment || r.segment as u64 >= a.segments_held() {
+                return Err(Error::Corrupt(format!(
+                    "parity buffer entry for row {} of segment {} does not fit this array",
+                    r.row, r.segment
+                )));
+            }
+            a.rows.restore(r);
+        }
         let failed = a.failed_count();
         let tolerated = kind.tolerated_failures(a.members.len() as u32);
         if failed > tolerated {
@@ -508,8 +541,49 @@ impl RaidArray {
             per_member[*m as usize].push((*off, vec![*bytes], bytes.len() as u64));
         }
         let r = self.write_runs(segment, per_member);
-        self.rows.finished(segment, pieces.iter().map(|p| p.row));
+        self.rows.finished(segment, &pieces, r.is_ok(), |p, xor| {
+            let mut at = 0;
+            for s in sub_slices(bufs, p.at, p.len) {
+                xor(at, s);
+                at += s.len() as u64;
+            }
+        });
         r
+    }
+
+    /// Segments the array holds (as many on every member).
+    fn segments_held(&self) -> u64 {
+        self.members.iter().map(|m| m.segment_count as u64).min().unwrap_or(0)
+    }
+
+    /// Syncs every member that has not failed, all at once: a sync waits for the device's
+    /// cache flush, and members that share a disk (or a controller) flush together rather than
+    /// one after another.
+    fn sync_members(&self) -> Result<()> {
+        let live: Vec<u32> = (0..self.members.len() as u32)
+            .filter(|m| !self.health[*m as usize].failed.load(SeqCst))
+            .collect();
+        let results: Vec<(u32, std::io::Result<()>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = live[1..]
+                .iter()
+                .map(|&m| {
+                    let dev = self.device(m);
+                    (m, s.spawn(move || dev.sync()))
+                })
+                .collect();
+            let mut out = vec![(live[0], self.device(live[0]).sync())];
+            for (m, h) in handles {
+                out.push((m, h.join().unwrap_or_else(|_| Err(std::io::Error::other("sync thread panicked")))));
+            }
+            out
+        });
+        for (m, r) in results {
+            if let Err(source) = r {
+                self.health[m as usize].write_errors.fetch_add(1, SeqCst);
+                self.fail(m, self.io_error(m, "sync", 0, source))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -611,32 +685,15 @@ impl Array for RaidArray {
     }
 
     fn sync_all(&self) -> Result<()> {
-        // All members at once: a sync waits for the device's cache flush, and members that
-        // share a disk (or a controller) flush together rather than one after another.
-        let live: Vec<u32> = (0..self.members.len() as u32)
-            .filter(|m| !self.health[*m as usize].failed.load(SeqCst))
-            .collect();
-        let results: Vec<(u32, std::io::Result<()>)> = std::thread::scope(|s| {
-            let handles: Vec<_> = live[1..]
-                .iter()
-                .map(|&m| {
-                    let dev = self.device(m);
-                    (m, s.spawn(move || dev.sync()))
-                })
-                .collect();
-            let mut out = vec![(live[0], self.device(live[0]).sync())];
-            for (m, h) in handles {
-                out.push((m, h.join().unwrap_or_else(|_| Err(std::io::Error::other("sync thread panicked")))));
-            }
-            out
-        });
-        for (m, r) in results {
-            if let Err(source) = r {
-                self.health[m as usize].write_errors.fetch_add(1, SeqCst);
-                self.fail(m, self.io_error(m, "sync", 0, source))?;
-            }
-        }
-        Ok(())
+        let Some(buffer) = &self.parity_buffer else {
+            return self.sync_members();
+        };
+        // What has landed now is durable once the members' sync returns; only then may the
+        // buffer say so (see `parity_buffer`).
+        let _order = self.parity_sync.lock();
+        let (version, rows) = self.rows.landed_rows();
+        self.sync_members()?;
+        buffer.persist(&rows, version)
     }
 
     fn metadata_devices(&self) -> Vec<(Arc<dyn Device>, DeviceLayout)> {
@@ -646,10 +703,17 @@ impl Array for RaidArray {
             .collect()
     }
 
-    fn flush_alignment_grains(&self, grain_bytes: u32) -> u32 {
+    fn row_grains(&self, grain_bytes: u32) -> u32 {
         match self.stripe.kind {
             ArrayKind::Raid5 => (self.stripe.row_bytes() / grain_bytes as u64) as u32,
             _ => 1,
+        }
+    }
+
+    fn flush_alignment_grains(&self, grain_bytes: u32) -> u32 {
+        match self.parity_buffer {
+            Some(_) => 1,
+            None => self.row_grains(grain_bytes),
         }
     }
 
@@ -663,11 +727,21 @@ impl Array for RaidArray {
         match self.stripe.kind {
             ArrayKind::Raid0 => format!("raid0 ({n} devices, stripe unit {unit}, no redundancy{failed})"),
             ArrayKind::Raid1 => format!("raid1 ({n} mirrors{failed})"),
-            _ => format!(
-                "raid5 ({n} devices: {} data + rotating parity, stripe unit {unit}; no parity buffer: a flush pads the log to a whole {} row{failed})",
-                n - 1,
-                crate::pool::human_bytes(self.stripe.row_bytes())
-            ),
+            _ => {
+                let row = crate::pool::human_bytes(self.stripe.row_bytes());
+                let mode = match &self.parity_buffer {
+                    Some(b) => format!(
+                        "parity buffer {} ({} rows per bank): a flush keeps a partial row's parity there",
+                        b.device().name(),
+                        b.header().entries_per_bank()
+                    ),
+                    None => format!("no parity buffer: a flush pads the log to a whole {row} row"),
+                };
+                format!(
+                    "raid5 ({n} devices: {} data + rotating parity, stripe unit {unit}; {mode}{failed})",
+                    n - 1
+                )
+            }
         }
     }
 
@@ -681,6 +755,19 @@ impl Array for RaidArray {
             .filter(|m| self.health[*m].failed.load(SeqCst))
             .map(|m| ids[m])
             .collect()
+    }
+
+    fn parity_buffer_status(&self) -> Option<super::ParityBufferStatus> {
+        let b = self.parity_buffer.as_ref()?;
+        let c = b.counters();
+        Some(super::ParityBufferStatus {
+            name: b.device().name().to_string(),
+            size_bytes: b.device().size_bytes(),
+            rows_per_bank: b.header().entries_per_bank(),
+            banks_written: c.banks_written,
+            bytes_written: c.bytes_written,
+            banks_skipped: c.banks_skipped,
+        })
     }
 
     fn member_status(&self) -> Vec<MemberStatus> {
@@ -998,6 +1085,8 @@ impl Array for RaidArray {
                 for r in from / row..to / row {
                     let (p, parity) = self.row_parity(segment, r)?;
                     self.write_member(p, &[IoSlice::new(&parity.0)], self.offset(p, segment, r * unit), unit)?;
+                    // A row a parity buffer kept: its parity is on the members now.
+                    self.rows.forget_row(segment, r);
                 }
                 Ok(())
             }

@@ -6,6 +6,10 @@
 //! the data written into it so far and which grains that covers. The write that fills the
 //! row's last grain takes the finished parity and writes it with its data.
 //!
+//! With a parity buffer, a row also keeps the part of its parity whose writes have landed on
+//! the devices (`landed`): what a sync may make durable in the buffer, as those grains are
+//! durable on the members once their sync returns, while grains still in flight are not.
+//!
 //! Invariants: a grain is contributed once (the log never overwrites inside a segment); a row
 //! leaves the map only when it is complete and no contributing write is in flight, so a reader
 //! that finds no open row may trust the parity on the device; a reader that finds one waits
@@ -27,6 +31,18 @@ struct Row {
     filled_grains: usize,
     /// Writes that contributed and have not finished their device I/O.
     pending: u32,
+    /// With a parity buffer: the XOR of the grains whose writes finished, and which those are.
+    landed: Option<(Vec<u8>, Vec<bool>)>,
+}
+
+/// The durable part of an open row's parity, as a parity buffer keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LandedRow {
+    pub segment: u32,
+    pub row: u64,
+    /// Per data grain of the row (unit-major): in `parity`?
+    pub covered: Vec<bool>,
+    pub parity: Vec<u8>,
 }
 
 /// What a reconstruction may use of an open row: its parity so far and the grains it covers.
@@ -41,6 +57,11 @@ pub struct OpenRows {
     grain_bytes: u64,
     rows: Mutex<HashMap<(u32, u64), Row>>,
     settled: Condvar,
+    /// Keep each row's landed parity (a parity buffer is in use).
+    track_landed: bool,
+    /// Bumped whenever some row's landed parity changes or a row goes: a sync with the same
+    /// value as the last one has nothing new for the parity buffer.
+    landed_version: std::sync::atomic::AtomicU64,
 }
 
 /// A finished row's parity, to be written at `member_offset` of the parity member.
@@ -51,13 +72,35 @@ pub struct DoneParity {
 }
 
 impl OpenRows {
-    pub fn new(stripe: Stripe, grain_bytes: u64) -> OpenRows {
+    pub fn new(stripe: Stripe, grain_bytes: u64, track_landed: bool) -> OpenRows {
         OpenRows {
             stripe,
             grain_bytes,
             rows: Mutex::new(HashMap::new()),
             settled: Condvar::new(),
+            track_landed,
+            landed_version: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    fn row_grains(&self) -> usize {
+        self.grains_per_unit() * self.stripe.data_members() as usize
+    }
+
+    /// The grain of the row's data (unit-major) a piece starts at, and how many it covers.
+    fn grains_of(&self, p: &Piece) -> (usize, usize) {
+        let in_unit = p.member_offset % self.stripe.unit_bytes;
+        let first = p.unit as usize * self.grains_per_unit() + (in_unit / self.grain_bytes) as usize;
+        (first, (p.len / self.grain_bytes) as usize)
+    }
+
+    fn bump(&self) {
+        self.landed_version.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// See `landed_version`.
+    pub fn landed_version(&self) -> u64 {
+        self.landed_version.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn grains_per_unit(&self) -> usize {
@@ -85,6 +128,7 @@ impl OpenRows {
                 contributed: vec![false; row_grains],
                 filled_grains: 0,
                 pending: 0,
+                landed: self.track_landed.then(|| (vec![0u8; unit as usize], vec![false; row_grains])),
             });
             if touched.last() != Some(&p.row) {
                 row.pending += 1;
@@ -98,8 +142,7 @@ impl OpenRows {
                     *d ^= *s;
                 }
             });
-            let first = p.unit as usize * gpu + (in_unit / self.grain_bytes) as usize;
-            let n = (p.len / self.grain_bytes) as usize;
+            let (first, n) = self.grains_of(p);
             for c in &mut row.contributed[first..first + n] {
                 assert!(!*c, "grain of row {} of segment {segment} written twice", p.row);
                 *c = true;
@@ -116,13 +159,33 @@ impl OpenRows {
         done
     }
 
-    /// The write that contributed to `rows` of `segment` has finished its device I/O: complete
-    /// rows with no write in flight close.
-    pub fn finished(&self, segment: u32, rows_touched: impl Iterator<Item = u64>) {
+    /// The write of `pieces` of `segment` has finished its device I/O (`landed`: it succeeded,
+    /// and `bytes_of` gives its data again, for the landed parity): complete rows with no write
+    /// in flight close.
+    pub fn finished(&self, segment: u32, pieces: &[Piece], landed: bool, mut bytes_of: impl FnMut(&Piece, &mut dyn FnMut(u64, &[u8]))) {
         let mut rows = self.rows.lock();
-        let row_grains = self.grains_per_unit() * self.stripe.data_members() as usize;
+        let row_grains = self.row_grains();
+        let unit = self.stripe.unit_bytes;
+        if landed && self.track_landed {
+            for p in pieces {
+                let (first, n) = self.grains_of(p);
+                let Some(row) = rows.get_mut(&(segment, p.row)) else { continue };
+                let Some((parity, covered)) = row.landed.as_mut() else { continue };
+                let in_unit = p.member_offset % unit;
+                bytes_of(p, &mut |at, bytes| {
+                    let from = (in_unit + at) as usize;
+                    for (d, s) in parity[from..from + bytes.len()].iter_mut().zip(bytes) {
+                        *d ^= *s;
+                    }
+                });
+                for c in &mut covered[first..first + n] {
+                    *c = true;
+                }
+            }
+            self.bump();
+        }
         let mut last = None;
-        for r in rows_touched {
+        for r in pieces.iter().map(|p| p.row) {
             if last == Some(r) {
                 continue;
             }
@@ -137,10 +200,66 @@ impl OpenRows {
             };
             if close {
                 rows.remove(&key);
+                self.bump();
             }
         }
         drop(rows);
         self.settled.notify_all();
+    }
+
+    /// The landed parity of every open row that has some (what a sync puts in the parity
+    /// buffer), ordered by segment and row, and the landed version it reflects.
+    pub fn landed_rows(&self) -> (u64, Vec<LandedRow>) {
+        let rows = self.rows.lock();
+        let version = self.landed_version();
+        let mut out: Vec<LandedRow> = rows
+            .iter()
+            .filter_map(|(&(segment, row), r)| {
+                let (parity, covered) = r.landed.as_ref()?;
+                covered.iter().any(|c| *c).then(|| LandedRow {
+                    segment,
+                    row,
+                    covered: covered.clone(),
+                    parity: parity.clone(),
+                })
+            })
+            .collect();
+        out.sort_unstable_by_key(|r| (r.segment, r.row));
+        (version, out)
+    }
+
+    /// Puts back a row whose parity a parity buffer kept across a restart: its covered grains
+    /// are on the members, nothing more will be written to it, and reconstruction uses this
+    /// parity until the row's segment is reused or its parity is re-derived on the members.
+    pub fn restore(&self, r: LandedRow) {
+        let row_grains = self.row_grains();
+        assert_eq!(r.covered.len(), row_grains, "restored row of another geometry");
+        assert_eq!(
+            r.parity.len() as u64,
+            self.stripe.unit_bytes,
+            "restored parity of another stripe unit"
+        );
+        let filled = r.covered.iter().filter(|c| **c).count();
+        let mut parity = AlignedBuf::zeroed(r.parity.len());
+        parity.copy_from_slice(&r.parity);
+        self.rows.lock().insert(
+            (r.segment, r.row),
+            Row {
+                parity: Arc::new(parity),
+                contributed: r.covered.clone(),
+                filled_grains: filled,
+                pending: 0,
+                landed: Some((r.parity, r.covered)),
+            },
+        );
+        self.bump();
+    }
+
+    /// Forgets row `row` of `segment`, whose parity was just re-derived on the members.
+    pub fn forget_row(&self, segment: u32, row: u64) {
+        if self.rows.lock().remove(&(segment, row)).is_some() {
+            self.bump();
+        }
     }
 
     /// For a reconstruction of row `row` of `segment`: `None` when the row is closed (the
@@ -172,5 +291,6 @@ impl OpenRows {
     /// Forgets the open rows of `segment` (it is being reused; nothing of it is in flight).
     pub fn forget_segment(&self, segment: u32) {
         self.rows.lock().retain(|(s, _), _| *s != segment);
+        self.bump();
     }
 }

@@ -1,0 +1,282 @@
+//! The persistent parity buffer of a RAID-5 array: a small device (on real hardware NVM, an
+//! NVMe PMR or a small SSD partition; any file or block device here) that keeps the parity of
+//! the rows being filled across a flush, so that a flush in the middle of a row neither pads
+//! the log to the row's end nor writes parity in place.
+//!
+//! Owns: the buffer's header (its pool, id and bank layout) and its two banks. Every array sync
+//! that has something new writes the landed parity of every open row (see
+//! [`super::rows::OpenRows::landed_rows`]) into the bank the previous write did not use, with a
+//! higher sequence number and a crc32c of the entries, and syncs the buffer; opening reads the
+//! valid bank with the highest sequence number.
+//!
+//! Invariants: a bank is written only after the members' sync returned, so every grain an
+//! entry covers is durable on the members before the entry is (a crash between the two leaves
+//! the previous bank, which covers less); a torn bank fails its crc and the other bank, from
+//! the previous sync, stands; an entry never covers a grain that was not written.
+
+use super::rows::LandedRow;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::format::{decode_parity_descriptor, encode_parity_descriptor, ParityBankHeader, ParityBufferHeader, PARITY_BLOCK_BYTES};
+use crate::util::AlignedBuf;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+
+/// Fewest rows a bank must hold: at least one open row per stream of a busy pool.
+pub const MIN_ENTRIES_PER_BANK: u64 = 64;
+
+/// Entries of a parity buffer created as a new file with no size given.
+pub const DEFAULT_ENTRIES_PER_BANK: u64 = 256;
+
+/// Bytes a parity buffer needs to hold `entries` rows per bank for an array of this stripe
+/// unit and row width.
+pub fn buffer_bytes_for(unit_bytes: u32, row_grains: u32, entries: u64) -> u64 {
+    let h = ParityBufferHeader {
+        pool_id: 0,
+        buffer_id: 0,
+        unit_bytes,
+        row_grains,
+        bank_bytes: 0,
+    };
+    PARITY_BLOCK_BYTES as u64 + 2 * (PARITY_BLOCK_BYTES as u64 + entries * h.entry_bytes())
+}
+
+/// What the parity buffer has written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParityBufferCounters {
+    pub banks_written: u64,
+    pub bytes_written: u64,
+    /// Syncs that found nothing new to write.
+    pub banks_skipped: u64,
+}
+
+struct BankState {
+    /// Sequence number of the last bank written or read.
+    seq: u64,
+    /// The open rows' landed version the last bank reflected (`None`: none written yet).
+    written_version: Option<u64>,
+}
+
+/// A parity buffer in use.
+pub struct ParityBuffer {
+    device: Arc<dyn Device>,
+    header: ParityBufferHeader,
+    state: Mutex<BankState>,
+    banks_written: AtomicU64,
+    bytes_written: AtomicU64,
+    banks_skipped: AtomicU64,
+}
+
+fn io(dev: &dyn Device, op: &'static str, offset: u64, source: std::io::Error) -> Error {
+    Error::Io {
+        device: dev.name().to_string(),
+        op,
+        offset,
+        source,
+    }
+}
+
+impl ParityBuffer {
+    /// Formats `device` as the parity buffer `buffer_id` of pool `pool_id`: writes its header
+    /// and invalidates both banks. Refuses a device too small for [`MIN_ENTRIES_PER_BANK`].
+    pub fn format(device: Arc<dyn Device>, pool_id: u128, buffer_id: u64, unit_bytes: u32, row_grains: u32) -> Result<ParityBuffer> {
+        let size = device.size_bytes() / PARITY_BLOCK_BYTES as u64 * PARITY_BLOCK_BYTES as u64;
+        let bank_bytes = (size.saturating_sub(PARITY_BLOCK_BYTES as u64) / 2) / PARITY_BLOCK_BYTES as u64 * PARITY_BLOCK_BYTES as u64;
+        let header = ParityBufferHeader {
+            pool_id,
+            buffer_id,
+            unit_bytes,
+            row_grains,
+            bank_bytes,
+        };
+        let needed = buffer_bytes_for(unit_bytes, row_grains, MIN_ENTRIES_PER_BANK);
+        if bank_bytes < PARITY_BLOCK_BYTES as u64 || header.entries_per_bank() < MIN_ENTRIES_PER_BANK {
+            return Err(Error::InvalidConfig(format!(
+                "parity buffer {} holds {}; with a {} stripe unit it needs at least {} ({MIN_ENTRIES_PER_BANK} rows in each of two banks)",
+                device.name(),
+                crate::pool::human_bytes(device.size_bytes()),
+                crate::pool::human_bytes(unit_bytes as u64),
+                crate::pool::human_bytes(needed)
+            )));
+        }
+        let mut block = AlignedBuf::zeroed(3 * PARITY_BLOCK_BYTES);
+        block[..PARITY_BLOCK_BYTES].copy_from_slice(&header.encode());
+        device
+            .write_at(&block[..PARITY_BLOCK_BYTES], 0)
+            .map_err(|e| io(&*device, "write", 0, e))?;
+        // Zeroed bank headers: no bank is valid until the first sync.
+        for bank in 0..2 {
+            let at = header.bank_offset(bank);
+            device
+                .write_at(&block[PARITY_BLOCK_BYTES..2 * PARITY_BLOCK_BYTES], at)
+                .map_err(|e| io(&*device, "write", at, e))?;
+        }
+        device.sync().map_err(|e| io(&*device, "sync", 0, e))?;
+        Ok(ParityBuffer::with(device, header, 0))
+    }
+
+    fn with(device: Arc<dyn Device>, header: ParityBufferHeader, seq: u64) -> ParityBuffer {
+        ParityBuffer {
+            device,
+            header,
+            state: Mutex::new(BankState {
+                seq,
+                written_version: None,
+            }),
+            banks_written: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            banks_skipped: AtomicU64::new(0),
+        }
+    }
+
+    /// Opens the parity buffer `buffer_id` of pool `pool_id` on `device` and returns the rows
+    /// of its newest valid bank. Refuses, writing nothing, a device that is not a parity
+    /// buffer, one of another pool or another buffer, or one laid out for another stripe.
+    pub fn open(
+        device: Arc<dyn Device>,
+        pool_id: u128,
+        buffer_id: u64,
+        unit_bytes: u32,
+        row_grains: u32,
+    ) -> Result<(ParityBuffer, Vec<LandedRow>)> {
+        let name = device.name().to_string();
+        let refuse = |reason: String| Error::InvalidConfig(format!("{name} is not this pool's parity buffer: {reason}"));
+        let mut block = AlignedBuf::zeroed(PARITY_BLOCK_BYTES);
+        device.read_at(&mut block, 0).map_err(|e| io(&*device, "read", 0, e))?;
+        let header = ParityBufferHeader::decode(&block).map_err(|e| refuse(e.to_string()))?;
+        if header.pool_id != pool_id {
+            return Err(refuse(format!("it belongs to pool {:032x}", header.pool_id)));
+        }
+        if header.buffer_id != buffer_id {
+            return Err(refuse(format!(
+                "it is buffer {:016x}, the pool uses {buffer_id:016x} (an older copy?)",
+                header.buffer_id
+            )));
+        }
+        if header.unit_bytes != unit_bytes || header.row_grains != row_grains {
+            return Err(refuse(format!(
+                "laid out for {}-byte units and {}-grain rows, the array has {unit_bytes} and {row_grains}",
+                header.unit_bytes, header.row_grains
+            )));
+        }
+        let end = header.bank_offset(2);
+        if end > device.size_bytes() {
+            return Err(refuse(format!("it is {} bytes, its banks end at {end}", device.size_bytes())));
+        }
+        let mut best: Option<(u64, Vec<LandedRow>)> = None;
+        for bank in 0..2 {
+            match Self::read_bank(&*device, &header, bank)? {
+                Some((seq, rows)) if best.as_ref().is_none_or(|(s, _)| seq > *s) => best = Some((seq, rows)),
+                _ => {}
+            }
+        }
+        let (seq, rows) = best.unwrap_or((0, Vec::new()));
+        Ok((ParityBuffer::with(device, header, seq), rows))
+    }
+
+    /// Bank `bank` if it is whole (magic, header crc, entries crc): its sequence number and
+    /// rows. A torn or never-written bank is `None`.
+    fn read_bank(device: &dyn Device, header: &ParityBufferHeader, bank: usize) -> Result<Option<(u64, Vec<LandedRow>)>> {
+        let at = header.bank_offset(bank);
+        let mut block = AlignedBuf::zeroed(PARITY_BLOCK_BYTES);
+        device.read_at(&mut block, at).map_err(|e| io(device, "read", at, e))?;
+        let Ok(bank_header) = ParityBankHeader::decode(&block) else {
+            return Ok(None);
+        };
+        if bank_header.buffer_id != header.buffer_id || bank_header.count as u64 > header.entries_per_bank() {
+            return Ok(None);
+        }
+        let entry = header.entry_bytes() as usize;
+        let body_len = bank_header.count as usize * entry;
+        let mut body = AlignedBuf::zeroed(body_len.max(PARITY_BLOCK_BYTES));
+        if body_len > 0 {
+            let from = at + PARITY_BLOCK_BYTES as u64;
+            device
+                .read_at(&mut body[..body_len], from)
+                .map_err(|e| io(device, "read", from, e))?;
+        }
+        if crc32c::crc32c(&body[..body_len]) != bank_header.body_crc {
+            return Ok(None);
+        }
+        let desc = header.descriptor_bytes() as usize;
+        let mut rows = Vec::with_capacity(bank_header.count as usize);
+        for e in body[..body_len].chunks(entry) {
+            let Ok((segment, row, covered)) = decode_parity_descriptor(&e[..desc], header.row_grains) else {
+                return Ok(None);
+            };
+            rows.push(LandedRow {
+                segment,
+                row,
+                covered,
+                parity: e[desc..].to_vec(),
+            });
+        }
+        Ok(Some((bank_header.seq, rows)))
+    }
+
+    /// The header: size of the banks and what they hold.
+    pub fn header(&self) -> &ParityBufferHeader {
+        &self.header
+    }
+
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    pub fn counters(&self) -> ParityBufferCounters {
+        ParityBufferCounters {
+            banks_written: self.banks_written.load(SeqCst),
+            bytes_written: self.bytes_written.load(SeqCst),
+            banks_skipped: self.banks_skipped.load(SeqCst),
+        }
+    }
+
+    /// Makes `rows` (taken when the open rows' landed version was `version`, before the
+    /// members' sync) the buffer's durable content: writes them as the next bank and syncs.
+    /// Skipped when the last bank already reflected `version`.
+    pub fn persist(&self, rows: &[LandedRow], version: u64) -> Result<()> {
+        let mut state = self.state.lock();
+        if state.written_version == Some(version) {
+            self.banks_skipped.fetch_add(1, SeqCst);
+            return Ok(());
+        }
+        let capacity = self.header.entries_per_bank();
+        if rows.len() as u64 > capacity {
+            return Err(Error::NoSpace(format!(
+                "{} rows are being filled, the parity buffer {} holds {capacity} per bank; give a larger one (about {})",
+                rows.len(),
+                self.device.name(),
+                crate::pool::human_bytes(buffer_bytes_for(
+                    self.header.unit_bytes,
+                    self.header.row_grains,
+                    rows.len() as u64 * 2
+                ))
+            )));
+        }
+        let entry = self.header.entry_bytes() as usize;
+        let desc = self.header.descriptor_bytes() as usize;
+        let mut buf = AlignedBuf::zeroed(PARITY_BLOCK_BYTES + rows.len() * entry);
+        for (r, e) in rows.iter().zip(buf[PARITY_BLOCK_BYTES..].chunks_mut(entry)) {
+            encode_parity_descriptor(r.segment, r.row, &r.covered, &mut e[..desc]);
+            e[desc..].copy_from_slice(&r.parity);
+        }
+        let seq = state.seq + 1;
+        let bank_header = ParityBankHeader {
+            buffer_id: self.header.buffer_id,
+            seq,
+            count: rows.len() as u32,
+            body_crc: crc32c::crc32c(&buf[PARITY_BLOCK_BYTES..]),
+        };
+        bank_header.encode_into(&mut buf[..PARITY_BLOCK_BYTES]);
+        // Banks alternate: odd sequence numbers go to bank 1, even ones to bank 0.
+        let at = self.header.bank_offset((seq % 2) as usize);
+        self.device.write_at(&buf, at).map_err(|e| io(&*self.device, "write", at, e))?;
+        self.device.sync().map_err(|e| io(&*self.device, "sync", at, e))?;
+        state.seq = seq;
+        state.written_version = Some(version);
+        self.banks_written.fetch_add(1, SeqCst);
+        self.bytes_written.fetch_add(buf.len() as u64, SeqCst);
+        Ok(())
+    }
+}
