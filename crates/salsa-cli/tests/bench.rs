@@ -412,6 +412,14 @@ fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
         // Parity is written: every user byte costs at least 4/3 bytes on the members.
         assert!(r["salsa_array_write_amplification"].as_f64().unwrap() >= 1.3, "{part}: {v}");
     }
+    // Flush-heavy writes: the parity buffer takes the padding away.
+    let f = &v["flush_4k"];
+    for k in ["in_place_mbps", "salsa_padding_mbps", "salsa_parity_buffer_mbps"] {
+        assert!(f[k].as_f64().unwrap() > 0.0, "flush_4k.{k}: {v}");
+    }
+    assert!(f["salsa_padding_pad_per_user_byte"].as_f64().unwrap() > 1.0, "{v}");
+    assert!(f["salsa_parity_buffer_pad_per_user_byte"].as_f64().unwrap() < 0.5, "{v}");
+    assert!(f["salsa_parity_buffer_bytes_per_user_byte"].as_f64().unwrap() > 1.0, "{v}");
     let rebuild = &v["rebuild"];
     let (done, total) = (
         rebuild["salsa_segments_rebuilt"].as_u64().unwrap(),

@@ -43,7 +43,7 @@ pub struct RaidBenchParams {
     pub salsa_array: ArrayKind,
     /// SALSA's stripe unit (`None`: the layout's default).
     pub salsa_stripe_unit: Option<u32>,
-    /// Parts to run: `randwrite_4k`, `seqwrite_1m`, `reads_rebuild` (empty: all).
+    /// Parts to run: `randwrite_4k`, `seqwrite_1m`, `flush_4k`, `reads_rebuild` (empty: all).
     pub only: Vec<String>,
 }
 
@@ -72,6 +72,15 @@ impl InPlaceRaid5 {
 
     fn n(&self) -> u64 {
         self.devs.len() as u64
+    }
+
+    /// Makes every write durable: syncs every member, all at once (as MD's flush does).
+    pub fn sync(&self) -> Result<(), String> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = self.devs.iter().map(|d| s.spawn(move || d.sync())).collect();
+            hs.into_iter()
+                .try_for_each(|h| h.join().map_err(|_| "sync thread panicked".to_string())?.map_err(|e| e.to_string()))
+        })
     }
 
     pub fn capacity_bytes(&self) -> u64 {
@@ -219,8 +228,14 @@ fn member_paths(p: &RaidBenchParams) -> Vec<PathBuf> {
     (0..=p.members).map(|i| p.dir.join(format!("m{i}.img"))).collect()
 }
 
-/// A fresh SALSA RAID-5 pool on the members, its volume written once; returns the pool.
-fn salsa_pool(p: &RaidBenchParams, volume_fraction: f64) -> Result<Pool, String> {
+/// The parity buffer file of `salsa_pool(.., true)`.
+fn parity_buffer_path(p: &RaidBenchParams) -> PathBuf {
+    p.dir.join("parity-buffer.img")
+}
+
+/// A fresh SALSA RAID-5 pool on the members (with a parity buffer file beside them when
+/// `parity_buffer`), its volume written once; returns the pool.
+fn salsa_pool(p: &RaidBenchParams, volume_fraction: f64, parity_buffer: bool) -> Result<Pool, String> {
     let devs: Vec<Arc<dyn Device>> = member_paths(p)[..p.members]
         .iter()
         .map(|m| open_direct(m))
@@ -230,7 +245,13 @@ fn salsa_pool(p: &RaidBenchParams, volume_fraction: f64) -> Result<Pool, String>
         stripe_unit_bytes: p.salsa_stripe_unit,
         ..PoolConfig::default()
     };
-    let pool = Pool::create(devs, &cfg, &OpenOptions::default()).map_err(|e| e.to_string())?;
+    let mut opts = OpenOptions::default();
+    if parity_buffer {
+        let path = parity_buffer_path(p);
+        preallocate(&path, salsa_core::pool::default_parity_buffer_bytes(&cfg, p.members as u32))?;
+        opts.parity_buffer = Some(open_direct(&path)?);
+    }
+    let pool = Pool::create(devs, &cfg, &opts).map_err(|e| e.to_string())?;
     let size = (pool.logical_capacity_bytes() as f64 * volume_fraction) as u64 / (1 << 20) * (1 << 20);
     let vol = pool.create_volume("bench", size, 4096).map_err(|e| e.to_string())?;
     let chunk = salsa_core::AlignedBuf::zeroed(1 << 20);
@@ -320,7 +341,7 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
             ));
             base.push(b);
             drop(arr);
-            let pool = salsa_pool(p, 1.0)?;
+            let pool = salsa_pool(p, 1.0, false)?;
             let vol = pool.volume("bench").map_err(|e| e.to_string())?;
             let before = pool.stats();
             let s = run_workload(p, w, vol.size_bytes(), &|off, data| vol.write(off, data).map_err(|e| e.to_string()))?;
@@ -355,6 +376,9 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
             "salsa_array_write_amplification": median(wa),
         });
     }
+    if wanted("flush_4k") {
+        report["flush_4k"] = flush_heavy(p)?;
+    }
     if !wanted("reads_rebuild") {
         return Ok(report);
     }
@@ -362,7 +386,7 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
     for path in &paths {
         preallocate(path, p.member_bytes)?;
     }
-    let pool = salsa_pool(p, 0.5)?;
+    let pool = salsa_pool(p, 0.5, false)?;
     let vol = pool.volume("bench").map_err(|e| e.to_string())?;
     let pages = vol.size_bytes() / 4096;
     let read = |_: usize, rng: &mut SmallRng| -> Result<u64, String> {
@@ -423,4 +447,93 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
         let _ = std::fs::remove_file(path);
     }
     Ok(report)
+}
+
+/// One side of the flush-heavy comparison.
+struct FlushRun {
+    run: Run,
+    /// Bytes written to all members per user byte.
+    array_wa: f64,
+    /// Bytes written to the parity buffer per user byte.
+    buffer_per_user_byte: f64,
+    pad_per_user_byte: f64,
+}
+
+/// 4 KiB random writes, each followed by a flush, from one writer (what a database's log
+/// does): the in-place array (write, then sync every member), SALSA RAID-5 padding each flush
+/// to its row, and SALSA RAID-5 keeping the partial row's parity in a parity buffer file.
+fn flush_heavy(p: &RaidBenchParams) -> Result<Value, String> {
+    let paths = member_paths(p);
+    let say = |m: String| eprintln!("[bench-raid] {m}");
+    let (mut base, mut padded, mut buffered) = (Vec::new(), Vec::new(), Vec::new());
+    let qd1 = RaidBenchParams {
+        queue_depth: 1,
+        ..p.clone()
+    };
+    for round in 0..p.rounds {
+        for path in &paths[..p.members] {
+            preallocate(path, p.member_bytes)?;
+        }
+        let arr = baseline_array(p)?;
+        let b = run_workload(&qd1, Workload::Random4k, arr.capacity_bytes(), &|off, data| {
+            arr.write(off, data)?;
+            arr.sync()
+        })?;
+        say(format!(
+            "flush_4k round {round}: in-place RAID-5 {:.2} MB/s, p99 {} us",
+            b.mbps, b.p99_us
+        ));
+        base.push(b);
+        drop(arr);
+        for with_buffer in [false, true] {
+            let pool = salsa_pool(p, 1.0, with_buffer)?;
+            let vol = pool.volume("bench").map_err(|e| e.to_string())?;
+            let before = pool.stats();
+            let r = run_workload(&qd1, Workload::Random4k, vol.size_bytes(), &|off, data| {
+                vol.write(off, data).map_err(|e| e.to_string())?;
+                vol.flush().map_err(|e| e.to_string())
+            })?;
+            let after = pool.stats();
+            let user = (after.user_bytes_written - before.user_bytes_written).max(1) as f64;
+            let written = |st: &salsa_core::Stats| st.members.iter().map(|m| m.bytes_written).sum::<u64>();
+            let buffer = |st: &salsa_core::Stats| st.parity_buffer.as_ref().map_or(0, |b| b.bytes_written);
+            let side = FlushRun {
+                array_wa: (written(&after) - written(&before)) as f64 / user,
+                buffer_per_user_byte: (buffer(&after) - buffer(&before)) as f64 / user,
+                pad_per_user_byte: (after.pad_bytes_written - before.pad_bytes_written) as f64 / user,
+                run: r,
+            };
+            say(format!(
+                "flush_4k round {round}: SALSA raid5 {} {:.2} MB/s, p99 {} us, members written per user byte {:.2} (padding {:.2}), parity buffer {:.2}",
+                if with_buffer { "with a parity buffer" } else { "padding flushes" },
+                side.run.mbps,
+                side.run.p99_us,
+                side.array_wa,
+                side.pad_per_user_byte,
+                side.buffer_per_user_byte
+            ));
+            if with_buffer { &mut buffered } else { &mut padded }.push(side);
+            drop(vol);
+            pool.close().map_err(|e| e.to_string())?;
+            let _ = std::fs::remove_file(parity_buffer_path(p));
+        }
+    }
+    let m = |v: &[FlushRun], f: fn(&FlushRun) -> f64| median(v.iter().map(f).collect());
+    let bm = median(base.iter().map(|r| r.mbps).collect());
+    let (pm, fm) = (m(&padded, |r| r.run.mbps), m(&buffered, |r| r.run.mbps));
+    Ok(json!({
+        "in_place_mbps": bm,
+        "in_place_p99_us": median(base.iter().map(|r| r.p99_us as f64).collect()),
+        "salsa_padding_mbps": pm,
+        "salsa_padding_p99_us": m(&padded, |r| r.run.p99_us as f64),
+        "salsa_padding_members_written_per_user_byte": m(&padded, |r| r.array_wa),
+        "salsa_padding_pad_per_user_byte": m(&padded, |r| r.pad_per_user_byte),
+        "salsa_parity_buffer_mbps": fm,
+        "salsa_parity_buffer_p99_us": m(&buffered, |r| r.run.p99_us as f64),
+        "salsa_parity_buffer_members_written_per_user_byte": m(&buffered, |r| r.array_wa),
+        "salsa_parity_buffer_pad_per_user_byte": m(&buffered, |r| r.pad_per_user_byte),
+        "salsa_parity_buffer_bytes_per_user_byte": m(&buffered, |r| r.buffer_per_user_byte),
+        "parity_buffer_vs_padding": fm / pm.max(1e-9),
+        "parity_buffer_vs_in_place": fm / bm.max(1e-9),
+    }))
 }
