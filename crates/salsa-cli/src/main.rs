@@ -194,6 +194,10 @@ enum Command {
         /// Control socket answering `salsa stats` (default: next to the first device, `.ctl`).
         #[arg(long)]
         control: Option<std::path::PathBuf>,
+        /// DRAM kept for copies of pages read, so hot data is re-read from memory (e.g. 2G; 0
+        /// turns it off). Default: an eighth of the machine's memory, 64 MiB to 4 GiB.
+        #[arg(long, value_parser = parse_size)]
+        read_cache: Option<u64>,
         /// A RAID-5 pool's parity buffer, PATH[:SIZE] (see `salsa format --help`); created with
         /// a new pool when missing.
         #[arg(long, value_name = "PATH[:SIZE]")]
@@ -435,6 +439,7 @@ fn main() -> ExitCode {
             control,
             page_cache,
             parity_buffer,
+            read_cache,
             format,
         } => serve(
             devices,
@@ -446,6 +451,7 @@ fn main() -> ExitCode {
                 control: control.clone(),
                 page_cache: *page_cache,
                 parity_buffer: parity_buffer.clone(),
+                read_cache_bytes: *read_cache,
             },
             format,
         ),

@@ -65,6 +65,7 @@ pub use device::{Device, StorageType};
 pub use error::{Error, ErrorKind, Result};
 pub use format::StreamKind;
 pub use log::payload::WriteBuffer;
+pub use log::read_cache::ReadCacheStats;
 pub use log::Geometry;
 pub use policy::Registry;
 pub use pool::{

@@ -245,7 +245,11 @@ fn salsa_pool(p: &RaidBenchParams, volume_fraction: f64, parity_buffer: bool) ->
         stripe_unit_bytes: p.salsa_stripe_unit,
         ..PoolConfig::default()
     };
-    let mut opts = OpenOptions::default();
+    // Reads measure the array (healthy against degraded), not the DRAM cache.
+    let mut opts = OpenOptions {
+        read_cache_bytes: 0,
+        ..OpenOptions::default()
+    };
     if parity_buffer {
         let path = parity_buffer_path(p);
         preallocate(&path, salsa_core::pool::default_parity_buffer_bytes(&cfg, p.members as u32))?;

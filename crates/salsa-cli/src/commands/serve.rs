@@ -11,6 +11,8 @@ pub(crate) struct ServeArgs {
     pub(crate) control: Option<std::path::PathBuf>,
     pub(crate) page_cache: bool,
     pub(crate) parity_buffer: Option<DeviceSpec>,
+    /// Bytes of DRAM for pages read (`None`: an eighth of the machine's memory, 64 MiB to 4 GiB).
+    pub(crate) read_cache_bytes: Option<u64>,
 }
 
 /// The control socket of a server whose first device is `device`: `<device without extension>.ctl`.
@@ -53,6 +55,7 @@ pub(crate) fn open_or_create(
     format: &FormatArgs,
     read_only: bool,
     page_cache: bool,
+    read_cache_bytes: Option<u64>,
 ) -> Result<Pool, String> {
     for s in specs {
         if let Some(dir) = s
@@ -88,6 +91,7 @@ pub(crate) fn open_or_create(
     }
     let opts = OpenOptions {
         read_only,
+        read_cache_bytes: read_cache_bytes.unwrap_or_else(salsa_core::pool::default_server_read_cache_bytes),
         ..OpenOptions::default()
     };
     if members == devs.len() {
@@ -151,8 +155,17 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         }
         e
     };
-    let pool =
-        Arc::new(open_or_create(specs, args.parity_buffer.as_ref(), format, args.read_only, args.page_cache).map_err(remove_created)?);
+    let pool = Arc::new(
+        open_or_create(
+            specs,
+            args.parity_buffer.as_ref(),
+            format,
+            args.read_only,
+            args.page_cache,
+            args.read_cache_bytes,
+        )
+        .map_err(remove_created)?,
+    );
     let cfg = salsa_nbd::server::ServerConfig {
         tcp: args.tcp,
         unix: args.unix.clone(),

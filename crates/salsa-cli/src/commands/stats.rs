@@ -39,6 +39,10 @@ pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
             "name": b.name, "size_bytes": b.size_bytes, "rows_per_bank": b.rows_per_bank,
             "banks_written": b.banks_written, "bytes_written": b.bytes_written, "banks_skipped": b.banks_skipped,
         })),
+        "read_cache": s.read_cache.map(|c| serde_json::json!({
+            "capacity_bytes": c.capacity_bytes, "used_bytes": c.used_bytes, "pages": c.pages,
+            "hits": c.hits, "misses": c.misses, "damaged_hits": c.damaged_hits,
+        })),
         "array_write_amplification": s.array_write_amplification,
         "members": s.members.iter().map(|m| serde_json::json!({
             "name": m.name, "state": if m.failed { "failed" } else if m.rebuilding { "rebuilding" } else { "ok" },
@@ -81,6 +85,19 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     println!("write amp.        {:.3}", v["write_amplification"].as_f64().unwrap_or(0.0));
     println!("free segments     {} of {}", n("free_segments"), n("total_segments"));
     println!("map memory        {}", human(n("map_memory_bytes")));
+    if let Some(c) = v["read_cache"].as_object() {
+        let k = |key: &str| c.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
+        let lookups = (k("hits") + k("misses")).max(1);
+        println!(
+            "read cache        {} of {} ({} pages); {} hits, {} misses ({:.1}% hits)",
+            human(k("used_bytes")),
+            human(k("capacity_bytes")),
+            k("pages"),
+            k("hits"),
+            k("misses"),
+            100.0 * k("hits") as f64 / lookups as f64
+        );
+    }
     if v["array"].as_str().is_some_and(|a| a != "linear") {
         println!(
             "array             {} (all members written per user byte: {:.3}; padding {})",

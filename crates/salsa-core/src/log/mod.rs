@@ -24,6 +24,7 @@
 pub mod capacity;
 pub mod durability;
 pub mod payload;
+pub mod read_cache;
 pub mod record;
 pub mod stream;
 pub mod write_back;
@@ -176,6 +177,8 @@ pub struct Log {
     /// A segment that closes, and a clean shutdown, pad the log to a multiple of this many
     /// grains (the array's [`Array::row_grains`]), so no row is left without its parity.
     pub(super) row_grains: u32,
+    /// Copies of pages read from the devices (see [`read_cache`]); unset: no cache.
+    read_cache: OnceLock<read_cache::ReadCache>,
     /// Zeros for padding (1 MiB, repeated as needed).
     zeros: crate::util::AlignedBuf,
 }
@@ -207,6 +210,7 @@ impl Log {
         Log {
             flush_alignment_grains,
             row_grains,
+            read_cache: OnceLock::new(),
             zeros: crate::util::AlignedBuf::zeroed(1 << 20),
             pool_id,
             geo,
@@ -658,6 +662,21 @@ impl Log {
 
     // ----- reads -----
 
+    /// Keeps up to `capacity_bytes` of pages read from the devices in memory (0: none). Called
+    /// once, at open.
+    pub fn enable_read_cache(&self, capacity_bytes: u64) {
+        if capacity_bytes > 0 {
+            let _ = self
+                .read_cache
+                .set(read_cache::ReadCache::new(capacity_bytes, self.geo.grain_bytes as u64));
+        }
+    }
+
+    /// What the read cache did, if there is one.
+    pub fn read_cache_stats(&self) -> Option<read_cache::ReadCacheStats> {
+        self.read_cache.get().map(|c| c.stats())
+    }
+
     /// Reads the page at physical grain `grain` into `out` (from an unwritten record's buffer,
     /// or the device) and checks it against its checksum. `still_mapped` is asked after the
     /// segment's generation is noted and before the bytes are read: whether the caller's map
@@ -670,6 +689,14 @@ impl Log {
             return Ok(PageRead::Moved);
         }
         let crc = self.crc_table[grain as usize].load(SeqCst);
+        let cache = self.read_cache.get();
+        if cache.is_some_and(|c| c.get(grain, generation, crc, out)) {
+            return Ok(if info.generation.load(SeqCst) == generation {
+                PageRead::Intact
+            } else {
+                PageRead::Moved
+            });
+        }
         let buffered = {
             let recs = info.records.lock();
             recs.iter().any(|r| r.read(grain, gb, out))
@@ -698,11 +725,13 @@ impl Log {
         if info.generation.load(SeqCst) != generation {
             return Ok(PageRead::Moved); // the segment was reused under us; the map has moved on
         }
-        Ok(if crc32c::crc32c(out) == crc {
-            PageRead::Intact
-        } else {
-            PageRead::Damaged
-        })
+        if crc32c::crc32c(out) != crc {
+            return Ok(PageRead::Damaged);
+        }
+        if let Some(c) = cache.filter(|_| !buffered) {
+            c.insert(grain, generation, out);
+        }
+        Ok(PageRead::Intact)
     }
 
     // ----- space -----

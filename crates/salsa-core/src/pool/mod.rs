@@ -130,6 +130,27 @@ pub struct OpenOptions {
     /// A RAID-5 pool's parity buffer (see [`crate::array::ParityBuffer`]): formatted by
     /// [`Pool::create`], required by [`Pool::open`] of a pool created with one.
     pub parity_buffer: Option<Arc<dyn crate::device::Device>>,
+    /// Bytes of DRAM for copies of pages read from the devices (see
+    /// [`crate::log::read_cache`]); 0: every read goes to the devices.
+    pub read_cache_bytes: u64,
+}
+
+/// Read cache of [`OpenOptions::default`].
+pub const DEFAULT_READ_CACHE_BYTES: u64 = 64 << 20;
+
+/// A read cache for a server on this machine: an eighth of its memory, between 64 MiB and
+/// 4 GiB, leaving the rest to the system and the applications.
+pub fn default_server_read_cache_bytes() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(0);
+    (total / 8).clamp(DEFAULT_READ_CACHE_BYTES, 4 << 30)
 }
 
 impl Default for OpenOptions {
@@ -143,6 +164,7 @@ impl Default for OpenOptions {
             gc_garbage_percent: None,
             write_back_threads: 4,
             parity_buffer: None,
+            read_cache_bytes: DEFAULT_READ_CACHE_BYTES,
         }
     }
 }

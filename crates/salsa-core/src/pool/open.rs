@@ -310,6 +310,7 @@ impl Pool {
             crate::log::write_meta_slot(&array.metadata_devices(), &mut meta)?;
         }
         let log = Arc::new(Log::new(first.pool_id, geo, array, meta, opts.read_only));
+        log.enable_read_cache(opts.read_cache_bytes);
         let eng = Engine::new(log, policy, opts.background_gc, opts.gc_garbage_percent.map(|p| p / 100.0));
         for c in volumes {
             eng.add_volume(c);

@@ -59,6 +59,8 @@ pub struct Stats {
     pub rebuild: Option<(u32, u32, u32)>,
     /// The RAID-5 parity buffer, when the pool has one.
     pub parity_buffer: Option<crate::array::ParityBufferStatus>,
+    /// The DRAM read cache, when the pool has one.
+    pub read_cache: Option<crate::log::read_cache::ReadCacheStats>,
 }
 
 /// A volume's statistics, as its controller reports them.
@@ -96,6 +98,7 @@ impl Pool {
         Stats {
             rebuild,
             parity_buffer: self.eng.log.array().parity_buffer_status(),
+            read_cache: self.eng.log.read_cache_stats(),
             array: self.eng.log.array().kind().name().to_string(),
             members,
             pad_bytes_written: c.pad_bytes_written.load(SeqCst),

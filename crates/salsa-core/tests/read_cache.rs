@@ -1,0 +1,129 @@
+//! The DRAM read cache: hot pages are served from memory, and a page written, trimmed, moved
+//! by the GC or in a reused segment is never served stale.
+
+mod common;
+
+use common::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use salsa_core::device::MemoryDevice;
+use salsa_core::{Device, OpenOptions, Pool};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+
+/// A device that counts its reads.
+struct CountingDevice {
+    inner: Arc<dyn Device>,
+    reads: AtomicU64,
+}
+
+impl CountingDevice {
+    fn new(inner: Arc<dyn Device>) -> CountingDevice {
+        CountingDevice {
+            inner,
+            reads: AtomicU64::new(0),
+        }
+    }
+    fn reads(&self) -> u64 {
+        self.reads.load(SeqCst)
+    }
+}
+
+impl Device for CountingDevice {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.reads.fetch_add(1, SeqCst);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.inner.sync()
+    }
+}
+
+fn opts(cache: u64) -> OpenOptions {
+    OpenOptions {
+        read_cache_bytes: cache,
+        ..inline_gc()
+    }
+}
+
+/// Writes, trims and re-reads over a volume twice as large as its share of the pool's space
+/// (so the GC moves pages and reuses segments), checking every read against a model.
+#[test]
+fn reads_follow_writes_trims_and_gc_moves() {
+    let (pool, _) = memory_pool(24, &opts(8 << 20));
+    let size = pool.logical_capacity_bytes() / PAGE as u64 * PAGE as u64;
+    let vol = pool.create_volume("v", size, PAGE as u32).unwrap();
+    let pages = size / PAGE as u64;
+    let mut model = vec![0u64; pages as usize];
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut buf = vec![0u8; PAGE];
+    for i in 1..=pages * 16 {
+        // A small hot set read often, so it lives in the cache while its pages move.
+        let p = if rng.gen_bool(0.5) {
+            rng.gen_range(0..16)
+        } else {
+            rng.gen_range(0..pages)
+        };
+        match rng.gen_range(0..10) {
+            0..=4 => {
+                vol.write(p * PAGE as u64, &pattern(0, p, i)).unwrap();
+                model[p as usize] = i;
+            }
+            5 => {
+                vol.trim(p * PAGE as u64, PAGE as u64).unwrap();
+                model[p as usize] = 0;
+            }
+            _ => {
+                vol.read(p * PAGE as u64, &mut buf).unwrap();
+                let want = if model[p as usize] == 0 {
+                    vec![0; PAGE]
+                } else {
+                    pattern(0, p, model[p as usize])
+                };
+                assert!(buf == want, "page {p} after op {i}: stale or wrong data");
+            }
+        }
+    }
+    let st = pool.stats();
+    assert!(st.gc_segments_cleaned > 20, "the GC hardly ran: {}", st.gc_segments_cleaned);
+    let cache = st.read_cache.expect("the pool has a read cache");
+    assert!(cache.hits > 100 && cache.misses > 100, "{cache:?}");
+    assert!(cache.used_bytes <= cache.capacity_bytes, "{cache:?}");
+    assert_eq!(cache.damaged_hits, 0);
+}
+
+/// A page read twice reaches the device once; with the cache off, twice.
+#[test]
+fn a_hot_page_is_read_from_memory() {
+    for (cache, device_reads) in [(1 << 20, 1), (0, 2)] {
+        let mem: Arc<dyn Device> = Arc::new(MemoryDevice::new("m", 16 * MIB));
+        let counting = Arc::new(CountingDevice::new(mem));
+        let pool = Pool::create(vec![counting.clone()], &tiny_config(), &opts(cache)).unwrap();
+        let vol = pool.create_volume("v", MIB, PAGE as u32).unwrap();
+        vol.write(0, &pattern(0, 0, 1)).unwrap();
+        pool.flush().unwrap();
+        // Past the open record (still in memory) so the reads go to the device.
+        for p in 1..255 {
+            vol.write(p * PAGE as u64, &pattern(0, p, 1)).unwrap();
+        }
+        pool.flush().unwrap();
+        let before = counting.reads();
+        let mut buf = vec![0u8; PAGE];
+        for _ in 0..2 {
+            vol.read(0, &mut buf).unwrap();
+            assert_eq!(buf, pattern(0, 0, 1));
+        }
+        assert_eq!(counting.reads() - before, device_reads, "cache of {cache} bytes");
+        assert_eq!(pool.stats().read_cache.is_some(), cache > 0);
+        pool.close().unwrap();
+    }
+}
