@@ -4,13 +4,18 @@
 mod common;
 use common::*;
 use salsa_core::device::{FaultDevice, FaultPlan, MemoryDevice};
-use salsa_core::{Device, Error, Pool};
+use salsa_core::{Device, Error, OpenOptions, Pool};
 use std::sync::Arc;
 
 fn fault_pool() -> (Pool, Arc<FaultDevice>) {
     let mem: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 40 * MIB));
     let dev = Arc::new(FaultDevice::new(mem, FaultPlan::default()));
-    let pool = Pool::create(vec![dev.clone() as Arc<dyn Device>], &tiny_config(), &inline_gc()).unwrap();
+    // No read cache: these tests are about what reaches the device.
+    let opts = OpenOptions {
+        read_cache_bytes: 0,
+        ..inline_gc()
+    };
+    let pool = Pool::create(vec![dev.clone() as Arc<dyn Device>], &tiny_config(), &opts).unwrap();
     pool.create_volume("v", pool.logical_capacity_bytes(), 4096).unwrap();
     (pool, dev)
 }

@@ -67,9 +67,11 @@ fn verify(pool: &Pool, model: &[u64]) {
     }
 }
 
+/// No read cache: these tests are about what the array reads from its members.
 fn opts() -> OpenOptions {
     OpenOptions {
         background_gc: false,
+        read_cache_bytes: 0,
         ..OpenOptions::default()
     }
 }

@@ -672,6 +672,43 @@ impl Log {
         }
     }
 
+    /// Whether pages are cached (writers then offer theirs, see [`Log::cache_written`]).
+    pub fn caches_reads(&self) -> bool {
+        self.read_cache.get().is_some()
+    }
+
+    /// The generation of the segment holding `grain` now: taken when a page is placed there,
+    /// it keys the page's copy in the read cache.
+    pub fn generation_of(&self, grain: u64) -> u64 {
+        self.capacity.segment(self.geo.segment_of(grain)).generation.load(SeqCst)
+    }
+
+    /// Offers the read cache a page just written at `grain` (in segment generation
+    /// `generation`, taken when it was placed): data read back soon after it was written, as
+    /// a file system or database does, then comes from memory.
+    pub fn cache_written(&self, grain: u64, generation: u64, page: &[u8]) {
+        if let Some(c) = self.read_cache.get() {
+            c.insert(grain, generation, page);
+        }
+    }
+
+    /// The page at `grain` is dead (overwritten or trimmed): its cached copy goes.
+    pub fn cache_forget(&self, grain: u64) {
+        if let Some(c) = self.read_cache.get() {
+            c.remove(grain, self.generation_of(grain));
+        }
+    }
+
+    /// The GC moved the page at `from` to `to` (placed in generation `to_generation`): a
+    /// cached copy follows it.
+    pub fn cache_moved(&self, from: u64, to: u64, to_generation: u64) {
+        if let Some(c) = self.read_cache.get() {
+            if let Some(page) = c.remove(from, self.generation_of(from)) {
+                c.insert_shared(to, to_generation, page);
+            }
+        }
+    }
+
     /// What the read cache did, if there is one.
     pub fn read_cache_stats(&self) -> Option<read_cache::ReadCacheStats> {
         self.read_cache.get().map(|c| c.stats())

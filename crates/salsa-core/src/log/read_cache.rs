@@ -5,7 +5,9 @@
 //! page's first grain) and the generation of its segment. A log-structured pool never writes
 //! a place twice within a generation, so the cache needs no invalidation: a write, a trim, a
 //! GC move or a remap points the map at another place (whose reads miss), and a segment that
-//! is reused gets a new generation (so its old entries never match again and age out).
+//! is reused gets a new generation (so its old entries never match again and age out). To
+//! keep room for live pages, the copy of a place that is overwritten or trimmed is dropped,
+//! and a GC move carries the copy to the page's new place.
 //!
 //! Invariants: only pages that passed their checksum are inserted; a hit is checked against
 //! the place's checksum again before it is served (a copy damaged in memory is dropped and
@@ -95,6 +97,17 @@ impl ReadCache {
             return;
         }
         self.pages.insert((grain, generation), Arc::from(page));
+    }
+
+    /// Drops the copy of a page whose place no longer holds live data (overwritten, trimmed,
+    /// or moved), so it does not take room until it ages out; returns it.
+    pub fn remove(&self, grain: u64, generation: u64) -> Option<Arc<[u8]>> {
+        self.pages.remove(&(grain, generation)).map(|(_, page)| page)
+    }
+
+    /// Keeps `page` (a copy taken from another key) under a new place.
+    pub fn insert_shared(&self, grain: u64, generation: u64, page: Arc<[u8]>) {
+        self.pages.insert((grain, generation), page);
     }
 
     pub fn stats(&self) -> ReadCacheStats {

@@ -121,7 +121,10 @@ impl LsaVolume {
     fn invalidate(&self, log: &Log, old: Entry, killer: u64) {
         match old {
             Entry::Unmapped => self.count_mapped(log, true),
-            Entry::Mapped(g) => log.drop_data(log.geo().segment_of(g), self.page_grains, Some(killer)),
+            Entry::Mapped(g) => {
+                log.cache_forget(g);
+                log.drop_data(log.geo().segment_of(g), self.page_grains, Some(killer))
+            }
             Entry::Trimmed(s) => {
                 self.count_mapped(log, true);
                 log.drop_tombstone(s, Some(killer));
@@ -195,6 +198,9 @@ impl LsaVolume {
         let kinds: Vec<StreamKind> = (0..count).map(|i| self.classify(log, map, first + i as u64)).collect();
         let run_limit = log.geo().meta_interval_pages as usize;
         let mut crcs = Vec::with_capacity(count.min(run_limit));
+        // Where each page went, for the read cache (see `Log::cache_written`).
+        let caching = log.caches_reads();
+        let mut placed: Vec<(usize, u64, u64)> = Vec::new();
         let mut start = 0;
         while start < count {
             let cap = (start + run_limit).min(count);
@@ -218,6 +224,9 @@ impl LsaVolume {
                 |i, grain, rec| {
                     let (page, crc) = (first + (start + i) as u64, crcs[i]);
                     log.set_crc(grain, crc);
+                    if caching {
+                        placed.push((start + i, grain, log.generation_of(grain)));
+                    }
                     let old = {
                         let _stripe = self.stripe(page).lock();
                         let seq = log.next_seq();
@@ -230,6 +239,9 @@ impl LsaVolume {
                     self.invalidate(log, old, rec.buf.record_id);
                 },
             )?;
+            for (i, grain, generation) in placed.drain(..) {
+                log.cache_written(grain, generation, &data[i * pb..(i + 1) * pb]);
+            }
             start = end;
         }
         Ok(())
@@ -460,15 +472,21 @@ impl Controller for LsaVolume {
                         let r = self.streams.place(log, to, Purpose::Gc, Some(bytes), |new, rec| {
                             log.set_crc(new, crc);
                             rec.push(MetaEntry::Data { page, seq, crc });
-                            (new, map.compare_exchange(page, Entry::Mapped(grain), Entry::Mapped(new)))
+                            let generation = log.generation_of(new);
+                            (
+                                new,
+                                generation,
+                                map.compare_exchange(page, Entry::Mapped(grain), Entry::Mapped(new)),
+                            )
                         });
                         match r {
-                            Ok((_, true)) => {
+                            Ok((new, generation, true)) => {
+                                log.cache_moved(grain, new, generation);
                                 log.drop_data(victim, self.page_grains, None);
                                 log.counters().gc_bytes_relocated.fetch_add(pb as u64, SeqCst);
                             }
                             // Overwritten meanwhile: the copy is garbage at once.
-                            Ok((new, false)) => log.drop_data(log.geo().segment_of(new), self.page_grains, None),
+                            Ok((new, _, false)) => log.drop_data(log.geo().segment_of(new), self.page_grains, None),
                             Err(err) => failure = Some(err),
                         }
                     }
