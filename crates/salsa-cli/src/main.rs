@@ -198,6 +198,10 @@ enum Command {
         /// turns it off). Default: an eighth of the machine's memory, 64 MiB to 4 GiB.
         #[arg(long, value_parser = parse_size)]
         read_cache: Option<u64>,
+        /// Serve the statistics for Prometheus at http://HOST:PORT/metrics (pool, volumes,
+        /// members, read cache, device counters).
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics: Option<std::net::SocketAddr>,
         /// A RAID-5 pool's parity buffer, PATH[:SIZE] (see `salsa format --help`); created with
         /// a new pool when missing.
         #[arg(long, value_name = "PATH[:SIZE]")]
@@ -440,6 +444,7 @@ fn main() -> ExitCode {
             page_cache,
             parity_buffer,
             read_cache,
+            metrics,
             format,
         } => serve(
             devices,
@@ -452,6 +457,7 @@ fn main() -> ExitCode {
                 page_cache: *page_cache,
                 parity_buffer: parity_buffer.clone(),
                 read_cache_bytes: *read_cache,
+                metrics: *metrics,
             },
             format,
         ),

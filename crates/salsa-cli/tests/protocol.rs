@@ -204,3 +204,63 @@ fn kill_9_during_flushing_workload_loses_nothing_flushed() {
     assert!(checked > 1000, "only {checked} pages were flushed before the kill");
     assert!(srv.stop().success());
 }
+
+/// `salsa serve --metrics`: Prometheus text at /metrics with the pool's, the volume's and the
+/// read cache's figures, moving as clients write; other paths get 404; a metrics port in use
+/// stops the start before anything is created.
+#[test]
+fn the_server_exports_prometheus_metrics() {
+    let dir = test_dir("metrics");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let server = Server::start(&dir, "64M", &["--metrics", &addr]);
+    let get = |path: &str| -> String {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let before = get("/metrics");
+    assert!(before.starts_with("HTTP/1.0 200"), "{before}");
+    assert!(before.contains("text/plain; version=0.0.4"), "{before}");
+    assert!(before.contains("# TYPE salsa_user_written_bytes_total counter"), "{before}");
+    assert!(
+        before.contains("salsa_volume_size_bytes{volume=\"default\",controller=\"lsa\"}"),
+        "{before}"
+    );
+    assert!(before.contains("salsa_read_cache_capacity_bytes"), "{before}");
+    // A client writes 64 KiB: the counter moves by that much.
+    let mut c = RawClient::connect(&server.socket, "default");
+    let (err, _) = c.call(0, CMD_WRITE, 0, 65536, &vec![7u8; 65536]);
+    assert_eq!(err, 0);
+    let value = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    let after = get("/metrics");
+    assert_eq!(
+        value(&after, "salsa_user_written_bytes_total") - value(&before, "salsa_user_written_bytes_total"),
+        65536.0
+    );
+    assert!(get("/other").starts_with("HTTP/1.0 404"));
+    drop(c);
+    server.stop();
+    // The metrics port is taken: refused, and no pool file is made.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = busy.local_addr().unwrap().to_string();
+    let fresh = test_dir("metrics-busy");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .args(["serve", "--no-tcp", "--unix"])
+        .arg(fresh.join("s.sock"))
+        .arg("--device")
+        .arg(format!("{}:64M", fresh.join("pool.img").display()))
+        .args(["--metrics", &taken])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && text.contains("cannot serve metrics"), "{text}");
+    assert!(!fresh.join("pool.img").exists(), "a pool was created");
+}

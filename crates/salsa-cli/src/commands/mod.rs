@@ -3,5 +3,6 @@
 pub(crate) mod admin;
 pub(crate) mod bench;
 pub(crate) mod device;
+pub(crate) mod metrics;
 pub(crate) mod serve;
 pub(crate) mod stats;

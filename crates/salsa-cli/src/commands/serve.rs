@@ -13,6 +13,8 @@ pub(crate) struct ServeArgs {
     pub(crate) parity_buffer: Option<DeviceSpec>,
     /// Bytes of DRAM for pages read (`None`: an eighth of the machine's memory, 64 MiB to 4 GiB).
     pub(crate) read_cache_bytes: Option<u64>,
+    /// Serve Prometheus metrics at `http://ADDR/metrics`.
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 /// The control socket of a server whose first device is `device`: `<device without extension>.ctl`.
@@ -136,6 +138,12 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
     if let Some(addr) = args.tcp {
         std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}; nothing was created"))?;
     }
+    let metrics = match args.metrics {
+        Some(addr) => {
+            Some(std::net::TcpListener::bind(addr).map_err(|e| format!("cannot serve metrics on {addr}: {e}; nothing was created"))?)
+        }
+        None => None,
+    };
     // Files this start creates are removed again if it fails.
     let mut created: Vec<std::path::PathBuf> = specs
         .iter()
@@ -197,7 +205,20 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         let (pool, stop) = (pool.clone(), stop.clone());
         std::thread::spawn(move || control_thread(control, pool, stop))
     };
+    let metrics_thread = metrics.map(|listener| {
+        if let Ok(a) = listener.local_addr() {
+            eprintln!("salsa: metrics on http://{a}/metrics");
+        }
+        let (pool, stop) = (pool.clone(), stop.clone());
+        std::thread::spawn(move || super::metrics::metrics_thread(listener, pool, stop))
+    });
+    let stopped = stop.clone();
     listening.run(stop);
+    // However the listeners ended, the helper threads end too.
+    stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+    if let Some(h) = metrics_thread {
+        let _ = h.join();
+    }
     // A rebuild in progress stops at its next segment (and resumes at the next start).
     pool.begin_shutdown();
     let _ = control_thread.join();

@@ -1,0 +1,334 @@
+//! `salsa serve --metrics HOST:PORT`: the statistics of `salsa stats` in Prometheus' text
+//! exposition format (version 0.0.4), pool-wide, per volume, per member and per device
+//! counter, answered over plain HTTP at `/metrics`.
+//!
+//! The responder reads at most [`REQUEST_HEAD_MAX_BYTES`] of a request head within
+//! [`REQUEST_TIMEOUT`] and answers one request per connection, one connection at a time (a
+//! scrape takes microseconds; a slow or hostile client is cut off by the timeout).
+
+use salsa_core::{Pool, Stats};
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest request head read.
+const REQUEST_HEAD_MAX_BYTES: usize = 8 << 10;
+/// Time a client has to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A label value as the exposition format quotes it.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Collects samples grouped by metric, each metric with its HELP and TYPE once.
+#[derive(Default)]
+struct Exposition {
+    text: String,
+}
+
+impl Exposition {
+    fn metric(&mut self, name: &str, kind: &str, help: &str, samples: &[(String, f64)]) {
+        let _ = writeln!(self.text, "# HELP salsa_{name} {help}");
+        let _ = writeln!(self.text, "# TYPE salsa_{name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(self.text, "salsa_{name}{labels} {value}");
+        }
+    }
+
+    fn one(&mut self, name: &str, kind: &str, help: &str, value: f64) {
+        self.metric(name, kind, help, &[(String::new(), value)]);
+    }
+}
+
+/// The statistics as Prometheus text.
+pub(crate) fn render(s: &Stats) -> String {
+    let mut e = Exposition::default();
+    let c = "counter";
+    let g = "gauge";
+    e.one(
+        "user_written_bytes_total",
+        c,
+        "Bytes written by clients.",
+        s.user_bytes_written as f64,
+    );
+    e.one("user_read_bytes_total", c, "Bytes read by clients.", s.user_bytes_read as f64);
+    e.one(
+        "gc_relocated_bytes_total",
+        c,
+        "Bytes the garbage collector moved.",
+        s.gc_bytes_relocated as f64,
+    );
+    e.one(
+        "device_written_bytes_total",
+        c,
+        "Bytes the log wrote (data, relocations, metadata).",
+        s.device_bytes_written as f64,
+    );
+    e.one(
+        "metadata_written_bytes_total",
+        c,
+        "Bytes of record metadata written.",
+        s.metadata_bytes_written as f64,
+    );
+    e.one(
+        "pad_written_bytes_total",
+        c,
+        "Zeros written to end flushes on whole RAID-5 rows.",
+        s.pad_bytes_written as f64,
+    );
+    e.one(
+        "write_amplification",
+        g,
+        "Device bytes written per user byte.",
+        s.write_amplification,
+    );
+    e.one(
+        "array_write_amplification",
+        g,
+        "Bytes written to all members per user byte.",
+        s.array_write_amplification,
+    );
+    e.one("free_segments", g, "Segments free to write.", s.free_segments as f64);
+    e.one("segments", g, "Segments in the pool.", s.total_segments as f64);
+    e.one("segment_bytes", g, "Bytes per segment.", s.segment_bytes as f64);
+    e.one(
+        "gc_segments_cleaned_total",
+        c,
+        "Victim segments cleaned.",
+        s.gc_segments_cleaned as f64,
+    );
+    e.one("flushes_total", c, "Flushes served.", s.flushes as f64);
+    e.one("syncs_total", c, "Device syncs.", s.syncs as f64);
+    e.one("sync_seconds_total", c, "Time spent in device syncs.", s.sync_micros as f64 / 1e6);
+    e.one(
+        "gc_seconds_total",
+        c,
+        "Time the garbage collector worked.",
+        s.gc_micros as f64 / 1e6,
+    );
+    e.one(
+        "throttled_allocations_total",
+        c,
+        "Writers that waited for the garbage collector.",
+        s.throttled_allocations as f64,
+    );
+    e.one("map_memory_bytes", g, "Memory held by the volume maps.", s.map_memory_bytes as f64);
+    e.one(
+        "unmovable_segments",
+        g,
+        "Segments the garbage collector gave up on.",
+        s.unmovable_segments as f64,
+    );
+    let states = ["free", "staged", "allocated", "victim", "pending_free", "checkpoint"];
+    let by_state: Vec<(String, f64)> = states
+        .iter()
+        .zip(s.segments_by_state)
+        .map(|(st, n)| (format!("{{state=\"{st}\"}}"), n as f64))
+        .collect();
+    e.metric("segments_by_state", g, "Segments per state.", &by_state);
+
+    let vol = |f: fn(&salsa_core::VolumeStats) -> f64| -> Vec<(String, f64)> {
+        s.volumes
+            .iter()
+            .map(|v| {
+                (
+                    format!("{{volume=\"{}\",controller=\"{}\"}}", label(&v.name), label(&v.controller)),
+                    f(v),
+                )
+            })
+            .collect()
+    };
+    e.metric("volume_size_bytes", g, "Volume size.", &vol(|v| v.size_bytes as f64));
+    e.metric(
+        "volume_mapped_bytes",
+        g,
+        "Bytes of the volume that hold data.",
+        &vol(|v| v.mapped_bytes as f64),
+    );
+    e.metric(
+        "volume_map_memory_bytes",
+        g,
+        "Memory held by the volume's map.",
+        &vol(|v| v.map_memory_bytes as f64),
+    );
+    e.metric("volume_page_bytes", g, "Volume page size.", &vol(|v| v.page_bytes as f64));
+
+    let member = |f: fn(&salsa_core::MemberStatus) -> f64| -> Vec<(String, f64)> {
+        s.members
+            .iter()
+            .enumerate()
+            .map(|(slot, m)| (format!("{{slot=\"{slot}\",member=\"{}\"}}", label(&m.name)), f(m)))
+            .collect()
+    };
+    if !s.members.is_empty() {
+        e.metric(
+            "member_read_bytes_total",
+            c,
+            "Bytes read from the member.",
+            &member(|m| m.bytes_read as f64),
+        );
+        e.metric(
+            "member_written_bytes_total",
+            c,
+            "Bytes written to the member.",
+            &member(|m| m.bytes_written as f64),
+        );
+        e.metric(
+            "member_parity_written_bytes_total",
+            c,
+            "Parity bytes written to the member.",
+            &member(|m| m.parity_bytes_written as f64),
+        );
+        e.metric(
+            "member_read_errors_total",
+            c,
+            "Read errors of the member.",
+            &member(|m| m.read_errors as f64),
+        );
+        e.metric(
+            "member_write_errors_total",
+            c,
+            "Write errors of the member.",
+            &member(|m| m.write_errors as f64),
+        );
+        e.metric(
+            "member_repaired_bytes_total",
+            c,
+            "Bytes rewritten on the member from redundancy.",
+            &member(|m| m.repaired_bytes as f64),
+        );
+        e.metric(
+            "member_failed",
+            g,
+            "1 when the member has failed.",
+            &member(|m| m.failed as u8 as f64),
+        );
+        e.metric(
+            "member_rebuilding",
+            g,
+            "1 while the member is being rebuilt.",
+            &member(|m| m.rebuilding as u8 as f64),
+        );
+    }
+    if let Some((slot, next, total)) = s.rebuild {
+        e.metric(
+            "rebuild_segments_passed",
+            g,
+            "Segments a rebuild has passed, of segments.",
+            &[(format!("{{slot=\"{slot}\",segments=\"{total}\"}}"), next as f64)],
+        );
+    }
+    if let Some(b) = &s.parity_buffer {
+        let l = format!("{{buffer=\"{}\"}}", label(&b.name));
+        e.metric(
+            "parity_buffer_written_bytes_total",
+            c,
+            "Bytes written to the RAID-5 parity buffer.",
+            &[(l.clone(), b.bytes_written as f64)],
+        );
+        e.metric(
+            "parity_buffer_banks_written_total",
+            c,
+            "Banks written to the parity buffer.",
+            &[(l, b.banks_written as f64)],
+        );
+    }
+    if let Some(r) = &s.read_cache {
+        e.one("read_cache_capacity_bytes", g, "Read cache size.", r.capacity_bytes as f64);
+        e.one("read_cache_used_bytes", g, "Bytes the read cache holds.", r.used_bytes as f64);
+        e.one("read_cache_pages", g, "Pages the read cache holds.", r.pages as f64);
+        e.one("read_cache_hits_total", c, "Reads served from the read cache.", r.hits as f64);
+        e.one("read_cache_misses_total", c, "Reads that went to the devices.", r.misses as f64);
+    }
+    let counters: Vec<(String, f64)> = s
+        .device_counters
+        .iter()
+        .map(|(d, k, v)| (format!("{{device=\"{}\",counter=\"{}\"}}", label(d), label(k)), *v as f64))
+        .collect();
+    if !counters.is_empty() {
+        e.metric("device_counter", "untyped", "Counters of the device models.", &counters);
+    }
+    e.text
+}
+
+/// Answers one HTTP request on `stream`.
+fn answer(mut stream: std::net::TcpStream, pool: &Pool) {
+    let _ = stream.set_read_timeout(Some(REQUEST_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+        if head.len() > REQUEST_HEAD_MAX_BYTES {
+            let _ = stream.write_all(b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n\r\n");
+            return;
+        }
+    }
+    let line = String::from_utf8_lossy(head.split(|b| *b == b'\n').next().unwrap_or(&[])).into_owned();
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, body) = match (method, path.split('?').next().unwrap_or("")) {
+        ("GET", "/metrics") | ("HEAD", "/metrics") => ("200 OK", render(&pool.stats())),
+        ("GET", _) | ("HEAD", _) => ("404 Not Found", "salsa serves its metrics at /metrics\n".to_string()),
+        _ => ("405 Method Not Allowed", String::new()),
+    };
+    let mut reply = format!(
+        "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if method != "HEAD" {
+        reply.push_str(&body);
+    }
+    let _ = stream.write_all(reply.as_bytes());
+}
+
+/// Serves `/metrics` on `listener` until `stop`.
+pub(crate) fn metrics_thread(listener: std::net::TcpListener, pool: Arc<Pool>, stop: Arc<AtomicBool>) {
+    let _ = listener.set_nonblocking(true);
+    while !stop.load(SeqCst) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                let _ = s.set_nonblocking(false);
+                answer(s, &pool);
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_escaped_and_every_metric_has_help_and_type() {
+        let s = Stats {
+            user_bytes_written: 4096,
+            volumes: vec![salsa_core::VolumeStats {
+                name: "a\"b\\c".into(),
+                controller: "lsa".into(),
+                size_bytes: 1 << 20,
+                ..Default::default()
+            }],
+            ..Stats::default()
+        };
+        let text = render(&s);
+        assert!(text.contains("salsa_user_written_bytes_total 4096\n"), "{text}");
+        assert!(
+            text.contains(r#"salsa_volume_size_bytes{volume="a\"b\\c",controller="lsa"} 1048576"#),
+            "{text}"
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(text.contains(&format!("# TYPE {name} ")), "{name} has no TYPE");
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+        }
+    }
+}
