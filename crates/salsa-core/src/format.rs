@@ -965,6 +965,9 @@ pub const PARITY_BLOCK_BYTES: usize = 4096;
 /// bits of an entry's coverage map).
 pub const MAX_PARITY_ROW_GRAINS: u32 = 1 << 16;
 
+/// Largest bank a parity buffer header may name (its offsets then never overflow).
+pub const MAX_PARITY_BANK_BYTES: u64 = 1 << 40;
+
 /// The first block of a RAID-5 parity buffer: the pool it serves and the layout of its two
 /// banks. Each sync writes the parity of the rows being filled into the bank the previous
 /// sync did not use, so a torn bank leaves the previous one whole.
@@ -1010,7 +1013,10 @@ impl ParityBufferHeader {
         if h.row_grains == 0 || h.row_grains > MAX_PARITY_ROW_GRAINS {
             return Err(FormatError::Invalid(format!("parity buffer row of {} grains", h.row_grains)));
         }
-        if !h.bank_bytes.is_multiple_of(PARITY_BLOCK_BYTES as u64) || h.bank_bytes < PARITY_BLOCK_BYTES as u64 + h.entry_bytes() {
+        if !h.bank_bytes.is_multiple_of(PARITY_BLOCK_BYTES as u64)
+            || h.bank_bytes < PARITY_BLOCK_BYTES as u64 + h.entry_bytes()
+            || h.bank_bytes > MAX_PARITY_BANK_BYTES
+        {
             return Err(FormatError::Invalid(format!("parity buffer bank of {} bytes", h.bank_bytes)));
         }
         Ok(h)
@@ -1362,14 +1368,27 @@ mod tests {
             rng.fill(&mut block[..]);
             // Valid magic, version and crc, so the decoders get past the envelope into the body.
             block[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-            for magic in [RECORD_MAGIC, SUPERBLOCK_MAGIC, POOL_META_MAGIC] {
+            for magic in [
+                RECORD_MAGIC,
+                SUPERBLOCK_MAGIC,
+                POOL_META_MAGIC,
+                PARITY_BUFFER_MAGIC,
+                PARITY_BANK_MAGIC,
+            ] {
                 block[..8].copy_from_slice(magic);
                 let c = crc(&block[..4092]);
                 block[4092..].copy_from_slice(&c.to_le_bytes());
                 let _ = RecordMeta::decode(&block);
                 let _ = Superblock::decode(&block);
                 let _ = PoolMeta::decode(&block);
+                if let Ok(h) = ParityBufferHeader::decode(&block) {
+                    // What open computes from a header must not overflow or divide by zero.
+                    let _ = (h.entries_per_bank(), h.bank_offset(1), h.descriptor_bytes());
+                }
+                let _ = ParityBankHeader::decode(&block);
             }
+            let row_grains = rng.gen_range(0..=MAX_PARITY_ROW_GRAINS + 8);
+            let _ = decode_parity_descriptor(&block, row_grains);
         }
     }
 }
