@@ -73,6 +73,10 @@ impl Registry {
     pub fn builtin() -> Registry {
         let mut r = Registry::empty();
         r.add_victim("greedy", "the segment with the fewest valid grains", |_| Box::new(victim::Greedy));
+        r.add_victim("min-valid", "greedy under the name FSTL gives it", |_| Box::new(victim::Greedy));
+        r.add_victim("fifo", "the segment sealed longest ago (FSTL's TL1, Skylight's SMR disks)", |_| {
+            Box::new(victim::Fifo)
+        });
         r.add_victim("cost-benefit", "Rosenblum & Ousterhout: (1 - u) age / (1 + u)", |_| {
             Box::new(victim::CostBenefit)
         });

@@ -50,6 +50,17 @@ impl VictimPolicy for Greedy {
     }
 }
 
+/// FIFO: the segment sealed longest ago, whatever it holds (the order FSTL's TL1 and the
+/// drive-managed SMR disks Skylight analysed clean their cache zones in; it needs no
+/// bookkeeping but moves live data that greedy would leave alone).
+pub struct Fifo;
+
+impl VictimPolicy for Fifo {
+    fn score(&self, c: &Candidate) -> f64 {
+        c.sealed_seq as f64
+    }
+}
+
 /// Cost-benefit (Rosenblum & Ousterhout): maximise (1 - u) * age / (1 + u).
 pub struct CostBenefit;
 
@@ -110,6 +121,8 @@ mod tests {
     #[test]
     fn greedy_prefers_emptier_and_aging_prefers_older_at_equal_utilisation() {
         assert!(Greedy.score(&cand(10, 0)) < Greedy.score(&cand(20, 0)));
+        // FIFO takes the oldest even when it is fuller.
+        assert!(Fifo.score(&cand(90, 0)) < Fifo.score(&cand(10, 900)));
         let a = AgingGreedy { aging: 0.5 };
         assert!(a.score(&cand(50, 0)) < a.score(&cand(50, 900)));
         assert!(CostBenefit.score(&cand(50, 0)) < CostBenefit.score(&cand(50, 900)));
