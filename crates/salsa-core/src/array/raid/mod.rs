@@ -226,27 +226,31 @@ impl RaidArray {
                 source: std::io::Error::other("the member has failed"),
             });
         }
-        let h = &self.health[m as usize];
         match self.device(m).read_at(buf, offset) {
             Ok(()) => {
-                h.bytes_read.fetch_add(buf.len() as u64, SeqCst);
+                self.health[m as usize].bytes_read.fetch_add(buf.len() as u64, SeqCst);
                 Ok(())
             }
-            Err(source) => {
-                let e = self.io_error(m, "read", offset, source);
-                if h.read_errors.fetch_add(1, SeqCst) + 1 >= READ_ERRORS_TO_FAIL {
-                    let msg = e.to_string();
-                    self.fail(m, e)?;
-                    return Err(Error::Io {
-                        device: self.device(m).name().to_string(),
-                        op: "read",
-                        offset,
-                        source: std::io::Error::other(msg),
-                    });
-                }
-                Err(e)
-            }
+            Err(source) => Err(self.read_failed(m, offset, source)?),
         }
+    }
+
+    /// Counts a failed read of member `m` and fails the member at [`READ_ERRORS_TO_FAIL`];
+    /// returns the error to report for this read (the caller may serve it from redundancy),
+    /// or `Err` when failing the member leaves the array without its data.
+    fn read_failed(&self, m: u32, offset: u64, source: std::io::Error) -> Result<Error> {
+        let e = self.io_error(m, "read", offset, source);
+        if self.health[m as usize].read_errors.fetch_add(1, SeqCst) + 1 < READ_ERRORS_TO_FAIL {
+            return Ok(e);
+        }
+        let msg = e.to_string();
+        self.fail(m, e)?;
+        Ok(Error::Io {
+            device: self.device(m).name().to_string(),
+            op: "read",
+            offset,
+            source: std::io::Error::other(msg),
+        })
     }
 
     /// Writes to member `m` unless it has failed (a member being rebuilt takes writes); a
@@ -420,13 +424,11 @@ impl RaidArray {
                     h.bytes_read.fetch_add(len, SeqCst);
                 }
                 Err(source) => {
-                    let e = self.io_error(m, "read", offset, source);
+                    // RAID-0 has no copy to serve it from: the error is the read's.
                     if self.stripe.kind != ArrayKind::Raid5 {
-                        return Err(e);
+                        return Err(self.io_error(m, "read", offset, source));
                     }
-                    if h.read_errors.fetch_add(1, SeqCst) + 1 >= READ_ERRORS_TO_FAIL {
-                        self.fail(m, e)?;
-                    }
+                    self.read_failed(m, offset, source)?;
                     lost.extend(&by_member[m as usize]);
                 }
             }
