@@ -43,7 +43,8 @@ pub struct RaidBenchParams {
     pub salsa_array: ArrayKind,
     /// SALSA's stripe unit (`None`: the layout's default).
     pub salsa_stripe_unit: Option<u32>,
-    /// Parts to run: `randwrite_4k`, `seqwrite_1m`, `flush_4k`, `reads_rebuild` (empty: all).
+    /// Parts to run: `randwrite_4k`, `seqwrite_1m`, `flush_4k`, `ssd_models`, `reads_rebuild`
+    /// (empty: all).
     pub only: Vec<String>,
 }
 
@@ -383,6 +384,9 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
     if wanted("flush_4k") {
         report["flush_4k"] = flush_heavy(p)?;
     }
+    if wanted("ssd_models") {
+        report["ssd_models"] = on_ssd_models(p)?;
+    }
     if !wanted("reads_rebuild") {
         return Ok(report);
     }
@@ -539,5 +543,109 @@ fn flush_heavy(p: &RaidBenchParams) -> Result<Value, String> {
         "salsa_parity_buffer_bytes_per_user_byte": m(&buffered, |r| r.buffer_per_user_byte),
         "parity_buffer_vs_padding": fm / pm.max(1e-9),
         "parity_buffer_vs_in_place": fm / bm.max(1e-9),
+    }))
+}
+
+/// Bytes of each emulated SSD of the `ssd_models` part.
+const SSD_MODEL_BYTES: u64 = 256 << 20;
+
+/// The members' modelled device time: the array is as slow as its busiest member.
+fn model_time_us(devs: &[Arc<dyn Device>]) -> u64 {
+    devs.iter()
+        .map(|d| d.counters().iter().find(|(k, _)| k == "model_time_us").map_or(0, |(_, v)| *v))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Fresh commodity SSD models (DRAM-less TLC, 16 KiB pages, 7% over-provisioning), in memory.
+fn ssd_members(n: usize) -> Result<Vec<Arc<dyn Device>>, String> {
+    (0..n)
+        .map(|i| {
+            let mem: Arc<dyn Device> = Arc::new(salsa_core::device::MemoryDevice::new(format!("ssd{i}"), SSD_MODEL_BYTES));
+            salsa_core::device::SsdModel::new(mem, salsa_core::device::SsdParams::commodity(SSD_MODEL_BYTES))
+                .map(|m| Arc::new(m) as Arc<dyn Device>)
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// 4 KiB random writes on RAID-5 arrays of emulated commodity SSDs, where the paper measured
+/// its 35x: each side on fresh models, filled once, then as many random writes as twice its
+/// capacity, from one writer (the models keep their own clock, so the figure is modelled
+/// device time, the same on any host: user bytes over the busiest member's time).
+fn on_ssd_models(p: &RaidBenchParams) -> Result<Value, String> {
+    let say = |m: String| eprintln!("[bench-raid] {m}");
+    let random_writes = |capacity: u64, write: &WriteFn<'_>| -> Result<u64, String> {
+        let mut rng = SmallRng::seed_from_u64(42);
+        let mut buf = salsa_core::AlignedBuf::zeroed(4096);
+        let n = 2 * capacity / 4096;
+        for i in 0..n {
+            buf[..8].copy_from_slice(&i.to_le_bytes());
+            write(rng.gen_range(0..capacity / 4096) * 4096, &buf)?;
+        }
+        Ok(n * 4096)
+    };
+    let fill = |capacity: u64, write: &WriteFn<'_>| -> Result<(), String> {
+        let chunk = salsa_core::AlignedBuf::zeroed(1 << 20);
+        let mut off = 0;
+        while off + (1 << 20) <= capacity {
+            write(off, &chunk)?;
+            off += 1 << 20;
+        }
+        Ok(())
+    };
+    // SALSA.
+    let devs = ssd_members(p.members)?;
+    let cfg = PoolConfig {
+        array: p.salsa_array,
+        stripe_unit_bytes: p.salsa_stripe_unit,
+        ..PoolConfig::default()
+    };
+    let opts = OpenOptions {
+        read_cache_bytes: 0,
+        ..OpenOptions::default()
+    };
+    let pool = Pool::create(devs.clone(), &cfg, &opts).map_err(|e| e.to_string())?;
+    let size = pool.logical_capacity_bytes() / (1 << 20) * (1 << 20);
+    let vol = pool.create_volume("bench", size, 4096).map_err(|e| e.to_string())?;
+    fill(size, &|o, d| vol.write(o, d).map_err(|e| e.to_string()))?;
+    pool.flush().map_err(|e| e.to_string())?;
+    let before = pool.stats();
+    let t0 = model_time_us(&devs);
+    let user = random_writes(size, &|o, d| vol.write(o, d).map_err(|e| e.to_string()))?;
+    pool.flush().map_err(|e| e.to_string())?;
+    let salsa_us = (model_time_us(&devs) - t0).max(1);
+    let after = pool.stats();
+    let salsa_mbps = user as f64 / salsa_us as f64;
+    let members = |st: &salsa_core::Stats| st.members.iter().map(|m| m.bytes_written).sum::<u64>();
+    let array_wa = (members(&after) - members(&before)) as f64 / user as f64;
+    say(format!(
+        "ssd models: SALSA {} {salsa_mbps:.1} MB/s modelled, members written per user byte {array_wa:.2}",
+        p.salsa_array.name()
+    ));
+    drop(vol);
+    pool.close().map_err(|e| e.to_string())?;
+    // The in-place array, on as much of its space as SALSA's volume holds, and on all of it.
+    let in_place = |span: Option<u64>| -> Result<(u64, f64), String> {
+        let devs = ssd_members(p.members)?;
+        let arr = InPlaceRaid5::new(devs.clone(), p.chunk_bytes);
+        let capacity = span.unwrap_or(arr.capacity_bytes()) / (1 << 20) * (1 << 20);
+        fill(capacity, &|o, d| arr.write(o, d))?;
+        let t0 = model_time_us(&devs);
+        let user = random_writes(capacity, &|o, d| arr.write(o, d))?;
+        let mbps = user as f64 / (model_time_us(&devs) - t0).max(1) as f64;
+        say(format!(
+            "ssd models: in-place RAID-5 over {} MiB: {mbps:.1} MB/s modelled",
+            capacity >> 20
+        ));
+        Ok((capacity, mbps))
+    };
+    let (_, same_mbps) = in_place(Some(size))?;
+    let (capacity, full_mbps) = in_place(None)?;
+    Ok(json!({
+        "ssd_model_bytes": SSD_MODEL_BYTES, "salsa_volume_bytes": size, "in_place_capacity_bytes": capacity,
+        "salsa_modelled_mbps": salsa_mbps, "salsa_array_write_amplification": array_wa,
+        "in_place_same_span_modelled_mbps": same_mbps, "ratio_same_span": salsa_mbps / same_mbps.max(1e-9),
+        "in_place_full_modelled_mbps": full_mbps, "ratio_full": salsa_mbps / full_mbps.max(1e-9),
     }))
 }
