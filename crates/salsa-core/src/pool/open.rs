@@ -682,14 +682,22 @@ fn plan_members(devices: &[Arc<dyn Device>], cfg: &PoolConfig) -> Result<MemberP
     let segment_bytes = match cfg.segment_bytes {
         Some(b) => {
             if kind.is_striped() && !b.is_multiple_of(row) {
-                let near = (b / row).max(1) * row;
+                // Exact sizes (a rounded "1.0 MiB" would read as the size just refused), at
+                // least 1 MiB.
+                let exact = |n: u64| format!("{}K", n / 1024);
+                let above = b.div_ceil(row) * row;
+                let below = b / row * row;
+                let suggestion = if below >= 1 << 20 {
+                    format!("{} or {}", exact(below), exact(above.max(1 << 20)))
+                } else {
+                    exact(above.max((1u64 << 20).div_ceil(row) * row))
+                };
                 return Err(Error::InvalidConfig(format!(
-                    "segment size {} is not a whole number of {} rows ({} data members x {} stripe unit); try {}",
+                    "segment size {} is not a whole number of {} rows ({} data members x {} stripe unit); try --segment-size {suggestion}",
                     human_bytes(b),
                     human_bytes(row),
                     data_members,
-                    human_bytes(unit as u64),
-                    human_bytes(if near < 1 << 20 { (1u64 << 20).div_ceil(row) * row } else { near })
+                    human_bytes(unit as u64)
                 )));
             }
             b
