@@ -76,6 +76,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// A failed read, write or sync of `dev`.
+    pub(crate) fn device_io(dev: &dyn crate::device::Device, op: &'static str, offset: u64, source: io::Error) -> Error {
+        Error::Io {
+            device: dev.name().to_string(),
+            op,
+            offset,
+            source,
+        }
+    }
+
     /// Whether this error should be reported to a block-device client as EIO (as opposed to
     /// EINVAL, ENOSPC, EPERM...). Front-ends use it to map errors to protocol codes.
     pub fn kind(&self) -> ErrorKind {

@@ -130,8 +130,20 @@ pub(crate) fn render(s: &Stats) -> String {
         .collect();
     e.metric("segments_by_state", g, "Segments per state.", &by_state);
 
-    let vol = |f: fn(&salsa_core::VolumeStats) -> f64| -> Vec<(String, f64)> {
-        s.volumes
+    type VolumeMetric = (&'static str, &'static str, fn(&salsa_core::VolumeStats) -> f64);
+    let volume_metrics: [VolumeMetric; 4] = [
+        ("volume_size_bytes", "Volume size.", |v| v.size_bytes as f64),
+        ("volume_mapped_bytes", "Bytes of the volume that hold data.", |v| {
+            v.mapped_bytes as f64
+        }),
+        ("volume_map_memory_bytes", "Memory held by the volume's map.", |v| {
+            v.map_memory_bytes as f64
+        }),
+        ("volume_page_bytes", "Volume page size.", |v| v.page_bytes as f64),
+    ];
+    for (name, help, f) in volume_metrics {
+        let samples: Vec<(String, f64)> = s
+            .volumes
             .iter()
             .map(|v| {
                 (
@@ -139,79 +151,45 @@ pub(crate) fn render(s: &Stats) -> String {
                     f(v),
                 )
             })
-            .collect()
-    };
-    e.metric("volume_size_bytes", g, "Volume size.", &vol(|v| v.size_bytes as f64));
-    e.metric(
-        "volume_mapped_bytes",
-        g,
-        "Bytes of the volume that hold data.",
-        &vol(|v| v.mapped_bytes as f64),
-    );
-    e.metric(
-        "volume_map_memory_bytes",
-        g,
-        "Memory held by the volume's map.",
-        &vol(|v| v.map_memory_bytes as f64),
-    );
-    e.metric("volume_page_bytes", g, "Volume page size.", &vol(|v| v.page_bytes as f64));
-
-    let member = |f: fn(&salsa_core::MemberStatus) -> f64| -> Vec<(String, f64)> {
-        s.members
-            .iter()
-            .enumerate()
-            .map(|(slot, m)| (format!("{{slot=\"{slot}\",member=\"{}\"}}", label(&m.name)), f(m)))
-            .collect()
-    };
-    if !s.members.is_empty() {
-        e.metric(
-            "member_read_bytes_total",
-            c,
-            "Bytes read from the member.",
-            &member(|m| m.bytes_read as f64),
-        );
-        e.metric(
-            "member_written_bytes_total",
-            c,
-            "Bytes written to the member.",
-            &member(|m| m.bytes_written as f64),
-        );
-        e.metric(
-            "member_parity_written_bytes_total",
-            c,
-            "Parity bytes written to the member.",
-            &member(|m| m.parity_bytes_written as f64),
-        );
-        e.metric(
-            "member_read_errors_total",
-            c,
-            "Read errors of the member.",
-            &member(|m| m.read_errors as f64),
-        );
-        e.metric(
-            "member_write_errors_total",
-            c,
-            "Write errors of the member.",
-            &member(|m| m.write_errors as f64),
-        );
-        e.metric(
+            .collect();
+        e.metric(name, g, help, &samples);
+    }
+    type MemberMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::MemberStatus) -> f64);
+    let member_metrics: [MemberMetric; 8] = [
+        ("member_read_bytes_total", c, "Bytes read from the member.", |m| m.bytes_read as f64),
+        ("member_written_bytes_total", c, "Bytes written to the member.", |m| {
+            m.bytes_written as f64
+        }),
+        ("member_parity_written_bytes_total", c, "Parity bytes written to the member.", |m| {
+            m.parity_bytes_written as f64
+        }),
+        ("member_read_errors_total", c, "Read errors of the member.", |m| {
+            m.read_errors as f64
+        }),
+        ("member_write_errors_total", c, "Write errors of the member.", |m| {
+            m.write_errors as f64
+        }),
+        (
             "member_repaired_bytes_total",
             c,
             "Bytes rewritten on the member from redundancy.",
-            &member(|m| m.repaired_bytes as f64),
-        );
-        e.metric(
-            "member_failed",
-            g,
-            "1 when the member has failed.",
-            &member(|m| m.failed as u8 as f64),
-        );
-        e.metric(
-            "member_rebuilding",
-            g,
-            "1 while the member is being rebuilt.",
-            &member(|m| m.rebuilding as u8 as f64),
-        );
+            |m| m.repaired_bytes as f64,
+        ),
+        ("member_failed", g, "1 when the member has failed.", |m| m.failed as u8 as f64),
+        ("member_rebuilding", g, "1 while the member is being rebuilt.", |m| {
+            m.rebuilding as u8 as f64
+        }),
+    ];
+    if !s.members.is_empty() {
+        for (name, kind, help, f) in member_metrics {
+            let samples: Vec<(String, f64)> = s
+                .members
+                .iter()
+                .enumerate()
+                .map(|(slot, m)| (format!("{{slot=\"{slot}\",member=\"{}\"}}", label(&m.name)), f(m)))
+                .collect();
+            e.metric(name, kind, help, &samples);
+        }
     }
     if let Some((slot, next, total)) = s.rebuild {
         e.metric(

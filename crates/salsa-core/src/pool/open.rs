@@ -29,20 +29,11 @@ fn default_segment_bytes(total_bytes: u64) -> u64 {
     pow.clamp(1 << 20, 1 << 30)
 }
 
-fn io_err(dev: &dyn Device, op: &'static str, offset: u64, source: std::io::Error) -> Error {
-    Error::Io {
-        device: dev.name().to_string(),
-        op,
-        offset,
-        source,
-    }
-}
-
 /// Reads a block the pool may or may not have written; on a zoned device whatever lies beyond a
 /// write pointer reads as zeros.
 fn read_block(dev: &dyn Device, offset: u64, len: usize) -> Result<AlignedBuf> {
     let mut b = AlignedBuf::zeroed(len);
-    crate::device::zone::read_written(dev, &mut b, offset).map_err(|e| io_err(dev, "read", offset, e))?;
+    crate::device::zone::read_written(dev, &mut b, offset).map_err(|e| Error::device_io(dev, "read", offset, e))?;
     Ok(b)
 }
 
@@ -86,7 +77,7 @@ pub(super) fn write_superblock(d: &dyn Device, sb: &Superblock) -> Result<()> {
     let mut buf = match crate::layout::in_sequential_zone(d, 0)? {
         Some(zone) => {
             let z = d.zones().expect("a sequential zone is on a zoned device");
-            z.reset_zone(zone).map_err(|e| io_err(d, "reset zone", 0, e))?;
+            z.reset_zone(zone).map_err(|e| Error::device_io(d, "reset zone", 0, e))?;
             AlignedBuf::zeroed(SUPERBLOCK_BYTES)
         }
         None => AlignedBuf::zeroed(
@@ -96,8 +87,8 @@ pub(super) fn write_superblock(d: &dyn Device, sb: &Superblock) -> Result<()> {
         ),
     };
     buf[..SUPERBLOCK_BYTES].copy_from_slice(&sb.encode());
-    d.write_at(&buf, 0).map_err(|e| io_err(d, "write superblock", 0, e))?;
-    d.sync().map_err(|e| io_err(d, "sync", 0, e))
+    d.write_at(&buf, 0).map_err(|e| Error::device_io(d, "write superblock", 0, e))?;
+    d.sync().map_err(|e| Error::device_io(d, "sync", 0, e))
 }
 
 impl Pool {

@@ -189,12 +189,7 @@ impl RaidArray {
     }
 
     fn io_error(&self, m: u32, op: &'static str, offset: u64, source: std::io::Error) -> Error {
-        Error::Io {
-            device: self.device(m).name().to_string(),
-            op,
-            offset,
-            source,
-        }
+        Error::device_io(&*self.device(m), op, offset, source)
     }
 
     /// Fails member `m` after an I/O error. `Ok` while the array still has its data; the error
@@ -528,13 +523,15 @@ impl RaidArray {
         if self.stripe.kind != ArrayKind::Raid5 {
             return self.write_runs(segment, per_member);
         }
-        let done = self.rows.contribute(segment, &pieces, |p, xor| {
+        // A piece's bytes, for its row's parity (and again, once written, for the landed parity).
+        let piece_bytes = |p: &Piece, xor: &mut dyn FnMut(u64, &[u8])| {
             let mut at = 0;
             for s in sub_slices(bufs, p.at, p.len) {
                 xor(at, s);
                 at += s.len() as u64;
             }
-        });
+        };
+        let done = self.rows.contribute(segment, &pieces, piece_bytes);
         let parity_slices: Vec<(u32, u64, &[u8])> = done
             .iter()
             .map(|d| (d.member, d.row * self.stripe.unit_bytes, &d.parity[..]))
@@ -543,13 +540,7 @@ impl RaidArray {
             per_member[*m as usize].push((*off, vec![*bytes], bytes.len() as u64));
         }
         let r = self.write_runs(segment, per_member);
-        self.rows.finished(segment, &pieces, r.is_ok(), |p, xor| {
-            let mut at = 0;
-            for s in sub_slices(bufs, p.at, p.len) {
-                xor(at, s);
-                at += s.len() as u64;
-            }
-        });
+        self.rows.finished(segment, &pieces, r.is_ok(), piece_bytes);
         r
     }
 

@@ -68,15 +68,6 @@ pub struct ParityBuffer {
     banks_skipped: AtomicU64,
 }
 
-fn io(dev: &dyn Device, op: &'static str, offset: u64, source: std::io::Error) -> Error {
-    Error::Io {
-        device: dev.name().to_string(),
-        op,
-        offset,
-        source,
-    }
-}
-
 impl ParityBuffer {
     /// Formats `device` as the parity buffer `buffer_id` of pool `pool_id`: writes its header
     /// and invalidates both banks. Refuses a device too small for [`MIN_ENTRIES_PER_BANK`].
@@ -104,15 +95,15 @@ impl ParityBuffer {
         block[..PARITY_BLOCK_BYTES].copy_from_slice(&header.encode());
         device
             .write_at(&block[..PARITY_BLOCK_BYTES], 0)
-            .map_err(|e| io(&*device, "write", 0, e))?;
+            .map_err(|e| Error::device_io(&*device, "write", 0, e))?;
         // Zeroed bank headers: no bank is valid until the first sync.
         for bank in 0..2 {
             let at = header.bank_offset(bank);
             device
                 .write_at(&block[PARITY_BLOCK_BYTES..2 * PARITY_BLOCK_BYTES], at)
-                .map_err(|e| io(&*device, "write", at, e))?;
+                .map_err(|e| Error::device_io(&*device, "write", at, e))?;
         }
-        device.sync().map_err(|e| io(&*device, "sync", 0, e))?;
+        device.sync().map_err(|e| Error::device_io(&*device, "sync", 0, e))?;
         Ok(ParityBuffer::with(device, header, 0))
     }
 
@@ -143,7 +134,9 @@ impl ParityBuffer {
         let name = device.name().to_string();
         let refuse = |reason: String| Error::InvalidConfig(format!("{name} is not this pool's parity buffer: {reason}"));
         let mut block = AlignedBuf::zeroed(PARITY_BLOCK_BYTES);
-        device.read_at(&mut block, 0).map_err(|e| io(&*device, "read", 0, e))?;
+        device
+            .read_at(&mut block, 0)
+            .map_err(|e| Error::device_io(&*device, "read", 0, e))?;
         let header = ParityBufferHeader::decode(&block).map_err(|e| refuse(e.to_string()))?;
         if header.pool_id != pool_id {
             return Err(refuse(format!("it belongs to pool {:032x}", header.pool_id)));
@@ -180,7 +173,9 @@ impl ParityBuffer {
     fn read_bank(device: &dyn Device, header: &ParityBufferHeader, bank: usize) -> Result<Option<(u64, Vec<LandedRow>)>> {
         let at = header.bank_offset(bank);
         let mut block = AlignedBuf::zeroed(PARITY_BLOCK_BYTES);
-        device.read_at(&mut block, at).map_err(|e| io(device, "read", at, e))?;
+        device
+            .read_at(&mut block, at)
+            .map_err(|e| Error::device_io(device, "read", at, e))?;
         let Ok(bank_header) = ParityBankHeader::decode(&block) else {
             return Ok(None);
         };
@@ -194,7 +189,7 @@ impl ParityBuffer {
             let from = at + PARITY_BLOCK_BYTES as u64;
             device
                 .read_at(&mut body[..body_len], from)
-                .map_err(|e| io(device, "read", from, e))?;
+                .map_err(|e| Error::device_io(device, "read", from, e))?;
         }
         if crc32c::crc32c(&body[..body_len]) != bank_header.body_crc {
             return Ok(None);
@@ -271,8 +266,10 @@ impl ParityBuffer {
         bank_header.encode_into(&mut buf[..PARITY_BLOCK_BYTES]);
         // Banks alternate: odd sequence numbers go to bank 1, even ones to bank 0.
         let at = self.header.bank_offset((seq % 2) as usize);
-        self.device.write_at(&buf, at).map_err(|e| io(&*self.device, "write", at, e))?;
-        self.device.sync().map_err(|e| io(&*self.device, "sync", at, e))?;
+        self.device
+            .write_at(&buf, at)
+            .map_err(|e| Error::device_io(&*self.device, "write", at, e))?;
+        self.device.sync().map_err(|e| Error::device_io(&*self.device, "sync", at, e))?;
         state.seq = seq;
         state.written_version = Some(version);
         self.banks_written.fetch_add(1, SeqCst);

@@ -94,6 +94,17 @@ impl OpenRows {
         (first, (p.len / self.grain_bytes) as usize)
     }
 
+    /// XORs the bytes of piece `p` (given by `bytes_of`) into `parity`, one stripe unit long.
+    fn xor_piece(&self, parity: &mut [u8], p: &Piece, bytes_of: &mut impl FnMut(&Piece, &mut dyn FnMut(u64, &[u8]))) {
+        let in_unit = p.member_offset % self.stripe.unit_bytes;
+        bytes_of(p, &mut |at, bytes| {
+            let from = (in_unit + at) as usize;
+            for (d, s) in parity[from..from + bytes.len()].iter_mut().zip(bytes) {
+                *d ^= *s;
+            }
+        });
+    }
+
     fn bump(&self) {
         self.landed_version.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
@@ -116,8 +127,7 @@ impl OpenRows {
         pieces: &[Piece],
         mut bytes_of: impl FnMut(&Piece, &mut dyn FnMut(u64, &[u8])),
     ) -> Vec<DoneParity> {
-        let gpu = self.grains_per_unit();
-        let row_grains = gpu * self.stripe.data_members() as usize;
+        let row_grains = self.row_grains();
         let unit = self.stripe.unit_bytes;
         let mut rows = self.rows.lock();
         let mut touched: Vec<u64> = Vec::new();
@@ -134,14 +144,8 @@ impl OpenRows {
                 row.pending += 1;
                 touched.push(p.row);
             }
-            let in_unit = p.member_offset % unit;
             let parity = Arc::get_mut(&mut row.parity).expect("an open row's parity is not shared until it is complete");
-            bytes_of(p, &mut |at, bytes| {
-                let from = (in_unit + at) as usize;
-                for (d, s) in parity[from..from + bytes.len()].iter_mut().zip(bytes) {
-                    *d ^= *s;
-                }
-            });
+            self.xor_piece(parity, p, &mut bytes_of);
             let (first, n) = self.grains_of(p);
             for c in &mut row.contributed[first..first + n] {
                 assert!(!*c, "grain of row {} of segment {segment} written twice", p.row);
@@ -165,19 +169,12 @@ impl OpenRows {
     pub fn finished(&self, segment: u32, pieces: &[Piece], landed: bool, mut bytes_of: impl FnMut(&Piece, &mut dyn FnMut(u64, &[u8]))) {
         let mut rows = self.rows.lock();
         let row_grains = self.row_grains();
-        let unit = self.stripe.unit_bytes;
         if landed && self.track_landed {
             for p in pieces {
                 let (first, n) = self.grains_of(p);
                 let Some(row) = rows.get_mut(&(segment, p.row)) else { continue };
                 let Some((parity, covered)) = row.landed.as_mut() else { continue };
-                let in_unit = p.member_offset % unit;
-                bytes_of(p, &mut |at, bytes| {
-                    let from = (in_unit + at) as usize;
-                    for (d, s) in parity[from..from + bytes.len()].iter_mut().zip(bytes) {
-                        *d ^= *s;
-                    }
-                });
+                self.xor_piece(parity, p, &mut bytes_of);
                 for c in &mut covered[first..first + n] {
                     *c = true;
                 }
