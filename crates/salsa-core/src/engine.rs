@@ -30,6 +30,9 @@ pub struct Engine {
     /// Every volume, by id, as the core sees it: a controller.
     pub volumes: RwLock<BTreeMap<u32, Arc<dyn Controller>>>,
     policy: Box<dyn VictimPolicy>,
+    /// The victim policies of volumes that chose their own, by volume id; every other
+    /// volume's segments are ranked by `policy`.
+    volume_policies: RwLock<BTreeMap<u32, Arc<dyn VictimPolicy>>>,
     /// Held shared while a victim is cleaned (several GC workers may clean at once, each its
     /// own victim, claimed by compare-and-swap) and exclusively by volume deletion.
     pub gc_lock: RwLock<()>,
@@ -80,6 +83,7 @@ impl Engine {
             log,
             volumes: RwLock::new(BTreeMap::new()),
             policy,
+            volume_policies: RwLock::new(BTreeMap::new()),
             gc_lock: RwLock::new(()),
             background_gc,
             gc_garbage_ratio,
@@ -101,6 +105,16 @@ impl Engine {
     pub fn add_volume(&self, vol: Arc<dyn Controller>) {
         self.log.add_streams(vol.id(), vol.streams());
         self.volumes.write().insert(vol.id(), vol);
+    }
+
+    /// One pass of every volume's background work; whether any did something.
+    pub fn maintain(&self) -> Result<bool> {
+        let vols: Vec<Arc<dyn Controller>> = self.volumes.read().values().cloned().collect();
+        let mut busy = false;
+        for v in vols {
+            busy |= v.maintain(&self.log)?;
+        }
+        Ok(busy)
     }
 
     /// Makes every write that returned before this call durable (the log's flush).
@@ -192,8 +206,21 @@ impl Engine {
         *woken = false;
     }
 
-    /// Picks the best victim by the pool's policy and marks it. `None` when no segment would
-    /// yield space.
+    /// Ranks volume `volume`'s segments with `policy` from now on (`None`: with the pool's).
+    pub fn set_volume_victim_policy(&self, volume: u32, policy: Option<Arc<dyn VictimPolicy>>) {
+        let mut p = self.volume_policies.write();
+        match policy {
+            Some(policy) => p.insert(volume, policy),
+            None => p.remove(&volume),
+        };
+    }
+
+    /// Picks the best victim and marks it. `None` when no segment would yield space.
+    ///
+    /// Each volume with a victim policy of its own ranks its own segments; the pool's policy
+    /// ranks everything else. Scores of different policies do not compare, so when several
+    /// rankings name a best segment, the one that frees the most space (fewest valid grains)
+    /// is cleaned: greedy across volumes, each volume's choice within its own data.
     fn choose_victim(&self) -> Option<u32> {
         let gps = self.log.geo().grains_per_segment;
         // Moving v grains costs v plus their metadata pages; a victim must free more than that.
@@ -214,23 +241,35 @@ impl Engine {
                 }
                 let sealed = s.sealed_seq.load(SeqCst);
                 oldest = oldest.min(sealed);
-                cands.push((i as u32, valid, sealed, s.stream_kind()));
+                cands.push((i as u32, valid, sealed, s.stream_kind(), s.owner_volume.load(SeqCst)));
             }
-            let best = cands
-                .iter()
-                .map(|&(segment, valid_grains, sealed_seq, stream)| {
-                    let c = Candidate {
-                        segment,
-                        valid_grains,
-                        capacity_grains: gps,
-                        sealed_seq,
-                        now_seq: now,
-                        oldest_sealed_seq: oldest,
-                        stream,
-                    };
-                    (self.policy.score(&c), segment)
-                })
-                .min_by(|a, b| a.0.total_cmp(&b.0))?;
+            let policies = self.volume_policies.read();
+            // Per ranking (a volume's own policy, or `None` for the pool's): its best candidate
+            // as (score, segment, valid grains).
+            let mut bests: Vec<(Option<u32>, (f64, u32, u32))> = Vec::new();
+            for &(segment, valid_grains, sealed_seq, stream, owner) in &cands {
+                let c = Candidate {
+                    segment,
+                    valid_grains,
+                    capacity_grains: gps,
+                    sealed_seq,
+                    now_seq: now,
+                    oldest_sealed_seq: oldest,
+                    stream,
+                };
+                let (ranking, policy) = match policies.get(&owner) {
+                    Some(p) => (Some(owner), p.as_ref()),
+                    None => (None, self.policy.as_ref()),
+                };
+                let scored = (policy.score(&c), segment, valid_grains);
+                match bests.iter_mut().find(|b| b.0 == ranking) {
+                    Some(b) if scored.0.total_cmp(&b.1 .0).is_lt() => b.1 = scored,
+                    Some(_) => {}
+                    None => bests.push((ranking, scored)),
+                }
+            }
+            drop(policies);
+            let best = bests.iter().map(|b| b.1).min_by(|a, b| a.2.cmp(&b.2).then(a.0.total_cmp(&b.0)))?;
             if self
                 .log
                 .capacity()

@@ -9,8 +9,9 @@ use crate::util::{Decoder, Encoder, Truncated};
 /// Format version written by this build; newer versions are refused.
 ///
 /// Version 6 added the array layout and the member list to the superblock, the controller kind
-/// and settings to the volume table, and a copy of the pool metadata on every member.
-pub const FORMAT_VERSION: u32 = 7;
+/// and settings to the volume table, and a copy of the pool metadata on every member. Version 7
+/// added the parity buffer's id to the pool metadata; version 8 a victim policy per volume.
+pub const FORMAT_VERSION: u32 = 8;
 /// Oldest format version this build reads. A version-5 pool opens as it is (its superblocks
 /// decode as a linear array without member ids; its records and checkpoint are unchanged) and
 /// its pool metadata is rewritten as version 6 by the first write after it opens.
@@ -390,16 +391,25 @@ pub enum ControllerKind {
     /// The LSA page map: one entry per page.
     #[default]
     Lsa = 0,
+    /// Dual mapping: a dense map of large pages and a bounded sparse map of grain-sized pages
+    /// for small and unaligned writes.
+    Dual = 1,
 }
 
 impl ControllerKind {
     /// Every kind, for messages and parsing.
-    pub const ALL: [ControllerKind; 1] = [ControllerKind::Lsa];
+    pub const ALL: [ControllerKind; 2] = [ControllerKind::Lsa, ControllerKind::Dual];
 
     pub fn name(self) -> &'static str {
         match self {
             ControllerKind::Lsa => "lsa",
+            ControllerKind::Dual => "dual",
         }
+    }
+
+    /// The kind named `name` (as [`ControllerKind::name`] spells it).
+    pub fn from_name(name: &str) -> Option<ControllerKind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
     }
 
     pub fn from_u8(v: u8) -> Option<ControllerKind> {
@@ -417,6 +427,9 @@ pub struct VolumeRecord {
     pub page_bytes: u32,
     /// Name of the volume's placement policy (see [`crate::policy`]).
     pub placement: String,
+    /// Name of the victim policy that ranks the volume's segments for the GC; empty: the
+    /// pool's (versions before 8 had only the pool's).
+    pub victim: String,
     /// The controller that maps it (version 5 knew only the page map).
     pub controller: ControllerKind,
     /// Controller settings as (key, value) pairs, keys defined by each controller, at most
@@ -483,6 +496,7 @@ impl PoolMeta {
             let name = v.name.as_bytes();
             e.u32(v.id).u16(name.len() as u16).raw(name).u64(v.size_bytes).u32(v.page_bytes);
             encode_name(&mut e, &v.placement);
+            encode_name(&mut e, &v.victim);
             assert!(v.settings.len() <= MAX_VOLUME_SETTINGS, "too many volume settings");
             e.u8(v.controller as u8).u8(v.settings.len() as u8);
             for (key, value) in &v.settings {
@@ -572,6 +586,11 @@ impl PoolMeta {
             let size_bytes = d.u64("volume size")?;
             let page_bytes = d.u32("page size")?;
             let placement = decode_name(&mut d, "placement policy")?;
+            let victim = if version >= 8 {
+                decode_name(&mut d, "victim policy")?
+            } else {
+                String::new()
+            };
             let (mut controller, mut settings) = (ControllerKind::Lsa, Vec::new());
             if version >= 6 {
                 controller = ControllerKind::from_u8(d.u8("controller kind")?)
@@ -593,6 +612,7 @@ impl PoolMeta {
                 size_bytes,
                 page_bytes,
                 placement,
+                victim,
                 controller,
                 settings,
             });
@@ -1254,6 +1274,7 @@ mod tests {
                 size_bytes: 1 << 30,
                 page_bytes: 4096,
                 placement: "sepbit".into(),
+                victim: "fifo".into(),
                 controller: ControllerKind::Lsa,
                 settings: vec![(3, u64::MAX), (0, 7)],
             }],
@@ -1296,12 +1317,13 @@ mod tests {
             size_bytes: 1 << 20,
             page_bytes: 4096,
             placement: "salsa".into(),
+            victim: String::new(),
             controller: ControllerKind::Lsa,
             settings: vec![],
         });
         let mut block = pm.encode();
-        // The controller byte follows the placement name.
-        let at = block.windows(5).position(|w| w == b"salsa").unwrap() + 5;
+        // The controller byte follows the placement name and the (empty) victim name.
+        let at = block.windows(5).position(|w| w == b"salsa").unwrap() + 5 + 1;
         assert_eq!(block[at], ControllerKind::Lsa as u8);
         block[at] = 200;
         reseal(&mut block);

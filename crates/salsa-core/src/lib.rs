@@ -69,6 +69,7 @@ pub use log::read_cache::ReadCacheStats;
 pub use log::Geometry;
 pub use policy::Registry;
 pub use pool::{
-    ArrayKind, OpenOptions, OpenedFrom, Pool, PoolConfig, RebuildOptions, RebuildReport, ScrubReport, Stats, Volume, VolumeStats,
+    ArrayKind, ControllerKind, OpenOptions, OpenedFrom, Pool, PoolConfig, RebuildOptions, RebuildReport, ScrubReport, Stats, Volume,
+    VolumeSpec, VolumeStats,
 };
 pub use util::AlignedBuf;

@@ -111,7 +111,7 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
         }
     }
     for v in volumes.values() {
-        v.end_replay();
+        v.end_replay(&eng.log);
     }
     if !eng.log.is_read_only() {
         resync_unsynced(eng, &found, durable_through)?;

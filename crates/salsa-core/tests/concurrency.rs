@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use salsa_core::device::MemoryDevice;
-use salsa_core::{Device, OpenOptions, Pool};
+use salsa_core::{ControllerKind, Device, OpenOptions, Pool, VolumeSpec};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -22,10 +22,30 @@ fn version_of(vol: u32, page: u64, buf: &[u8]) -> Option<u64> {
 
 #[test]
 fn writers_readers_and_gc_concurrently() {
+    writers_readers_and_gc_on(VolumeSpec::lsa(4096));
+}
+
+/// The same on a dual-mapping volume of 16 KiB pages: the writers' 4 KiB pages interleave
+/// within each large page, so small pages of several writers share one large page while it
+/// is merged (by writers finding the sparse map full and by the maintenance thread).
+#[test]
+fn writers_readers_and_gc_concurrently_on_a_dual_mapping_volume() {
+    let spec = VolumeSpec {
+        sparse_pages: Some(256),
+        ..VolumeSpec::dual(16384)
+    };
+    writers_readers_and_gc_on(spec);
+}
+
+fn writers_readers_and_gc_on(spec: VolumeSpec) {
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 48 * MIB));
     let opts = OpenOptions::default(); // background GC
     let pool = Pool::create(vec![dev.clone()], &tiny_config(), &opts).unwrap();
-    let vol = pool.create_volume("v", pool.logical_capacity_bytes(), 4096).unwrap();
+    let unit = spec.page_bytes as u64;
+    // A dual-mapping volume needs two segments more for its streams of small pages, and room
+    // for its sparse map's pages on top of the large pages they overlay.
+    let size = pool.logical_capacity_bytes() - if spec.controller == ControllerKind::Dual { 4 * MIB } else { 0 };
+    let vol = pool.create_volume_spec("v", size / unit * unit, &spec).unwrap();
     let pages = vol.size_bytes() / PAGE as u64;
     let acked: Arc<Vec<AtomicU64>> = Arc::new((0..pages).map(|_| AtomicU64::new(0)).collect());
     let stop = Arc::new(AtomicBool::new(false));
@@ -81,6 +101,10 @@ fn writers_readers_and_gc_concurrently() {
     });
     let st = pool.stats();
     assert!(st.gc_segments_cleaned > 20, "GC cleaned only {} segments", st.gc_segments_cleaned);
+    if spec.controller == ControllerKind::Dual {
+        let v = &st.volumes[0];
+        assert!(v.merged_pages > 100 && v.small_pages_written > 1000, "{v:?}");
+    }
     let check = |pool: &Pool| {
         let vol = pool.volume("v").unwrap();
         let mut buf = vec![0u8; PAGE];

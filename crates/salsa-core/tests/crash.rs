@@ -8,7 +8,7 @@ use common::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use salsa_core::device::{CrashDevice, CrashPlan, SliceDevice, ZonedEmulator, ZonedGeometry};
-use salsa_core::{ArrayKind, Device, OpenOptions, Pool, PoolConfig, StorageType};
+use salsa_core::{ArrayKind, Device, OpenOptions, Pool, PoolConfig, StorageType, VolumeSpec};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -124,7 +124,13 @@ impl Medium {
 struct Writes {
     write_back_threads: usize,
     payload_writes: bool,
+    /// The second volume is a dual-mapping volume of 16 KiB large pages whose sparse map holds
+    /// 64 small pages: the workload's 4 KiB writes go to the sparse map and merges run often.
+    dual: bool,
 }
+
+/// Large pages of the dual-mapping volume, in the workload's 4 KiB pages.
+const DUAL_SUBPAGES: u64 = 4;
 
 /// Runs a seeded workload until the device crashes (or the workload ends), then reopens and
 /// checks every block. With `write_back_threads` 0 every device write happens in the order the
@@ -134,6 +140,7 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
     let Writes {
         write_back_threads,
         payload_writes,
+        dual,
     } = writes;
     let opts = OpenOptions {
         write_back_threads,
@@ -183,14 +190,27 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
         .map(|vi| PLACEMENTS[(seed as usize + vi) % PLACEMENTS.len()])
         .collect();
     // Each volume gets a share of what the pool can hold with both volumes' streams open.
-    let share = (pool.logical_capacity_bytes() * 2 / 5).min(pool.usable_bytes_for(&placements).unwrap() * 9 / 20);
-    let vol_bytes = share / PAGE as u64 * PAGE as u64;
+    // (A dual-mapping volume has two streams more than its placement's: one segment each.)
+    let usable = pool.usable_bytes_for(&placements).unwrap() - if dual { 2 * MIB } else { 0 };
+    let share = (pool.logical_capacity_bytes() * 2 / 5).min(usable * 9 / 20);
+    let unit = PAGE as u64 * DUAL_SUBPAGES;
+    let vol_bytes = share / unit * unit;
+    let is_dual = |vi: usize| dual && vi == 1;
     let pages = vol_bytes / PAGE as u64;
     let mut oracle = Oracle::new(pages);
     // Fill both volumes first, so the pool is mostly live data and the GC runs from the start.
     for (vi, name) in VOLUMES.iter().enumerate() {
         let placement = placements[vi];
-        let vol = pool.create_volume_with(name, vol_bytes, PAGE as u32, placement).unwrap();
+        let mut spec = if is_dual(vi) {
+            VolumeSpec {
+                sparse_pages: Some(64),
+                ..VolumeSpec::dual(unit as u32)
+            }
+        } else {
+            VolumeSpec::lsa(PAGE as u32)
+        };
+        spec.placement = Some(placement.into());
+        let vol = pool.create_volume_spec(name, vol_bytes, &spec).unwrap();
         for p in 0..pages {
             vol.write(p * PAGE as u64, &pattern(vi as u32, p, 1)).unwrap();
             oracle.durable[vi][p as usize] = Value::Version(1);
@@ -240,6 +260,22 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
                 version += 1;
                 oracle.wrote(vi, page as usize, Value::Version(version));
                 vol.write(page * PAGE as u64, &pattern(vi as u32, page, version))
+            }
+            75..=79 if is_dual(vi) && rng.gen_bool(0.5) => {
+                // A dual-mapping volume trims whole large pages only.
+                let first = page / DUAL_SUBPAGES * DUAL_SUBPAGES;
+                let n = (rng.gen_range(1..5u64) * DUAL_SUBPAGES).min(pages - first);
+                for q in first..first + n {
+                    oracle.wrote(vi, q as usize, Value::Zero);
+                }
+                vol.trim(first * PAGE as u64, n * PAGE as u64)
+            }
+            75..=79 if is_dual(vi) => {
+                let n = rng.gen_range(1..16u64).min(pages - page);
+                for q in page..page + n {
+                    oracle.wrote(vi, q as usize, Value::Zero);
+                }
+                vol.write_zeroes(page * PAGE as u64, n * PAGE as u64)
             }
             75..=79 => {
                 let n = rng.gen_range(1..16u64).min(pages - page);
@@ -402,6 +438,7 @@ fn crash_at_many_points() {
 const COPIED: Writes = Writes {
     write_back_threads: 0,
     payload_writes: false,
+    dual: false,
 };
 
 /// The same with sealed user records written back by threads while writers go on: what was
@@ -416,6 +453,7 @@ fn crash_at_many_points_with_write_back() {
         Writes {
             write_back_threads: 4,
             payload_writes: false,
+            dual: false,
         },
         |_| Medium::Flat,
     );
@@ -431,6 +469,7 @@ fn crash_at_many_points_with_payload_writes() {
         let writes = Writes {
             write_back_threads,
             payload_writes: true,
+            dual: false,
         };
         crash_seeds(seeds, 20, writes, |seed| {
             if seed % 3 == 0 {
@@ -483,6 +522,27 @@ fn raid5_parity_buffer_crash_at_many_points() {
         kind: ArrayKind::Raid5,
         members: 3 + (seed % 2) * 2,
         parity_buffer: true,
+    });
+}
+
+/// The same with a dual-mapping volume beside an LSA one: 4 KiB writes into its 16 KiB pages
+/// go to its sparse map, which fills and merges; multi-page writes put whole large pages in
+/// its dense map and their edges in the sparse map. A crash anywhere loses nothing flushed,
+/// and no sparse page older than its large page comes back.
+#[test]
+fn dual_mapping_crash_at_many_points() {
+    let seeds = seeds_from_env("SALSA_DUAL_CRASH_SEEDS", 16);
+    let writes = Writes {
+        write_back_threads: 0,
+        payload_writes: true,
+        dual: true,
+    };
+    crash_seeds(seeds, 25, writes, |seed| {
+        if seed % 4 == 3 {
+            Medium::Zoned { conventional_zones: 0 }
+        } else {
+            Medium::Flat
+        }
     });
 }
 
@@ -544,6 +604,7 @@ fn regression_stale_tombstone_seed_37762() {
     let writes = Writes {
         write_back_threads: 0,
         payload_writes: true,
+        dual: false,
     };
     for crash_after_ops in [700, 762] {
         run_seed(37762, Some(crash_after_ops), Medium::Flat, writes);

@@ -15,8 +15,8 @@ use std::io::Read;
 use std::sync::Arc;
 
 /// The format version this build writes (version 7 added the RAID-5 parity buffer id to the
-/// pool metadata).
-const CURRENT_VERSION: u32 = 7;
+/// pool metadata, version 8 a victim policy per volume).
+const CURRENT_VERSION: u32 = 8;
 
 const MEMBER_BYTES: u64 = 24 * MIB;
 /// Offsets of the two pool-metadata slots on a flat member (format constants).

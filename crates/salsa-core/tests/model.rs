@@ -8,7 +8,7 @@ use common::*;
 use proptest::prelude::*;
 use salsa_core::device::{MemoryDevice, ZonedEmulator, ZonedGeometry};
 use salsa_core::StorageType;
-use salsa_core::{ArrayKind, Device, Error, Pool};
+use salsa_core::{ArrayKind, Device, Error, Pool, VolumeSpec};
 use std::sync::Arc;
 
 const VOLS: usize = 3;
@@ -57,6 +57,8 @@ enum Op {
     Grow {
         vol: usize,
     },
+    /// The volumes' background work (merges of full sparse maps).
+    Maintain,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -73,6 +75,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..VOLS).prop_map(|vol| Op::Create { vol }),
         1 => (0..VOLS).prop_map(|vol| Op::Delete { vol }),
         1 => (0..VOLS).prop_map(|vol| Op::Grow { vol }),
+        1 => Just(Op::Maintain),
     ]
 }
 
@@ -85,6 +88,19 @@ fn placement(vol: usize) -> &'static str {
     PLACEMENTS[vol % PLACEMENTS.len()]
 }
 
+/// What volume slot `vol` is: in the dual runs, slot 1 is a dual-mapping volume of 16 KiB large
+/// pages whose sparse map holds only 64 small pages, so small writes fill it and merges run
+/// all the time; every other slot is an LSA volume of 4 KiB pages.
+fn spec(vol: usize, dual: bool) -> VolumeSpec {
+    let mut spec = VolumeSpec::lsa(4096);
+    if dual && vol == 1 {
+        spec = VolumeSpec::dual(16384);
+        spec.sparse_pages = Some(64);
+    }
+    spec.placement = Some(placement(vol).into());
+    spec
+}
+
 fn clamp(model: &[u8], offset: u64, len: u64) -> (u64, u64) {
     let size = model.len() as u64;
     let offset = offset.min(size - 1);
@@ -92,7 +108,12 @@ fn clamp(model: &[u8], offset: u64, len: u64) -> (u64, u64) {
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    run_on(vec![Arc::new(MemoryDevice::new("mem", 56 * MIB))], &tiny_config(), ops)
+    run_on(vec![Arc::new(MemoryDevice::new("mem", 56 * MIB))], &tiny_config(), ops, false)
+}
+
+/// The model with a dual-mapping volume among the LSA ones.
+fn run_dual(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    run_on(vec![Arc::new(MemoryDevice::new("mem", 56 * MIB))], &tiny_config(), ops, true)
 }
 
 /// The same model on an emulated host-managed zoned drive without conventional zones (so the
@@ -108,6 +129,7 @@ fn run_zoned(ops: Vec<Op>) -> Result<(), TestCaseError> {
         vec![Arc::new(ZonedEmulator::open_or_create(backing, geo).unwrap())],
         &tiny_config(),
         ops,
+        false,
     )
 }
 
@@ -123,17 +145,17 @@ fn run_raid(kind: ArrayKind, members: u64, ops: Vec<Op>) -> Result<(), TestCaseE
         array: kind,
         ..tiny_config()
     };
-    run_on(devs, &cfg, ops)
+    run_on(devs, &cfg, ops, false)
 }
 
-fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>) -> Result<(), TestCaseError> {
+fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>, dual: bool) -> Result<(), TestCaseError> {
     let mut pool = Some(Pool::create(devs.clone(), cfg, &inline_gc()).unwrap());
     let mut model: Vec<Option<Vec<u8>>> = vec![None; VOLS];
     for (v, m) in model.iter_mut().enumerate().take(2) {
         let vol = pool
             .as_ref()
             .unwrap()
-            .create_volume_with(&name(v), VOL_PAGES * PAGE as u64, 4096, placement(v))
+            .create_volume_spec(&name(v), VOL_PAGES * PAGE as u64, &spec(v, dual))
             .unwrap();
         // Fill it, so that the pool is mostly live data and the GC must move pages.
         let image: Vec<u8> = (0..VOL_PAGES * PAGE as u64).map(|i| (i / 4096 + v as u64) as u8).collect();
@@ -197,7 +219,7 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
                     panic!("trim failed: {e}\n{:?}", p.stats());
                 }
                 // Whole pages inside the range are discarded; edges are untouched.
-                let pb = PAGE as u64;
+                let pb = spec(vol, dual).page_bytes as u64;
                 let (a, b) = (offset.div_ceil(pb) * pb, (offset + len) / pb * pb);
                 if b > a {
                     m[a as usize..b as usize].fill(0);
@@ -221,7 +243,7 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
                 pool = Some(Pool::open(devs.clone(), &inline_gc()).unwrap());
             }
             Op::Create { vol } => {
-                let r = p.create_volume_with(&name(vol), VOL_PAGES * PAGE as u64, 4096, placement(vol));
+                let r = p.create_volume_spec(&name(vol), VOL_PAGES * PAGE as u64, &spec(vol, dual));
                 if model[vol].is_some() {
                     prop_assert!(matches!(r, Err(Error::VolumeExists(_))));
                 } else {
@@ -236,6 +258,9 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
                 } else {
                     prop_assert!(matches!(r, Err(Error::VolumeNotFound(_))));
                 }
+            }
+            Op::Maintain => {
+                p.maintain().unwrap();
             }
             Op::Grow { vol } => {
                 let Some(m) = model[vol].as_mut() else { continue };
@@ -281,6 +306,14 @@ proptest! {
     #[test]
     fn engine_matches_model(ops in proptest::collection::vec(op(), 1..120)) {
         run(ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn engine_matches_model_with_a_dual_mapping_volume(ops in proptest::collection::vec(op(), 1..120)) {
+        run_dual(ops)?;
     }
 }
 

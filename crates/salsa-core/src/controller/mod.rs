@@ -20,6 +20,7 @@
 //! - [`Controller::account`] reports exactly the grains and tombstones it references, so that
 //!   the segment counts derived from it at open match what the write path maintains.
 
+pub mod dual;
 pub mod lsa;
 pub mod map;
 
@@ -28,7 +29,9 @@ use crate::format::{ControllerKind, RecordMeta, VolumeRecord};
 use crate::log::payload::WriteBuffer;
 use crate::log::stream::Streams;
 use crate::log::{Geometry, Log};
+use crate::policy::placement::Placement;
 use crate::policy::Registry;
+use crate::pool::VolumeSpec;
 use crate::util::Decoder;
 use std::sync::Arc;
 
@@ -72,8 +75,19 @@ pub struct ControllerStats {
     pub mapped_bytes: u64,
     pub map_memory_bytes: u64,
     pub placement: String,
+    /// The victim policy ranking its segments (the pool's when it has none of its own).
+    pub victim: String,
+    /// Controller settings, by name (dual mapping: `sparse_pages`), for statistics.
+    pub settings: Vec<(String, u64)>,
     /// Memory the placement policy holds (per-page history and the like).
     pub placement_memory_bytes: u64,
+    /// Dual mapping: small pages in the sparse map, and the most it holds.
+    pub sparse_pages: u64,
+    pub sparse_capacity_pages: u64,
+    /// Dual mapping: large pages merged (rewritten whole to free their sparse entries), and
+    /// small pages written to the sparse map.
+    pub merged_pages: u64,
+    pub small_pages_written: u64,
 }
 
 /// What the volume handle asks of a controller: byte-addressed I/O on ranges that the handle
@@ -128,17 +142,69 @@ pub fn page_pieces(offset: u64, len: u64, page_bytes: u32) -> impl Iterator<Item
 pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::result::Result<Arc<dyn Controller>, String> {
     let pages = rec.size_bytes / rec.page_bytes as u64;
     let placement = policies.placement(&rec.placement, pages)?;
+    let encoding = map::Encoding {
+        total_grains: geo.total_grains,
+        total_segments: geo.total_segments,
+    };
+    let page_map = || map::PageMap::new(pages, encoding);
+    let unknown = |key: u16| {
+        format!(
+            "the {} controller has no setting {key} (written by a newer SALSA?)",
+            rec.controller.name()
+        )
+    };
     match rec.controller {
         ControllerKind::Lsa => {
             if let Some((key, _)) = rec.settings.first() {
-                return Err(format!("the lsa controller has no setting {key} (written by a newer SALSA?)"));
+                return Err(unknown(*key));
             }
-            let encoding = map::Encoding {
-                total_grains: geo.total_grains,
-                total_segments: geo.total_segments,
-            };
-            let map = map::PageMap::new(pages, encoding);
-            Ok(Arc::new(lsa::LsaVolume::new(rec, map, geo.grain_bytes, placement)))
+            Ok(Arc::new(lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement)))
+        }
+        ControllerKind::Dual => {
+            let mut sparse = None;
+            for &(key, value) in &rec.settings {
+                match key {
+                    dual::SETTING_SPARSE_PAGES => sparse = Some(value),
+                    _ => return Err(unknown(key)),
+                }
+            }
+            let sparse = sparse.unwrap_or_else(|| dual::default_sparse_pages(rec.size_bytes, geo.grain_bytes));
+            check_dual(rec.page_bytes, geo.grain_bytes, sparse)?;
+            let dense = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement);
+            Ok(Arc::new(dual::DualVolume::new(dense, geo.grain_bytes, sparse)))
+        }
+    }
+}
+
+fn check_dual(page_bytes: u32, grain_bytes: u32, sparse_pages: u64) -> std::result::Result<(), String> {
+    if page_bytes <= grain_bytes {
+        return Err(format!(
+            "a dual-mapping volume's pages ({page_bytes} bytes) must be larger than the grain ({grain_bytes} bytes), which its sparse map uses; try --page-size 64K"
+        ));
+    }
+    if !(dual::MIN_SPARSE_PAGES..=dual::MAX_SPARSE_PAGES).contains(&sparse_pages) {
+        return Err(format!(
+            "the sparse map holds {} to {} small pages, not {sparse_pages}",
+            dual::MIN_SPARSE_PAGES,
+            dual::MAX_SPARSE_PAGES
+        ));
+    }
+    Ok(())
+}
+
+/// The controller settings a new volume of `size_bytes` described by `spec` records.
+pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::result::Result<Vec<(u16, u64)>, String> {
+    match spec.controller {
+        ControllerKind::Lsa => match spec.sparse_pages {
+            Some(_) => Err("a sparse map size applies to dual-mapping volumes only (--controller dual)".into()),
+            None => Ok(Vec::new()),
+        },
+        ControllerKind::Dual => {
+            let sparse = spec
+                .sparse_pages
+                .unwrap_or_else(|| dual::default_sparse_pages(size_bytes, geo.grain_bytes));
+            check_dual(spec.page_bytes, geo.grain_bytes, sparse)?;
+            Ok(vec![(dual::SETTING_SPARSE_PAGES, sparse)])
         }
     }
 }
@@ -148,10 +214,17 @@ pub trait Controller: VolumeIo + Send + Sync + 'static {
     /// The volume's id in the volume table.
     fn id(&self) -> u32;
     fn name(&self) -> &str;
-    /// Its allocation streams (the log seals them on flush and counts them for the usable
-    /// space: each may hold a partly written segment).
-    fn streams(&self) -> Arc<Streams>;
+    /// Its allocation stream sets, one per page size it writes (the log seals them on flush
+    /// and counts them for the usable space: each stream may hold a partly written segment).
+    fn streams(&self) -> Vec<Arc<Streams>>;
     fn stats(&self) -> ControllerStats;
+    /// Replaces the placement policy; new writes follow it. Called with the GC lock held.
+    fn set_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()>;
+    /// Background work of the controller (merging, promotion), run by the pool's maintenance
+    /// thread; returns whether it did something (and should be called again soon).
+    fn maintain(&self, _log: &Log) -> Result<bool> {
+        Ok(false)
+    }
 
     // ----- GC -----
 
@@ -167,7 +240,7 @@ pub trait Controller: VolumeIo + Send + Sync + 'static {
     /// Applies one scanned record of this volume; records come oldest first.
     fn replay(&self, log: &Log, record: &ScannedRecord<'_>);
     /// The scan is over.
-    fn end_replay(&self);
+    fn end_replay(&self, log: &Log);
     /// Calls `visit` for every live reference and returns the grains of live data, from which
     /// the engine derives segment counts, owners and states at open.
     fn account(&self, log: &Log, visit: &mut dyn FnMut(Reference) -> Result<()>) -> Result<u64>;

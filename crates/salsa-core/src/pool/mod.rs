@@ -17,12 +17,12 @@ mod volumes;
 pub use open::{device_is_blank, human_bytes, read_superblock};
 pub use rebuild::{RebuildOptions, RebuildReport};
 pub use stats::{Stats, VolumeStats};
-pub use volumes::Volume;
+pub use volumes::{Volume, VolumeSpec};
 
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-pub use crate::format::ArrayKind;
+pub use crate::format::{ArrayKind, ControllerKind};
 use crate::format::{CheckpointRef, MAX_CHECKPOINT_SEGMENTS};
 use crate::log::capacity::{Purpose, SegmentState};
 use crate::log::Geometry;
@@ -184,6 +184,8 @@ pub struct Pool {
     opened_from: OpenedFrom,
     spare_basis_points: u32,
     victim_policy: String,
+    /// The aging factor of the pool's victim policies (also given to volumes' own).
+    gc_aging: f64,
     default_placement: String,
     policies: Registry,
     closed: bool,
@@ -282,6 +284,14 @@ impl Pool {
             self.eng.log.array().sync_all()?;
         }
         Ok(report)
+    }
+
+    /// Runs one pass of the volumes' background work (merging full sparse maps of
+    /// dual-mapping volumes), which a pool opened with a background GC also runs by itself;
+    /// returns whether there was work.
+    pub fn maintain(&self) -> Result<bool> {
+        self.eng.log.check_writable()?;
+        self.eng.maintain()
     }
 
     /// Makes every write that returned before this call durable.

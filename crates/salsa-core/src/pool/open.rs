@@ -315,10 +315,17 @@ impl Pool {
             opened_from,
             spare_basis_points: first.spare_basis_points,
             victim_policy: first.victim_policy.clone(),
+            gc_aging: first.gc_aging_milli as f64 / 1000.0,
             default_placement: first.default_placement.clone(),
             policies: opts.policies.clone(),
             closed: false,
         };
+        for v in &old_meta.volumes {
+            let policy = pool
+                .volume_victim_policy(&v.victim)
+                .map_err(|e| Error::InvalidConfig(format!("volume {:?}: {e} (register it in OpenOptions::policies)", v.name)))?;
+            eng.set_volume_victim_policy(v.id, policy);
+        }
         if !opts.read_only {
             crate::log::write_back::WriteBack::start(&eng.log, opts.write_back_threads)?;
         }
@@ -334,6 +341,12 @@ impl Pool {
                     .map_err(|e| Error::InvalidConfig(format!("cannot start a GC thread: {e}")))?;
                 pool.gc_threads.lock().push(h);
             }
+            let e = eng.clone();
+            let h = std::thread::Builder::new()
+                .name("salsa-maint".into())
+                .spawn(move || maintenance_worker(e))
+                .map_err(|e| Error::InvalidConfig(format!("cannot start the maintenance thread: {e}")))?;
+            pool.gc_threads.lock().push(h);
         }
         Ok(pool)
     }
@@ -767,6 +780,29 @@ fn check_open_options(opts: &OpenOptions) -> Result<()> {
             "GC garbage trigger {p}% is outside 1% to 90% of the written space"
         ))),
         _ => Ok(()),
+    }
+}
+
+/// Runs the controllers' background work (the dual-mapping controller's merges) until the
+/// pool shuts down: again at once while some volume did something, else every 50 ms.
+fn maintenance_worker(eng: Arc<Engine>) {
+    while !eng.shutting_down.load(SeqCst) {
+        let busy = if eng.log.is_poisoned() {
+            false
+        } else {
+            match eng.maintain() {
+                Ok(busy) => busy,
+                Err(e) => {
+                    if !eng.log.is_poisoned() {
+                        tracing::warn!("background maintenance failed: {e}");
+                    }
+                    false
+                }
+            }
+        };
+        if !busy {
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 

@@ -74,7 +74,23 @@ impl Pool {
         let gc = c.gc_bytes_relocated.load(SeqCst);
         let dev = c.device_bytes_written.load(SeqCst);
         let ratio = |a: u64| if user == 0 { 0.0 } else { a as f64 / user as f64 };
-        let vols: Vec<VolumeStats> = self.eng.volumes.read().values().map(|v| v.stats()).collect();
+        let mut vols: Vec<VolumeStats> = self.eng.volumes.read().values().map(|v| v.stats()).collect();
+        {
+            let meta = self.eng.log.meta().lock();
+            for v in &mut vols {
+                let own = meta
+                    .volumes
+                    .iter()
+                    .find(|r| r.name == v.name)
+                    .map(|r| r.victim.as_str())
+                    .unwrap_or("");
+                v.victim = if own.is_empty() {
+                    self.victim_policy.clone()
+                } else {
+                    own.to_string()
+                };
+            }
+        }
         let mut device_counters = Vec::new();
         for m in self.eng.log.array().members() {
             for (k, v) in m.device.counters() {

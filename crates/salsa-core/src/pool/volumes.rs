@@ -8,8 +8,47 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::{ControllerKind, VolumeRecord, MAX_VOLUMES, MAX_VOLUME_NAME_BYTES};
 use crate::log::payload::WriteBuffer;
+use crate::policy::victim::VictimPolicy;
+use crate::policy::VictimParams;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
+
+/// What a new volume is: its controller, page size and policies.
+#[derive(Debug, Clone)]
+pub struct VolumeSpec {
+    pub controller: ControllerKind,
+    /// The unit of mapping (for the dual-mapping controller, the large pages of its dense
+    /// map; its sparse map holds grain-sized pages).
+    pub page_bytes: u32,
+    /// Placement policy; `None`: the pool's default.
+    pub placement: Option<String>,
+    /// Victim policy ranking the volume's segments; `None`: the pool's.
+    pub victim: Option<String>,
+    /// Dual mapping: most small pages the sparse map holds; `None`: the default for the
+    /// volume's size ([`crate::controller::dual::default_sparse_pages`]).
+    pub sparse_pages: Option<u64>,
+}
+
+impl VolumeSpec {
+    /// An LSA (page map) volume with the pool's policies.
+    pub fn lsa(page_bytes: u32) -> VolumeSpec {
+        VolumeSpec {
+            controller: ControllerKind::Lsa,
+            page_bytes,
+            placement: None,
+            victim: None,
+            sparse_pages: None,
+        }
+    }
+
+    /// A dual-mapping volume of `page_bytes` large pages with the pool's policies.
+    pub fn dual(page_bytes: u32) -> VolumeSpec {
+        VolumeSpec {
+            controller: ControllerKind::Dual,
+            ..VolumeSpec::lsa(page_bytes)
+        }
+    }
+}
 
 pub(super) fn validate_volume(name: &str, page_bytes: u32, grain_bytes: u32, size_bytes: u64) -> Result<()> {
     if name.is_empty() || name.len() > MAX_VOLUME_NAME_BYTES || name.chars().any(|c| c.is_control() || c == '/') {
@@ -38,17 +77,28 @@ pub(super) fn validate_volume(name: &str, page_bytes: u32, grain_bytes: u32, siz
 impl Pool {
     // ----- volumes -----
 
-    /// Creates a volume with the pool's default placement policy. Its size may exceed the
-    /// free space (thin provisioning).
+    /// Creates an LSA volume with the pool's default policies. Its size may exceed the free
+    /// space (thin provisioning).
     pub fn create_volume(&self, name: &str, size_bytes: u64, page_bytes: u32) -> Result<Volume> {
-        let placement = self.default_placement.clone();
-        self.create_volume_with(name, size_bytes, page_bytes, &placement)
+        self.create_volume_spec(name, size_bytes, &VolumeSpec::lsa(page_bytes))
     }
 
-    /// Creates a volume with the named placement policy.
+    /// Creates an LSA volume with the named placement policy.
     pub fn create_volume_with(&self, name: &str, size_bytes: u64, page_bytes: u32, placement: &str) -> Result<Volume> {
+        let spec = VolumeSpec {
+            placement: Some(placement.into()),
+            ..VolumeSpec::lsa(page_bytes)
+        };
+        self.create_volume_spec(name, size_bytes, &spec)
+    }
+
+    /// Creates a volume as `spec` describes: its controller, page size and policies, all
+    /// recorded durably with it.
+    pub fn create_volume_spec(&self, name: &str, size_bytes: u64, spec: &VolumeSpec) -> Result<Volume> {
         self.eng.log.check_writable()?;
-        validate_volume(name, page_bytes, self.eng.log.geo().grain_bytes, size_bytes)?;
+        validate_volume(name, spec.page_bytes, self.eng.log.geo().grain_bytes, size_bytes)?;
+        let victim = spec.victim.clone().unwrap_or_default();
+        let victim_policy = self.volume_victim_policy(&victim)?;
         let mut meta = self.eng.log.meta().lock();
         if meta.volumes.iter().any(|v| v.name == name) {
             return Err(Error::VolumeExists(name.into()));
@@ -63,21 +113,74 @@ impl Pool {
             id,
             name: name.into(),
             size_bytes,
-            page_bytes,
-            placement: placement.into(),
-            controller: ControllerKind::Lsa,
-            settings: Vec::new(),
+            page_bytes: spec.page_bytes,
+            placement: spec.placement.clone().unwrap_or_else(|| self.default_placement.clone()),
+            victim,
+            controller: spec.controller,
+            settings: crate::controller::settings_for(spec, size_bytes, self.eng.log.geo()).map_err(Error::InvalidArgument)?,
         };
-        // Built before the entry is durable, so a bad policy name changes nothing.
+        // Built before the entry is durable, so a bad policy name or setting changes nothing.
         let vol = crate::controller::build(&rec, self.eng.log.geo(), &self.policies).map_err(Error::InvalidArgument)?;
         next.volumes.push(rec);
         self.eng.log.write_pool_meta(&mut next)?;
         *meta = next;
         self.eng.add_volume(vol.clone());
+        self.eng.set_volume_victim_policy(id, victim_policy);
         Ok(Volume {
             eng: self.eng.clone(),
             vol,
         })
+    }
+
+    /// The victim policy a volume names (`""`: the pool's, `None`), built; refuses an unknown
+    /// name.
+    pub(super) fn volume_victim_policy(&self, name: &str) -> Result<Option<Arc<dyn VictimPolicy>>> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        let params = VictimParams { aging: self.gc_aging };
+        let p = self.policies.victim(name, &params).map_err(Error::InvalidArgument)?;
+        Ok(Some(Arc::from(p)))
+    }
+
+    /// Changes a volume's placement policy and/or victim policy (`Some("")`: back to the
+    /// pool's), durably; both take effect for new writes and the next victim choice. Data
+    /// already written stays where it is until the GC moves it.
+    pub fn set_volume_policies(&self, name: &str, placement: Option<&str>, victim: Option<&str>) -> Result<()> {
+        self.eng.log.check_writable()?;
+        let vol = self.volume(name)?.vol;
+        let pages = vol.size_bytes() / vol.page_bytes() as u64;
+        let new_placement = match placement {
+            Some(p) => Some(self.policies.placement(p, pages).map_err(Error::InvalidArgument)?),
+            None => None,
+        };
+        let new_victim = match victim {
+            Some(v) => Some(self.volume_victim_policy(v)?),
+            None => None,
+        };
+        // No GC victim of this volume may be in progress while its streams are replaced.
+        let _gc = self.eng.gc_lock.write();
+        {
+            let mut meta = self.eng.log.meta().lock();
+            let mut next = meta.clone();
+            for v in next.volumes.iter_mut().filter(|v| v.id == vol.id()) {
+                if let Some(p) = placement {
+                    v.placement = p.to_string();
+                }
+                if let Some(p) = victim {
+                    v.victim = p.to_string();
+                }
+            }
+            self.eng.log.write_pool_meta(&mut next)?;
+            *meta = next;
+        }
+        if let (Some(p), Some(name)) = (new_placement, placement) {
+            vol.set_placement(&self.eng.log, p, name)?;
+        }
+        if let Some(v) = new_victim {
+            self.eng.set_volume_victim_policy(vol.id(), v);
+        }
+        Ok(())
     }
 
     /// A handle on a volume.

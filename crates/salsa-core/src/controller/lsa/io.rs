@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 impl LsaVolume {
     /// Takes the gate shared and refuses a retired volume.
-    fn enter(&self) -> Result<RwLockReadGuard<'_, ()>> {
+    pub(crate) fn enter(&self) -> Result<RwLockReadGuard<'_, ()>> {
         let gate = self.gate.read();
         if self.deleted.load(SeqCst) {
             return Err(Error::VolumeNotFound(self.name.clone()));

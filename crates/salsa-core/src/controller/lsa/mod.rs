@@ -13,13 +13,14 @@ mod io;
 use super::map::{Entry, PageMap};
 use super::{Controller, ControllerStats, Reference, ScannedRecord};
 use crate::error::{Error, Result};
-use crate::format::{MetaEntry, StreamKind, VolumeRecord};
+use crate::format::{MetaEntry, RecordMeta, StreamKind, VolumeRecord};
 use crate::log::capacity::Purpose;
 use crate::log::payload::WriteBuffer;
 use crate::log::stream::{PageData, Streams};
 use crate::log::{Log, PageRead};
-use crate::policy::placement::{Placement, Relocation, StreamLayout, UserWrite};
+use crate::policy::placement::{Placement, Relocation, SegmentView, StreamLayout, UserWrite};
 use crate::util::Decoder;
+use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -34,11 +35,9 @@ pub struct LsaVolume {
     pub page_grains: u32,
     size_bytes: AtomicU64,
     map: RwLock<PageMap>,
-    /// The volume's allocation streams (registered with the log, which seals them on flush).
-    streams: Arc<Streams>,
-    placement: Box<dyn Placement>,
-    /// Name of the placement policy, as stored in the volume table.
-    pub placement_name: String,
+    /// The placement policy and the streams it declared, replaced whole when the volume's
+    /// policy changes (with no I/O in flight: see [`LsaVolume::set_placement`]).
+    placing: ArcSwap<Placing>,
     stripes: Box<[Mutex<()>]>,
     /// Pages currently mapped to data.
     pub mapped_pages: AtomicU64,
@@ -51,6 +50,54 @@ pub struct LsaVolume {
     replay: Mutex<Option<Replay>>,
 }
 
+/// A placement policy and the allocation streams it declared (registered with the log, which
+/// seals them on flush).
+struct Placing {
+    placement: Box<dyn Placement>,
+    /// Its name, as stored in the volume table.
+    name: String,
+    streams: Arc<Streams>,
+}
+
+impl Placing {
+    fn new(volume_id: u32, page_grains: u32, placement: Box<dyn Placement>, name: &str) -> Placing {
+        let layout = StreamLayout::of(placement.as_ref());
+        Placing {
+            streams: Arc::new(Streams::new(volume_id, page_grains, layout)),
+            placement,
+            name: name.to_string(),
+        }
+    }
+}
+
+/// A victim being cleaned: where its grains are, what the GC's placement is told about it, and
+/// what the walk over its records gathered.
+pub struct VictimWalk {
+    victim: u32,
+    /// Its first grain.
+    base: u64,
+    view: SegmentView,
+    /// Whether the placement policy was told the victim is being reclaimed (once, at its first
+    /// record of this volume's page size).
+    reclaim_told: bool,
+    /// Its trim entries `(page, count, seq)`.
+    trims: Vec<(u64, u64, u64)>,
+    failure: Option<Error>,
+}
+
+impl VictimWalk {
+    pub fn new(log: &Log, victim: u32) -> VictimWalk {
+        VictimWalk {
+            victim,
+            base: victim as u64 * log.geo().grains_per_segment as u64,
+            view: log.segment_view(victim),
+            reclaim_told: false,
+            trims: Vec::new(),
+            failure: None,
+        }
+    }
+}
+
 /// Per page, during a recovery scan: the highest sequence number seen, and whether any data
 /// record mentions the page.
 struct Replay {
@@ -61,17 +108,15 @@ struct Replay {
 impl LsaVolume {
     /// A volume as recorded in the volume table, with an empty map and its placement policy.
     pub fn new(rec: &VolumeRecord, map: PageMap, grain_bytes: u32, placement: Box<dyn Placement>) -> LsaVolume {
-        let layout = StreamLayout::of(placement.as_ref());
+        let page_grains = rec.page_bytes / grain_bytes;
         LsaVolume {
             id: rec.id,
             name: rec.name.clone(),
             page_bytes: rec.page_bytes,
-            page_grains: rec.page_bytes / grain_bytes,
+            page_grains,
             size_bytes: AtomicU64::new(rec.size_bytes),
             map: RwLock::new(map),
-            streams: Arc::new(Streams::new(rec.id, rec.page_bytes / grain_bytes, layout)),
-            placement,
-            placement_name: rec.placement.clone(),
+            placing: ArcSwap::from_pointee(Placing::new(rec.id, page_grains, placement, &rec.placement)),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             mapped_pages: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
@@ -99,13 +144,51 @@ impl LsaVolume {
         let mut m = self.map.write();
         let pages = new_size_bytes / self.page_bytes as u64;
         *m = m.grown(pages);
-        self.placement.resize(pages);
+        self.placing.load().placement.resize(pages);
         self.size_bytes.store(new_size_bytes, SeqCst);
+    }
+
+    /// Replaces the placement policy (the caller holds the gate and the GC lock, so no I/O is
+    /// in flight): the old streams' records are written and their segments closed, and the
+    /// new policy's streams registered with the log together with `more` (a controller's
+    /// other stream sets). New writes follow the new policy; data already written stays where
+    /// it is until the GC moves it.
+    pub fn replace_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str, more: &[Arc<Streams>]) -> Result<()> {
+        log.remove_streams(self.id)?;
+        placement.resize(self.map.read().pages());
+        let placing = Placing::new(self.id, self.page_grains, placement, name);
+        let mut sets = vec![placing.streams.clone()];
+        sets.extend(more.iter().cloned());
+        self.placing.store(Arc::new(placing));
+        log.add_streams(self.id, sets);
+        Ok(())
+    }
+
+    /// The placement policy's streams.
+    pub fn placement_streams(&self) -> Arc<Streams> {
+        self.placing.load().streams.clone()
+    }
+
+    /// During a recovery scan: the highest sequence number replayed for `page` so far (0 when
+    /// none).
+    pub fn replayed_seq(&self, page: u64) -> u64 {
+        let guard = self.replay.lock();
+        guard.as_ref().and_then(|rs| rs.best_seq.get(page as usize).copied()).unwrap_or(0)
+    }
+
+    /// During a recovery scan: notes that a record of another kind (a dual-mapping volume's
+    /// small pages) holds data of `page`, so a winning trim of it keeps its tombstone.
+    pub fn replay_saw_data(&self, page: u64) {
+        if let Some(rs) = self.replay.lock().as_mut() {
+            if let Some(seen) = rs.has_data.get_mut(page as usize) {
+                *seen = true;
+            }
+        }
     }
 
     /// Memory held by the placement policy.
     pub fn placement_memory_bytes(&self) -> u64 {
-        self.placement.state_bytes()
+        self.placing.load().placement.state_bytes()
     }
 
     /// Lock held across a partial-page read-modify-write.
@@ -148,7 +231,7 @@ impl LsaVolume {
             Entry::Mapped(g) => Some(log.segment_view(log.geo().segment_of(g))),
             _ => None,
         };
-        self.placement.place_user(&UserWrite {
+        self.placing.load().placement.place_user(&UserWrite {
             page,
             now: log.now_seq(),
             previous,
@@ -163,16 +246,7 @@ impl LsaVolume {
     /// pool can hold; so an ENOSPC never leaves a request half applied.
     pub fn check_space(&self, log: &Log, map: &PageMap, pages: std::ops::Range<u64>) -> Result<()> {
         let new = pages.filter(|&p| !matches!(map.load(p), Entry::Mapped(_))).count() as u64 * self.page_grains as u64;
-        let usable = log.usable_grains();
-        let mapped = log.mapped_grains();
-        if new > 0 && mapped + new > usable {
-            return Err(Error::NoSpace(format!(
-                "pool is full: {} of {} usable bytes hold data; trim or delete data, or add a device",
-                mapped * log.geo().grain_bytes as u64,
-                usable * log.geo().grain_bytes as u64
-            )));
-        }
-        Ok(())
+        log.check_room(new)
     }
 
     /// Writes whole pages from `first` on (`data` holds a whole number of pages). The caller
@@ -188,6 +262,20 @@ impl LsaVolume {
         first: u64,
         data: &[u8],
         payload: Option<(&Arc<WriteBuffer>, usize)>,
+    ) -> Result<()> {
+        self.write_pages_then(log, map, first, data, payload, &mut |_, _| {})
+    }
+
+    /// [`LsaVolume::write_pages`], calling `mapped(page, record_id)` once each page is mapped
+    /// to its new place (under the stream's lock), with the id of the record that holds it.
+    pub fn write_pages_then(
+        &self,
+        log: &Log,
+        map: &PageMap,
+        first: u64,
+        data: &[u8],
+        payload: Option<(&Arc<WriteBuffer>, usize)>,
+        mapped: &mut dyn FnMut(u64, u64),
     ) -> Result<()> {
         let pb = self.page_bytes as usize;
         debug_assert_eq!(data.len() % pb, 0);
@@ -210,7 +298,7 @@ impl LsaVolume {
             // only the copy into the record and the map update.
             crcs.clear();
             crcs.extend((0..end - start).map(|i| crc32c::crc32c(page_data(i))));
-            self.streams.place_each(
+            self.placing.load().streams.place_each(
                 log,
                 kinds[start],
                 Purpose::User,
@@ -237,6 +325,7 @@ impl LsaVolume {
                     // waits for its count to reach zero, and the rest of the run may wait for
                     // the GC (a throttled allocation).
                     self.invalidate(log, old, rec.buf.record_id);
+                    mapped(page, rec.buf.record_id);
                 },
             )?;
             for (i, grain, generation) in placed.drain(..) {
@@ -269,41 +358,44 @@ impl LsaVolume {
     }
 
     /// Trims whole pages `[first, first + count)`: they read as zeros, durably after a flush.
-    pub fn trim_pages(&self, log: &Log, map: &PageMap, first: u64, count: u64) -> Result<()> {
+    /// Returns the id of the record that holds the trim (`None` when `count` is 0).
+    pub fn trim_pages(&self, log: &Log, map: &PageMap, first: u64, count: u64) -> Result<Option<u64>> {
         if count == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let _inflight = log.invalidation_guard();
-        self.placement.trimmed(first, count);
-        let olds = self
-            .streams
-            .place(log, self.placement.place_trim(), Purpose::User, None, |seg, rec| {
-                let seg = seg as u32;
-                // Lock every stripe the range touches, in order, so the trim's sequence number is
-                // ordered with concurrent writes to the same pages.
-                let n = (count as usize).min(STRIPES);
-                let mut idx: Vec<usize> = (0..n).map(|i| ((first + i as u64) % STRIPES as u64) as usize).collect();
-                idx.sort_unstable();
-                let _guards: Vec<_> = idx.iter().map(|&i| self.stripes[i].lock()).collect();
-                let seq = log.next_seq();
-                rec.push(MetaEntry::Trim { page: first, count, seq });
-                let mut olds = Vec::new();
-                for p in first..first + count {
-                    loop {
-                        let cur = map.load(p);
-                        if cur == Entry::Unmapped || cur == Entry::Trimmed(seg) {
-                            break;
+        self.placing.load().placement.trimmed(first, count);
+        let olds =
+            self.placing
+                .load()
+                .streams
+                .place(log, self.placing.load().placement.place_trim(), Purpose::User, None, |seg, rec| {
+                    let seg = seg as u32;
+                    // Lock every stripe the range touches, in order, so the trim's sequence number is
+                    // ordered with concurrent writes to the same pages.
+                    let n = (count as usize).min(STRIPES);
+                    let mut idx: Vec<usize> = (0..n).map(|i| ((first + i as u64) % STRIPES as u64) as usize).collect();
+                    idx.sort_unstable();
+                    let _guards: Vec<_> = idx.iter().map(|&i| self.stripes[i].lock()).collect();
+                    let seq = log.next_seq();
+                    rec.push(MetaEntry::Trim { page: first, count, seq });
+                    let mut olds = Vec::new();
+                    for p in first..first + count {
+                        loop {
+                            let cur = map.load(p);
+                            if cur == Entry::Unmapped || cur == Entry::Trimmed(seg) {
+                                break;
+                            }
+                            log.add_tombstone(seg);
+                            if map.compare_exchange(p, cur, Entry::Trimmed(seg)) {
+                                olds.push(cur);
+                                break;
+                            }
+                            log.drop_tombstone(seg, None);
                         }
-                        log.add_tombstone(seg);
-                        if map.compare_exchange(p, cur, Entry::Trimmed(seg)) {
-                            olds.push(cur);
-                            break;
-                        }
-                        log.drop_tombstone(seg, None);
                     }
-                }
-                (olds, rec.buf.record_id)
-            })?;
+                    (olds, rec.buf.record_id)
+                })?;
         let (olds, killer) = olds;
         for old in olds {
             match old {
@@ -315,10 +407,77 @@ impl LsaVolume {
                 Entry::Unmapped => {}
             }
         }
-        Ok(())
+        Ok(Some(killer))
     }
 
     // ----- GC upcall -----
+
+    /// Moves what is live in one record of a victim (a record of this volume's page size; the
+    /// caller skips others) into the GC streams; trims are gathered for
+    /// [`LsaVolume::finish_relocation`]. After a failure, later records are skipped.
+    pub fn relocate_record(&self, log: &Log, map: &PageMap, walk: &mut VictimWalk, meta: &RecordMeta, data: &[u8]) {
+        if walk.failure.is_some() || meta.page_grains != self.page_grains {
+            return;
+        }
+        let placing = self.placing.load();
+        if !walk.reclaim_told {
+            walk.reclaim_told = true;
+            placing.placement.segment_reclaimed(&walk.view, log.now_seq());
+        }
+        let (victim, pb) = (walk.victim, self.page_bytes as usize);
+        let mut slot = 0usize;
+        for e in &meta.entries {
+            match *e {
+                MetaEntry::Data { page, seq, crc } => {
+                    let grain = walk.base + meta.start_grain as u64 + 1 + (slot as u64) * self.page_grains as u64;
+                    let bytes = &data[slot * pb..(slot + 1) * pb];
+                    slot += 1;
+                    if page >= map.pages() || map.load(page) != Entry::Mapped(grain) {
+                        continue;
+                    }
+                    let to = placing.placement.place_gc(&Relocation {
+                        page,
+                        now: log.now_seq(),
+                        victim: walk.view,
+                        mapped_pages: self.mapped_pages.load(SeqCst),
+                        volume_pages: map.pages(),
+                    });
+                    let r = placing.streams.place(log, to, Purpose::Gc, Some(bytes), |new, rec| {
+                        log.set_crc(new, crc);
+                        rec.push(MetaEntry::Data { page, seq, crc });
+                        let generation = log.generation_of(new);
+                        (
+                            new,
+                            generation,
+                            map.compare_exchange(page, Entry::Mapped(grain), Entry::Mapped(new)),
+                        )
+                    });
+                    match r {
+                        Ok((new, generation, true)) => {
+                            log.cache_moved(grain, new, generation);
+                            log.drop_data(victim, self.page_grains, None);
+                            log.counters().gc_bytes_relocated.fetch_add(pb as u64, SeqCst);
+                        }
+                        // Overwritten meanwhile: the copy is garbage at once.
+                        Ok((new, _, false)) => log.drop_data(log.geo().segment_of(new), self.page_grains, None),
+                        Err(err) => {
+                            walk.failure = Some(err);
+                            return;
+                        }
+                    }
+                }
+                MetaEntry::Trim { page, count, seq } => walk.trims.push((page, count, seq)),
+            }
+        }
+    }
+
+    /// Ends a victim's relocation: moves its live tombstones, or reports the first failure.
+    pub fn finish_relocation(&self, log: &Log, map: &PageMap, mut walk: VictimWalk) -> Result<()> {
+        if let Some(e) = walk.failure {
+            return Err(e);
+        }
+        self.relocate_tombstones(log, map, walk.victim, &mut walk.trims)
+    }
 
     /// Moves the live tombstones of `victim` (pages whose map entry is `Trimmed(victim)`) into
     /// the last GC stream, given the victim's trim entries `(page, count, seq)`. A page may be
@@ -350,8 +509,8 @@ impl LsaVolume {
                 p += 1;
             }
             let run = p - run_start;
-            let last_gc = self.streams.layout().last_gc();
-            self.streams.place(log, last_gc, Purpose::Gc, None, |seg, rec| {
+            let last_gc = self.placing.load().streams.layout().last_gc();
+            self.placing.load().streams.place(log, last_gc, Purpose::Gc, None, |seg, rec| {
                 let seg = seg as u32;
                 rec.push(MetaEntry::Trim {
                     page: run_start,
@@ -420,8 +579,13 @@ impl Controller for LsaVolume {
         &self.name
     }
 
-    fn streams(&self) -> Arc<Streams> {
-        self.streams.clone()
+    fn streams(&self) -> Vec<Arc<Streams>> {
+        vec![self.placing.load().streams.clone()]
+    }
+
+    fn set_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()> {
+        let _gate = self.gate.write();
+        self.replace_placement(log, placement, name, &[])
     }
 
     fn stats(&self) -> ControllerStats {
@@ -432,8 +596,9 @@ impl Controller for LsaVolume {
             page_bytes: self.page_bytes,
             mapped_bytes: self.mapped_pages.load(SeqCst) * self.page_bytes as u64,
             map_memory_bytes: self.map_memory_bytes(),
-            placement: self.placement_name.clone(),
+            placement: self.placing.load().name.clone(),
             placement_memory_bytes: self.placement_memory_bytes(),
+            ..ControllerStats::default()
         }
     }
 
@@ -441,66 +606,9 @@ impl Controller for LsaVolume {
     /// their sequence numbers. A page moves only if the map still points at the victim.
     fn relocate(&self, log: &Log, victim: u32) -> Result<()> {
         let map = self.map.read();
-        let gps = log.geo().grains_per_segment as u64;
-        let base = victim as u64 * gps;
-        let mut failure = None;
-        let pb = self.page_bytes as usize;
-        let victim_view = log.segment_view(victim);
-        self.placement.segment_reclaimed(&victim_view, log.now_seq());
-        let mut trims: Vec<(u64, u64, u64)> = Vec::new();
-        log.walk_segment(victim, |_, meta, data| {
-            if failure.is_some() || meta.page_grains != self.page_grains {
-                return;
-            }
-            let mut slot = 0usize;
-            for e in &meta.entries {
-                match *e {
-                    MetaEntry::Data { page, seq, crc } => {
-                        let grain = base + meta.start_grain as u64 + 1 + (slot as u64) * self.page_grains as u64;
-                        let bytes = &data[slot * pb..(slot + 1) * pb];
-                        slot += 1;
-                        if page >= map.pages() || map.load(page) != Entry::Mapped(grain) {
-                            continue;
-                        }
-                        let to = self.placement.place_gc(&Relocation {
-                            page,
-                            now: log.now_seq(),
-                            victim: victim_view,
-                            mapped_pages: self.mapped_pages.load(SeqCst),
-                            volume_pages: map.pages(),
-                        });
-                        let r = self.streams.place(log, to, Purpose::Gc, Some(bytes), |new, rec| {
-                            log.set_crc(new, crc);
-                            rec.push(MetaEntry::Data { page, seq, crc });
-                            let generation = log.generation_of(new);
-                            (
-                                new,
-                                generation,
-                                map.compare_exchange(page, Entry::Mapped(grain), Entry::Mapped(new)),
-                            )
-                        });
-                        match r {
-                            Ok((new, generation, true)) => {
-                                log.cache_moved(grain, new, generation);
-                                log.drop_data(victim, self.page_grains, None);
-                                log.counters().gc_bytes_relocated.fetch_add(pb as u64, SeqCst);
-                            }
-                            // Overwritten meanwhile: the copy is garbage at once.
-                            Ok((new, _, false)) => log.drop_data(log.geo().segment_of(new), self.page_grains, None),
-                            Err(err) => failure = Some(err),
-                        }
-                    }
-                    MetaEntry::Trim { page, count, seq } => trims.push((page, count, seq)),
-                }
-            }
-        })?;
-        if failure.is_none() {
-            failure = self.relocate_tombstones(log, &map, victim, &mut trims).err();
-        }
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        let mut walk = VictimWalk::new(log, victim);
+        log.walk_segment(victim, |_, meta, data| self.relocate_record(log, &map, &mut walk, meta, data))?;
+        self.finish_relocation(log, &map, walk)
     }
 
     fn clear(&self) {
@@ -560,7 +668,7 @@ impl Controller for LsaVolume {
 
     /// A winning trim of a page no data record mentions needs no tombstone (nothing could
     /// resurrect it), and keeping one would pin its segment.
-    fn end_replay(&self) {
+    fn end_replay(&self, _log: &Log) {
         let Some(rs) = self.replay.lock().take() else { return };
         let map = self.map.read();
         for (p, seen) in rs.has_data.iter().enumerate() {

@@ -1,0 +1,710 @@
+//! The dual-mapping controller (SALSA paper, section IV-A): a volume mapped by a dense map of
+//! large pages (64 KiB by default) and a bounded sparse map of small, grain-sized pages (4 KiB),
+//! so that writes smaller than a large page or not aligned to one (a file system's metadata)
+//! are not read-modify-write of a whole large page, while the map costs what a large-page map
+//! costs.
+//!
+//! Owns: the sparse map and its bound, the small pages' allocation streams, and the rules that
+//! keep the two maps one volume:
+//! - a read looks in the sparse map first: a small page there is newer than its large page;
+//! - a write of whole large pages goes to the dense map (through the LSA controller, [`LsaVolume`])
+//!   and drops the sparse entries inside them; a write of part of a large page goes to the
+//!   sparse map, one small page at a time (a partial small page is read-modify-write of that
+//!   small page only), while the sparse map has room;
+//! - when it has none, the write merges: the large page is read with its sparse pages laid
+//!   over it, the write applied, and the result written as one large page (which drops its
+//!   sparse entries). A maintenance pass merges the large pages with the most sparse entries
+//!   whenever the map is more than three quarters full, so writers seldom have to;
+//! - a trim covers whole large pages (and their sparse entries); partial pages are left as
+//!   they are.
+//!
+//! Invariants: every write, trim and merge of a large page holds that page's stripe lock, so
+//! a merge never loses a concurrent write to a neighbouring small page, and a sparse entry
+//! present in the map is always newer than its large page's dense entry; the sparse map lock
+//! is taken last (after a stream's lock), never the other way round. On disk, small pages are
+//! records whose `page_grains` is 1 and large pages records of the volume's page size, so the
+//! recovery scan tells them apart; a small page wins over its large page when its sequence
+//! number is higher, and a large page's trim keeps its tombstone while a small page's record
+//! could still bring older data back.
+
+use super::lsa::{LsaVolume, VictimWalk};
+use super::map::{Entry, PageMap};
+use super::{page_pieces, Controller, ControllerStats, Reference, ScannedRecord, VolumeIo};
+use crate::error::{Error, Result};
+use crate::format::{ControllerKind, MetaEntry, RecordMeta, StreamKind};
+use crate::log::capacity::Purpose;
+use crate::log::payload::WriteBuffer;
+use crate::log::stream::{PageData, Streams};
+use crate::log::{Log, PageRead};
+use crate::policy::placement::{Placement, StreamLayout};
+use crate::util::Decoder;
+use parking_lot::{Mutex, MutexGuard, RwLock};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+
+/// Volume-table setting: most small pages the sparse map holds.
+pub const SETTING_SPARSE_PAGES: u16 = 1;
+/// Fewest small pages a sparse map may be given.
+pub const MIN_SPARSE_PAGES: u64 = 16;
+/// Most small pages a sparse map may be given (about 2 GiB of map).
+pub const MAX_SPARSE_PAGES: u64 = 1 << 26;
+/// Estimated memory per sparse entry: 16 bytes of key and grain in a B-tree whose nodes are
+/// between half and fully used.
+pub const SPARSE_ENTRY_BYTES: u64 = 32;
+/// Stripe locks of large pages.
+const STRIPES: usize = 256;
+/// Large pages a maintenance pass merges at most.
+const MERGES_PER_PASS: usize = 64;
+
+/// The default sparse capacity of a volume of `volume_bytes` with `grain_bytes` small pages:
+/// one small page in 2048 (512 MiB of small pages per TiB, 4 MiB of map), and at least 1024
+/// (4 MiB of small writes: a file system's metadata between merges).
+pub fn default_sparse_pages(volume_bytes: u64, grain_bytes: u32) -> u64 {
+    (volume_bytes / grain_bytes as u64 / 2048).clamp(1024, MAX_SPARSE_PAGES)
+}
+
+/// How a write of part of a large page is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PartPlan {
+    /// Its small pages go to the sparse map.
+    Sparse,
+    /// The large page is read, the part applied and the page written whole.
+    Merge,
+}
+
+/// A small page's best entry during a recovery scan: (sequence number, grain, crc).
+type ReplayedSmall = (u64, u64, u32);
+
+/// A volume served by the dual-mapping controller.
+pub struct DualVolume {
+    /// The dense map of large pages, its placement policy and streams, its gate and counters.
+    dense: LsaVolume,
+    /// Small page (volume offset / grain) -> the grain holding it.
+    sparse: RwLock<BTreeMap<u64, u64>>,
+    sparse_len: AtomicU64,
+    sparse_capacity: u64,
+    /// Small pages per large page.
+    subpages: u64,
+    small_bytes: usize,
+    /// One user and one GC stream for small pages.
+    small_streams: Arc<Streams>,
+    /// Stripe locks of large pages: writes, trims and merges of one large page are serial.
+    locks: Box<[Mutex<()>]>,
+    /// Large pages merged (written whole to drop their sparse entries).
+    merges: AtomicU64,
+    /// Small pages written to the sparse map.
+    small_writes: AtomicU64,
+    /// During a recovery scan: per small page, the winning (seq, grain, crc) so far.
+    replay: Mutex<Option<BTreeMap<u64, ReplayedSmall>>>,
+}
+
+impl DualVolume {
+    /// A dual-mapping volume over `dense` (an LSA volume of large pages, with the volume's id,
+    /// name and placement), whose sparse map holds at most `sparse_capacity` small pages of
+    /// `grain_bytes`.
+    pub fn new(dense: LsaVolume, grain_bytes: u32, sparse_capacity: u64) -> DualVolume {
+        let small_streams = Arc::new(Streams::new(dense.id, 1, StreamLayout { users: 1, gcs: 1 }));
+        DualVolume {
+            subpages: dense.page_grains as u64,
+            small_bytes: grain_bytes as usize,
+            small_streams,
+            sparse: RwLock::new(BTreeMap::new()),
+            sparse_len: AtomicU64::new(0),
+            sparse_capacity,
+            locks: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            merges: AtomicU64::new(0),
+            small_writes: AtomicU64::new(0),
+            replay: Mutex::new(None),
+            dense,
+        }
+    }
+
+    fn large_bytes(&self) -> u64 {
+        self.dense.page_bytes as u64
+    }
+
+    /// Small pages of large page `page`.
+    fn small_range(&self, page: u64) -> std::ops::Range<u64> {
+        page * self.subpages..(page + 1) * self.subpages
+    }
+
+    /// Locks the stripes of large pages `pages`, in stripe order (so two writers never wait
+    /// for each other's stripes crosswise).
+    fn lock_pages(&self, pages: std::ops::RangeInclusive<u64>) -> Vec<MutexGuard<'_, ()>> {
+        let n = (pages.end() - pages.start() + 1).min(STRIPES as u64);
+        let mut idx: Vec<usize> = (0..n).map(|i| ((pages.start() + i) % STRIPES as u64) as usize).collect();
+        idx.sort_unstable();
+        idx.into_iter().map(|i| self.locks[i].lock()).collect()
+    }
+
+    /// The sparse entries of large page `page`, as (small page, grain).
+    fn sparse_of(&self, page: u64) -> Vec<(u64, u64)> {
+        if self.sparse_len.load(SeqCst) == 0 {
+            return Vec::new();
+        }
+        self.sparse.read().range(self.small_range(page)).map(|(&p, &g)| (p, g)).collect()
+    }
+
+    /// Drops the sparse entries of small pages `range`, replaced by record `killer` (a large
+    /// page written or trimmed over them). Called under the writer's stream lock.
+    fn drop_sparse(&self, log: &Log, range: std::ops::Range<u64>, killer: u64) {
+        if self.sparse_len.load(SeqCst) == 0 {
+            return;
+        }
+        let mut sparse = self.sparse.write();
+        let gone: Vec<(u64, u64)> = sparse.range(range).map(|(&p, &g)| (p, g)).collect();
+        for (p, g) in gone {
+            sparse.remove(&p);
+            self.sparse_len.fetch_sub(1, SeqCst);
+            log.add_mapped_grains(-1);
+            log.cache_forget(g);
+            log.drop_data(log.geo().segment_of(g), 1, Some(killer));
+        }
+    }
+
+    /// Writes whole large pages from `first` on into the dense map, dropping their sparse
+    /// entries (the caller holds their stripe locks).
+    fn write_large(&self, log: &Log, map: &PageMap, first: u64, data: &[u8], payload: Option<(&Arc<WriteBuffer>, usize)>) -> Result<()> {
+        let mut dropped = |page: u64, killer: u64| self.drop_sparse(log, self.small_range(page), killer);
+        self.dense.write_pages_then(log, map, first, data, payload, &mut dropped)
+    }
+
+    /// Reads small page `small` (of large page `page`) from the sparse map into `out`; false
+    /// when it is not there (or left it while being read).
+    fn read_small(&self, log: &Log, small: u64, page: u64, out: &mut [u8]) -> Result<bool> {
+        loop {
+            let Some(g) = self.sparse.read().get(&small).copied() else {
+                return Ok(false);
+            };
+            match log.read_page(g, out, || self.sparse.read().get(&small) == Some(&g))? {
+                PageRead::Intact => return Ok(true),
+                PageRead::Moved => continue,
+                PageRead::Damaged => {
+                    return Err(Error::ChecksumMismatch {
+                        volume: self.dense.name.clone(),
+                        page,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Reads all of large page `page` as it reads: its dense page with its sparse pages laid
+    /// over it.
+    fn read_large(&self, log: &Log, map: &PageMap, page: u64, out: &mut [u8]) -> Result<()> {
+        let sb = self.small_bytes;
+        'again: loop {
+            let sparse = self.sparse_of(page);
+            self.dense.read_page(log, map, page, out)?;
+            for (small, _) in sparse {
+                let at = ((small - page * self.subpages) as usize) * sb;
+                if !self.read_small(log, small, page, &mut out[at..at + sb])? {
+                    // Merged or dropped since it was listed: the dense page read may be older
+                    // than the merge; read the page again.
+                    continue 'again;
+                }
+            }
+            return Ok(());
+        }
+    }
+
+    /// Reads `out.len()` bytes at `in_page` of large page `page`.
+    fn read_piece(&self, log: &Log, map: &PageMap, page: u64, in_page: usize, out: &mut [u8]) -> Result<()> {
+        let lb = self.large_bytes() as usize;
+        let sparse = self.sparse_of(page);
+        if sparse.is_empty() && out.len() == lb {
+            return self.dense.read_page(log, map, page, out);
+        }
+        let sb = self.small_bytes;
+        let first_small = page * self.subpages + (in_page / sb) as u64;
+        let last_small = page * self.subpages + ((in_page + out.len() - 1) / sb) as u64;
+        // Small reads of small pages in the sparse map read only those.
+        if !sparse.is_empty() && (first_small..=last_small).all(|s| sparse.iter().any(|e| e.0 == s)) {
+            let mut tmp = vec![0u8; sb];
+            let mut done = 0;
+            for (small, in_small, n) in page_pieces(page * lb as u64 + in_page as u64, out.len() as u64, sb as u32) {
+                if !self.read_small(log, small, page, &mut tmp)? {
+                    return self.read_piece_whole(log, map, page, in_page, out);
+                }
+                out[done..done + n].copy_from_slice(&tmp[in_small..in_small + n]);
+                done += n;
+            }
+            return Ok(());
+        }
+        self.read_piece_whole(log, map, page, in_page, out)
+    }
+
+    fn read_piece_whole(&self, log: &Log, map: &PageMap, page: u64, in_page: usize, out: &mut [u8]) -> Result<()> {
+        let mut tmp = vec![0u8; self.large_bytes() as usize];
+        self.read_large(log, map, page, &mut tmp)?;
+        out.copy_from_slice(&tmp[in_page..in_page + out.len()]);
+        Ok(())
+    }
+
+    /// How a write of `data` at `in_page` of large page `page` (less than the whole page) is
+    /// done, and the grains it newly maps: into the sparse map while it has room (with
+    /// `sparse_free` entries left, which the plan takes from) and `tight` is not asked, else
+    /// merged. Small pages of zeros over a large page that reads as zeros are skipped, so
+    /// zeroing part of a page never needs new space.
+    fn plan_part(&self, map: &PageMap, page: u64, in_page: usize, data: &[u8], sparse_free: &mut u64, tight: bool) -> (PartPlan, u64) {
+        let sb = self.small_bytes;
+        let dense_mapped = matches!(map.load(page), Entry::Mapped(_));
+        let present = self.sparse_of(page);
+        let mut done = 0;
+        let mut new = 0u64;
+        for (small, _, n) in page_pieces(page * self.large_bytes() + in_page as u64, data.len() as u64, sb as u32) {
+            let in_sparse = present.iter().any(|e| e.0 == small);
+            let skipped = !dense_mapped && !in_sparse && data[done..done + n].iter().all(|&b| b == 0);
+            new += u64::from(!in_sparse && !skipped);
+            done += n;
+        }
+        if new == 0 || (!tight && new <= *sparse_free) {
+            *sparse_free = sparse_free.saturating_sub(new);
+            return (PartPlan::Sparse, new);
+        }
+        let whole = if dense_mapped {
+            0
+        } else {
+            self.subpages.saturating_sub(present.len() as u64)
+        };
+        (PartPlan::Merge, whole)
+    }
+
+    /// Writes `data` at `in_page` of large page `page` as `plan` says (the caller holds the
+    /// page's stripe lock).
+    fn write_part(&self, log: &Log, map: &PageMap, page: u64, in_page: usize, data: &[u8], plan: PartPlan) -> Result<()> {
+        if plan == PartPlan::Merge {
+            return self.merge(log, map, page, Some((in_page, data)));
+        }
+        let sb = self.small_bytes;
+        let dense_mapped = matches!(map.load(page), Entry::Mapped(_));
+        let present = self.sparse_of(page);
+        let mut pieces: Vec<(u64, usize, usize, usize)> = Vec::new(); // (small page, offset in it, length, offset in data)
+        let mut done = 0;
+        for (small, in_small, n) in page_pieces(page * self.large_bytes() + in_page as u64, data.len() as u64, sb as u32) {
+            let in_sparse = present.iter().any(|e| e.0 == small);
+            if dense_mapped || in_sparse || data[done..done + n].iter().any(|&b| b != 0) {
+                pieces.push((small, in_small, n, done));
+            }
+            done += n;
+        }
+        if pieces.is_empty() {
+            return Ok(());
+        }
+        // Whole small pages, partial ones completed from what they read now.
+        let mut pages = vec![0u8; pieces.len() * sb];
+        for (i, &(small, in_small, n, at)) in pieces.iter().enumerate() {
+            let out = &mut pages[i * sb..(i + 1) * sb];
+            if n < sb {
+                let from = ((small - page * self.subpages) as usize) * sb;
+                self.read_piece(log, map, page, from, out)?;
+            }
+            out[in_small..in_small + n].copy_from_slice(&data[at..at + n]);
+        }
+        let crcs: Vec<u32> = pages.chunks_exact(sb).map(crc32c::crc32c).collect();
+        let _inflight = log.invalidation_guard();
+        self.small_streams.place_each(
+            log,
+            StreamKind::User(0),
+            Purpose::User,
+            pieces.len(),
+            |i| Some(PageData::copied(&pages[i * sb..(i + 1) * sb])),
+            |i, grain, rec| {
+                let (small, crc) = (pieces[i].0, crcs[i]);
+                log.set_crc(grain, crc);
+                let mut sparse = self.sparse.write();
+                rec.push(MetaEntry::Data {
+                    page: small,
+                    seq: log.next_seq(),
+                    crc,
+                });
+                match sparse.insert(small, grain) {
+                    Some(old) => {
+                        log.cache_forget(old);
+                        log.drop_data(log.geo().segment_of(old), 1, Some(rec.buf.record_id));
+                    }
+                    None => {
+                        self.sparse_len.fetch_add(1, SeqCst);
+                        log.add_mapped_grains(1);
+                    }
+                }
+            },
+        )?;
+        self.small_writes.fetch_add(pieces.len() as u64, SeqCst);
+        Ok(())
+    }
+
+    /// Merges large page `page` (the caller holds its stripe lock): reads it with its sparse
+    /// pages laid over it, applies `write` (offset in the page, bytes) if given, and writes it
+    /// whole to the dense map, which drops its sparse entries.
+    fn merge(&self, log: &Log, map: &PageMap, page: u64, write: Option<(usize, &[u8])>) -> Result<()> {
+        let mut tmp = vec![0u8; self.large_bytes() as usize];
+        self.read_large(log, map, page, &mut tmp)?;
+        if let Some((at, data)) = write {
+            tmp[at..at + data.len()].copy_from_slice(data);
+        }
+        self.write_large(log, map, page, &tmp, None)?;
+        self.merges.fetch_add(1, SeqCst);
+        Ok(())
+    }
+
+    /// The plans of a write's parts of large pages, and the grains the write newly maps.
+    fn plan(&self, map: &PageMap, offset: u64, data: &[u8], tight: bool) -> (Vec<PartPlan>, u64) {
+        let lb = self.large_bytes();
+        let mut sparse_free = self.sparse_capacity.saturating_sub(self.sparse_len.load(SeqCst));
+        let (mut plans, mut new, mut done) = (Vec::new(), 0, 0);
+        for (page, in_page, n) in page_pieces(offset, data.len() as u64, lb as u32) {
+            if n as u64 == lb {
+                new += if matches!(map.load(page), Entry::Mapped(_)) {
+                    0
+                } else {
+                    self.subpages
+                };
+            } else {
+                let (plan, grains) = self.plan_part(map, page, in_page, &data[done..done + n], &mut sparse_free, tight);
+                plans.push(plan);
+                new += grains;
+            }
+            done += n;
+        }
+        (plans, new)
+    }
+
+    /// Moves the live small pages of one record of a victim into the small GC stream.
+    fn relocate_small(&self, log: &Log, victim: u32, meta: &RecordMeta, data: &[u8]) -> Result<()> {
+        let base = victim as u64 * log.geo().grains_per_segment as u64 + meta.start_grain as u64 + 1;
+        let sb = self.small_bytes;
+        let mut slot = 0usize;
+        for e in &meta.entries {
+            let MetaEntry::Data { page: small, seq, crc } = *e else { continue };
+            let grain = base + slot as u64;
+            let bytes = &data[slot * sb..(slot + 1) * sb];
+            slot += 1;
+            if self.sparse.read().get(&small) != Some(&grain) {
+                continue;
+            }
+            let (new, moved) = self
+                .small_streams
+                .place(log, StreamKind::Gc(0), Purpose::Gc, Some(bytes), |new, rec| {
+                    log.set_crc(new, crc);
+                    rec.push(MetaEntry::Data { page: small, seq, crc });
+                    let mut sparse = self.sparse.write();
+                    let moved = sparse.get(&small) == Some(&grain);
+                    if moved {
+                        sparse.insert(small, new);
+                    }
+                    (new, moved)
+                })?;
+            if moved {
+                log.cache_moved(grain, new, log.generation_of(new));
+                log.drop_data(victim, 1, None);
+                log.counters().gc_bytes_relocated.fetch_add(sb as u64, SeqCst);
+            } else {
+                // Overwritten or merged meanwhile: the copy is garbage at once.
+                log.drop_data(log.geo().segment_of(new), 1, None);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sparse entries now, and the most the map may hold.
+    pub fn sparse_use(&self) -> (u64, u64) {
+        (self.sparse_len.load(SeqCst), self.sparse_capacity)
+    }
+}
+
+impl VolumeIo for DualVolume {
+    fn kind(&self) -> ControllerKind {
+        ControllerKind::Dual
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.dense.size_bytes()
+    }
+
+    fn page_bytes(&self) -> u32 {
+        self.dense.page_bytes
+    }
+
+    fn mapped_bytes(&self) -> u64 {
+        self.mapped_grains() * self.small_bytes as u64
+    }
+
+    fn read(&self, log: &Log, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let _gate = self.dense.enter()?;
+        let map = self.dense.map();
+        let mut done = 0;
+        for (page, in_page, n) in page_pieces(offset, buf.len() as u64, self.dense.page_bytes) {
+            self.read_piece(log, &map, page, in_page, &mut buf[done..done + n])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn write(&self, log: &Log, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
+        let _gate = self.dense.enter()?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let map = self.dense.map();
+        let lb = self.large_bytes();
+        let _locks = self.lock_pages(offset / lb..=(offset + data.len() as u64 - 1) / lb);
+        // A pool too full for new small pages may still take the write merged into large
+        // pages that are mapped already (as write-zeroes of part of a page needs).
+        let (plans, new) = self.plan(&map, offset, data, false);
+        let plans = match log.check_room(new) {
+            Ok(()) => plans,
+            Err(e) => {
+                let (plans, new) = self.plan(&map, offset, data, true);
+                log.check_room(new).map_err(|_| e)?;
+                plans
+            }
+        };
+        let mut plans = plans.into_iter();
+        let mut done = 0;
+        // Whole large pages go down in runs; parts of one go to the sparse map.
+        let mut run: Option<(u64, usize)> = None; // (first page, offset in `data`)
+        for (page, in_page, n) in page_pieces(offset, data.len() as u64, lb as u32) {
+            if n as u64 == lb {
+                run.get_or_insert((page, done));
+            } else {
+                if let Some((first, at)) = run.take() {
+                    self.write_large(log, &map, first, &data[at..done], payload.map(|p| (p, at)))?;
+                }
+                let plan = plans.next().unwrap_or(PartPlan::Merge);
+                self.write_part(log, &map, page, in_page, &data[done..done + n], plan)?;
+            }
+            done += n;
+        }
+        if let Some((first, at)) = run {
+            self.write_large(log, &map, first, &data[at..done], payload.map(|p| (p, at)))?;
+        }
+        Ok(())
+    }
+
+    fn trim(&self, log: &Log, offset: u64, len: u64) -> Result<()> {
+        let _gate = self.dense.enter()?;
+        let lb = self.large_bytes();
+        let (first, end) = (offset.div_ceil(lb), (offset + len) / lb);
+        if end <= first {
+            return Ok(());
+        }
+        let map = self.dense.map();
+        let _locks = self.lock_pages(first..=end - 1);
+        if let Some(killer) = self.dense.trim_pages(log, &map, first, end - first)? {
+            let _inflight = log.invalidation_guard();
+            self.drop_sparse(log, first * self.subpages..end * self.subpages, killer);
+        }
+        Ok(())
+    }
+
+    fn page_location(&self, page: u64) -> Option<u64> {
+        self.dense.page_location(page).or_else(|| self.sparse_of(page).first().map(|e| e.1))
+    }
+
+    fn grow(&self, new_size_bytes: u64) -> Result<()> {
+        self.dense.grow(new_size_bytes);
+        Ok(())
+    }
+
+    fn retire(&self) {
+        VolumeIo::retire(&self.dense)
+    }
+
+    fn is_retired(&self) -> bool {
+        self.dense.is_retired()
+    }
+
+    fn mapped_grains(&self) -> u64 {
+        self.dense.mapped_grains() + self.sparse_len.load(SeqCst)
+    }
+}
+
+impl Controller for DualVolume {
+    fn id(&self) -> u32 {
+        self.dense.id
+    }
+
+    fn name(&self) -> &str {
+        &self.dense.name
+    }
+
+    fn streams(&self) -> Vec<Arc<Streams>> {
+        vec![self.dense.placement_streams(), self.small_streams.clone()]
+    }
+
+    fn set_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()> {
+        let _gate = self.dense.gate.write();
+        self.dense
+            .replace_placement(log, placement, name, std::slice::from_ref(&self.small_streams))
+    }
+
+    fn stats(&self) -> ControllerStats {
+        let dense = self.dense.stats();
+        let (used, capacity) = self.sparse_use();
+        ControllerStats {
+            controller: ControllerKind::Dual.name().to_string(),
+            mapped_bytes: self.mapped_bytes(),
+            map_memory_bytes: dense.map_memory_bytes + used * SPARSE_ENTRY_BYTES,
+            settings: vec![("sparse_pages".into(), capacity)],
+            sparse_pages: used,
+            sparse_capacity_pages: capacity,
+            merged_pages: self.merges.load(SeqCst),
+            small_pages_written: self.small_writes.load(SeqCst),
+            ..dense
+        }
+    }
+
+    /// Moves the live large pages and tombstones (as the LSA controller does) and the live
+    /// small pages of `victim`, in one walk over its records.
+    fn relocate(&self, log: &Log, victim: u32) -> Result<()> {
+        let map = self.dense.map();
+        let mut walk = VictimWalk::new(log, victim);
+        let mut failure = None;
+        log.walk_segment(victim, |_, meta, data| {
+            if meta.page_grains == 1 {
+                if failure.is_none() {
+                    failure = self.relocate_small(log, victim, meta, data).err();
+                }
+            } else {
+                self.dense.relocate_record(log, &map, &mut walk, meta, data);
+            }
+        })?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        self.dense.finish_relocation(log, &map, walk)
+    }
+
+    fn maintain(&self, log: &Log) -> Result<bool> {
+        let (used, capacity) = self.sparse_use();
+        if used * 4 <= capacity * 3 || self.is_retired() {
+            return Ok(false);
+        }
+        // The large pages with the most sparse entries free the most per merge.
+        let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
+        for &small in self.sparse.read().keys() {
+            *counts.entry(small / self.subpages).or_default() += 1;
+        }
+        let mut pages: Vec<(u32, u64)> = counts.into_iter().map(|(p, c)| (c, p)).collect();
+        pages.sort_unstable_by(|a, b| b.cmp(a));
+        let _gate = self.dense.enter()?;
+        let map = self.dense.map();
+        for &(_, page) in pages.iter().take(MERGES_PER_PASS) {
+            let _lock = self.lock_pages(page..=page);
+            if !self.sparse_of(page).is_empty() {
+                self.merge(log, &map, page, None)?;
+            }
+            if self.sparse_len.load(SeqCst) * 2 <= capacity {
+                break;
+            }
+        }
+        Ok(true)
+    }
+
+    fn clear(&self) {
+        self.dense.clear();
+        self.sparse.write().clear();
+        self.sparse_len.store(0, SeqCst);
+    }
+
+    fn begin_replay(&self) {
+        self.dense.begin_replay();
+        *self.replay.lock() = Some(BTreeMap::new());
+    }
+
+    /// Large pages replay as in the LSA controller; of each small page the entry with the
+    /// highest sequence number is kept, to be weighed against its large page at the end.
+    fn replay(&self, log: &Log, r: &ScannedRecord<'_>) {
+        if r.meta.page_grains != 1 {
+            return self.dense.replay(log, r);
+        }
+        let small_pages = self.dense.size_bytes() / self.small_bytes as u64;
+        let base = r.segment as u64 * log.geo().grains_per_segment as u64 + r.meta.start_grain as u64 + 1;
+        let mut guard = self.replay.lock();
+        let Some(best) = guard.as_mut() else { return };
+        let mut slot = 0usize;
+        for e in &r.meta.entries {
+            let MetaEntry::Data { page: small, seq, crc } = *e else { continue };
+            let ok = r.trusted || r.intact.get(slot).copied().unwrap_or(false);
+            let grain = base + slot as u64;
+            slot += 1;
+            if small >= small_pages {
+                continue;
+            }
+            self.dense.replay_saw_data(small / self.subpages);
+            if ok && best.get(&small).is_none_or(|b| seq >= b.0) {
+                best.insert(small, (seq, grain, crc));
+            }
+        }
+    }
+
+    /// A small page is kept when it is newer than everything replayed for its large page.
+    fn end_replay(&self, log: &Log) {
+        let best = self.replay.lock().take().unwrap_or_default();
+        {
+            let mut sparse = self.sparse.write();
+            sparse.clear();
+            for (small, (seq, grain, crc)) in best {
+                if seq > self.dense.replayed_seq(small / self.subpages) {
+                    sparse.insert(small, grain);
+                    log.set_crc(grain, crc);
+                }
+            }
+            self.sparse_len.store(sparse.len() as u64, SeqCst);
+        }
+        self.dense.end_replay(log);
+    }
+
+    fn account(&self, log: &Log, visit: &mut dyn FnMut(Reference) -> Result<()>) -> Result<u64> {
+        let dense = self.dense.account(log, visit)?;
+        let gps = log.geo().grains_per_segment as u64;
+        let sparse = self.sparse.read();
+        for &g in sparse.values() {
+            visit(Reference::Data {
+                segment: (g / gps) as u32,
+                grains: 1,
+            })?;
+        }
+        self.sparse_len.store(sparse.len() as u64, SeqCst);
+        Ok(dense + sparse.len() as u64)
+    }
+
+    fn image_bytes(&self) -> u64 {
+        self.dense.image_bytes() + 8 + 16 * self.sparse.read().len() as u64
+    }
+
+    fn encode_image(&self, out: &mut Vec<u8>) {
+        self.dense.encode_image(out);
+        let sparse = self.sparse.read();
+        out.extend_from_slice(&(sparse.len() as u64).to_le_bytes());
+        for (&small, &grain) in sparse.iter() {
+            out.extend_from_slice(&small.to_le_bytes());
+            out.extend_from_slice(&grain.to_le_bytes());
+        }
+    }
+
+    fn load_image(&self, d: &mut Decoder<'_>) -> Result<()> {
+        self.dense.load_image(d)?;
+        let bad = |what: &str| Error::Corrupt(format!("checkpoint of volume {}: {what}", self.dense.name));
+        let n = d.u64("sparse entries").map_err(|_| bad("truncated"))?;
+        let small_pages = self.dense.size_bytes() / self.small_bytes as u64;
+        if n > small_pages {
+            return Err(bad("more sparse entries than small pages"));
+        }
+        let total_grains = self.dense.map().encoding.total_grains;
+        let mut sparse = BTreeMap::new();
+        for _ in 0..n {
+            let small = d.u64("sparse page").map_err(|_| bad("truncated sparse map"))?;
+            let grain = d.u64("sparse grain").map_err(|_| bad("truncated sparse map"))?;
+            if small >= small_pages || grain >= total_grains {
+                return Err(bad("sparse entry out of range"));
+            }
+            sparse.insert(small, grain);
+        }
+        self.sparse_len.store(sparse.len() as u64, SeqCst);
+        *self.sparse.write() = sparse;
+        Ok(())
+    }
+}
