@@ -10,7 +10,7 @@ use commands::admin::{check, format_pool, info, scrub_pool, volume, VolumeComman
 use commands::bench::{run_bench, run_device_bench, run_workload_bench, BenchArgs, BenchDeviceArgs};
 use commands::serve::{serve, ServeArgs};
 use commands::stats::stats;
-use salsa_core::{ArrayKind, OpenOptions, Pool, PoolConfig};
+use salsa_core::{ArrayKind, ControllerKind, OpenOptions, Pool, PoolConfig, VolumeSpec};
 use spec::{parse_size, DeviceSpec};
 use std::path::PathBuf;
 use std::process::ExitCode;

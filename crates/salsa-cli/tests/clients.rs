@@ -287,6 +287,86 @@ fn ext4_on_nbdfuse_loop_survives_restart() {
     assert!(srv.stop().success());
 }
 
+/// ext4 on a dual-mapping volume (64 KiB large pages): the file system's 4 KiB metadata
+/// writes go to the sparse map, files land in large pages; its policy is changed while it is
+/// served (through the control socket), and everything survives a restart and an fsck.
+#[test]
+fn ext4_on_a_dual_mapping_volume_with_policies_changed_online() {
+    require("nbdfuse");
+    require("mkfs.ext4");
+    let dir = test_dir("ext4-dual");
+    let device = format!("{}", dir.join("pool.img").display());
+    let salsa = |args: &[&str]| {
+        let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(args));
+        assert!(ok, "salsa {args:?}: {out}");
+        out
+    };
+    salsa(&[
+        "format",
+        "-d",
+        &format!("{device}:160M"),
+        "--segment-size",
+        "1M",
+        "--no-default-volume",
+    ]);
+    salsa(&[
+        "volume",
+        "create",
+        "-d",
+        &device,
+        "default",
+        "96M",
+        "--controller",
+        "dual",
+        "--victim",
+        "greedy",
+    ]);
+    let srv = Server::start(&dir, "160M", &[]);
+    with_filesystem(&srv, true, |mnt| {
+        for i in 0..20 {
+            std::fs::write(mnt.join(format!("f{i}")), file_bytes(i)).unwrap();
+        }
+        std::fs::create_dir(mnt.join("sub")).unwrap();
+        std::fs::write(mnt.join("sub/x"), b"hello").unwrap();
+    });
+    let stats: serde_json::Value = serde_json::from_str(&salsa(&["stats", "--json", "-d", &device])).unwrap();
+    let v = &stats["volumes"][0];
+    assert_eq!(v["controller"], "dual");
+    assert!(
+        v["small_pages_written"].as_u64().unwrap() > 10,
+        "ext4's metadata went to the sparse map: {v}"
+    );
+    // Changed while served, and recorded.
+    salsa(&[
+        "volume",
+        "set",
+        "-d",
+        &device,
+        "default",
+        "--placement",
+        "user-gc",
+        "--victim",
+        "fifo",
+    ]);
+    let stats: serde_json::Value = serde_json::from_str(&salsa(&["stats", "--json", "-d", &device])).unwrap();
+    assert_eq!(
+        (stats["volumes"][0]["placement"].as_str(), stats["volumes"][0]["victim"].as_str()),
+        (Some("user-gc"), Some("fifo"))
+    );
+    assert!(srv.stop().success());
+    let list: serde_json::Value = serde_json::from_str(&salsa(&["volume", "list", "-d", &device, "--json"])).unwrap();
+    assert_eq!(list[0]["victim"], "fifo");
+    assert_eq!(list[0]["settings"]["sparse_pages"], 1024);
+    let srv = Server::start(&dir, "160M", &[]);
+    with_filesystem(&srv, false, |mnt| {
+        for i in 0..20 {
+            assert_eq!(std::fs::read(mnt.join(format!("f{i}"))).unwrap(), file_bytes(i), "file f{i}");
+        }
+        assert_eq!(std::fs::read(mnt.join("sub/x")).unwrap(), b"hello");
+    });
+    assert!(srv.stop().success());
+}
+
 #[test]
 fn nbdsh_block_status_trim_and_multi_conn() {
     require("nbdsh");

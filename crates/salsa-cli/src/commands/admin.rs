@@ -76,15 +76,23 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     println!("volumes     {}", st.volumes.len());
     for v in &st.volumes {
         println!(
-            "  {:<20} {:<4} size {:>10}  page {:>6}  mapped {:>10}  placement {} ({})",
+            "  {:<20} {:<4} size {:>10}  page {:>6}  mapped {:>10}  map {:>9}  placement {} ({})  victim {}",
             v.name,
             v.controller,
             human(v.size_bytes),
             human(v.page_bytes as u64),
             human(v.mapped_bytes),
+            human(v.map_memory_bytes),
             v.placement,
-            human(v.placement_memory_bytes)
+            human(v.placement_memory_bytes),
+            v.victim
         );
+        if v.controller == "dual" {
+            println!(
+                "  {:<20}      sparse map {} of {} small pages, {} large pages merged",
+                "", v.sparse_pages, v.sparse_capacity_pages, v.merged_pages
+            );
+        }
     }
     Ok(())
 }
@@ -200,11 +208,36 @@ pub(crate) enum VolumeCommand {
         name: String,
         #[arg(value_parser = parse_size)]
         size: u64,
-        #[arg(long, value_parser = parse_size, default_value = "4K")]
-        page_size: u64,
+        /// The controller that maps the volume: `lsa` (a page map) or `dual` (a dense map of
+        /// large pages and a bounded sparse map of 4 KiB pages for small writes).
+        #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual"])]
+        controller: String,
+        /// The unit of mapping (dual: its large pages). Default 4K for lsa, 64K for dual.
+        #[arg(long, value_parser = parse_size)]
+        page_size: Option<u64>,
         /// Placement policy (default: the pool's; `salsa policies` lists them).
         #[arg(long)]
         placement: Option<String>,
+        /// Victim policy ranking the volume's segments for the GC (default: the pool's).
+        #[arg(long)]
+        victim: Option<String>,
+        /// dual: most 4 KiB pages its sparse map holds (default: one in 2048 of the volume's,
+        /// at least 1024).
+        #[arg(long)]
+        sparse_pages: Option<u64>,
+    },
+    /// Change a volume's placement or victim policy; new writes follow it. Works offline and,
+    /// through its control socket, on a pool being served.
+    Set {
+        #[command(flatten)]
+        devices: Devices,
+        name: String,
+        /// New placement policy.
+        #[arg(long)]
+        placement: Option<String>,
+        /// New victim policy (`pool`: the pool's).
+        #[arg(long)]
+        victim: Option<String>,
     },
     /// List volumes: a table with human sizes, or JSON with byte counts.
     List {
@@ -236,45 +269,70 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
             devices,
             name,
             size,
+            controller,
             page_size,
             placement,
+            victim,
+            sparse_pages,
         } => {
+            let controller = ControllerKind::from_name(controller).ok_or("unknown controller")?;
+            let default_page = if controller == ControllerKind::Dual { 64 << 10 } else { 4096 };
+            let page = u32::try_from(page_size.unwrap_or(default_page)).map_err(|_| "page size too large")?;
+            let spec = VolumeSpec {
+                controller,
+                page_bytes: page,
+                placement: placement.clone(),
+                victim: victim.clone().filter(|v| v != "pool"),
+                sparse_pages: *sparse_pages,
+            };
             let pool = devices.open_pool(rw_options())?;
-            let page = u32::try_from(*page_size).map_err(|_| "page size too large")?;
-            let placement = placement.clone().unwrap_or_else(|| pool.default_placement().to_string());
-            pool.create_volume_with(name, *size, page, &placement).map_err(|e| e.to_string())?;
-            println!("created volume {name}: {}", human(*size));
+            pool.create_volume_spec(name, *size, &spec).map_err(|e| e.to_string())?;
+            println!(
+                "created volume {name}: {}, {} controller, {} pages",
+                human(*size),
+                controller.name(),
+                human(page as u64)
+            );
             pool.close().map_err(|e| e.to_string())
+        }
+        VolumeCommand::Set {
+            devices,
+            name,
+            placement,
+            victim,
+        } => {
+            if placement.is_none() && victim.is_none() {
+                return Err("give --placement and/or --victim".into());
+            }
+            // `pool` (or nothing) stands for the pool's victim policy, recorded as empty.
+            let victim = victim.as_deref().map(|v| if v == "pool" { "" } else { v });
+            super::device::set_volume_policies(&devices.devices, devices.parity_buffer.as_ref(), name, placement.as_deref(), victim)?;
+            println!("volume {name}: policies changed; new writes follow them");
+            Ok(())
         }
         VolumeCommand::List { devices, json } => {
             let pool = devices.open_pool(ro_options())?;
             let vols = pool.stats().volumes;
             if *json {
-                let list: Vec<serde_json::Value> = vols
-                    .iter()
-                    .map(|v| {
-                        serde_json::json!({
-                            "name": v.name, "controller": v.controller, "size_bytes": v.size_bytes,
-                            "page_bytes": v.page_bytes, "mapped_bytes": v.mapped_bytes, "placement": v.placement,
-                        })
-                    })
-                    .collect();
+                let list: Vec<serde_json::Value> = vols.iter().map(super::stats::volume_json).collect();
                 println!("{}", serde_json::Value::Array(list));
                 return Ok(());
             }
             println!(
-                "{:<24} {:<10} {:>12} {:>8} {:>12}  PLACEMENT",
-                "NAME", "CONTROLLER", "SIZE", "PAGE", "MAPPED"
+                "{:<24} {:<10} {:>12} {:>8} {:>12} {:>10}  {:<18} VICTIM",
+                "NAME", "CONTROLLER", "SIZE", "PAGE", "MAPPED", "MAP", "PLACEMENT"
             );
             for v in vols {
                 println!(
-                    "{:<24} {:<10} {:>12} {:>8} {:>12}  {}",
+                    "{:<24} {:<10} {:>12} {:>8} {:>12} {:>10}  {:<18} {}",
                     v.name,
                     v.controller,
                     human(v.size_bytes),
                     human(v.page_bytes as u64),
                     human(v.mapped_bytes),
-                    v.placement
+                    human(v.map_memory_bytes),
+                    v.placement,
+                    v.victim
                 );
             }
             Ok(())

@@ -3,8 +3,9 @@
 //! while it serves), with a progress bar and an optional rate limit.
 //!
 //! The control socket speaks lines: a client sends one request line (`stats`, `scrub`,
-//! `scrub repair`, `fail <member>`, or `replace <member> <new device spec> [<bytes per
-//! second>]`); the server answers `stats` and `scrub` with one JSON line, `fail` with `ok` or
+//! `scrub repair`, `fail <member>`, `volume-set <volume> [placement=<policy>]
+//! [victim=<policy>]`, or `replace <member> <new device spec> [<bytes per second>]`); the server
+//! answers `stats` and `scrub` with one JSON line, `fail` and `volume-set` with `ok` or
 //! `error`, and `replace` with `progress <done> <total>` lines and a final `ok <json>` or
 //! `error <message>` line. A client that sends
 //! nothing gets the statistics (what `salsa stats` did before requests existed).
@@ -133,6 +134,37 @@ pub(crate) fn fail(
     pool.close().map_err(|e| e.to_string())
 }
 
+/// Offline or online: changes a volume's placement and/or victim policy (`Some("")`: the
+/// pool's).
+pub(crate) fn set_volume_policies(
+    devices: &[DeviceSpec],
+    parity_buffer: Option<&DeviceSpec>,
+    name: &str,
+    placement: Option<&str>,
+    victim: Option<&str>,
+) -> Result<(), String> {
+    if let Some(path) = running_server(devices, None) {
+        let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut request = format!("volume-set {name}");
+        if let Some(p) = placement {
+            request += &format!(" placement={p}");
+        }
+        if let Some(v) = victim {
+            request += &format!(" victim={v}");
+        }
+        writeln!(s, "{request}").map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).map_err(|e| e.to_string())?;
+        return match line.trim().strip_prefix("error ") {
+            Some(e) => Err(e.to_string()),
+            None => Ok(()),
+        };
+    }
+    let pool = open_offline(devices, parity_buffer)?;
+    pool.set_volume_policies(name, placement, victim).map_err(|e| e.to_string())?;
+    pool.close().map_err(|e| e.to_string())
+}
+
 /// Serves one control connection (see the module documentation).
 pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
     let _ = s.set_nonblocking(false);
@@ -181,7 +213,28 @@ pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
             },
             None => "error usage: fail <member>".into(),
         },
-        Some(other) => format!("error unknown request {other:?} (stats, scrub [repair], fail, replace)"),
+        Some("volume-set") => {
+            let Some(name) = words.next() else {
+                let _ = writeln!(s, "error usage: volume-set <volume> [placement=<policy>] [victim=<policy>]");
+                return;
+            };
+            let (mut placement, mut victim, mut bad) = (None, None, None);
+            for w in words {
+                match w.split_once('=') {
+                    Some(("placement", p)) => placement = Some(p),
+                    Some(("victim", v)) => victim = Some(v),
+                    _ => bad = Some(w),
+                }
+            }
+            match bad {
+                Some(w) => format!("error unknown volume-set argument {w:?} (placement=<policy>, victim=<policy>)"),
+                None => match pool.set_volume_policies(name, placement, victim) {
+                    Ok(()) => "ok".into(),
+                    Err(e) => format!("error {e}"),
+                },
+            }
+        }
+        Some(other) => format!("error unknown request {other:?} (stats, scrub [repair], fail, replace, volume-set)"),
     };
     let _ = writeln!(s, "{reply}");
 }

@@ -130,18 +130,39 @@ pub(crate) fn render(s: &Stats) -> String {
         .collect();
     e.metric("segments_by_state", g, "Segments per state.", &by_state);
 
-    type VolumeMetric = (&'static str, &'static str, fn(&salsa_core::VolumeStats) -> f64);
-    let volume_metrics: [VolumeMetric; 4] = [
-        ("volume_size_bytes", "Volume size.", |v| v.size_bytes as f64),
-        ("volume_mapped_bytes", "Bytes of the volume that hold data.", |v| {
+    type VolumeMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::VolumeStats) -> f64);
+    let volume_metrics: [VolumeMetric; 8] = [
+        ("volume_size_bytes", g, "Volume size.", |v| v.size_bytes as f64),
+        ("volume_mapped_bytes", g, "Bytes of the volume that hold data.", |v| {
             v.mapped_bytes as f64
         }),
-        ("volume_map_memory_bytes", "Memory held by the volume's map.", |v| {
+        ("volume_map_memory_bytes", g, "Memory held by the volume's map.", |v| {
             v.map_memory_bytes as f64
         }),
-        ("volume_page_bytes", "Volume page size.", |v| v.page_bytes as f64),
+        ("volume_page_bytes", g, "Volume page size.", |v| v.page_bytes as f64),
+        ("volume_sparse_pages", g, "Dual mapping: small pages in the sparse map.", |v| {
+            v.sparse_pages as f64
+        }),
+        (
+            "volume_sparse_capacity_pages",
+            g,
+            "Dual mapping: most small pages the sparse map holds.",
+            |v| v.sparse_capacity_pages as f64,
+        ),
+        (
+            "volume_merged_pages_total",
+            c,
+            "Dual mapping: large pages merged to free sparse entries.",
+            |v| v.merged_pages as f64,
+        ),
+        (
+            "volume_small_pages_written_total",
+            c,
+            "Dual mapping: small pages written to the sparse map.",
+            |v| v.small_pages_written as f64,
+        ),
     ];
-    for (name, help, f) in volume_metrics {
+    for (name, kind, help, f) in volume_metrics {
         let samples: Vec<(String, f64)> = s
             .volumes
             .iter()
@@ -152,7 +173,7 @@ pub(crate) fn render(s: &Stats) -> String {
                 )
             })
             .collect();
-        e.metric(name, g, help, &samples);
+        e.metric(name, kind, help, &samples);
     }
     type MemberMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::MemberStatus) -> f64);
     let member_metrics: [MemberMetric; 8] = [

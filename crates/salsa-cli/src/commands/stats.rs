@@ -50,12 +50,27 @@ pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
             "parity_bytes_written": m.parity_bytes_written, "read_errors": m.read_errors,
             "write_errors": m.write_errors, "repaired_bytes": m.repaired_bytes,
         })).collect::<Vec<_>>(),
-        "volumes": s.volumes.iter().map(|v| serde_json::json!({
-            "name": v.name, "controller": v.controller, "size_bytes": v.size_bytes, "page_bytes": v.page_bytes,
-            "mapped_bytes": v.mapped_bytes, "map_memory_bytes": v.map_memory_bytes,
-            "placement": v.placement, "placement_memory_bytes": v.placement_memory_bytes,
-        })).collect::<Vec<_>>(),
+        "volumes": s.volumes.iter().map(volume_json).collect::<Vec<_>>(),
     })
+}
+
+/// One volume's statistics, controller, policies and settings as JSON (sizes in bytes), for
+/// `salsa stats --json` and `salsa volume list --json`.
+pub(crate) fn volume_json(v: &salsa_core::VolumeStats) -> serde_json::Value {
+    let settings: serde_json::Map<String, serde_json::Value> = v.settings.iter().map(|(k, v)| (k.clone(), (*v).into())).collect();
+    let mut j = serde_json::json!({
+        "name": v.name, "controller": v.controller, "size_bytes": v.size_bytes, "page_bytes": v.page_bytes,
+        "mapped_bytes": v.mapped_bytes, "map_memory_bytes": v.map_memory_bytes,
+        "placement": v.placement, "placement_memory_bytes": v.placement_memory_bytes, "victim": v.victim,
+        "settings": settings,
+    });
+    if v.controller == "dual" {
+        j["sparse_pages"] = v.sparse_pages.into();
+        j["sparse_capacity_pages"] = v.sparse_capacity_pages.into();
+        j["merged_pages"] = v.merged_pages.into();
+        j["small_pages_written"] = v.small_pages_written.into();
+    }
+    j
 }
 
 pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceSpec>, json: bool) -> Result<(), String> {
