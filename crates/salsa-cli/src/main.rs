@@ -97,9 +97,14 @@ struct FormatArgs {
     /// Grain size, the smallest allocation unit.
     #[arg(long, value_parser = parse_size, default_value = "4K")]
     grain_size: u64,
-    /// Page size of the default volume (4K to 64K, a multiple of the grain).
-    #[arg(long, value_parser = parse_size, default_value = "4K")]
-    page_size: u64,
+    /// Page size of the default volume (4K to 64K, a multiple of the grain; default 4K, 64K
+    /// with --controller dual).
+    #[arg(long, value_parser = parse_size)]
+    page_size: Option<u64>,
+    /// Controller of the default volume: lsa (a page map) or dual (large pages and a sparse
+    /// map of small ones; see `salsa volume create --help`).
+    #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual"])]
+    controller: String,
     /// GC victim selection policy (`salsa policies` lists them).
     #[arg(long, alias = "gc-policy", default_value = "aging-greedy")]
     victim: String,
@@ -147,8 +152,19 @@ impl FormatArgs {
 
     /// Creates the volume `default` over the pool's logical space; returns its size.
     fn create_default_volume(&self, pool: &Pool) -> Result<u64, String> {
-        let page = u32::try_from(self.page_size).map_err(|_| "page size too large")?;
-        let size = pool.logical_capacity_bytes() / self.page_size.max(1) * self.page_size;
+        let controller = ControllerKind::from_name(&self.controller).ok_or("unknown controller")?;
+        let dual = controller == ControllerKind::Dual;
+        let page_bytes = self.page_size.unwrap_or(if dual { 64 << 10 } else { 4096 }).max(1);
+        let page = u32::try_from(page_bytes).map_err(|_| "page size too large")?;
+        let mut logical = pool.logical_capacity_bytes();
+        if dual {
+            // Its streams of small pages hold a segment each, and its small pages take room
+            // on top of the large pages they overlay.
+            let g = pool.geometry();
+            let sparse = salsa_core::pool::default_sparse_pages(logical, g.grain_bytes) * g.grain_bytes as u64;
+            logical = logical.saturating_sub(2 * g.segment_bytes + sparse);
+        }
+        let size = logical / page_bytes * page_bytes;
         if size == 0 {
             return Err(format!(
                 "the pool is too small to hold a volume once its spare ({}%) and the GC's reserve are set aside: {} segments of {}; give bigger devices or a smaller --segment-size",
@@ -157,7 +173,11 @@ impl FormatArgs {
                 human(pool.geometry().segment_bytes)
             ));
         }
-        pool.create_volume("default", size, page).map_err(|e| e.to_string())?;
+        let spec = VolumeSpec {
+            controller,
+            ..VolumeSpec::lsa(page)
+        };
+        pool.create_volume_spec("default", size, &spec).map_err(|e| e.to_string())?;
         Ok(size)
     }
 }
@@ -206,6 +226,11 @@ enum Command {
         /// a new pool when missing.
         #[arg(long, value_name = "PATH[:SIZE]")]
         parity_buffer: Option<DeviceSpec>,
+        /// Serve the one device given as it is, without a pool, as the export `raw`: a
+        /// baseline, so a file system on a device model can be measured without SALSA through
+        /// the same server and clients. Refuses a device that holds a SALSA pool.
+        #[arg(long)]
+        raw: bool,
         /// Options used only when a new pool is created.
         #[command(flatten)]
         format: FormatArgs,
@@ -445,6 +470,7 @@ fn main() -> ExitCode {
             parity_buffer,
             read_cache,
             metrics,
+            raw,
             format,
         } => serve(
             devices,
@@ -458,6 +484,7 @@ fn main() -> ExitCode {
                 parity_buffer: parity_buffer.clone(),
                 read_cache_bytes: *read_cache,
                 metrics: *metrics,
+                raw: *raw,
             },
             format,
         ),

@@ -77,7 +77,7 @@ pub enum Error {
 
 impl Error {
     /// A failed read, write or sync of `dev`.
-    pub(crate) fn device_io(dev: &dyn crate::device::Device, op: &'static str, offset: u64, source: io::Error) -> Error {
+    pub fn device_io(dev: &dyn crate::device::Device, op: &'static str, offset: u64, source: io::Error) -> Error {
         Error::Io {
             device: dev.name().to_string(),
             op,

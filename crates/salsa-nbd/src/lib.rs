@@ -7,9 +7,11 @@
 //!   threads that take turns reading requests (leader/follower); the thread that read a request
 //!   executes it and replies as soon as it completes (possibly out of order), and replies ready
 //!   while another thread sends are combined into its write.
+//! - [`export`]: what is served: a SALSA volume, or a device served raw (for baselines).
 //! - `fuzzing` (feature `fuzzing`): the driver the `cargo fuzz` target and the codec's
 //!   property tests feed bytes through; not part of the server's API.
 
+pub mod export;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod proto;

@@ -17,10 +17,11 @@
 //! Shutdown: when the stop flag is raised, listeners stop accepting, connections stop reading
 //! new requests, every request already read completes and is answered, then `run` returns.
 
+use crate::export::{Export, RawExport};
 use crate::proto::{self, Catalog, Command, ExportInfo, Negotiated, ProtocolError, RawRequest, Step};
 use parking_lot::{Condvar, Mutex};
 use salsa_core::WriteBuffer;
-use salsa_core::{ErrorKind, Pool, Volume};
+use salsa_core::{ErrorKind, Pool};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -55,52 +56,74 @@ pub struct ServerConfig {
     pub threads_per_connection: usize,
 }
 
-/// The pool's volumes as NBD exports.
+/// What a server serves: the pool's volumes, or one device served raw.
+enum Source {
+    Pool(Arc<Pool>),
+    Raw(Arc<RawExport>),
+}
+
+/// The exports of a server.
 pub struct Exports {
-    pool: Arc<Pool>,
+    source: Source,
     read_only: bool,
 }
 
 impl Exports {
+    /// The pool's volumes, one export each.
     pub fn new(pool: Arc<Pool>, read_only: bool) -> Exports {
-        Exports { pool, read_only }
+        Exports {
+            source: Source::Pool(pool),
+            read_only,
+        }
     }
 
-    fn info(&self, v: &Volume) -> ExportInfo {
+    /// One device served as it is (a baseline), as the only export.
+    pub fn raw(export: RawExport, read_only: bool) -> Exports {
+        Exports {
+            source: Source::Raw(Arc::new(export)),
+            read_only,
+        }
+    }
+
+    fn info(&self, v: &dyn Export) -> ExportInfo {
         ExportInfo {
             name: v.name().to_string(),
-            description: format!("SALSA volume ({} KiB pages)", v.page_bytes() / 1024),
+            description: v.description(),
             size_bytes: v.size_bytes(),
             read_only: self.read_only,
             preferred_block_bytes: v.page_bytes(),
         }
     }
 
-    fn volume(&self, name: &str) -> Option<Volume> {
-        if name.is_empty() {
-            let names = self.pool.volume_names();
-            let pick = if names.iter().any(|n| n == "default") {
-                "default".to_string()
-            } else {
-                names.into_iter().next()?
-            };
-            return self.pool.volume(&pick).ok();
+    fn all(&self) -> Vec<Arc<dyn Export>> {
+        match &self.source {
+            Source::Pool(pool) => pool
+                .volume_names()
+                .iter()
+                .filter_map(|n| pool.volume(n).ok())
+                .map(|v| Arc::new(v) as Arc<dyn Export>)
+                .collect(),
+            Source::Raw(r) => vec![r.clone() as Arc<dyn Export>],
         }
-        self.pool.volume(name).ok()
+    }
+
+    /// The export named `name`; the empty name is `default`, or the first.
+    fn volume(&self, name: &str) -> Option<Arc<dyn Export>> {
+        let all = self.all();
+        if name.is_empty() {
+            let pick = all.iter().position(|v| v.name() == "default").unwrap_or(0);
+            return all.into_iter().nth(pick);
+        }
+        all.into_iter().find(|v| v.name() == name)
     }
 }
 
 impl Catalog for Exports {
     fn exports(&self) -> Vec<ExportInfo> {
-        self.pool
-            .volume_names()
-            .iter()
-            .filter_map(|n| self.pool.volume(n).ok())
-            .map(|v| self.info(&v))
-            .collect()
+        self.all().iter().map(|v| self.info(v.as_ref())).collect()
     }
     fn lookup(&self, name: &str) -> Option<ExportInfo> {
-        self.volume(name).map(|v| self.info(&v))
+        self.volume(name).map(|v| self.info(v.as_ref()))
     }
 }
 
@@ -173,7 +196,7 @@ struct Connection {
     outbox: Mutex<Outbox>,
     /// Signalled when the queued replies were taken for sending.
     drained: Condvar,
-    volume: Volume,
+    volume: Arc<dyn Export>,
     negotiated: Negotiated,
     broken: AtomicBool,
     /// Threads serving this connection, and how many of them are waiting for a request.
@@ -400,7 +423,7 @@ fn execute(conn: &Connection, request: Request, payload: &[u8], out: &mut Vec<u8
         }
         Command::Cache { .. } => Ok(()),
         Command::BlockStatus { offset, length, req_one } => {
-            let extents = block_status(vol, offset, length, req_one);
+            let extents = block_status(vol.as_ref(), offset, length, req_one);
             proto::structured_block_status(out, cookie, &extents);
             return;
         }
@@ -416,7 +439,7 @@ fn execute(conn: &Connection, request: Request, payload: &[u8], out: &mut Vec<u8
 }
 
 /// `base:allocation` extents covering `[offset, offset + length)` (at most 1024 descriptors).
-fn block_status(vol: &Volume, offset: u64, length: u32, req_one: bool) -> Vec<(u32, u32)> {
+fn block_status(vol: &dyn Export, offset: u64, length: u32, req_one: bool) -> Vec<(u32, u32)> {
     let page = vol.page_bytes() as u64;
     let end = offset + length as u64;
     let mut extents: Vec<(u32, u32)> = Vec::new();
@@ -424,7 +447,7 @@ fn block_status(vol: &Volume, offset: u64, length: u32, req_one: bool) -> Vec<(u
     while at < end {
         let next = ((at / page) + 1) * page;
         let n = (next.min(end) - at) as u32;
-        let flags = if vol.page_location(at / page).is_some() {
+        let flags = if vol.page_mapped(at / page) {
             0
         } else {
             proto::STATE_HOLE | proto::STATE_ZERO
@@ -687,8 +710,14 @@ pub struct Listening {
 }
 
 impl Listening {
-    /// Binds the configured addresses (so errors surface before serving starts).
+    /// Binds the configured addresses (so errors surface before serving starts) to serve the
+    /// pool's volumes.
     pub fn bind(pool: Arc<Pool>, cfg: &ServerConfig) -> Result<Listening, String> {
+        Listening::bind_exports(Exports::new(pool, cfg.read_only), cfg)
+    }
+
+    /// Binds the configured addresses to serve `exports`.
+    pub fn bind_exports(exports: Exports, cfg: &ServerConfig) -> Result<Listening, String> {
         if cfg.tcp.is_none() && cfg.unix.is_none() {
             return Err("nothing to listen on: give a TCP address or a Unix socket".into());
         }
@@ -711,7 +740,7 @@ impl Listening {
         Ok(Listening {
             tcp,
             unix,
-            exports: Arc::new(Exports::new(pool, cfg.read_only)),
+            exports: Arc::new(exports),
             threads_per_connection: cfg.threads_per_connection.clamp(1, MAX_THREADS_PER_CONNECTION),
         })
     }

@@ -15,6 +15,8 @@ pub(crate) struct ServeArgs {
     pub(crate) read_cache_bytes: Option<u64>,
     /// Serve Prometheus metrics at `http://ADDR/metrics`.
     pub(crate) metrics: Option<std::net::SocketAddr>,
+    /// Serve the device raw, without a pool (a baseline).
+    pub(crate) raw: bool,
 }
 
 /// The control socket of a server whose first device is `device`: `<device without extension>.ctl`.
@@ -25,17 +27,20 @@ pub(crate) fn control_path_for(device: &std::path::Path) -> std::path::PathBuf {
 /// Most control connections answered at once (a rebuild holds one for its whole run).
 const CONTROL_CONNECTIONS_MAX: usize = 8;
 
-/// Answers the control socket (see [`super::device`] for the requests), each connection on
-/// its own thread, until `stop`; waits for the connections in progress.
-pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, pool: Arc<Pool>, stop: Arc<std::sync::atomic::AtomicBool>) {
+/// Answers one control connection.
+type ControlAnswer = Arc<dyn Fn(std::os::unix::net::UnixStream) + Send + Sync>;
+
+/// Answers the control socket with `answer` (for a pool, [`super::device::answer`]), each
+/// connection on its own thread, until `stop`; waits for the connections in progress.
+pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, answer: ControlAnswer, stop: Arc<std::sync::atomic::AtomicBool>) {
     let _ = listener.set_nonblocking(true);
     let mut running: Vec<std::thread::JoinHandle<()>> = Vec::new();
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
         running.retain(|h| !h.is_finished());
         match listener.accept() {
             Ok((s, _)) if running.len() < CONTROL_CONNECTIONS_MAX => {
-                let pool = pool.clone();
-                running.push(std::thread::spawn(move || super::device::answer(s, &pool)));
+                let answer = answer.clone();
+                running.push(std::thread::spawn(move || answer(s)));
             }
             Ok((s, _)) => {
                 use std::io::Write;
@@ -119,6 +124,60 @@ pub(crate) fn open_or_create(
     Ok(pool)
 }
 
+/// `salsa serve --raw`: the one device given, served as it is (a baseline), with a control
+/// socket that answers `stats` with the device's counters.
+fn serve_raw(specs: &[DeviceSpec], args: &ServeArgs) -> Result<(), String> {
+    let [spec] = specs else {
+        return Err("--raw serves exactly one device".into());
+    };
+    if args.parity_buffer.is_some() || args.metrics.is_some() {
+        return Err("--raw serves a device without a pool: --parity-buffer and --metrics do not apply".into());
+    }
+    let dev = spec.open_with(args.read_only, args.page_cache)?;
+    if salsa_core::pool::read_superblock(dev.as_ref()).is_ok() {
+        return Err(format!(
+            "{} holds a SALSA pool; serving it raw would let clients overwrite it. Serve it without --raw",
+            dev.name()
+        ));
+    }
+    let cfg = salsa_nbd::server::ServerConfig {
+        tcp: args.tcp,
+        unix: args.unix.clone(),
+        read_only: args.read_only,
+        threads_per_connection: args.threads_per_connection,
+    };
+    let export = salsa_nbd::export::RawExport::new("raw", dev.clone());
+    let listening = salsa_nbd::server::Listening::bind_exports(salsa_nbd::server::Exports::raw(export, args.read_only), &cfg)?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("cannot handle signals: {e}"))?;
+    }
+    let control_path = args.control.clone().unwrap_or_else(|| control_path_for(&spec.path));
+    let control = salsa_nbd::server::bind_unix(&control_path)?;
+    let control_thread = {
+        let (dev, stop) = (dev.clone(), stop.clone());
+        let answer: ControlAnswer = Arc::new(move |mut s| {
+            use std::io::Write;
+            let counters: Vec<serde_json::Value> = dev
+                .counters()
+                .into_iter()
+                .map(|(counter, value)| serde_json::json!({"device": dev.name(), "counter": counter, "value": value}))
+                .collect();
+            let _ = writeln!(s, "{}", serde_json::json!({ "raw": dev.name(), "device_counters": counters }));
+        });
+        std::thread::spawn(move || control_thread(control, answer, stop))
+    };
+    eprintln!("salsa: serving {} raw as export `raw`", dev.name());
+    let stopped = stop.clone();
+    listening.run(stop);
+    stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = control_thread.join();
+    let _ = std::fs::remove_file(&control_path);
+    dev.sync().map_err(|e| format!("{}: sync: {e}", dev.name()))?;
+    eprintln!("salsa: stopped cleanly");
+    Ok(())
+}
+
 pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) -> Result<(), String> {
     let default = [DeviceSpec {
         path: "salsa-data/pool.img".into(),
@@ -137,6 +196,9 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
     // A port already in use is found before anything is created.
     if let Some(addr) = args.tcp {
         std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}; nothing was created"))?;
+    }
+    if args.raw {
+        return serve_raw(specs, &args);
     }
     let metrics = match args.metrics {
         Some(addr) => {
@@ -203,7 +265,8 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
     let control = salsa_nbd::server::bind_unix(&control_path)?;
     let control_thread = {
         let (pool, stop) = (pool.clone(), stop.clone());
-        std::thread::spawn(move || control_thread(control, pool, stop))
+        let answer: ControlAnswer = Arc::new(move |s| super::device::answer(s, &pool));
+        std::thread::spawn(move || control_thread(control, answer, stop))
     };
     let metrics_thread = metrics.map(|listener| {
         if let Ok(a) = listener.local_addr() {

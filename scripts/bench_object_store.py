@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""The SALSA paper's object-store case study (section V-C), on this machine.
+
+An object server writing the way Swift does (scripts/object_store.py: temporary file, body,
+metadata in an extended attribute, fsync, rename, directory fsync; 128 KiB and 1 MiB objects;
+PUT, GET, UPDATE, DELETE; 32 in flight) runs on XFS over an NBD export attached with nbdfuse
+and a loop device, once on a drive-managed SMR disk model served raw (`salsa serve --raw`) and
+once through a SALSA dual-mapping volume on an identical fresh model, in one run. The models
+keep their clocks, so the report gives each target's operations per second of modelled device
+time, the device's own counters (media-cache writes, bands cleaned, seeks), and the wall-clock
+latency quartiles per operation (which on this machine are the host's, not the model's).
+
+    python3 scripts/bench_object_store.py                 # the benchmark: 8 GiB model, 60 s
+    python3 scripts/bench_object_store.py --quick         # a short run (the test suite's)
+
+Prints one JSON object with both targets and the ratios; needs root (loop devices, mounts).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def salsa_binary():
+    path = os.path.join(ROOT, "target", "release", "salsa")
+    if not os.path.exists(path):
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "salsa-cli"], cwd=ROOT, check=True)
+    return path
+
+
+def wait_for(path, what, proc, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit("%s exited before %s appeared" % (proc.args, what))
+        if time.monotonic() > deadline:
+            raise SystemExit("%s did not appear" % what)
+        time.sleep(0.05)
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise SystemExit("%s failed: %s%s" % (" ".join(cmd), r.stdout, r.stderr))
+    return r.stdout
+
+
+def one_target(name, serve_args, export, args, work):
+    """Serves, attaches, makes XFS, runs the workload; returns its report."""
+    d = os.path.join(work, name)
+    os.makedirs(d)
+    sock, ctl = os.path.join(d, "nbd.sock"), os.path.join(d, "pool.ctl")
+    log = open(os.path.join(d, "serve.log"), "w")
+    server = subprocess.Popen(
+        [salsa_binary(), "serve", "--no-tcp", "--unix", sock, "--control", ctl] + serve_args, stdout=log, stderr=log
+    )
+    fuse_dir, mnt = os.path.join(d, "fuse"), os.path.join(d, "mnt")
+    os.makedirs(fuse_dir)
+    os.makedirs(mnt)
+    fuse = loop = None
+    mounted = False
+    try:
+        wait_for(sock, "the NBD socket", server)
+        wait_for(ctl, "the control socket", server)
+        fuse = subprocess.Popen(["nbdfuse", fuse_dir, "nbd+unix:///%s?socket=%s" % (export, sock)])
+        wait_for(os.path.join(fuse_dir, "nbd"), "the nbdfuse node", fuse)
+        loop = run(["losetup", "-f", "--show", os.path.join(fuse_dir, "nbd")]).strip()
+        run(["mkfs.xfs", "-q", "-f", loop])
+        run(["mount", loop, mnt])
+        mounted = True
+        out = run(
+            [
+                sys.executable,
+                os.path.join(HERE, "object_store.py"),
+                "--dir",
+                mnt,
+                "--objects",
+                str(args.objects),
+                "--seconds",
+                str(args.seconds),
+                "--threads",
+                str(args.threads),
+                "--sizes",
+                args.sizes,
+                "--stats-socket",
+                ctl,
+            ]
+        )
+        report = json.loads(out.strip().splitlines()[-1])
+        run(["umount", mnt])
+        mounted = False
+        run(["xfs_repair", "-n", loop])
+        model_seconds = report["device"].get("model_time_us", 0) / 1e6
+        report["model_seconds"] = model_seconds
+        report["ops_per_model_second"] = report["ops"] / model_seconds if model_seconds > 0 else None
+        report["written_mib_per_model_second"] = (
+            report["bytes_written"] / (1 << 20) / model_seconds if model_seconds > 0 else None
+        )
+        return report
+    finally:
+        if mounted:
+            subprocess.run(["umount", mnt])
+        if loop:
+            subprocess.run(["losetup", "-d", loop])
+        if fuse is not None:
+            subprocess.run(["fusermount3", "-u", fuse_dir])
+            fuse.wait()
+        server.terminate()
+        server.wait()
+        log.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="dmsmr:size=8G", help="the device model, as salsa --device takes it")
+    ap.add_argument("--objects", type=int, default=3000, help="objects stored before the timed phase")
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--threads", type=int, default=32)
+    ap.add_argument("--sizes", default="128K,1M")
+    ap.add_argument("--quick", action="store_true", help="a 2 GiB model, 300 objects, 8 s")
+    ap.add_argument("--out", help="also write the report to this file")
+    ap.add_argument("--salsa-args", default="", help="more arguments for the SALSA server (e.g. --placement user-gc)")
+    args = ap.parse_args()
+    if args.quick:
+        args.model, args.objects, args.seconds = "dmsmr:size=2G", 300, 8.0
+    for tool in ("nbdfuse", "losetup", "mkfs.xfs", "xfs_repair", "fusermount3"):
+        if shutil.which(tool) is None:
+            raise SystemExit("%s is missing: run scripts/install-deps.sh" % tool)
+    work = tempfile.mkdtemp(prefix="salsa-objects-")
+    try:
+        raw = one_target("raw", ["--raw", "-d", args.model], "raw", args, work)
+        dual = one_target(
+            "salsa-dual",
+            ["-d", args.model, "--controller", "dual", "--read-cache", "0"] + args.salsa_args.split(),
+            "default",
+            args,
+            work,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ratio = lambda k: (dual[k] / raw[k]) if raw.get(k) and dual.get(k) else None
+    report = {
+        "model": args.model,
+        "objects": args.objects,
+        "seconds": args.seconds,
+        "threads": args.threads,
+        "sizes": args.sizes,
+        "raw": raw,
+        "salsa_dual": dual,
+        "ratio_ops_per_model_second": ratio("ops_per_model_second"),
+        "ratio_ops_per_wall_second": ratio("ops_per_second"),
+    }
+    text = json.dumps(report, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
