@@ -136,9 +136,18 @@ def device_counters(path):
             break
         data += chunk
     s.close()
+    stats = json.loads(data)
     out = {}
-    for c in json.loads(data).get("device_counters", []):
+    for c in stats.get("device_counters", []):
         out[c["counter"]] = out.get(c["counter"], 0) + c["value"]
+    # SALSA's own counters, when it is a pool (not a device served raw).
+    for k in ("user_bytes_written", "user_bytes_read", "gc_bytes_relocated", "device_bytes_written", "flushes", "syncs"):
+        if k in stats:
+            out["salsa_" + k] = stats[k]
+    for v in stats.get("volumes", []):
+        for k in ("merged_pages", "small_pages_written"):
+            if k in v:
+                out["salsa_" + k] = out.get("salsa_" + k, 0) + v[k]
     return out
 
 

@@ -158,11 +158,10 @@ impl FormatArgs {
         let page = u32::try_from(page_bytes).map_err(|_| "page size too large")?;
         let mut logical = pool.logical_capacity_bytes();
         if dual {
-            // Its streams of small pages hold a segment each, and its small pages take room
-            // on top of the large pages they overlay.
+            // Its small pages take room on top of the large pages they overlay.
             let g = pool.geometry();
             let sparse = salsa_core::pool::default_sparse_pages(logical, g.grain_bytes) * g.grain_bytes as u64;
-            logical = logical.saturating_sub(2 * g.segment_bytes + sparse);
+            logical = logical.saturating_sub(sparse);
         }
         let size = logical / page_bytes * page_bytes;
         if size == 0 {

@@ -42,9 +42,9 @@ fn writers_readers_and_gc_on(spec: VolumeSpec) {
     let opts = OpenOptions::default(); // background GC
     let pool = Pool::create(vec![dev.clone()], &tiny_config(), &opts).unwrap();
     let unit = spec.page_bytes as u64;
-    // A dual-mapping volume needs two segments more for its streams of small pages, and room
-    // for its sparse map's pages on top of the large pages they overlay.
-    let size = pool.logical_capacity_bytes() - if spec.controller == ControllerKind::Dual { 4 * MIB } else { 0 };
+    // A dual-mapping volume needs room for its sparse map's pages (here 1 MiB) on top of the
+    // large pages they overlay.
+    let size = pool.logical_capacity_bytes() - if spec.controller == ControllerKind::Dual { 2 * MIB } else { 0 };
     let vol = pool.create_volume_spec("v", size / unit * unit, &spec).unwrap();
     let pages = vol.size_bytes() / PAGE as u64;
     let acked: Arc<Vec<AtomicU64>> = Arc::new((0..pages).map(|_| AtomicU64::new(0)).collect());

@@ -98,6 +98,7 @@ fn small_writes_cost_small_pages() {
         let (pool, _) = memory_pool(48, &inline_gc());
         let vol = pool.create_volume_spec("v", 64 * LARGE, spec).unwrap();
         vol.write(0, &vec![1u8; (64 * LARGE) as usize]).unwrap();
+        pool.flush().unwrap();
         let before = pool.stats().device_bytes_written;
         for p in 0..64u64 {
             vol.write(p * LARGE + 4096, &[2u8; 4096]).unwrap();

@@ -70,7 +70,10 @@ enum Prep {
 /// The allocation streams of one volume.
 pub struct Streams {
     volume_id: u32,
-    /// Grains of one data page of the volume.
+    /// Grains of the volume's (largest) data page: the size records are sized for, and what
+    /// [`Streams::place_each`] places. A record holds pages of one size; a stream may hold
+    /// records of smaller pages too ([`Streams::place_each_sized`]: the dual-mapping
+    /// controller's small pages), each telling its size in its metadata.
     page_grains: u32,
     layout: StreamLayout,
     /// User streams first, then GC streams, as [`StreamLayout::kinds`].
@@ -113,11 +116,11 @@ impl Streams {
         self.layout
     }
 
-    /// Under the stream lock: makes sure an open record can take one more entry (and a data
-    /// page if `need_page`).
-    fn prepare(&self, log: &Log, st: &mut Stream, need_page: bool) -> Prep {
+    /// Under the stream lock: makes sure an open record of pages of `pg` grains can take one
+    /// more entry (and a data page if `need_page`).
+    fn prepare(&self, log: &Log, st: &mut Stream, need_page: bool, pg: u32) -> Prep {
         if let Some(r) = &st.rec {
-            if r.entries_left > 0 && (!need_page || r.pages_left > 0) {
+            if r.meta.page_grains == pg && r.entries_left > 0 && (!need_page || r.pages_left > 0) {
                 return Prep::Ready;
             }
             return match self.seal_record(log, st, None) {
@@ -129,7 +132,7 @@ impl Streams {
         let geo = log.geo;
         let gps = geo.grains_per_segment;
         let data_grains = gps.saturating_sub(os.next_grain + 1);
-        let pages = (data_grains / self.page_grains).min(geo.meta_interval_pages);
+        let pages = (data_grains / pg).min(geo.meta_interval_pages);
         if pages == 0 {
             let s = os.segment;
             st.seg = None;
@@ -140,7 +143,7 @@ impl Streams {
         if os.incarnation == 0 {
             os.incarnation = record_id;
         }
-        let total_grains = 1 + pages * self.page_grains;
+        let total_grains = 1 + pages * pg;
         let first_grain = os.segment as u64 * gps as u64 + os.next_grain as u64;
         let buf = Arc::new(RecordBuf {
             record_id,
@@ -169,7 +172,7 @@ impl Streams {
                 record_id,
                 synced_through: 0,
                 start_grain: os.next_grain,
-                page_grains: self.page_grains,
+                page_grains: pg,
                 pad_grains: 0,
                 entries: Vec::new(),
             },
@@ -258,7 +261,8 @@ impl Streams {
             // Between records, mid-row: open one to carry the padding (see `seal_record`).
             let mid_row = st.seg.as_ref().is_some_and(|os| align > 1 && !os.next_grain.is_multiple_of(align));
             if st.rec.is_none() && mid_row {
-                if let Prep::Write(r) = self.prepare(log, &mut st, false) {
+                let pg = st.rec.as_ref().map_or(self.page_grains, |r| r.meta.page_grains);
+                if let Prep::Write(r) = self.prepare(log, &mut st, false, pg) {
                     out.push(r);
                 }
             }
@@ -285,12 +289,26 @@ impl Streams {
         page: Option<&[u8]>,
         commit: impl FnOnce(u64, &mut OpenRecord) -> R,
     ) -> Result<R> {
+        self.place_sized(log, kind, purpose, self.page_grains, page, commit)
+    }
+
+    /// [`Streams::place`] of a page of `page_grains` grains.
+    pub fn place_sized<R>(
+        &self,
+        log: &Log,
+        kind: StreamKind,
+        purpose: Purpose,
+        page_grains: u32,
+        page: Option<&[u8]>,
+        commit: impl FnOnce(u64, &mut OpenRecord) -> R,
+    ) -> Result<R> {
         let mut commit = Some(commit);
         let mut out = None;
-        self.place_each(
+        self.place_each_sized(
             log,
             kind,
             purpose,
+            page_grains,
             1,
             |_| page.map(PageData::copied),
             |_, at, rec| {
@@ -317,15 +335,37 @@ impl Streams {
         purpose: Purpose,
         count: usize,
         page: impl Fn(usize) -> Option<PageData<'d>>,
+        commit: impl FnMut(usize, u64, &mut OpenRecord),
+    ) -> Result<()> {
+        self.place_each_sized(log, kind, purpose, self.page_grains, count, page, commit)
+    }
+
+    /// [`Streams::place_each`] of pages of `pg` grains (at most the volume's page): they go
+    /// into records of their own size, in the same stream, so a volume with two page sizes
+    /// writes each stream's segment in one sequence.
+    #[allow(clippy::too_many_arguments)]
+    pub fn place_each_sized<'d>(
+        &self,
+        log: &Log,
+        kind: StreamKind,
+        purpose: Purpose,
+        pg: u32,
+        count: usize,
+        page: impl Fn(usize) -> Option<PageData<'d>>,
         mut commit: impl FnMut(usize, u64, &mut OpenRecord),
     ) -> Result<()> {
+        assert!(
+            pg >= 1 && pg <= self.page_grains,
+            "pages of {pg} grains in streams of {}",
+            self.page_grains
+        );
         let index = self.layout.index(kind);
         let (stream, ready) = (&self.streams[index], &self.ready[index]);
         let gb = log.geo.grain_bytes as usize;
         let mut next = 0;
         while next < count {
             let mut st = lock_stream(stream);
-            match self.prepare(log, &mut st, page(next).is_some()) {
+            match self.prepare(log, &mut st, page(next).is_some(), pg) {
                 Prep::Ready => {
                     let Some(rec) = st.rec.as_mut() else { continue };
                     let mut full = false;
@@ -340,15 +380,15 @@ impl Streams {
                             // one always has a slot (and `OpenRecord::push` asserts it).
                             Some(PageData { bytes: data, held_in }) => {
                                 let slot = 1 + rec.data_grains as usize;
-                                let kept = held_in.is_some_and(|(payload, at)| bytes.hold(slot as u32, self.page_grains, payload, at, gb));
+                                let kept = held_in.is_some_and(|(payload, at)| bytes.hold(slot as u32, pg, payload, at, gb));
                                 if kept {
                                     held_bytes += data.len() as u64;
                                 } else {
                                     bytes.own[slot * gb..slot * gb + data.len()].copy_from_slice(data);
                                 }
-                                rec.data_grains += self.page_grains;
+                                rec.data_grains += pg;
                                 let grain = rec.buf.first_grain + slot as u64;
-                                log.capacity.add_valid(rec.buf.segment, self.page_grains);
+                                log.capacity.add_valid(rec.buf.segment, pg);
                                 grain
                             }
                             None => rec.buf.segment as u64,

@@ -4,8 +4,7 @@
 //! are not read-modify-write of a whole large page, while the map costs what a large-page map
 //! costs.
 //!
-//! Owns: the sparse map and its bound, the small pages' allocation streams, and the rules that
-//! keep the two maps one volume:
+//! Owns: the sparse map and its bound, and the rules that keep the two maps one volume:
 //! - a read looks in the sparse map first: a small page there is newer than its large page;
 //! - a write of whole large pages goes to the dense map (through the LSA controller, [`LsaVolume`])
 //!   and drops the sparse entries inside them; a write of part of a large page goes to the
@@ -25,18 +24,21 @@
 //! records whose `page_grains` is 1 and large pages records of the volume's page size, so the
 //! recovery scan tells them apart; a small page wins over its large page when its sequence
 //! number is higher, and a large page's trim keeps its tombstone while a small page's record
-//! could still bring older data back.
+//! could still bring older data back. Small pages go into the same streams as large ones (the
+//! stream the placement gives their large page; relocated ones into the last GC stream), in
+//! records of their own, so each stream's segment is still written in one sequence: on a disk,
+//! a flush costs one seek per stream, not two.
 
 use super::lsa::{LsaVolume, VictimWalk};
 use super::map::{Entry, PageMap};
 use super::{page_pieces, Controller, ControllerStats, Reference, ScannedRecord, VolumeIo};
 use crate::error::{Error, Result};
-use crate::format::{ControllerKind, MetaEntry, RecordMeta, StreamKind};
+use crate::format::{ControllerKind, MetaEntry, RecordMeta};
 use crate::log::capacity::Purpose;
 use crate::log::payload::WriteBuffer;
 use crate::log::stream::{PageData, Streams};
 use crate::log::{Log, PageRead};
-use crate::policy::placement::{Placement, StreamLayout};
+use crate::policy::placement::Placement;
 use crate::util::Decoder;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::BTreeMap;
@@ -58,10 +60,13 @@ const STRIPES: usize = 256;
 const MERGES_PER_PASS: usize = 64;
 
 /// The default sparse capacity of a volume of `volume_bytes` with `grain_bytes` small pages:
-/// one small page in 2048 (512 MiB of small pages per TiB, 4 MiB of map), and at least 1024
-/// (4 MiB of small writes: a file system's metadata between merges).
+/// one small page in 2048 (512 MiB of small pages per TiB, 4 MiB of map), and at least 16384
+/// (64 MiB of small pages, 512 KiB of map: the metadata an XFS or ext4 under an object store
+/// touches between merges, where 1024 merged a large page every few operations), but at most
+/// a sixteenth of the volume's small pages.
 pub fn default_sparse_pages(volume_bytes: u64, grain_bytes: u32) -> u64 {
-    (volume_bytes / grain_bytes as u64 / 2048).clamp(1024, MAX_SPARSE_PAGES)
+    let pages = volume_bytes / grain_bytes as u64;
+    (pages / 2048).max(16384.min(pages / 16)).clamp(MIN_SPARSE_PAGES, MAX_SPARSE_PAGES)
 }
 
 /// How a write of part of a large page is done.
@@ -87,8 +92,6 @@ pub struct DualVolume {
     /// Small pages per large page.
     subpages: u64,
     small_bytes: usize,
-    /// One user and one GC stream for small pages.
-    small_streams: Arc<Streams>,
     /// Stripe locks of large pages: writes, trims and merges of one large page are serial.
     locks: Box<[Mutex<()>]>,
     /// Large pages merged (written whole to drop their sparse entries).
@@ -104,11 +107,9 @@ impl DualVolume {
     /// name and placement), whose sparse map holds at most `sparse_capacity` small pages of
     /// `grain_bytes`.
     pub fn new(dense: LsaVolume, grain_bytes: u32, sparse_capacity: u64) -> DualVolume {
-        let small_streams = Arc::new(Streams::new(dense.id, 1, StreamLayout { users: 1, gcs: 1 }));
         DualVolume {
             subpages: dense.page_grains as u64,
             small_bytes: grain_bytes as usize,
-            small_streams,
             sparse: RwLock::new(BTreeMap::new()),
             sparse_len: AtomicU64::new(0),
             sparse_capacity,
@@ -304,10 +305,13 @@ impl DualVolume {
         }
         let crcs: Vec<u32> = pages.chunks_exact(sb).map(crc32c::crc32c).collect();
         let _inflight = log.invalidation_guard();
-        self.small_streams.place_each(
+        // The stream the placement policy gives the large page, in records of small pages.
+        let kind = self.dense.classify(log, map, page);
+        self.dense.placement_streams().place_each_sized(
             log,
-            StreamKind::User(0),
+            kind,
             Purpose::User,
+            1,
             pieces.len(),
             |i| Some(PageData::copied(&pages[i * sb..(i + 1) * sb])),
             |i, grain, rec| {
@@ -384,18 +388,17 @@ impl DualVolume {
             if self.sparse.read().get(&small) != Some(&grain) {
                 continue;
             }
-            let (new, moved) = self
-                .small_streams
-                .place(log, StreamKind::Gc(0), Purpose::Gc, Some(bytes), |new, rec| {
-                    log.set_crc(new, crc);
-                    rec.push(MetaEntry::Data { page: small, seq, crc });
-                    let mut sparse = self.sparse.write();
-                    let moved = sparse.get(&small) == Some(&grain);
-                    if moved {
-                        sparse.insert(small, new);
-                    }
-                    (new, moved)
-                })?;
+            let streams = self.dense.placement_streams();
+            let (new, moved) = streams.place_sized(log, streams.layout().last_gc(), Purpose::Gc, 1, Some(bytes), |new, rec| {
+                log.set_crc(new, crc);
+                rec.push(MetaEntry::Data { page: small, seq, crc });
+                let mut sparse = self.sparse.write();
+                let moved = sparse.get(&small) == Some(&grain);
+                if moved {
+                    sparse.insert(small, new);
+                }
+                (new, moved)
+            })?;
             if moved {
                 log.cache_moved(grain, new, log.generation_of(new));
                 log.drop_data(victim, 1, None);
@@ -492,7 +495,20 @@ impl VolumeIo for DualVolume {
         }
         let map = self.dense.map();
         let _locks = self.lock_pages(first..=end - 1);
-        if let Some(killer) = self.dense.trim_pages(log, &map, first, end - first)? {
+        // A large page never written in the dense map still needs a tombstone when it has
+        // small pages: the trim must outlive their records (else a crash scan brings them back
+        // once the segment holding the trim is reused).
+        let with_small: std::collections::BTreeSet<u64> = if self.sparse_len.load(SeqCst) == 0 {
+            Default::default()
+        } else {
+            let sparse = self.sparse.read();
+            sparse
+                .range(first * self.subpages..end * self.subpages)
+                .map(|(&s, _)| s / self.subpages)
+                .collect()
+        };
+        let has_small = |page: u64| with_small.contains(&page);
+        if let Some(killer) = self.dense.trim_pages(log, &map, first, end - first, &has_small)? {
             let _inflight = log.invalidation_guard();
             self.drop_sparse(log, first * self.subpages..end * self.subpages, killer);
         }
@@ -531,13 +547,12 @@ impl Controller for DualVolume {
     }
 
     fn streams(&self) -> Vec<Arc<Streams>> {
-        vec![self.dense.placement_streams(), self.small_streams.clone()]
+        vec![self.dense.placement_streams()]
     }
 
     fn set_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()> {
         let _gate = self.dense.gate.write();
-        self.dense
-            .replace_placement(log, placement, name, std::slice::from_ref(&self.small_streams))
+        self.dense.replace_placement(log, placement, name)
     }
 
     fn stats(&self) -> ControllerStats {

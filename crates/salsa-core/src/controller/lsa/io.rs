@@ -104,7 +104,7 @@ impl VolumeIo for LsaVolume {
         let end = (offset + len) / pb;
         if end > first {
             let map = self.map();
-            self.trim_pages(log, &map, first, end - first)?;
+            self.trim_pages(log, &map, first, end - first, &|_| false)?;
         }
         Ok(())
     }

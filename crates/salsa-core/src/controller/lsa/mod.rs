@@ -150,17 +150,15 @@ impl LsaVolume {
 
     /// Replaces the placement policy (the caller holds the gate and the GC lock, so no I/O is
     /// in flight): the old streams' records are written and their segments closed, and the
-    /// new policy's streams registered with the log together with `more` (a controller's
-    /// other stream sets). New writes follow the new policy; data already written stays where
-    /// it is until the GC moves it.
-    pub fn replace_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str, more: &[Arc<Streams>]) -> Result<()> {
+    /// new policy's streams registered with the log. New writes follow the new policy; data
+    /// already written stays where it is until the GC moves it.
+    pub fn replace_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()> {
         log.remove_streams(self.id)?;
         placement.resize(self.map.read().pages());
         let placing = Placing::new(self.id, self.page_grains, placement, name);
-        let mut sets = vec![placing.streams.clone()];
-        sets.extend(more.iter().cloned());
+        let streams = placing.streams.clone();
         self.placing.store(Arc::new(placing));
-        log.add_streams(self.id, sets);
+        log.add_streams(self.id, vec![streams]);
         Ok(())
     }
 
@@ -226,7 +224,7 @@ impl LsaVolume {
     }
 
     /// Asks the placement policy for a user write's stream.
-    fn classify(&self, log: &Log, map: &PageMap, page: u64) -> StreamKind {
+    pub(crate) fn classify(&self, log: &Log, map: &PageMap, page: u64) -> StreamKind {
         let previous = match map.load(page) {
             Entry::Mapped(g) => Some(log.segment_view(log.geo().segment_of(g))),
             _ => None,
@@ -358,8 +356,17 @@ impl LsaVolume {
     }
 
     /// Trims whole pages `[first, first + count)`: they read as zeros, durably after a flush.
-    /// Returns the id of the record that holds the trim (`None` when `count` is 0).
-    pub fn trim_pages(&self, log: &Log, map: &PageMap, first: u64, count: u64) -> Result<Option<u64>> {
+    /// Returns the id of the record that holds the trim (`None` when `count` is 0). A page
+    /// never written needs no tombstone unless `needs_tombstone` says it does (a dual-mapping
+    /// volume's large page whose small pages the trim drops: their records must stay dead).
+    pub fn trim_pages(
+        &self,
+        log: &Log,
+        map: &PageMap,
+        first: u64,
+        count: u64,
+        needs_tombstone: &dyn Fn(u64) -> bool,
+    ) -> Result<Option<u64>> {
         if count == 0 {
             return Ok(None);
         }
@@ -383,7 +390,7 @@ impl LsaVolume {
                     for p in first..first + count {
                         loop {
                             let cur = map.load(p);
-                            if cur == Entry::Unmapped || cur == Entry::Trimmed(seg) {
+                            if (cur == Entry::Unmapped && !needs_tombstone(p)) || cur == Entry::Trimmed(seg) {
                                 break;
                             }
                             log.add_tombstone(seg);
@@ -585,7 +592,7 @@ impl Controller for LsaVolume {
 
     fn set_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()> {
         let _gate = self.gate.write();
-        self.replace_placement(log, placement, name, &[])
+        self.replace_placement(log, placement, name)
     }
 
     fn stats(&self) -> ControllerStats {
