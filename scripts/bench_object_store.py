@@ -31,6 +31,9 @@ ROOT = os.path.dirname(HERE)
 
 
 def salsa_binary():
+    """The salsa binary: $SALSA_BIN (the test suite's), or the release build, built if missing."""
+    if os.environ.get("SALSA_BIN"):
+        return os.environ["SALSA_BIN"]
     path = os.path.join(ROOT, "target", "release", "salsa")
     if not os.path.exists(path):
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "salsa-cli"], cwd=ROOT, check=True)

@@ -105,6 +105,9 @@ struct FormatArgs {
     /// map of small ones; see `salsa volume create --help`).
     #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual"])]
     controller: String,
+    /// With --controller dual: most 4 KiB pages the default volume's sparse map holds.
+    #[arg(long)]
+    sparse_pages: Option<u64>,
     /// GC victim selection policy (`salsa policies` lists them).
     #[arg(long, alias = "gc-policy", default_value = "aging-greedy")]
     victim: String,
@@ -160,7 +163,10 @@ impl FormatArgs {
         if dual {
             // Its small pages take room on top of the large pages they overlay.
             let g = pool.geometry();
-            let sparse = salsa_core::pool::default_sparse_pages(logical, g.grain_bytes) * g.grain_bytes as u64;
+            let pages = self
+                .sparse_pages
+                .unwrap_or_else(|| salsa_core::pool::default_sparse_pages(logical, g.grain_bytes));
+            let sparse = pages.saturating_mul(g.grain_bytes as u64);
             logical = logical.saturating_sub(sparse);
         }
         let size = logical / page_bytes * page_bytes;
@@ -174,6 +180,7 @@ impl FormatArgs {
         }
         let spec = VolumeSpec {
             controller,
+            sparse_pages: self.sparse_pages,
             ..VolumeSpec::lsa(page)
         };
         pool.create_volume_spec("default", size, &spec).map_err(|e| e.to_string())?;

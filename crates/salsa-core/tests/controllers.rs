@@ -60,10 +60,10 @@ fn small_writes_use_the_sparse_map_and_merge_when_it_is_full() {
     model[(3 * LARGE) as usize..(4 * LARGE) as usize].fill(3);
     vol.write(3 * LARGE, &model[(3 * LARGE) as usize..(4 * LARGE) as usize]).unwrap();
     assert_eq!(sparse(&pool, "d"), (31, 1));
-    // Maintenance merges the fullest pages until the map is at most half full.
+    // Maintenance merges the coldest pages until the map is at most three quarters full.
     assert!(pool.maintain().unwrap());
     let (left, merged) = sparse(&pool, "d");
-    assert!(left <= 16 && merged > 1, "left {left}, merged {merged}");
+    assert!(left <= 24 && merged > 1, "left {left}, merged {merged}");
     check(&pool, "d", &model);
     // Sparse pages, merges and trims survive a checkpoint and a recovery scan.
     vol.trim(5 * LARGE + 4096, 3 * LARGE).unwrap(); // whole pages 6 and 7

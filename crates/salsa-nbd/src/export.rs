@@ -15,8 +15,12 @@ use std::sync::Arc;
 pub trait Export: Send + Sync {
     fn name(&self) -> &str;
     fn size_bytes(&self) -> u64;
-    /// The unit the export maps in (the preferred block size it advertises).
+    /// The unit the export maps in (block status reports in it).
     fn page_bytes(&self) -> u32;
+    /// The preferred block size it advertises: the smallest write without read-modify-write.
+    fn preferred_block_bytes(&self) -> u32 {
+        self.page_bytes()
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> salsa_core::Result<()>;
     fn write(&self, offset: u64, data: &[u8]) -> salsa_core::Result<()>;
     /// A buffer to receive a write's payload into, for [`Export::write_payload`]; `None` when
@@ -46,6 +50,9 @@ impl Export for Volume {
     }
     fn page_bytes(&self) -> u32 {
         Volume::page_bytes(self)
+    }
+    fn preferred_block_bytes(&self) -> u32 {
+        Volume::preferred_write_bytes(self)
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> salsa_core::Result<()> {
         Volume::read(self, offset, buf)

@@ -91,7 +91,7 @@ impl Exports {
             description: v.description(),
             size_bytes: v.size_bytes(),
             read_only: self.read_only,
-            preferred_block_bytes: v.page_bytes(),
+            preferred_block_bytes: v.preferred_block_bytes(),
         }
     }
 

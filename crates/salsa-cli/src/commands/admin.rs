@@ -222,7 +222,7 @@ pub(crate) enum VolumeCommand {
         #[arg(long)]
         victim: Option<String>,
         /// dual: most 4 KiB pages its sparse map holds (default: one in 2048 of the volume's,
-        /// at least 16384, at most a sixteenth).
+        /// at least 131072, at most a sixteenth).
         #[arg(long)]
         sparse_pages: Option<u64>,
     },

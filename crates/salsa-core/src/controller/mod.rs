@@ -99,6 +99,10 @@ pub trait VolumeIo: Send + Sync {
     fn size_bytes(&self) -> u64;
     /// The unit of mapping: writes of less are read-modify-write.
     fn page_bytes(&self) -> u32;
+    /// The smallest write that costs no read-modify-write (what a client should prefer).
+    fn preferred_write_bytes(&self) -> u32 {
+        self.page_bytes()
+    }
     /// Bytes mapped to data (written and not trimmed).
     fn mapped_bytes(&self) -> u64;
     fn read(&self, log: &Log, offset: u64, buf: &mut [u8]) -> Result<()>;

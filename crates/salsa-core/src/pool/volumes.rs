@@ -261,6 +261,11 @@ impl Volume {
     pub fn page_bytes(&self) -> u32 {
         self.vol.page_bytes()
     }
+    /// The smallest write that costs no read-modify-write: the page, or for a dual-mapping
+    /// volume its small pages.
+    pub fn preferred_write_bytes(&self) -> u32 {
+        self.vol.preferred_write_bytes()
+    }
     /// The controller that maps the volume.
     pub fn controller(&self) -> &'static str {
         self.vol.kind().name()
