@@ -12,6 +12,11 @@ latency quartiles per operation (which on this machine are the host's, not the m
 
     python3 scripts/bench_object_store.py                 # the benchmark: 8 GiB model, 60 s
     python3 scripts/bench_object_store.py --quick         # a short run (the test suite's)
+    python3 scripts/bench_object_store.py --phased --svg fig.svg   # as the paper's Fig. 7
+
+--phased runs the paper's protocol instead of the mixed timed phase: for each object size on
+its own, PUT every object, then UPDATE, GET and DELETE each once (caches dropped before each
+phase), and reports each phase's throughput per modelled second, drawn with --svg.
 
 Prints one JSON object with both targets and the ratios; needs root (loop devices, mounts).
 """
@@ -57,8 +62,9 @@ def run(cmd, **kw):
     return r.stdout
 
 
-def one_target(name, serve_args, export, args, work):
-    """Serves, attaches, makes XFS, runs the workload; returns its report."""
+def one_target(name, serve_args, export, workload_args, work):
+    """Serves, attaches, makes XFS, runs the workload with `workload_args`; returns its
+    report."""
     d = os.path.join(work, name)
     os.makedirs(d)
     sock, ctl = os.path.join(d, "nbd.sock"), os.path.join(d, "pool.ctl")
@@ -80,28 +86,13 @@ def one_target(name, serve_args, export, args, work):
         run(["mkfs.xfs", "-q", "-f", loop])
         run(["mount", loop, mnt])
         mounted = True
-        out = run(
-            [
-                sys.executable,
-                os.path.join(HERE, "object_store.py"),
-                "--dir",
-                mnt,
-                "--objects",
-                str(args.objects),
-                "--seconds",
-                str(args.seconds),
-                "--threads",
-                str(args.threads),
-                "--sizes",
-                args.sizes,
-                "--stats-socket",
-                ctl,
-            ]
-        )
+        out = run([sys.executable, os.path.join(HERE, "object_store.py"), "--dir", mnt, "--stats-socket", ctl] + workload_args)
         report = json.loads(out.strip().splitlines()[-1])
         run(["umount", mnt])
         mounted = False
         run(["xfs_repair", "-n", loop])
+        if "phases" in report:
+            return report
         model_seconds = report["device"].get("model_time_us", 0) / 1e6
         report["model_seconds"] = model_seconds
         report["ops_per_model_second"] = report["ops"] / model_seconds if model_seconds > 0 else None
@@ -122,6 +113,77 @@ def one_target(name, serve_args, export, args, work):
         log.close()
 
 
+def phased(args, raw_serve, dual_serve):
+    """The paper's protocol, per object size: phases PUT, UPDATE, GET, DELETE."""
+    sizes = args.sizes.split(",")
+    # About the same bytes per size: fewer objects when they are larger.
+    smallest = min(parse_size(s) for s in sizes)
+    report = {"model": args.model, "threads": args.threads, "sizes": {}}
+    for size in sizes:
+        objects = max(50, args.objects * smallest // parse_size(size))
+        workload = ["--objects", str(objects), "--sizes", size, "--threads", str(args.threads)]
+        workload += ["--phases", "put,update,get,delete", "--drop-caches"]
+        work = tempfile.mkdtemp(prefix="salsa-objects-")
+        try:
+            raw = one_target("raw", raw_serve, "raw", workload, work)["phases"]
+            dual = one_target("salsa-dual", dual_serve, "default", workload, work)["phases"]
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        ratios = {}
+        for r, d in zip(raw, dual):
+            if r["ops_per_model_second"] and d["ops_per_model_second"]:
+                ratios[r["op"]] = d["ops_per_model_second"] / r["ops_per_model_second"]
+        report["sizes"][size] = {"objects": objects, "raw": raw, "salsa_dual": dual, "ratio_ops_per_model_second": ratios}
+    text = json.dumps(report, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.svg:
+        with open(args.svg, "w") as f:
+            f.write(phase_chart(report))
+    print(text)
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def phase_chart(report):
+    """Grouped bars, one panel per object size: operations per modelled second of each phase,
+    raw against SALSA, each bar labelled with its value."""
+    sizes = list(report["sizes"])
+    panel_w, h, top, bottom, left = 330, 300, 40, 50, 50
+    w = left + panel_w * len(sizes) + 20
+    colors = {"raw": "#9e9e9e", "salsa_dual": "#1f77b4"}
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">' % (w, h)]
+    out.append('<rect width="100%" height="100%" fill="white"/>')
+    out.append('<text x="%d" y="16" font-size="13">Object server on XFS, drive-managed SMR model: operations per modelled second</text>' % left)
+    for i, size in enumerate(sizes):
+        s = report["sizes"][size]
+        phases = [p["op"] for p in s["raw"]]
+        top_value = max(max(p["ops_per_model_second"] or 0 for p in s[t]) for t in ("raw", "salsa_dual")) or 1
+        x0 = left + i * panel_w
+        plot_h = h - top - bottom
+        out.append('<text x="%d" y="%d" font-size="12">%s objects</text>' % (x0 + 10, top - 6, size))
+        out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (x0, h - bottom, x0 + panel_w - 20, h - bottom))
+        group = (panel_w - 30) / len(phases)
+        for j, op in enumerate(phases):
+            for k, t in enumerate(("raw", "salsa_dual")):
+                v = s[t][j]["ops_per_model_second"] or 0
+                bh = plot_h * v / top_value
+                bx = x0 + 5 + j * group + k * (group / 2 - 2)
+                out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>' % (bx, h - bottom - bh, group / 2 - 4, bh, colors[t]))
+                out.append('<text x="%.1f" y="%.1f" font-size="9">%.0f</text>' % (bx, h - bottom - bh - 3, v))
+            out.append('<text x="%.1f" y="%d">%s</text>' % (x0 + 5 + j * group + 4, h - bottom + 14, op.upper()))
+    for k, (t, label) in enumerate((("raw", "raw dmsmr"), ("salsa_dual", "SALSA dual mapping"))):
+        out.append('<rect x="%d" y="%d" width="10" height="10" fill="%s"/>' % (left + k * 160, h - 22, colors[t]))
+        out.append('<text x="%d" y="%d">%s</text>' % (left + 14 + k * 160, h - 13, label))
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="dmsmr:size=8G", help="the device model, as salsa --device takes it")
@@ -132,22 +194,23 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a 2 GiB model, 300 objects, 8 s")
     ap.add_argument("--out", help="also write the report to this file")
     ap.add_argument("--salsa-args", default="", help="more arguments for the SALSA server (e.g. --placement user-gc)")
+    ap.add_argument("--phased", action="store_true", help="the paper's protocol: one phase per operation, per object size")
+    ap.add_argument("--svg", help="with --phased: draw the phases' throughput per modelled second here")
     args = ap.parse_args()
     if args.quick:
         args.model, args.objects, args.seconds = "dmsmr:size=2G", 300, 8.0
     for tool in ("nbdfuse", "losetup", "mkfs.xfs", "xfs_repair", "fusermount3"):
         if shutil.which(tool) is None:
             raise SystemExit("%s is missing: run scripts/install-deps.sh" % tool)
+    raw_serve = ["--raw", "-d", args.model]
+    dual_serve = ["-d", args.model, "--controller", "dual", "--read-cache", "0"] + args.salsa_args.split()
+    if args.phased:
+        return phased(args, raw_serve, dual_serve)
     work = tempfile.mkdtemp(prefix="salsa-objects-")
+    mixed = ["--objects", str(args.objects), "--seconds", str(args.seconds), "--threads", str(args.threads), "--sizes", args.sizes]
     try:
-        raw = one_target("raw", ["--raw", "-d", args.model], "raw", args, work)
-        dual = one_target(
-            "salsa-dual",
-            ["-d", args.model, "--controller", "dual", "--read-cache", "0"] + args.salsa_args.split(),
-            "default",
-            args,
-            work,
-        )
+        raw = one_target("raw", raw_serve, "raw", mixed, work)
+        dual = one_target("salsa-dual", dual_serve, "default", mixed, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ratio = lambda k: (dual[k] / raw[k]) if raw.get(k) and dual.get(k) else None

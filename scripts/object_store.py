@@ -16,6 +16,11 @@ Run on a mounted file system:
 It first PUTs --objects objects (sizes drawn from --sizes), then runs the --mix of operations
 with --threads in flight for --seconds (or --ops operations), and prints one JSON object:
 counts, bytes, operations per second and latency quartiles per operation, for the timed phase.
+
+With --phases put,update,get,delete it runs as the SALSA paper did instead: one phase per
+operation over every object (PUT them all, then UPDATE, GET and DELETE each once, in a new
+random order each time), dropping the kernel's caches before each phase with --drop-caches,
+and reports each phase on its own (with --stats-socket, its device counters too).
 """
 
 import argparse
@@ -151,12 +156,95 @@ def device_counters(path):
     return out
 
 
+def run_threads(target, seeds):
+    """Runs target(seed) on one thread per seed; returns the seconds until all finished."""
+    threads = [threading.Thread(target=target, args=(seed,)) for seed in seeds]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - started
+
+
 def quartiles(values):
     if not values:
         return None
     v = sorted(values)
     pick = lambda q: v[min(len(v) - 1, int(q * len(v)))]
     return {"p25_ms": pick(0.25) * 1e3, "p50_ms": pick(0.5) * 1e3, "p75_ms": pick(0.75) * 1e3, "p99_ms": pick(0.99) * 1e3}
+
+
+def run_phases(store, args, sizes):
+    """One phase per operation over every object, as the SALSA paper ran Swift."""
+    names = ["/AUTH_bench/c/o%d" % i for i in range(args.objects)]
+    phases = []
+    for p, op in enumerate(args.phases.split(",")):
+        if op not in ("put", "update", "get", "delete"):
+            raise SystemExit("unknown phase %r" % op)
+        order = names[:]
+        random.Random(args.seed * 31 + p).shuffle(order)
+        if args.drop_caches:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        before = device_counters(args.stats_socket)
+        lat, moved, errors = [], [0], []
+        lock = threading.Lock()
+        at = [0]
+
+        def worker(seed):
+            r = random.Random(seed)
+            while True:
+                with lock:
+                    if at[0] >= len(order) or errors:
+                        return
+                    name = order[at[0]]
+                    at[0] += 1
+                started = time.monotonic()
+                try:
+                    if op in ("put", "update"):
+                        b = r.randbytes(r.choice(sizes))
+                        store.put(name, b)
+                        n = len(b)
+                    elif op == "get":
+                        n = store.get(name) or 0
+                    else:
+                        store.delete(name)
+                        n = 0
+                except Exception as e:
+                    with lock:
+                        errors.append("%s %s: %s" % (op, name, e))
+                    return
+                with lock:
+                    lat.append(time.monotonic() - started)
+                    moved[0] += n
+
+        started = time.monotonic()
+        run_threads(worker, [args.seed * 7919 + p * 131 + t for t in range(args.threads)])
+        # The phase ends when its writes are durable on the device.
+        os.sync()
+        seconds = time.monotonic() - started
+        after = device_counters(args.stats_socket)
+        if errors:
+            raise SystemExit("errors: %s" % errors[:5])
+        device = {k: after[k] - before.get(k, 0) for k in after}
+        model_s = device.get("model_time_us", 0) / 1e6
+        phases.append(
+            {
+                "op": op,
+                "ops": len(lat),
+                "bytes": moved[0],
+                "seconds": seconds,
+                "mib_per_second": moved[0] / (1 << 20) / seconds if seconds > 0 else 0.0,
+                "model_seconds": model_s,
+                "ops_per_model_second": len(lat) / model_s if model_s > 0 else None,
+                "mib_per_model_second": moved[0] / (1 << 20) / model_s if model_s > 0 else None,
+                "latency": quartiles(lat),
+                "device": device,
+            }
+        )
+    print(json.dumps({"objects": args.objects, "sizes": args.sizes, "threads": args.threads, "phases": phases}))
 
 
 def main():
@@ -170,6 +258,8 @@ def main():
     ap.add_argument("--ops", type=int, default=0, help="stop the timed phase after this many operations instead")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stats-socket", help="a salsa server's control socket: report its device counters' change over the timed phase")
+    ap.add_argument("--phases", help="run these operations one phase each over every object (e.g. put,update,get,delete)")
+    ap.add_argument("--drop-caches", action="store_true", help="drop the kernel's caches before each phase (root)")
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     mix = []
@@ -179,6 +269,8 @@ def main():
             ap.error("unknown operation %r in --mix" % op)
         mix.append((op, float(weight)))
     store = Store(args.dir)
+    if args.phases:
+        return run_phases(store, args, sizes)
     rng = random.Random(args.seed)
     live = set()
     next_id = [0]
@@ -208,13 +300,7 @@ def main():
             with state:
                 live.add(name)
 
-    threads = [threading.Thread(target=filler, args=(args.seed * 1000 + t,)) for t in range(args.threads)]
-    fill_started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    fill_seconds = time.monotonic() - fill_started
+    fill_seconds = run_threads(filler, [args.seed * 1000 + t for t in range(args.threads)])
 
     before = device_counters(args.stats_socket)
     lat = {op: [] for op, _ in mix}
@@ -262,13 +348,7 @@ def main():
                 if keep:
                     live.add(name)
 
-    threads = [threading.Thread(target=worker, args=(args.seed * 7919 + t,)) for t in range(args.threads)]
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.monotonic() - started
+    seconds = run_threads(worker, [args.seed * 7919 + t for t in range(args.threads)])
     after = device_counters(args.stats_socket)
     out = {
         "objects_filled": len(names),
