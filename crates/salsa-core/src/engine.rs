@@ -49,6 +49,16 @@ pub struct Engine {
     gc_budget_changed: Condvar,
 }
 
+/// One victim policy's view of its segments during a victim choice.
+struct Ranking {
+    /// The volume whose own policy this is; `None` for the pool's.
+    owner: Option<u32>,
+    /// Its best candidate: (score, segment, valid grains).
+    best: (f64, u32, u32),
+    /// Garbage grains in all its candidates.
+    garbage_grains: u64,
+}
+
 /// What the GC workers cleaning at this moment may still need.
 #[derive(Default)]
 struct GcBudget {
@@ -218,9 +228,11 @@ impl Engine {
     /// Picks the best victim and marks it. `None` when no segment would yield space.
     ///
     /// Each volume with a victim policy of its own ranks its own segments; the pool's policy
-    /// ranks everything else. Scores of different policies do not compare, so when several
-    /// rankings name a best segment, the one that frees the most space (fewest valid grains)
-    /// is cleaned: greedy across volumes, each volume's choice within its own data.
+    /// ranks everything else. Scores of different policies do not compare, so the ranking
+    /// whose candidates hold the most garbage is cleaned from, with its own best segment: a
+    /// volume is cleaned as much as it makes garbage, each by its own choice. (Taking the
+    /// best with the fewest valid grains instead starved a FIFO volume, whose oldest segment
+    /// is rarely the emptiest.)
     fn choose_victim(&self) -> Option<u32> {
         let gps = self.log.geo().grains_per_segment;
         // Moving v grains costs v plus their metadata pages; a victim must free more than that.
@@ -244,9 +256,7 @@ impl Engine {
                 cands.push((i as u32, valid, sealed, s.stream_kind(), s.owner_volume.load(SeqCst)));
             }
             let policies = self.volume_policies.read();
-            // Per ranking (a volume's own policy, or `None` for the pool's): its best candidate
-            // as (score, segment, valid grains).
-            let mut bests: Vec<(Option<u32>, (f64, u32, u32))> = Vec::new();
+            let mut rankings: Vec<Ranking> = Vec::new();
             for &(segment, valid_grains, sealed_seq, stream, owner) in &cands {
                 let c = Candidate {
                     segment,
@@ -262,14 +272,26 @@ impl Engine {
                     None => (None, self.policy.as_ref()),
                 };
                 let scored = (policy.score(&c), segment, valid_grains);
-                match bests.iter_mut().find(|b| b.0 == ranking) {
-                    Some(b) if scored.0.total_cmp(&b.1 .0).is_lt() => b.1 = scored,
-                    Some(_) => {}
-                    None => bests.push((ranking, scored)),
+                let garbage = gps.saturating_sub(valid_grains) as u64;
+                match rankings.iter_mut().find(|r| r.owner == ranking) {
+                    Some(r) => {
+                        r.garbage_grains += garbage;
+                        if scored.0.total_cmp(&r.best.0).is_lt() {
+                            r.best = scored;
+                        }
+                    }
+                    None => rankings.push(Ranking {
+                        owner: ranking,
+                        best: scored,
+                        garbage_grains: garbage,
+                    }),
                 }
             }
             drop(policies);
-            let best = bests.iter().map(|b| b.1).min_by(|a, b| a.2.cmp(&b.2).then(a.0.total_cmp(&b.0)))?;
+            let best = rankings
+                .iter()
+                .max_by(|a, b| a.garbage_grains.cmp(&b.garbage_grains).then(b.best.2.cmp(&a.best.2)))?
+                .best;
             if self
                 .log
                 .capacity()

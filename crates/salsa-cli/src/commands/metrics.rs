@@ -131,7 +131,13 @@ pub(crate) fn render(s: &Stats) -> String {
     e.metric("segments_by_state", g, "Segments per state.", &by_state);
 
     type VolumeMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::VolumeStats) -> f64);
-    let volume_metrics: [VolumeMetric; 8] = [
+    let volume_metrics: [VolumeMetric; 9] = [
+        (
+            "volume_gc_relocated_bytes_total",
+            c,
+            "Bytes of the volume's data the GC moved.",
+            |v| v.gc_bytes_relocated as f64,
+        ),
         ("volume_size_bytes", g, "Volume size.", |v| v.size_bytes as f64),
         ("volume_mapped_bytes", g, "Bytes of the volume that hold data.", |v| {
             v.mapped_bytes as f64

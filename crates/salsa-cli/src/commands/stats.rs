@@ -62,6 +62,7 @@ pub(crate) fn volume_json(v: &salsa_core::VolumeStats) -> serde_json::Value {
         "name": v.name, "controller": v.controller, "size_bytes": v.size_bytes, "page_bytes": v.page_bytes,
         "mapped_bytes": v.mapped_bytes, "map_memory_bytes": v.map_memory_bytes,
         "placement": v.placement, "placement_memory_bytes": v.placement_memory_bytes, "victim": v.victim,
+        "gc_bytes_relocated": v.gc_bytes_relocated,
         "settings": settings,
     });
     if v.controller == "dual" {

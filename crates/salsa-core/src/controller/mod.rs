@@ -81,6 +81,8 @@ pub struct ControllerStats {
     pub settings: Vec<(String, u64)>,
     /// Memory the placement policy holds (per-page history and the like).
     pub placement_memory_bytes: u64,
+    /// Bytes of the volume's live data the GC moved since the pool was opened.
+    pub gc_bytes_relocated: u64,
     /// Dual mapping: small pages in the sparse map, and the most it holds.
     pub sparse_pages: u64,
     pub sparse_capacity_pages: u64,
@@ -218,8 +220,9 @@ pub trait Controller: VolumeIo + Send + Sync + 'static {
     /// The volume's id in the volume table.
     fn id(&self) -> u32;
     fn name(&self) -> &str;
-    /// Its allocation stream sets, one per page size it writes (the log seals them on flush
-    /// and counts them for the usable space: each stream may hold a partly written segment).
+    /// Its allocation stream sets (the LSA and dual-mapping controllers have one; the log
+    /// seals them on flush and counts them for the usable space: each stream may hold a
+    /// partly written segment).
     fn streams(&self) -> Vec<Arc<Streams>>;
     fn stats(&self) -> ControllerStats;
     /// Replaces the placement policy; new writes follow it. Called with the GC lock held.

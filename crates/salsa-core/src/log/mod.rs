@@ -379,7 +379,7 @@ impl Log {
 
     // ----- streams -----
 
-    /// Registers a volume's stream sets (a controller may keep one per page size): flushes,
+    /// Registers a volume's stream sets (a controller may keep several): flushes,
     /// GC releases and the usable-space limit count them from now on.
     pub fn add_streams(&self, volume_id: u32, streams: Vec<Arc<Streams>>) {
         self.streams.write().insert(volume_id, streams);

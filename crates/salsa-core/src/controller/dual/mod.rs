@@ -409,6 +409,7 @@ impl DualVolume {
                 log.cache_moved(grain, new, log.generation_of(new));
                 log.drop_data(victim, 1, None);
                 log.counters().gc_bytes_relocated.fetch_add(sb as u64, SeqCst);
+                self.dense.relocated_bytes.fetch_add(sb as u64, SeqCst);
             } else {
                 // Overwritten or merged meanwhile: the copy is garbage at once.
                 log.drop_data(log.geo().segment_of(new), 1, None);

@@ -41,6 +41,8 @@ pub struct LsaVolume {
     stripes: Box<[Mutex<()>]>,
     /// Pages currently mapped to data.
     pub mapped_pages: AtomicU64,
+    /// Bytes of the volume's live data the GC moved (its share of the relocation traffic).
+    pub relocated_bytes: AtomicU64,
     pub deleted: AtomicBool,
     /// Taken shared by every I/O and exclusively by deletion, so none is in flight then.
     pub gate: RwLock<()>,
@@ -119,6 +121,7 @@ impl LsaVolume {
             placing: ArcSwap::from_pointee(Placing::new(rec.id, page_grains, placement, &rec.placement)),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             mapped_pages: AtomicU64::new(0),
+            relocated_bytes: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
             gate: RwLock::new(()),
             rmw: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -464,6 +467,7 @@ impl LsaVolume {
                             log.cache_moved(grain, new, generation);
                             log.drop_data(victim, self.page_grains, None);
                             log.counters().gc_bytes_relocated.fetch_add(pb as u64, SeqCst);
+                            self.relocated_bytes.fetch_add(pb as u64, SeqCst);
                         }
                         // Overwritten meanwhile: the copy is garbage at once.
                         Ok((new, _, false)) => log.drop_data(log.geo().segment_of(new), self.page_grains, None),
@@ -605,6 +609,7 @@ impl Controller for LsaVolume {
             map_memory_bytes: self.map_memory_bytes(),
             placement: self.placing.load().name.clone(),
             placement_memory_bytes: self.placement_memory_bytes(),
+            gc_bytes_relocated: self.relocated_bytes.load(SeqCst),
             ..ControllerStats::default()
         }
     }
