@@ -34,8 +34,9 @@ impl Candidate {
     }
 }
 
-/// Chooses GC victims, one pool-wide instance. Implementations must be cheap: `score` runs
-/// for every candidate on every victim choice, from GC workers in parallel.
+/// Chooses GC victims: one instance for the pool, and one for each volume that names its own.
+/// Implementations must be cheap: `score` runs for every candidate on every victim choice,
+/// from GC workers in parallel.
 pub trait VictimPolicy: Send + Sync {
     /// Lower is cleaned first. Only segments that would free space are offered.
     fn score(&self, c: &Candidate) -> f64;
