@@ -33,6 +33,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from object_store import parse_size  # noqa: E402  (the workload's own size parser)
 
 
 def salsa_binary():
@@ -142,12 +144,6 @@ def phased(args, raw_serve, dual_serve):
         with open(args.svg, "w") as f:
             f.write(phase_chart(report))
     print(text)
-
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
 
 
 def phase_chart(report):

@@ -126,6 +126,19 @@ struct FormatArgs {
     stripe_unit: Option<u64>,
 }
 
+/// A volume of the controller named `controller` (`lsa` or `dual`) with pages of `page_size`,
+/// by default 4 KiB for `lsa` and 64 KiB for `dual` (its large pages), and the pool's
+/// policies.
+fn volume_spec(controller: &str, page_size: Option<u64>) -> Result<VolumeSpec, String> {
+    let controller = ControllerKind::from_name(controller).ok_or_else(|| format!("unknown controller {controller:?}"))?;
+    let default_page = if controller == ControllerKind::Dual { 64 << 10 } else { 4096 };
+    let page = u32::try_from(page_size.unwrap_or(default_page)).map_err(|_| "page size too large")?;
+    Ok(VolumeSpec {
+        controller,
+        ..VolumeSpec::lsa(page)
+    })
+}
+
 /// Parses `--array`.
 fn parse_array(s: &str) -> Result<ArrayKind, String> {
     ArrayKind::from_name(s).ok_or_else(|| {
@@ -155,12 +168,13 @@ impl FormatArgs {
 
     /// Creates the volume `default` over the pool's logical space; returns its size.
     fn create_default_volume(&self, pool: &Pool) -> Result<u64, String> {
-        let controller = ControllerKind::from_name(&self.controller).ok_or("unknown controller")?;
-        let dual = controller == ControllerKind::Dual;
-        let page_bytes = self.page_size.unwrap_or(if dual { 64 << 10 } else { 4096 }).max(1);
-        let page = u32::try_from(page_bytes).map_err(|_| "page size too large")?;
+        let spec = VolumeSpec {
+            sparse_pages: self.sparse_pages,
+            ..volume_spec(&self.controller, self.page_size)?
+        };
+        let page_bytes = spec.page_bytes.max(1) as u64;
         let mut logical = pool.logical_capacity_bytes();
-        if dual {
+        if spec.controller == ControllerKind::Dual {
             // Its small pages take room on top of the large pages they overlay.
             let g = pool.geometry();
             let pages = self
@@ -178,11 +192,6 @@ impl FormatArgs {
                 human(pool.geometry().segment_bytes)
             ));
         }
-        let spec = VolumeSpec {
-            controller,
-            sparse_pages: self.sparse_pages,
-            ..VolumeSpec::lsa(page)
-        };
         pool.create_volume_spec("default", size, &spec).map_err(|e| e.to_string())?;
         Ok(size)
     }

@@ -275,23 +275,19 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
             victim,
             sparse_pages,
         } => {
-            let controller = ControllerKind::from_name(controller).ok_or("unknown controller")?;
-            let default_page = if controller == ControllerKind::Dual { 64 << 10 } else { 4096 };
-            let page = u32::try_from(page_size.unwrap_or(default_page)).map_err(|_| "page size too large")?;
             let spec = VolumeSpec {
-                controller,
-                page_bytes: page,
                 placement: placement.clone(),
                 victim: victim.clone().filter(|v| v != "pool"),
                 sparse_pages: *sparse_pages,
+                ..volume_spec(controller, *page_size)?
             };
             let pool = devices.open_pool(rw_options())?;
             pool.create_volume_spec(name, *size, &spec).map_err(|e| e.to_string())?;
             println!(
                 "created volume {name}: {}, {} controller, {} pages",
                 human(*size),
-                controller.name(),
-                human(page as u64)
+                spec.controller.name(),
+                human(spec.page_bytes as u64)
             );
             pool.close().map_err(|e| e.to_string())
         }

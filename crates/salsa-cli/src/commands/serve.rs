@@ -19,6 +19,27 @@ pub(crate) struct ServeArgs {
     pub(crate) raw: bool,
 }
 
+impl ServeArgs {
+    /// What the NBD server is told.
+    fn server_config(&self) -> salsa_nbd::server::ServerConfig {
+        salsa_nbd::server::ServerConfig {
+            tcp: self.tcp,
+            unix: self.unix.clone(),
+            read_only: self.read_only,
+            threads_per_connection: self.threads_per_connection,
+        }
+    }
+}
+
+/// A flag that SIGINT and SIGTERM raise (the server's stop).
+fn stop_on_signals() -> Result<Arc<std::sync::atomic::AtomicBool>, String> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("cannot handle signals: {e}"))?;
+    }
+    Ok(stop)
+}
+
 /// The control socket of a server whose first device is `device`: `<device without extension>.ctl`.
 pub(crate) fn control_path_for(device: &std::path::Path) -> std::path::PathBuf {
     device.with_extension("ctl")
@@ -140,18 +161,10 @@ fn serve_raw(specs: &[DeviceSpec], args: &ServeArgs) -> Result<(), String> {
             dev.name()
         ));
     }
-    let cfg = salsa_nbd::server::ServerConfig {
-        tcp: args.tcp,
-        unix: args.unix.clone(),
-        read_only: args.read_only,
-        threads_per_connection: args.threads_per_connection,
-    };
+    let cfg = args.server_config();
     let export = salsa_nbd::export::RawExport::new("raw", dev.clone());
     let listening = salsa_nbd::server::Listening::bind_exports(salsa_nbd::server::Exports::raw(export, args.read_only), &cfg)?;
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("cannot handle signals: {e}"))?;
-    }
+    let stop = stop_on_signals()?;
     let control_path = args.control.clone().unwrap_or_else(|| control_path_for(&spec.path));
     let control = salsa_nbd::server::bind_unix(&control_path)?;
     let control_thread = {
@@ -236,12 +249,7 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         )
         .map_err(remove_created)?,
     );
-    let cfg = salsa_nbd::server::ServerConfig {
-        tcp: args.tcp,
-        unix: args.unix.clone(),
-        read_only: args.read_only,
-        threads_per_connection: args.threads_per_connection,
-    };
+    let cfg = args.server_config();
     let listening = match salsa_nbd::server::Listening::bind(pool.clone(), &cfg) {
         Ok(l) => l,
         Err(e) => {
@@ -249,10 +257,7 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
             return Err(remove_created(e));
         }
     };
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("cannot handle signals: {e}"))?;
-    }
+    let stop = stop_on_signals()?;
     let mut wheres = Vec::new();
     if let Some(a) = listening.tcp_addr() {
         wheres.push(format!("nbd://{a}"));

@@ -220,10 +220,10 @@ pub trait Controller: VolumeIo + Send + Sync + 'static {
     /// The volume's id in the volume table.
     fn id(&self) -> u32;
     fn name(&self) -> &str;
-    /// Its allocation stream sets (the LSA and dual-mapping controllers have one; the log
-    /// seals them on flush and counts them for the usable space: each stream may hold a
-    /// partly written segment).
-    fn streams(&self) -> Vec<Arc<Streams>>;
+    /// Its allocation streams (the log seals them on flush and counts them for the usable
+    /// space: each may hold a partly written segment). A controller with pages of two sizes
+    /// writes both into them ([`Streams::place_each_sized`]).
+    fn streams(&self) -> Arc<Streams>;
     fn stats(&self) -> ControllerStats;
     /// Replaces the placement policy; new writes follow it. Called with the GC lock held.
     fn set_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()>;

@@ -157,7 +157,7 @@ pub struct Log {
     /// The durable pool metadata (volume table); held while it is rewritten.
     meta: Mutex<PoolMeta>,
     /// Every volume's allocation streams, by volume id.
-    streams: RwLock<BTreeMap<u32, Vec<Arc<Streams>>>>,
+    streams: RwLock<BTreeMap<u32, Arc<Streams>>>,
     /// Sealed user records on their way to the device.
     write_back: write_back::WriteBack,
     /// Grains held by mapped pages across all volumes (for the thin-provisioning limit).
@@ -379,29 +379,27 @@ impl Log {
 
     // ----- streams -----
 
-    /// Registers a volume's stream sets (a controller may keep several): flushes,
-    /// GC releases and the usable-space limit count them from now on.
-    pub fn add_streams(&self, volume_id: u32, streams: Vec<Arc<Streams>>) {
+    /// Registers a volume's streams: flushes, GC releases and the usable-space limit count
+    /// them from now on.
+    pub fn add_streams(&self, volume_id: u32, streams: Arc<Streams>) {
         self.streams.write().insert(volume_id, streams);
     }
 
     /// Seals and writes every open record of a volume's streams, closes their segments and
     /// forgets them (volume deletion, or a change of its placement policy).
     pub fn remove_streams(&self, volume_id: u32) -> Result<()> {
-        let Some(sets) = self.streams.read().get(&volume_id).cloned() else {
+        let Some(s) = self.streams.read().get(&volume_id).cloned() else {
             return Ok(());
         };
-        for s in sets {
-            for r in s.close(self) {
-                self.write_record(r)?;
-            }
+        for r in s.close(self) {
+            self.write_record(r)?;
         }
         self.streams.write().remove(&volume_id);
         Ok(())
     }
 
     fn streams_snapshot(&self) -> Vec<Arc<Streams>> {
-        self.streams.read().values().flatten().cloned().collect()
+        self.streams.read().values().cloned().collect()
     }
 
     /// Seals and writes every open record and closes every open segment (clean shutdown: after
@@ -778,7 +776,7 @@ impl Log {
     /// Grains the pool can hold as mapped data while leaving the GC room to work: the data
     /// grains of every segment except those the watermarks, open streams and GC need.
     pub fn usable_grains(&self) -> u64 {
-        let streams = self.streams.read().values().flatten().map(|s| s.count() as u64).sum();
+        let streams = self.streams.read().values().map(|s| s.count() as u64).sum();
         self.usable_grains_for_streams(streams)
     }
 

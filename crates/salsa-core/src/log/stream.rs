@@ -261,8 +261,7 @@ impl Streams {
             // Between records, mid-row: open one to carry the padding (see `seal_record`).
             let mid_row = st.seg.as_ref().is_some_and(|os| align > 1 && !os.next_grain.is_multiple_of(align));
             if st.rec.is_none() && mid_row {
-                let pg = st.rec.as_ref().map_or(self.page_grains, |r| r.meta.page_grains);
-                if let Prep::Write(r) = self.prepare(log, &mut st, false, pg) {
+                if let Prep::Write(r) = self.prepare(log, &mut st, false, self.page_grains) {
                     out.push(r);
                 }
             }

@@ -80,6 +80,18 @@ enum PartPlan {
     Merge,
 }
 
+/// A small page a write of part of a large page writes.
+struct SmallPiece {
+    small: u64,
+    /// Where the write starts in it, and how much of it it covers.
+    in_small: usize,
+    len: usize,
+    /// Where its bytes are in the write's data.
+    at: usize,
+    /// Whether the sparse map holds it already (so writing it maps no new grain).
+    in_sparse: bool,
+}
+
 /// A small page's best entry during a recovery scan: (sequence number, grain, crc).
 type ReplayedSmall = (u64, u64, u32);
 
@@ -249,31 +261,49 @@ impl DualVolume {
         Ok(())
     }
 
+    /// The small pages a write of `data` at `in_page` of large page `page` (less than the
+    /// whole page) must write to the sparse map. Small pages of zeros over a large page that
+    /// reads as zeros (not in the dense map, not in the sparse map) are left out, so zeroing
+    /// part of a page never needs new space.
+    fn small_pieces(&self, map: &PageMap, page: u64, in_page: usize, data: &[u8]) -> Vec<SmallPiece> {
+        let dense_mapped = matches!(map.load(page), Entry::Mapped(_));
+        let present = self.sparse_of(page);
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        for (small, in_small, len) in page_pieces(
+            page * self.large_bytes() + in_page as u64,
+            data.len() as u64,
+            self.small_bytes as u32,
+        ) {
+            let in_sparse = present.iter().any(|e| e.0 == small);
+            if dense_mapped || in_sparse || data[at..at + len].iter().any(|&b| b != 0) {
+                pieces.push(SmallPiece {
+                    small,
+                    in_small,
+                    len,
+                    at,
+                    in_sparse,
+                });
+            }
+            at += len;
+        }
+        pieces
+    }
+
     /// How a write of `data` at `in_page` of large page `page` (less than the whole page) is
     /// done, and the grains it newly maps: into the sparse map while it has room (with
     /// `sparse_free` entries left, which the plan takes from) and `tight` is not asked, else
-    /// merged. Small pages of zeros over a large page that reads as zeros are skipped, so
-    /// zeroing part of a page never needs new space.
+    /// merged.
     fn plan_part(&self, map: &PageMap, page: u64, in_page: usize, data: &[u8], sparse_free: &mut u64, tight: bool) -> (PartPlan, u64) {
-        let sb = self.small_bytes;
-        let dense_mapped = matches!(map.load(page), Entry::Mapped(_));
-        let present = self.sparse_of(page);
-        let mut done = 0;
-        let mut new = 0u64;
-        for (small, _, n) in page_pieces(page * self.large_bytes() + in_page as u64, data.len() as u64, sb as u32) {
-            let in_sparse = present.iter().any(|e| e.0 == small);
-            let skipped = !dense_mapped && !in_sparse && data[done..done + n].iter().all(|&b| b == 0);
-            new += u64::from(!in_sparse && !skipped);
-            done += n;
-        }
+        let new = self.small_pieces(map, page, in_page, data).iter().filter(|p| !p.in_sparse).count() as u64;
         if new == 0 || (!tight && new <= *sparse_free) {
             *sparse_free = sparse_free.saturating_sub(new);
             return (PartPlan::Sparse, new);
         }
-        let whole = if dense_mapped {
+        let whole = if matches!(map.load(page), Entry::Mapped(_)) {
             0
         } else {
-            self.subpages.saturating_sub(present.len() as u64)
+            self.subpages.saturating_sub(self.sparse_of(page).len() as u64)
         };
         (PartPlan::Merge, whole)
     }
@@ -285,29 +315,19 @@ impl DualVolume {
             return self.merge(log, map, page, Some((in_page, data)));
         }
         let sb = self.small_bytes;
-        let dense_mapped = matches!(map.load(page), Entry::Mapped(_));
-        let present = self.sparse_of(page);
-        let mut pieces: Vec<(u64, usize, usize, usize)> = Vec::new(); // (small page, offset in it, length, offset in data)
-        let mut done = 0;
-        for (small, in_small, n) in page_pieces(page * self.large_bytes() + in_page as u64, data.len() as u64, sb as u32) {
-            let in_sparse = present.iter().any(|e| e.0 == small);
-            if dense_mapped || in_sparse || data[done..done + n].iter().any(|&b| b != 0) {
-                pieces.push((small, in_small, n, done));
-            }
-            done += n;
-        }
+        let pieces = self.small_pieces(map, page, in_page, data);
         if pieces.is_empty() {
             return Ok(());
         }
         // Whole small pages, partial ones completed from what they read now.
         let mut pages = vec![0u8; pieces.len() * sb];
-        for (i, &(small, in_small, n, at)) in pieces.iter().enumerate() {
+        for (i, p) in pieces.iter().enumerate() {
             let out = &mut pages[i * sb..(i + 1) * sb];
-            if n < sb {
-                let from = ((small - page * self.subpages) as usize) * sb;
+            if p.len < sb {
+                let from = ((p.small - page * self.subpages) as usize) * sb;
                 self.read_piece(log, map, page, from, out)?;
             }
-            out[in_small..in_small + n].copy_from_slice(&data[at..at + n]);
+            out[p.in_small..p.in_small + p.len].copy_from_slice(&data[p.at..p.at + p.len]);
         }
         let crcs: Vec<u32> = pages.chunks_exact(sb).map(crc32c::crc32c).collect();
         let _inflight = log.invalidation_guard();
@@ -321,7 +341,7 @@ impl DualVolume {
             pieces.len(),
             |i| Some(PageData::copied(&pages[i * sb..(i + 1) * sb])),
             |i, grain, rec| {
-                let (small, crc) = (pieces[i].0, crcs[i]);
+                let (small, crc) = (pieces[i].small, crcs[i]);
                 log.set_crc(grain, crc);
                 let mut sparse = self.sparse.write();
                 rec.push(MetaEntry::Data {
@@ -381,10 +401,11 @@ impl DualVolume {
         (plans, new)
     }
 
-    /// Moves the live small pages of one record of a victim into the small GC stream.
+    /// Moves the live small pages of one record of a victim into the last GC stream.
     fn relocate_small(&self, log: &Log, victim: u32, meta: &RecordMeta, data: &[u8]) -> Result<()> {
         let base = victim as u64 * log.geo().grains_per_segment as u64 + meta.start_grain as u64 + 1;
         let sb = self.small_bytes;
+        let streams = self.dense.placement_streams();
         let mut slot = 0usize;
         for e in &meta.entries {
             let MetaEntry::Data { page: small, seq, crc } = *e else { continue };
@@ -394,7 +415,6 @@ impl DualVolume {
             if self.sparse.read().get(&small) != Some(&grain) {
                 continue;
             }
-            let streams = self.dense.placement_streams();
             let (new, moved) = streams.place_sized(log, streams.layout().last_gc(), Purpose::Gc, 1, Some(bytes), |new, rec| {
                 log.set_crc(new, crc);
                 rec.push(MetaEntry::Data { page: small, seq, crc });
@@ -558,8 +578,8 @@ impl Controller for DualVolume {
         &self.dense.name
     }
 
-    fn streams(&self) -> Vec<Arc<Streams>> {
-        vec![self.dense.placement_streams()]
+    fn streams(&self) -> Arc<Streams> {
+        self.dense.placement_streams()
     }
 
     fn set_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()> {

@@ -161,7 +161,7 @@ impl LsaVolume {
         let placing = Placing::new(self.id, self.page_grains, placement, name);
         let streams = placing.streams.clone();
         self.placing.store(Arc::new(placing));
-        log.add_streams(self.id, vec![streams]);
+        log.add_streams(self.id, streams);
         Ok(())
     }
 
@@ -590,8 +590,8 @@ impl Controller for LsaVolume {
         &self.name
     }
 
-    fn streams(&self) -> Vec<Arc<Streams>> {
-        vec![self.placing.load().streams.clone()]
+    fn streams(&self) -> Arc<Streams> {
+        self.placing.load().streams.clone()
     }
 
     fn set_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()> {
