@@ -28,9 +28,11 @@ struct Cli {
 
 #[derive(clap::Args, Clone)]
 struct Devices {
-    /// A pool member: a file or block device, PATH[:SIZE] (SIZE creates a missing file). Repeat
-    /// for several devices, combined linearly.
-    #[arg(long = "device", short = 'd', required = true, value_name = "PATH[:SIZE]")]
+    /// A pool member: a file or block device, PATH[:SIZE] (SIZE creates a missing file), or a
+    /// device model (ssd:, dmsmr:, hmsmr:, zoned:, hdd:size=SIZE,...). A trailing @TYPE (flash,
+    /// hdd, nvm) declares its storage type at format (hybrid volumes keep data on hdd and hot
+    /// copies on flash). Repeat for several devices, combined linearly.
+    #[arg(long = "device", short = 'd', required = true, value_name = "PATH[:SIZE][@TYPE]")]
     devices: Vec<DeviceSpec>,
     /// RAID-5 only: a small fast device (a file or block device; on real hardware NVM, an NVMe
     /// PMR or a small SSD partition) that keeps the parity of the rows being filled, so that a

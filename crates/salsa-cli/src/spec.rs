@@ -6,14 +6,21 @@
 //! - `hmsmr:...`: the same with the timing of a disk (so throughput can be modelled);
 //! - `ssd:size=2G[,op=7,unit=16K,block=4M,channels=8,cache=1M,mapcache=32K|full,file=PATH]`: a
 //!   commodity SSD model;
-//! - `dmsmr:size=4G[,band=32M,cache=8M,file=PATH]`: a drive-managed SMR model.
+//! - `dmsmr:size=4G[,band=32M,cache=8M,file=PATH]`: a drive-managed SMR model;
+//! - `hdd:size=8G[,seek_us=12000,mbps=150,file=PATH]`: a disk with the timing of one actuator
+//!   (every access that does not continue the last costs a seek).
+//!
+//! Any spec may end in `@TYPE` (`flash`/`ssd`, `hdd`/`disk`, `nvm`) to declare the device's
+//! storage type, which `salsa format` records (a file cannot tell whether it is on a disk or
+//! an SSD; the hybrid controller puts its data on the disks and hot copies on the flash).
 //!
 //! The models' translation state lives in memory (a restart finds a freshly formatted drive
 //! holding the same data); a zoned drive's state persists in its file.
 
 use salsa_core::device::file::FileOpenOptions;
 use salsa_core::device::{
-    DiskTiming, DriveManagedSmr, FileDevice, MemoryDevice, SmrParams, SsdModel, SsdParams, TimedDisk, ZonedEmulator, ZonedGeometry,
+    Declared, DiskTiming, DriveManagedSmr, FileDevice, MemoryDevice, SmrParams, SsdModel, SsdParams, TimedDisk, ZonedEmulator,
+    ZonedGeometry,
 };
 use salsa_core::{Device, StorageType};
 use std::collections::BTreeMap;
@@ -27,6 +34,7 @@ pub enum ModelKind {
     HostManagedSmr,
     Ssd,
     DriveManagedSmr,
+    Disk,
 }
 
 /// An emulated device named on the command line.
@@ -54,6 +62,7 @@ impl ModelSpec {
                 "erase_us",
             ],
             ModelKind::DriveManagedSmr => &["size", "band", "cache", "file"],
+            ModelKind::Disk => &["size", "seek_us", "mbps", "file"],
         };
         let mut params = BTreeMap::new();
         for kv in args.split(',').filter(|x| !x.is_empty()) {
@@ -95,6 +104,7 @@ impl ModelSpec {
                     path: path.into(),
                     size_bytes: Some(bytes),
                     model: None,
+                    declared: None,
                 };
                 spec.open_with(read_only, true)
             }
@@ -154,6 +164,18 @@ impl ModelSpec {
                     DriveManagedSmr::new(self.backing(size, read_only)?, p).map_err(|e| e.to_string())?,
                 ))
             }
+            ModelKind::Disk => {
+                let d = DiskTiming::default();
+                let timing = DiskTiming {
+                    position_us: self.number("seek_us", d.position_us as f64)? as u64,
+                    media_mb_per_s: self.number("mbps", d.media_mb_per_s)?,
+                };
+                if timing.media_mb_per_s <= 0.0 {
+                    return Err("device parameter mbps must be more than 0".into());
+                }
+                let disk: Arc<dyn Device> = Arc::new(TimedDisk::new(self.backing(size, read_only)?, timing));
+                Ok(Declared::wrap(disk, StorageType::Hdd))
+            }
         }
     }
 }
@@ -188,16 +210,26 @@ pub struct DeviceSpec {
     pub size_bytes: Option<u64>,
     /// An emulated device instead of the file itself.
     pub model: Option<ModelSpec>,
+    /// The storage type declared with `@TYPE`.
+    pub declared: Option<StorageType>,
 }
 
 impl std::str::FromStr for DeviceSpec {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
+        if let Some((spec, name)) = s.rsplit_once('@') {
+            let t = StorageType::declarable(name)
+                .ok_or_else(|| format!("unknown storage type {name:?} after '@' in {s:?}; use flash, hdd or nvm"))?;
+            let mut d: DeviceSpec = spec.parse()?;
+            d.declared = Some(t);
+            return Ok(d);
+        }
         let models = [
             ("zoned:", ModelKind::Zoned),
             ("hmsmr:", ModelKind::HostManagedSmr),
             ("ssd:", ModelKind::Ssd),
             ("dmsmr:", ModelKind::DriveManagedSmr),
+            ("hdd:", ModelKind::Disk),
         ];
         for (prefix, kind) in models {
             if let Some(args) = s.strip_prefix(prefix) {
@@ -206,6 +238,7 @@ impl std::str::FromStr for DeviceSpec {
                     path: model.params.get("file").map(PathBuf::from).unwrap_or_default(),
                     size_bytes: model.params.get("size").map(|v| parse_size(v)).transpose()?,
                     model: Some(model),
+                    declared: None,
                 });
             }
         }
@@ -214,12 +247,14 @@ impl std::str::FromStr for DeviceSpec {
                 path: path.into(),
                 size_bytes: Some(parse_size(size)?),
                 model: None,
+                declared: None,
             }),
             _ if s.is_empty() => Err("empty device path".into()),
             _ => Ok(DeviceSpec {
                 path: s.into(),
                 size_bytes: None,
                 model: None,
+                declared: None,
             }),
         }
     }
@@ -246,6 +281,21 @@ impl DeviceSpec {
     /// Opens the device; with `page_cache`, through the kernel's page cache instead of
     /// `O_DIRECT` (flushes still sync the device).
     pub fn open_with(&self, read_only: bool, page_cache: bool) -> Result<Arc<dyn Device>, String> {
+        let dev = self.open_undeclared(read_only, page_cache)?;
+        Ok(match self.declared {
+            Some(t) if dev.zones().is_some() => {
+                return Err(format!(
+                    "{}: a zoned device's zones have their own storage type; declare a type (@{}) for flat devices only",
+                    dev.name(),
+                    t.name()
+                ))
+            }
+            Some(t) => Declared::wrap(dev, t),
+            None => dev,
+        })
+    }
+
+    fn open_undeclared(&self, read_only: bool, page_cache: bool) -> Result<Arc<dyn Device>, String> {
         if let Some(m) = &self.model {
             return m.open(read_only);
         }
@@ -306,5 +356,27 @@ mod tests {
         assert!("ssd:op=7".parse::<DeviceSpec>().is_err(), "no size");
         assert!("zoned:size=64M,type=tape".parse::<DeviceSpec>().unwrap().open(false).is_err());
         assert!("ssd:size=64M,unit=3K".parse::<DeviceSpec>().unwrap().open(false).is_err());
+        let disk = "hdd:size=64M,seek_us=8000".parse::<DeviceSpec>().unwrap().open(false).unwrap();
+        assert_eq!(disk.storage_type(), StorageType::Hdd);
+        assert!(disk.counters().iter().any(|(k, _)| k == "seeks"), "a disk model counts its seeks");
+        assert!("hdd:size=64M,mbps=0".parse::<DeviceSpec>().unwrap().open(false).is_err());
+    }
+
+    #[test]
+    fn a_storage_type_is_declared_after_an_at_sign() {
+        let d: DeviceSpec = "/tmp/a.img:1G@hdd".parse().unwrap();
+        assert_eq!((d.size_bytes, d.declared), (Some(1 << 30), Some(StorageType::Hdd)));
+        let d: DeviceSpec = "ssd:size=64M@nvm".parse().unwrap();
+        assert_eq!(d.declared, Some(StorageType::Nvm));
+        assert_eq!(d.open(false).unwrap().storage_type(), StorageType::Nvm);
+        let e = "/tmp/a.img@tape".parse::<DeviceSpec>().unwrap_err();
+        assert!(e.contains("unknown storage type"), "{e}");
+        let e = "zoned:size=64M,zone=4M@hdd"
+            .parse::<DeviceSpec>()
+            .unwrap()
+            .open(false)
+            .err()
+            .unwrap();
+        assert!(e.contains("zones have their own storage type"), "{e}");
     }
 }

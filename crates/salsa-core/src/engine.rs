@@ -13,6 +13,7 @@
 //! failed, while the GC can still free space.
 
 use crate::controller::Controller;
+use crate::device::StorageType;
 use crate::error::{Error, Result};
 use crate::log::capacity::{Purpose, SegmentState};
 use crate::log::{Log, SegmentSource, ANY_TYPE};
@@ -137,11 +138,11 @@ impl Engine {
     /// Allocates a segment for a stream. User writers wait for the GC (or run it, without a
     /// background worker) while free segments are at the reserve; they fail only when the GC
     /// can free nothing.
-    pub fn allocate_segment(&self, purpose: Purpose) -> Result<u32> {
+    pub fn allocate_segment(&self, purpose: Purpose, types: &'static [StorageType]) -> Result<u32> {
         let mut gc_waits = 0;
         loop {
             self.log.check_writable()?;
-            if let Some(s) = self.log.capacity().try_allocate(&ANY_TYPE, purpose) {
+            if let Some(s) = self.log.capacity().try_allocate(types, purpose) {
                 self.log.prepare_segment(s)?;
                 // Garbage over its bound implies a round is needed, so the pass over the segment
                 // table that measures garbage runs again only when it might be over.
@@ -169,12 +170,14 @@ impl Engine {
                     // smaller than what it took); wait for it a bounded time.
                     if gc_waits < 100 && self.gc_budget.lock().cleaning > 1 {
                         gc_waits += 1;
-                        self.log.capacity().wait_for_free(0, Duration::from_millis(20));
+                        self.log.capacity().wait_for_free(types, 0, Duration::from_millis(20));
                         continue;
                     }
                     return Err(Error::NoSpace("garbage collection ran out of free segments".into()));
                 }
                 Purpose::Checkpoint => return Err(Error::NoSpace("no free segment for the checkpoint".into())),
+                // The fast tier borrows segments from the capacity manager directly, never here.
+                Purpose::Tier => return Err(Error::NoSpace("no free segment for the fast tier".into())),
                 Purpose::User => {
                     self.log.counters().throttled_allocations.fetch_add(1, SeqCst);
                     if self.background_gc {
@@ -189,7 +192,7 @@ impl Engine {
                         self.wake_gc();
                         self.log
                             .capacity()
-                            .wait_for_free(self.log.capacity().watermarks.gc_reserve, Duration::from_millis(50));
+                            .wait_for_free(types, self.log.capacity().watermarks.gc_reserve, Duration::from_millis(50));
                     } else if !self.gc_step()? {
                         return Err(Error::NoSpace("every segment is full of live data".into()));
                     }
@@ -233,7 +236,10 @@ impl Engine {
     /// volume is cleaned as much as it makes garbage, each by its own choice. (Taking the
     /// best with the fewest valid grains instead starved a FIFO volume, whose oldest segment
     /// is rarely the emptiest.)
-    fn choose_victim(&self) -> Option<u32> {
+    ///
+    /// With `only`, segments of other storage types are left alone (a restricted class of
+    /// streams is short of segments: see [`Engine::short_types`]).
+    fn choose_victim(&self, only: Option<&[StorageType]>) -> Option<u32> {
         let gps = self.log.geo().grains_per_segment;
         // Moving v grains costs v plus their metadata pages; a victim must free more than that.
         let worth = |valid: u32| {
@@ -245,6 +251,9 @@ impl Engine {
             let mut cands = Vec::new();
             for (i, s) in self.log.capacity().segments().iter().enumerate() {
                 if s.state() != SegmentState::Allocated || s.unmovable.load(SeqCst) {
+                    continue;
+                }
+                if only.is_some_and(|t| !t.contains(&s.storage_type)) {
                     continue;
                 }
                 let valid = s.valid_grains.load(SeqCst);
@@ -321,7 +330,7 @@ impl Engine {
             return Ok(true);
         }
         let pending = gc_pending + other_pending;
-        let Some(victim) = self.choose_victim() else {
+        let Some(victim) = self.choose_victim(self.gc_focus()) else {
             if pending > 0 {
                 self.log.flush()?;
                 return Ok(true);
@@ -449,7 +458,31 @@ impl Engine {
     /// Whether the background worker has work: free segments below the low watermark, or
     /// pending segments that one sync would release while free segments run low.
     pub fn needs_gc_round(&self) -> bool {
-        self.log.capacity().free_segments() < self.log.capacity().watermarks.low || self.release_due() || self.garbage_due()
+        let wm = self.log.capacity().watermarks;
+        self.log.capacity().free_segments() < wm.low || self.release_due() || self.garbage_due() || self.short_types(wm.low).is_some()
+    }
+
+    /// The storage types some volume's streams are restricted to (a hybrid volume's slow
+    /// tier), when fewer than `below` of their segments are free: the pool may have free
+    /// segments of other types that those streams cannot use, so the GC must clean segments of
+    /// these types in particular.
+    pub fn short_types(&self, below: u32) -> Option<&'static [StorageType]> {
+        let volumes = self.volumes.read();
+        volumes
+            .values()
+            .map(|v| v.streams().types())
+            .filter(|t| t.len() < ANY_TYPE.len())
+            .find(|t| self.log.capacity().free_segments_of(t) < below)
+    }
+
+    /// The types the GC should clean now: any (`None`) while the pool as a whole is short,
+    /// else those of a restricted class that is ([`Engine::short_types`]).
+    fn gc_focus(&self) -> Option<&'static [StorageType]> {
+        let wm = self.log.capacity().watermarks;
+        if self.log.capacity().free_segments() < wm.high {
+            return None;
+        }
+        self.short_types(wm.high)
     }
 
     /// Whether the pool runs with a garbage trigger and the sealed segments (victims being
@@ -476,7 +509,7 @@ impl Engine {
                 self.log.counters().throttled_allocations.fetch_add(1, SeqCst);
             }
             self.wake_gc();
-            self.log.capacity().wait_for_free(u32::MAX, Duration::from_millis(10));
+            self.log.capacity().wait_for_free(&ANY_TYPE, u32::MAX, Duration::from_millis(10));
         }
         Ok(())
     }
@@ -510,7 +543,9 @@ impl Engine {
         if self.release_due() {
             self.log.flush()?;
         }
-        while (self.log.capacity().free_segments() < wm.high || self.garbage_due()) && !self.shutting_down.load(SeqCst) {
+        while (self.log.capacity().free_segments() < wm.high || self.garbage_due() || self.short_types(wm.high).is_some())
+            && !self.shutting_down.load(SeqCst)
+        {
             if !self.gc_step()? {
                 self.gc_stuck.store(true, SeqCst);
                 self.log.capacity().changed.notify_all();
@@ -523,7 +558,7 @@ impl Engine {
 }
 
 impl SegmentSource for Engine {
-    fn allocate_segment(&self, purpose: Purpose) -> Result<u32> {
-        Engine::allocate_segment(self, purpose)
+    fn allocate_segment(&self, purpose: Purpose, types: &'static [StorageType]) -> Result<u32> {
+        Engine::allocate_segment(self, purpose, types)
     }
 }

@@ -394,16 +394,20 @@ pub enum ControllerKind {
     /// Dual mapping: a dense map of large pages and a bounded sparse map of grain-sized pages
     /// for small and unaligned writes.
     Dual = 1,
+    /// Hybrid: an LSA page map on the pool's slow devices, with hot page groups copied to its
+    /// fast devices.
+    Hybrid = 2,
 }
 
 impl ControllerKind {
     /// Every kind, for messages and parsing.
-    pub const ALL: [ControllerKind; 2] = [ControllerKind::Lsa, ControllerKind::Dual];
+    pub const ALL: [ControllerKind; 3] = [ControllerKind::Lsa, ControllerKind::Dual, ControllerKind::Hybrid];
 
     pub fn name(self) -> &'static str {
         match self {
             ControllerKind::Lsa => "lsa",
             ControllerKind::Dual => "dual",
+            ControllerKind::Hybrid => "hybrid",
         }
     }
 

@@ -60,6 +60,7 @@ pub(crate) mod scan;
 pub(crate) mod util;
 
 pub use array::{MemberStatus, ParityBufferStatus};
+pub use controller::hybrid::HybridSpec;
 pub use controller::ControllerStats;
 pub use device::{Device, StorageType};
 pub use error::{Error, ErrorKind, Result};

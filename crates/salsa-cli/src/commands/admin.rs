@@ -46,9 +46,10 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     println!("array       {}", pool.array_description());
     for (i, m) in st.members.iter().enumerate() {
         println!(
-            "  member {i:<3} {:<9} {}  read {}  written {} (parity {})  errors {}r/{}w  repaired {}",
+            "  member {i:<3} {:<9} {} ({})  read {}  written {} (parity {})  errors {}r/{}w  repaired {}",
             if m.failed { "FAILED" } else { "ok" },
             m.name,
+            m.storage_type,
             human(m.bytes_read),
             human(m.bytes_written),
             human(m.parity_bytes_written),
@@ -91,6 +92,23 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
             println!(
                 "  {:<20}      sparse map {} of {} small pages, {} large pages merged",
                 "", v.sparse_pages, v.sparse_capacity_pages, v.merged_pages
+            );
+        }
+        if v.controller == "hybrid" {
+            println!(
+                "  {:<20}      fast tier {} in {} segments{}, {} promoted, {} demoted, read {} fast / {} slow",
+                "",
+                human(v.fast_tier_bytes),
+                v.fast_tier_segments,
+                if v.fast_tier_failed {
+                    " (FAILED: reads go to the slow tier)"
+                } else {
+                    ""
+                },
+                v.promotions,
+                v.demotions,
+                human(v.fast_read_bytes),
+                human(v.slow_read_bytes)
             );
         }
     }
@@ -208,9 +226,11 @@ pub(crate) enum VolumeCommand {
         name: String,
         #[arg(value_parser = parse_size)]
         size: u64,
-        /// The controller that maps the volume: `lsa` (a page map) or `dual` (a dense map of
-        /// large pages and a bounded sparse map of 4 KiB pages for small writes).
-        #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual"])]
+        /// The controller that maps the volume: `lsa` (a page map), `dual` (a dense map of
+        /// large pages and a bounded sparse map of 4 KiB pages for small writes) or `hybrid` (a
+        /// page map on the pool's disks, hot page groups copied to its flash; the pool needs
+        /// both, declared with PATH@hdd / PATH@flash at format).
+        #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual", "hybrid"])]
         controller: String,
         /// The unit of mapping (dual: its large pages). Default 4K for lsa, 64K for dual.
         #[arg(long, value_parser = parse_size)]
@@ -225,6 +245,8 @@ pub(crate) enum VolumeCommand {
         /// at least 131072, at most a sixteenth).
         #[arg(long)]
         sparse_pages: Option<u64>,
+        #[command(flatten)]
+        hybrid: HybridArgs,
     },
     /// Change a volume's placement or victim policy; new writes follow it. Works offline and,
     /// through its control socket, on a pool being served.
@@ -263,6 +285,35 @@ pub(crate) enum VolumeCommand {
     },
 }
 
+/// The tiering options of a hybrid volume.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct HybridArgs {
+    /// hybrid: pages per temperature group, the unit copied to the fast tier (default 256).
+    #[arg(long)]
+    group_pages: Option<u64>,
+    /// hybrid: most fast-tier space the volume's copies use (default: what the fast devices
+    /// can lend).
+    #[arg(long, value_parser = parse_size)]
+    tier_size: Option<u64>,
+    /// hybrid: promotion bandwidth limit per second (default 32M).
+    #[arg(long, value_parser = parse_size)]
+    promote_rate: Option<u64>,
+    /// hybrid: milliseconds in which a group's temperature halves (default 10000).
+    #[arg(long)]
+    half_life_ms: Option<u64>,
+}
+
+impl HybridArgs {
+    fn spec(&self) -> salsa_core::HybridSpec {
+        salsa_core::HybridSpec {
+            group_pages: self.group_pages,
+            tier_bytes: self.tier_size,
+            promote_bytes_per_s: self.promote_rate,
+            half_life_ms: self.half_life_ms,
+        }
+    }
+}
+
 pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
     match cmd {
         VolumeCommand::Create {
@@ -274,11 +325,13 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
             placement,
             victim,
             sparse_pages,
+            hybrid,
         } => {
             let spec = VolumeSpec {
                 placement: placement.clone(),
                 victim: victim.clone().filter(|v| v != "pool"),
                 sparse_pages: *sparse_pages,
+                hybrid: hybrid.spec(),
                 ..volume_spec(controller, *page_size)?
             };
             let pool = devices.open_pool(rw_options())?;

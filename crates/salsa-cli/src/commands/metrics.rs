@@ -122,7 +122,7 @@ pub(crate) fn render(s: &Stats) -> String {
         "Segments the garbage collector gave up on.",
         s.unmovable_segments as f64,
     );
-    let states = ["free", "staged", "allocated", "victim", "pending_free", "checkpoint"];
+    let states = ["free", "staged", "allocated", "victim", "pending_free", "checkpoint", "tier"];
     let by_state: Vec<(String, f64)> = states
         .iter()
         .zip(s.segments_by_state)
@@ -131,7 +131,7 @@ pub(crate) fn render(s: &Stats) -> String {
     e.metric("segments_by_state", g, "Segments per state.", &by_state);
 
     type VolumeMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::VolumeStats) -> f64);
-    let volume_metrics: [VolumeMetric; 9] = [
+    let volume_metrics: [VolumeMetric; 15] = [
         (
             "volume_gc_relocated_bytes_total",
             c,
@@ -166,6 +166,33 @@ pub(crate) fn render(s: &Stats) -> String {
             c,
             "Dual mapping: small pages written to the sparse map.",
             |v| v.small_pages_written as f64,
+        ),
+        (
+            "volume_fast_tier_bytes",
+            g,
+            "Hybrid: bytes of current copies on the fast tier.",
+            |v| v.fast_tier_bytes as f64,
+        ),
+        ("volume_promotions_total", c, "Hybrid: page groups copied to the fast tier.", |v| {
+            v.promotions as f64
+        }),
+        (
+            "volume_demotions_total",
+            c,
+            "Hybrid: page groups dropped from the fast tier.",
+            |v| v.demotions as f64,
+        ),
+        ("volume_fast_read_bytes_total", c, "Hybrid: bytes read from the fast tier.", |v| {
+            v.fast_read_bytes as f64
+        }),
+        ("volume_slow_read_bytes_total", c, "Hybrid: bytes read from the slow tier.", |v| {
+            v.slow_read_bytes as f64
+        }),
+        (
+            "volume_fast_tier_failed",
+            g,
+            "Hybrid: 1 when the fast tier stopped after an I/O error.",
+            |v| v.fast_tier_failed as u8 as f64,
         ),
     ];
     for (name, kind, help, f) in volume_metrics {

@@ -196,6 +196,7 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         path: "salsa-data/pool.img".into(),
         size_bytes: Some(1 << 30),
         model: None,
+        declared: None,
     }];
     let specs = if specs.is_empty() {
         std::fs::create_dir_all("salsa-data").map_err(|e| format!("salsa-data: {e}"))?;

@@ -45,7 +45,7 @@ pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
         })),
         "array_write_amplification": s.array_write_amplification,
         "members": s.members.iter().map(|m| serde_json::json!({
-            "name": m.name, "state": if m.failed { "failed" } else if m.rebuilding { "rebuilding" } else { "ok" },
+            "name": m.name, "storage_type": m.storage_type, "state": if m.failed { "failed" } else if m.rebuilding { "rebuilding" } else { "ok" },
             "bytes_read": m.bytes_read, "bytes_written": m.bytes_written,
             "parity_bytes_written": m.parity_bytes_written, "read_errors": m.read_errors,
             "write_errors": m.write_errors, "repaired_bytes": m.repaired_bytes,
@@ -70,6 +70,15 @@ pub(crate) fn volume_json(v: &salsa_core::VolumeStats) -> serde_json::Value {
         j["sparse_capacity_pages"] = v.sparse_capacity_pages.into();
         j["merged_pages"] = v.merged_pages.into();
         j["small_pages_written"] = v.small_pages_written.into();
+    }
+    if v.controller == "hybrid" {
+        j["fast_tier_bytes"] = v.fast_tier_bytes.into();
+        j["fast_tier_segments"] = v.fast_tier_segments.into();
+        j["promotions"] = v.promotions.into();
+        j["demotions"] = v.demotions.into();
+        j["fast_read_bytes"] = v.fast_read_bytes.into();
+        j["slow_read_bytes"] = v.slow_read_bytes.into();
+        j["fast_tier_failed"] = v.fast_tier_failed.into();
     }
     j
 }

@@ -40,6 +40,8 @@ pub struct ScrubCounts {
 #[derive(Debug, Clone, Default)]
 pub struct MemberStatus {
     pub name: String,
+    /// Its storage type's name (`flash`, `hdd`, ...), as recorded at format.
+    pub storage_type: String,
     pub failed: bool,
     /// A replacement being rebuilt (takes writes, not yet read from).
     pub rebuilding: bool,

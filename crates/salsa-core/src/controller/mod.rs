@@ -21,6 +21,7 @@
 //!   the segment counts derived from it at open match what the write path maintains.
 
 pub mod dual;
+pub mod hybrid;
 pub mod lsa;
 pub mod map;
 
@@ -90,6 +91,16 @@ pub struct ControllerStats {
     /// small pages written to the sparse map.
     pub merged_pages: u64,
     pub small_pages_written: u64,
+    /// Hybrid: bytes of current copies on the fast tier, the fast segments holding them,
+    /// groups copied there and dropped from there, bytes read from either tier, and whether
+    /// the fast tier stopped after an I/O error.
+    pub fast_tier_bytes: u64,
+    pub fast_tier_segments: u64,
+    pub promotions: u64,
+    pub demotions: u64,
+    pub fast_read_bytes: u64,
+    pub slow_read_bytes: u64,
+    pub fast_tier_failed: bool,
 }
 
 /// What the volume handle asks of a controller: byte-addressed I/O on ranges that the handle
@@ -179,6 +190,11 @@ pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::re
             let dense = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement);
             Ok(Arc::new(dual::DualVolume::new(dense, geo.grain_bytes, sparse)))
         }
+        ControllerKind::Hybrid => {
+            let settings = hybrid::HybridSettings::from_record(&rec.settings, rec.page_bytes, geo.segment_bytes)?;
+            let slow = lsa::LsaVolume::on_types(rec, page_map(), geo.grain_bytes, placement, &hybrid::SLOW_TYPES);
+            Ok(Arc::new(hybrid::HybridVolume::new(slow, settings, geo.segment_bytes)))
+        }
     }
 }
 
@@ -200,10 +216,17 @@ fn check_dual(page_bytes: u32, grain_bytes: u32, sparse_pages: u64) -> std::resu
 
 /// The controller settings a new volume of `size_bytes` described by `spec` records.
 pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::result::Result<Vec<(u16, u64)>, String> {
+    if spec.controller != ControllerKind::Hybrid && spec.hybrid != hybrid::HybridSpec::default() {
+        return Err("group size, tier size, promotion rate and half-life apply to hybrid volumes only (--controller hybrid)".into());
+    }
     match spec.controller {
         ControllerKind::Lsa => match spec.sparse_pages {
             Some(_) => Err("a sparse map size applies to dual-mapping volumes only (--controller dual)".into()),
             None => Ok(Vec::new()),
+        },
+        ControllerKind::Hybrid => match spec.sparse_pages {
+            Some(_) => Err("a sparse map size applies to dual-mapping volumes only (--controller dual)".into()),
+            None => Ok(hybrid::HybridSettings::resolve(&spec.hybrid, spec.page_bytes, geo.segment_bytes)?.record()),
         },
         ControllerKind::Dual => {
             let sparse = spec
@@ -232,6 +255,9 @@ pub trait Controller: VolumeIo + Send + Sync + 'static {
     fn maintain(&self, _log: &Log) -> Result<bool> {
         Ok(false)
     }
+    /// The volume was deleted and no I/O is in flight: gives back what it holds outside the
+    /// log (a hybrid volume's fast tier).
+    fn release(&self, _log: &Log) {}
 
     // ----- GC -----
 

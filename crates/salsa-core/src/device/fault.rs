@@ -19,6 +19,8 @@ pub struct FaultPlan {
     pub flip_bits_at: Vec<u64>,
     /// The device is dead: every read, write and sync fails.
     pub dead: bool,
+    /// Every read fails (a device whose media went bad; writes and syncs still succeed).
+    pub fail_reads: bool,
 }
 
 struct Counters {
@@ -68,7 +70,7 @@ impl Device for FaultDevice {
     }
     crate::forward_device_properties!(inner);
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        if self.plan.lock().dead {
+        if self.plan.lock().dead || self.plan.lock().fail_reads {
             return Err(injected("read"));
         }
         self.inner.read_at(buf, offset)?;

@@ -14,6 +14,7 @@
 //! - Offsets and lengths passed by the engine are multiples of [`Device::alignment_bytes`].
 
 mod crash;
+mod declared;
 mod fault;
 pub mod file;
 pub mod kernel_zones;
@@ -25,6 +26,7 @@ pub mod zone;
 mod zoned_emulator;
 
 pub use crash::{CrashDevice, CrashPlan};
+pub use declared::Declared;
 pub use fault::{FaultDevice, FaultPlan};
 pub use file::FileDevice;
 pub use memory::MemoryDevice;
@@ -59,6 +61,33 @@ impl StorageType {
 
     pub fn from_u8(v: u8) -> Option<StorageType> {
         StorageType::ALL.get(v as usize).copied()
+    }
+
+    /// The name users write (`--device PATH@hdd`) and statistics show.
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageType::Flash => "flash",
+            StorageType::Hdd => "hdd",
+            StorageType::SmrConventional => "smr-conventional",
+            StorageType::SmrSequential => "smr",
+            StorageType::Nvm => "nvm",
+        }
+    }
+
+    /// The type a user may declare for a flat device by name (`flash`/`ssd`, `hdd`/`disk`,
+    /// `nvm`); zone types come from the zones themselves.
+    pub fn declarable(name: &str) -> Option<StorageType> {
+        match name {
+            "flash" | "ssd" => Some(StorageType::Flash),
+            "hdd" | "disk" => Some(StorageType::Hdd),
+            "nvm" => Some(StorageType::Nvm),
+            _ => None,
+        }
+    }
+
+    /// Whether the type is a fast one (flash, NVM): a hybrid volume's fast tier.
+    pub fn is_fast(self) -> bool {
+        matches!(self, StorageType::Flash | StorageType::Nvm)
     }
 }
 

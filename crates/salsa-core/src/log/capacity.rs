@@ -36,6 +36,9 @@ pub enum SegmentState {
     PendingFree = 4,
     /// Holds a clean-shutdown checkpoint being written.
     Checkpoint = 5,
+    /// Lent to a hybrid volume's fast tier: holds copies of data that lives in the log, no
+    /// records (so a recovery scan finds nothing in it, and reopening frees it).
+    Tier = 6,
 }
 
 impl SegmentState {
@@ -46,7 +49,8 @@ impl SegmentState {
             2 => SegmentState::Allocated,
             3 => SegmentState::Victim,
             4 => SegmentState::PendingFree,
-            _ => SegmentState::Checkpoint,
+            5 => SegmentState::Checkpoint,
+            _ => SegmentState::Tier,
         }
     }
 }
@@ -101,6 +105,8 @@ pub enum Purpose {
     User,
     Gc,
     Checkpoint,
+    /// A hybrid volume's fast tier (copies of data durable in the log).
+    Tier,
 }
 
 /// A retired segment and what must be durable before it is reused.
@@ -149,6 +155,11 @@ impl Watermarks {
             release: (total / 32).clamp(high, 256),
         }
     }
+}
+
+/// Free segments of `types` in the queues.
+fn free_of(q: &Queues, types: &[StorageType]) -> u32 {
+    types.iter().map(|t| q.free[*t as usize].len() as u32).sum()
 }
 
 /// The capacity manager.
@@ -206,6 +217,13 @@ impl Capacity {
     /// Free segments across all types.
     pub fn free_segments(&self) -> u32 {
         self.free_count.load(SeqCst)
+    }
+
+    /// Free segments of the given types (a stream that writes only some types, such as a
+    /// hybrid volume's slow tier, is short when these are, whatever the others hold).
+    pub fn free_segments_of(&self, types: &[StorageType]) -> u32 {
+        let q = self.queues.lock();
+        free_of(&q, types)
     }
 
     pub fn pending_segments(&self) -> usize {
@@ -287,8 +305,10 @@ impl Capacity {
             Purpose::Gc => 0,
             // A checkpoint must leave the GC reserve intact so the next session can start GC.
             Purpose::Checkpoint => self.watermarks.gc_reserve,
+            // Copies are a luxury: they leave the pool's data room to clean in.
+            Purpose::Tier => self.watermarks.high,
         };
-        if self.free_count.load(SeqCst) <= floor {
+        if free_of(&q, types) <= floor {
             return None;
         }
         for t in types {
@@ -299,10 +319,10 @@ impl Capacity {
                 assert!(info.is_empty(), "free segment {s} still counts valid data");
                 info.generation.fetch_add(1, SeqCst);
                 info.last_kill_record.store(0, SeqCst);
-                info.set_state(if purpose == Purpose::Checkpoint {
-                    SegmentState::Checkpoint
-                } else {
-                    SegmentState::Staged
+                info.set_state(match purpose {
+                    Purpose::Checkpoint => SegmentState::Checkpoint,
+                    Purpose::Tier => SegmentState::Tier,
+                    Purpose::User | Purpose::Gc => SegmentState::Staged,
                 });
                 return Some(s);
             }
@@ -310,12 +330,12 @@ impl Capacity {
         None
     }
 
-    /// Blocks until more than `floor` segments are free, something else changed, or `timeout`
-    /// passed. Every path that frees segments notifies under the queue lock, so no wake-up is
-    /// lost between a failed allocation and this wait.
-    pub fn wait_for_free(&self, floor: u32, timeout: std::time::Duration) {
+    /// Blocks until more than `floor` segments of `types` are free, something else changed, or
+    /// `timeout` passed. Every path that frees segments notifies under the queue lock, so no
+    /// wake-up is lost between a failed allocation and this wait.
+    pub fn wait_for_free(&self, types: &[StorageType], floor: u32, timeout: std::time::Duration) {
         let mut q = self.queues.lock();
-        if self.free_count.load(SeqCst) <= floor {
+        if free_of(&q, types) <= floor {
             self.changed.wait_for(&mut q, timeout);
         }
     }

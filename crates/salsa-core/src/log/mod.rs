@@ -100,7 +100,8 @@ pub struct Counters {
 pub trait SegmentSource: Send + Sync {
     /// A free segment for a stream of `purpose`, prepared for writing from its start. May wait
     /// for (or run) the GC; fails only when no space can be made.
-    fn allocate_segment(&self, purpose: Purpose) -> Result<u32>;
+    /// The segment is of one of `types`, in preference order.
+    fn allocate_segment(&self, purpose: Purpose, types: &'static [StorageType]) -> Result<u32>;
 }
 
 /// Write payload buffers out at once (being received, or held by records not yet written);
@@ -117,6 +118,12 @@ pub const ANY_TYPE: [StorageType; 5] = [
     StorageType::SmrSequential,
     StorageType::SmrConventional,
 ];
+
+/// The slow tier of a hybrid volume: disks, whose failure the fast tier never stands in for.
+pub const SLOW_TYPES: [StorageType; 3] = [StorageType::Hdd, StorageType::SmrSequential, StorageType::SmrConventional];
+
+/// The fast tier of a hybrid volume: where copies of hot data go.
+pub const FAST_TYPES: [StorageType; 2] = [StorageType::Flash, StorageType::Nvm];
 
 /// Allocation preference of checkpoints: conventional zones first, where a zoned drive has them.
 pub const CHECKPOINT_TYPES: [StorageType; 5] = [
@@ -414,9 +421,9 @@ impl Log {
     }
 
     /// A segment for a stream, from the space manager above.
-    fn allocate_segment(&self, purpose: Purpose) -> Result<u32> {
+    fn allocate_segment(&self, purpose: Purpose, types: &'static [StorageType]) -> Result<u32> {
         match self.segment_source.get().and_then(Weak::upgrade) {
-            Some(source) => source.allocate_segment(purpose),
+            Some(source) => source.allocate_segment(purpose, types),
             // Nothing is written before the engine attaches (opening only reads) or after it
             // is gone; a write then is a bug in the caller, refused rather than done without
             // throttling or GC.

@@ -16,6 +16,7 @@ use super::capacity::Purpose;
 use super::payload::WriteBuffer;
 use super::record::{OpenRecord, RecordBuf, RecordBytes, SealedRecord};
 use super::Log;
+use crate::device::StorageType;
 use crate::error::Result;
 use crate::format::{RecordMeta, StreamKind};
 use crate::policy::placement::StreamLayout;
@@ -82,6 +83,8 @@ pub struct Streams {
     streams: Box<[StdMutex<Stream>]>,
     /// Signalled when a stream's pending segment allocation finishes.
     ready: Box<[StdCondvar]>,
+    /// Storage types the streams' segments may be of, in preference order.
+    types: &'static [StorageType],
 }
 
 impl Streams {
@@ -104,7 +107,19 @@ impl Streams {
                 })
                 .collect(),
             ready: layout.kinds().map(|_| StdCondvar::new()).collect(),
+            types: &super::ANY_TYPE,
         }
+    }
+
+    /// The same streams, writing only segments of `types` (in preference order).
+    pub fn on_types(mut self, types: &'static [StorageType]) -> Streams {
+        self.types = types;
+        self
+    }
+
+    /// The storage types the streams write, in preference order.
+    pub fn types(&self) -> &'static [StorageType] {
+        self.types
     }
 
     /// How many streams (each holds at most one open segment).
@@ -414,7 +429,7 @@ impl Streams {
                     }
                     st.allocating = true;
                     drop(st);
-                    let r = log.allocate_segment(purpose);
+                    let r = log.allocate_segment(purpose, self.types);
                     let mut st = lock_stream(stream);
                     st.allocating = false;
                     ready.notify_all();

@@ -287,9 +287,15 @@ impl Pool {
         Ok(report)
     }
 
+    /// The storage type of the segment holding physical grain `grain` (`None` past the end).
+    pub fn storage_type_at(&self, grain: u64) -> Option<crate::StorageType> {
+        let s = grain / self.eng.log.geo().grains_per_segment as u64;
+        (s < self.eng.log.geo().total_segments as u64).then(|| self.eng.log.capacity().segment(s as u32).storage_type)
+    }
+
     /// Runs one pass of the volumes' background work (merging full sparse maps of
-    /// dual-mapping volumes), which a pool opened with a background GC also runs by itself;
-    /// returns whether there was work.
+    /// dual-mapping volumes, copying hot groups of hybrid volumes to their fast tier), which a
+    /// pool opened with a background GC also runs by itself; returns whether there was work.
     pub fn maintain(&self) -> Result<bool> {
         self.eng.log.check_writable()?;
         self.eng.maintain()

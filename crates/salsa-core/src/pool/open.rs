@@ -438,7 +438,13 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
                 sb.device_index
             )));
         }
-        *slot = Some((d.clone(), sb));
+        // The type recorded at format is the member's type (a file cannot say it is a disk).
+        let d = if d.zones().is_none() {
+            crate::device::Declared::wrap(d.clone(), sb.storage_type)
+        } else {
+            d.clone()
+        };
+        *slot = Some((d, sb));
     }
     let tolerated = first.array.tolerated_failures(first.device_count);
     let missing: Vec<u32> = (0..first.device_count).filter(|i| ordered[*i as usize].is_none()).collect();

@@ -39,7 +39,7 @@ pub struct Stats {
     /// Memory held by the per-grain checksum table.
     pub crc_table_memory_bytes: u64,
     /// Segments per state: free, staged (open), allocated, victim, pending-free, checkpoint.
-    pub segments_by_state: [u32; 6],
+    pub segments_by_state: [u32; 7],
     /// Segments the GC gave up on because their metadata did not account for every page the
     /// map places there (damage, or an accounting bug): their space is lost until reopen.
     pub unmovable_segments: u32,
@@ -97,7 +97,10 @@ impl Pool {
                 device_counters.push((m.device.name().to_string(), k, v));
             }
         }
-        let members = self.eng.log.array().member_status();
+        let mut members = self.eng.log.array().member_status();
+        for (status, m) in members.iter_mut().zip(self.eng.log.array().members()) {
+            status.storage_type = m.device.storage_type().name().to_string();
+        }
         let array_bytes: u64 = members.iter().map(|m| m.bytes_written).sum();
         let array_bytes = if self.eng.log.array().kind() == crate::ArrayKind::Linear {
             dev
@@ -141,7 +144,7 @@ impl Pool {
             map_memory_bytes: vols.iter().map(|v| v.map_memory_bytes).sum(),
             crc_table_memory_bytes: self.eng.log.crc_table().len() as u64 * 4,
             segments_by_state: {
-                let mut by = [0u32; 6];
+                let mut by = [0u32; 7];
                 for s in self.eng.log.capacity().segments() {
                     by[s.state() as usize] += 1;
                 }

@@ -27,6 +27,8 @@ pub struct VolumeSpec {
     /// Dual mapping: most small pages the sparse map holds; `None`: the default for the
     /// volume's size ([`crate::controller::dual::default_sparse_pages`]).
     pub sparse_pages: Option<u64>,
+    /// Hybrid: group size, fast-tier bound, promotion rate, temperature half-life.
+    pub hybrid: crate::controller::hybrid::HybridSpec,
 }
 
 impl VolumeSpec {
@@ -38,6 +40,7 @@ impl VolumeSpec {
             placement: None,
             victim: None,
             sparse_pages: None,
+            hybrid: Default::default(),
         }
     }
 
@@ -45,6 +48,14 @@ impl VolumeSpec {
     pub fn dual(page_bytes: u32) -> VolumeSpec {
         VolumeSpec {
             controller: ControllerKind::Dual,
+            ..VolumeSpec::lsa(page_bytes)
+        }
+    }
+
+    /// A hybrid volume of `page_bytes` pages with the pool's policies and default tiering.
+    pub fn hybrid(page_bytes: u32) -> VolumeSpec {
+        VolumeSpec {
+            controller: ControllerKind::Hybrid,
             ..VolumeSpec::lsa(page_bytes)
         }
     }
@@ -97,6 +108,9 @@ impl Pool {
     pub fn create_volume_spec(&self, name: &str, size_bytes: u64, spec: &VolumeSpec) -> Result<Volume> {
         self.eng.log.check_writable()?;
         validate_volume(name, spec.page_bytes, self.eng.log.geo().grain_bytes, size_bytes)?;
+        if spec.controller == ControllerKind::Hybrid {
+            self.check_hybrid_devices()?;
+        }
         let victim = spec.victim.clone().unwrap_or_default();
         let victim_policy = self.volume_victim_policy(&victim)?;
         let mut meta = self.eng.log.meta().lock();
@@ -130,6 +144,27 @@ impl Pool {
             eng: self.eng.clone(),
             vol,
         })
+    }
+
+    /// A hybrid volume needs a linear pool with both a slow device (its data) and a fast one
+    /// (its copies).
+    fn check_hybrid_devices(&self) -> Result<()> {
+        let array = self.eng.log.array();
+        if array.kind() != crate::ArrayKind::Linear {
+            return Err(Error::InvalidArgument(format!(
+                "a hybrid volume needs a linear pool (this one is {})",
+                array.kind().name()
+            )));
+        }
+        let types: Vec<crate::StorageType> = self.eng.log.capacity().segments().iter().map(|s| s.storage_type).collect();
+        let slow = types.iter().any(|t| crate::log::SLOW_TYPES.contains(t));
+        let fast = types.iter().any(|t| t.is_fast());
+        if !(slow && fast) {
+            return Err(Error::InvalidArgument(
+                "a hybrid volume needs a slow device (a disk: declare it with PATH@hdd, or an hdd:/hmsmr: model) for its data and a fast one (flash or NVM) for copies of hot data; this pool has not both".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The victim policy a volume names (`""`: the pool's, `None`), built; refuses an unknown
@@ -237,6 +272,7 @@ impl Pool {
         // land before their segments can be reused.
         self.eng.log.remove_streams(vol.id())?;
         self.eng.volumes.write().remove(&vol.id());
+        vol.release(&self.eng.log);
         self.eng.flush()?;
         self.eng.log.add_mapped_grains(-(vol.mapped_grains() as i64));
         self.eng.log.capacity().free_owned_by(vol.id());

@@ -769,6 +769,7 @@ impl Array for RaidArray {
             .zip(&self.health)
             .map(|(slot, h)| MemberStatus {
                 name: slot.read().0.name().to_string(),
+                storage_type: String::new(),
                 failed: h.failed.load(SeqCst),
                 rebuilding: h.rebuilding.load(SeqCst),
                 bytes_read: h.bytes_read.load(SeqCst),

@@ -12,12 +12,13 @@ mod io;
 
 use super::map::{Entry, PageMap};
 use super::{Controller, ControllerStats, Reference, ScannedRecord};
+use crate::device::StorageType;
 use crate::error::{Error, Result};
 use crate::format::{MetaEntry, RecordMeta, StreamKind, VolumeRecord};
 use crate::log::capacity::Purpose;
 use crate::log::payload::WriteBuffer;
 use crate::log::stream::{PageData, Streams};
-use crate::log::{Log, PageRead};
+use crate::log::{Log, PageRead, ANY_TYPE};
 use crate::policy::placement::{Placement, Relocation, SegmentView, StreamLayout, UserWrite};
 use crate::util::Decoder;
 use arc_swap::ArcSwap;
@@ -62,10 +63,10 @@ struct Placing {
 }
 
 impl Placing {
-    fn new(volume_id: u32, page_grains: u32, placement: Box<dyn Placement>, name: &str) -> Placing {
+    fn new(volume_id: u32, page_grains: u32, placement: Box<dyn Placement>, name: &str, types: &'static [StorageType]) -> Placing {
         let layout = StreamLayout::of(placement.as_ref());
         Placing {
-            streams: Arc::new(Streams::new(volume_id, page_grains, layout)),
+            streams: Arc::new(Streams::new(volume_id, page_grains, layout).on_types(types)),
             placement,
             name: name.to_string(),
         }
@@ -110,6 +111,17 @@ struct Replay {
 impl LsaVolume {
     /// A volume as recorded in the volume table, with an empty map and its placement policy.
     pub fn new(rec: &VolumeRecord, map: PageMap, grain_bytes: u32, placement: Box<dyn Placement>) -> LsaVolume {
+        LsaVolume::on_types(rec, map, grain_bytes, placement, &ANY_TYPE)
+    }
+
+    /// [`LsaVolume::new`], writing only segments of `types` (a hybrid volume's slow tier).
+    pub fn on_types(
+        rec: &VolumeRecord,
+        map: PageMap,
+        grain_bytes: u32,
+        placement: Box<dyn Placement>,
+        types: &'static [StorageType],
+    ) -> LsaVolume {
         let page_grains = rec.page_bytes / grain_bytes;
         LsaVolume {
             id: rec.id,
@@ -118,7 +130,7 @@ impl LsaVolume {
             page_grains,
             size_bytes: AtomicU64::new(rec.size_bytes),
             map: RwLock::new(map),
-            placing: ArcSwap::from_pointee(Placing::new(rec.id, page_grains, placement, &rec.placement)),
+            placing: ArcSwap::from_pointee(Placing::new(rec.id, page_grains, placement, &rec.placement, types)),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             mapped_pages: AtomicU64::new(0),
             relocated_bytes: AtomicU64::new(0),
@@ -158,7 +170,8 @@ impl LsaVolume {
     pub fn replace_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()> {
         log.remove_streams(self.id)?;
         placement.resize(self.map.read().pages());
-        let placing = Placing::new(self.id, self.page_grains, placement, name);
+        let types = self.placing.load().streams.types();
+        let placing = Placing::new(self.id, self.page_grains, placement, name, types);
         let streams = placing.streams.clone();
         self.placing.store(Arc::new(placing));
         log.add_streams(self.id, streams);

@@ -1,0 +1,289 @@
+//! The hybrid controller: data on the slow tier only, hot groups copied to the fast tier and
+//! read from there, copies kept coherent with writes and trims, a failing fast device costing
+//! speed and not data, the pool starting cold after a reopen, and the GC cleaning the slow
+//! tier while the fast one has free segments.
+
+mod common;
+use common::*;
+use salsa_core::device::{Declared, FaultDevice, FaultPlan, MemoryDevice};
+use salsa_core::{Device, Error, HybridSpec, Pool, StorageType, VolumeSpec};
+use std::sync::Arc;
+
+const GROUP_PAGES: u64 = 16;
+const GROUP_BYTES: u64 = GROUP_PAGES * PAGE as u64;
+
+fn disk(mib: u64) -> Arc<dyn Device> {
+    Declared::wrap(Arc::new(MemoryDevice::new("disk", mib * MIB)), StorageType::Hdd)
+}
+
+fn flash(mib: u64) -> Arc<dyn Device> {
+    Arc::new(MemoryDevice::new("flash", mib * MIB))
+}
+
+fn hybrid_spec() -> VolumeSpec {
+    VolumeSpec {
+        hybrid: HybridSpec {
+            group_pages: Some(GROUP_PAGES),
+            promote_bytes_per_s: Some(1 << 30),
+            half_life_ms: Some(3_600_000),
+            ..HybridSpec::default()
+        },
+        ..VolumeSpec::hybrid(PAGE as u32)
+    }
+}
+
+fn stats(pool: &Pool, name: &str) -> salsa_core::VolumeStats {
+    pool.stats().volumes.into_iter().find(|v| v.name == name).unwrap()
+}
+
+fn read_all(pool: &Pool, name: &str, size: u64) -> Vec<u8> {
+    let mut buf = vec![0u8; size as usize];
+    pool.volume(name).unwrap().read(0, &mut buf).unwrap();
+    buf
+}
+
+fn assert_same(got: &[u8], want: &[u8], what: &str) {
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("{what}: byte {i} (page {}) differs", i / PAGE);
+    }
+}
+
+/// Reads groups `groups` `times` times each, then lets maintenance copy them.
+fn make_hot(pool: &Pool, name: &str, groups: std::ops::Range<u64>, times: usize) {
+    let vol = pool.volume(name).unwrap();
+    let mut buf = vec![0u8; GROUP_BYTES as usize];
+    for _ in 0..times {
+        for g in groups.clone() {
+            vol.read(g * GROUP_BYTES, &mut buf).unwrap();
+        }
+    }
+    while pool.maintain().unwrap() {}
+}
+
+#[test]
+fn a_hybrid_volume_needs_a_slow_and_a_fast_device() {
+    let opts = inline_gc();
+    let pool = Pool::create(vec![flash(32), flash(32)], &tiny_config(), &opts).unwrap();
+    let e = pool.create_volume_spec("h", 4 * MIB, &hybrid_spec()).err().unwrap();
+    assert!(
+        matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("slow device"),
+        "{e}"
+    );
+    let pool = Pool::create(vec![disk(32)], &tiny_config(), &opts).unwrap();
+    assert!(pool.create_volume_spec("h", 4 * MIB, &hybrid_spec()).is_err(), "no fast device");
+    let pool = Pool::create(vec![disk(32), flash(16)], &tiny_config(), &opts).unwrap();
+    let bad = VolumeSpec {
+        hybrid: HybridSpec {
+            group_pages: Some(3),
+            ..HybridSpec::default()
+        },
+        ..VolumeSpec::hybrid(PAGE as u32)
+    };
+    assert!(pool.create_volume_spec("h", 4 * MIB, &bad).is_err(), "a group of 3 pages");
+    let lsa_with_tiering = VolumeSpec {
+        hybrid: hybrid_spec().hybrid,
+        ..VolumeSpec::lsa(PAGE as u32)
+    };
+    assert!(pool.create_volume_spec("h", 4 * MIB, &lsa_with_tiering).is_err());
+    assert!(pool.volume("h").is_err(), "nothing was created");
+    pool.create_volume_spec("h", 4 * MIB, &hybrid_spec()).unwrap();
+    let v = stats(&pool, "h");
+    assert_eq!(v.controller, "hybrid");
+    assert!(v.settings.contains(&("group_pages".to_string(), GROUP_PAGES)), "{:?}", v.settings);
+}
+
+#[test]
+fn data_stays_on_the_slow_tier_and_hot_groups_are_read_from_the_fast_one() {
+    let opts = inline_gc();
+    let pool = Pool::create(vec![disk(20), flash(16)], &tiny_config(), &opts).unwrap();
+    let size = 8 * MIB;
+    let vol = pool.create_volume_spec("h", size, &hybrid_spec()).unwrap();
+    let mut model: Vec<u8> = (0..size / PAGE as u64).flat_map(|p| pattern(1, p, 0)).collect();
+    vol.write(0, &model).unwrap();
+    vol.flush().unwrap();
+    for page in 0..size / PAGE as u64 {
+        let g = vol.page_location(page).expect("mapped");
+        assert_eq!(pool.storage_type_at(g), Some(StorageType::Hdd), "page {page} is on the slow tier");
+    }
+    assert_eq!(stats(&pool, "h").promotions, 0, "writes do not heat");
+    // Groups 2..6 read hot; group 9 read once.
+    make_hot(&pool, "h", 2..6, 6);
+    make_hot(&pool, "h", 9..10, 1);
+    let v = stats(&pool, "h");
+    assert_eq!(v.promotions, 4, "{v:?}");
+    assert_eq!(v.fast_tier_bytes, 4 * GROUP_BYTES);
+    let before = v.fast_read_bytes;
+    let got = read_all(&pool, "h", size);
+    assert_same(&got, &model, "after promotion");
+    let v = stats(&pool, "h");
+    assert_eq!(
+        v.fast_read_bytes - before,
+        4 * GROUP_BYTES,
+        "the hot groups came from the fast tier"
+    );
+    // An overwrite of part of a copied group, and a trim of another part: the copy no longer
+    // serves those pages; the others still come from it.
+    let at = 3 * GROUP_BYTES + 5 * PAGE as u64;
+    let new: Vec<u8> = (0..3u64).flat_map(|i| pattern(1, at / PAGE as u64 + i, 1)).collect();
+    model[at as usize..at as usize + new.len()].copy_from_slice(&new);
+    vol.write(at, &new).unwrap();
+    let trim_at = 4 * GROUP_BYTES + 2 * PAGE as u64;
+    vol.trim(trim_at, 4 * PAGE as u64).unwrap();
+    model[trim_at as usize..trim_at as usize + 4 * PAGE].fill(0);
+    // An unaligned read across the boundary of a copied group and a cold one.
+    let mut part = vec![0u8; GROUP_BYTES as usize];
+    vol.read(6 * GROUP_BYTES - 1000, &mut part).unwrap();
+    assert_same(
+        &part,
+        &model[(6 * GROUP_BYTES - 1000) as usize..(7 * GROUP_BYTES - 1000) as usize],
+        "unaligned",
+    );
+    let before = stats(&pool, "h").fast_read_bytes;
+    assert_same(&read_all(&pool, "h", size), &model, "after overwrite and trim");
+    let v = stats(&pool, "h");
+    assert_eq!(
+        v.fast_read_bytes - before,
+        4 * GROUP_BYTES - 7 * PAGE as u64,
+        "the changed pages came from the slow tier"
+    );
+    assert_eq!(v.fast_tier_bytes, 4 * GROUP_BYTES - 7 * PAGE as u64);
+    // The GC moving slow pages under the copies does not make them stale.
+    for round in 0..4u64 {
+        for p in (0..size / PAGE as u64).filter(|p| p / GROUP_PAGES >= 8) {
+            let data = pattern(1, p, 10 + round);
+            model[p as usize * PAGE..(p as usize + 1) * PAGE].copy_from_slice(&data);
+            vol.write(p * PAGE as u64, &data).unwrap();
+        }
+    }
+    assert!(pool.stats().gc_segments_cleaned > 0, "the GC ran");
+    assert_same(&read_all(&pool, "h", size), &model, "after GC");
+}
+
+#[test]
+fn copies_cool_down_and_go_and_a_deleted_volume_gives_its_fast_segments_back() {
+    let opts = inline_gc();
+    let pool = Pool::create(vec![disk(48), flash(16)], &tiny_config(), &opts).unwrap();
+    let spec = VolumeSpec {
+        hybrid: HybridSpec {
+            half_life_ms: Some(50),
+            ..hybrid_spec().hybrid
+        },
+        ..hybrid_spec()
+    };
+    let free_before = pool.stats().free_segments;
+    let vol = pool.create_volume_spec("h", 4 * MIB, &spec).unwrap();
+    vol.write(0, &vec![7u8; 4 * MIB as usize]).unwrap();
+    make_hot(&pool, "h", 0..4, 8);
+    let v = stats(&pool, "h");
+    assert!(v.promotions >= 1 && v.fast_tier_segments >= 1, "{v:?}");
+    // Unread for many half-lives, the copies are demoted and the segments given back.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    while pool.maintain().unwrap() {}
+    let v = stats(&pool, "h");
+    assert_eq!((v.demotions, v.fast_tier_bytes), (v.promotions, 0), "{v:?}");
+    make_hot(&pool, "h", 0..4, 8);
+    assert!(stats(&pool, "h").fast_tier_segments >= 1);
+    pool.delete_volume("h").unwrap();
+    pool.flush().unwrap();
+    assert_eq!(pool.stats().free_segments, free_before, "every segment came back");
+}
+
+#[test]
+fn a_failing_fast_device_costs_speed_not_data() {
+    let opts = inline_gc();
+    let fast = Arc::new(FaultDevice::new(flash(16), FaultPlan::default()));
+    let pool = Pool::create(vec![disk(48), fast.clone()], &tiny_config(), &opts).unwrap();
+    let size = 4 * MIB;
+    let vol = pool.create_volume_spec("h", size, &hybrid_spec()).unwrap();
+    let model: Vec<u8> = (0..size / PAGE as u64).flat_map(|p| pattern(2, p, 0)).collect();
+    vol.write(0, &model).unwrap();
+    make_hot(&pool, "h", 0..8, 6);
+    assert_eq!(stats(&pool, "h").promotions, 8);
+    // The copies go bad on the media: checksums catch it, the slow tier answers.
+    fast.set_plan(FaultPlan {
+        flip_bits_at: (0..16 * MIB).step_by(4096).collect(),
+        ..FaultPlan::default()
+    });
+    assert_same(&read_all(&pool, "h", size), &model, "copies with flipped bits");
+    // Then it fails every read: the tier stops, the data is all there.
+    fast.set_plan(FaultPlan {
+        fail_reads: true,
+        ..FaultPlan::default()
+    });
+    assert_same(&read_all(&pool, "h", size), &model, "a fast device failing reads");
+    let v = stats(&pool, "h");
+    assert!(v.fast_tier_failed, "{v:?}");
+    assert_eq!(v.fast_tier_bytes, 0);
+    make_hot(&pool, "h", 0..8, 6);
+    assert_eq!(stats(&pool, "h").promotions, 8, "a failed tier copies nothing more");
+    assert_same(&read_all(&pool, "h", size), &model, "after the failure");
+    vol.write(0, &model[..PAGE]).unwrap();
+    vol.flush().unwrap();
+}
+
+#[test]
+fn a_reopened_pool_starts_cold_with_every_byte_in_place() {
+    let opts = inline_gc();
+    let devs = vec![disk(48), flash(16)];
+    let pool = Pool::create(devs.clone(), &tiny_config(), &opts).unwrap();
+    let size = 4 * MIB;
+    let vol = pool.create_volume_spec("h", size, &hybrid_spec()).unwrap();
+    let model: Vec<u8> = (0..size / PAGE as u64).flat_map(|p| pattern(3, p, 0)).collect();
+    vol.write(0, &model).unwrap();
+    make_hot(&pool, "h", 0..16, 6);
+    assert!(stats(&pool, "h").fast_tier_segments > 0);
+    let free_cold = pool.stats().free_segments + stats(&pool, "h").fast_tier_segments as u32;
+    pool.close().unwrap();
+    let pool = Pool::open(devs.clone(), &opts).unwrap();
+    let v = stats(&pool, "h");
+    assert_eq!((v.fast_tier_bytes, v.fast_tier_segments), (0, 0));
+    assert_eq!(pool.stats().free_segments, free_cold, "the fast tier's segments are free again");
+    assert_same(&read_all(&pool, "h", size), &model, "after a clean reopen");
+    // The same after a crash (no clean shutdown: the recovery scan must not take a copy for
+    // records).
+    make_hot(&pool, "h", 0..16, 6);
+    drop(pool);
+    let pool = Pool::open(devs, &opts).unwrap();
+    assert_same(&read_all(&pool, "h", size), &model, "after a reopen without close");
+    assert_eq!(stats(&pool, "h").fast_tier_segments, 0);
+}
+
+#[test]
+fn the_gc_cleans_the_slow_tier_while_the_fast_one_has_free_segments() {
+    // 24 MiB of disk under a 12 MiB volume overwritten many times, 32 MiB of mostly idle
+    // flash (an LSA volume keeps a little data there): the hybrid volume's writers need slow
+    // segments while the pool as a whole has plenty free, and the background GC must see it.
+    let pool = Arc::new(Pool::create(vec![disk(24), flash(32)], &tiny_config(), &salsa_core::OpenOptions::default()).unwrap());
+    let size = 12 * MIB;
+    let vol = pool.create_volume_spec("h", size, &hybrid_spec()).unwrap();
+    let other = pool.create_volume_spec("l", MIB, &VolumeSpec::lsa(PAGE as u32)).unwrap();
+    other.write(0, &vec![1u8; MIB as usize]).unwrap();
+    let pages = size / PAGE as u64;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let writer = std::thread::spawn(move || {
+        let mut model = vec![0u8; size as usize];
+        let mut x = 12345u64;
+        for i in 0..pages * 5 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let p = if i < pages { i } else { x % pages };
+            let data = pattern(4, p, i);
+            model[p as usize * PAGE..(p as usize + 1) * PAGE].copy_from_slice(&data);
+            vol.write(p * PAGE as u64, &data).unwrap();
+        }
+        vol.flush().unwrap();
+        let _ = done_tx.send(());
+        (vol, model)
+    });
+    done_rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the writers stalled: the GC did not clean the slow tier");
+    let (vol, model) = writer.join().unwrap();
+    assert!(pool.stats().gc_segments_cleaned > 10);
+    for page in 0..pages {
+        let g = vol.page_location(page).unwrap();
+        assert_eq!(pool.storage_type_at(g), Some(StorageType::Hdd));
+    }
+    assert_same(&read_all(&pool, "h", size), &model, "after GC on the slow tier");
+}
