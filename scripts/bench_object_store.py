@@ -22,6 +22,7 @@ Prints one JSON object with both targets and the ratios; needs root (loop device
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -64,15 +65,17 @@ def run(cmd, **kw):
     return r.stdout
 
 
-def one_target(name, serve_args, export, workload_args, work):
-    """Serves, attaches, makes XFS, runs the workload with `workload_args`; returns its
-    report."""
-    d = os.path.join(work, name)
+@contextlib.contextmanager
+def xfs_over_salsa(d, serve_args, export, loop_args=()):
+    """Serves `serve_args` from directory `d`, attaches export `export` with nbdfuse and a loop
+    device (`loop_args` given to losetup), makes XFS on it and mounts it; yields (mount point,
+    control socket, loop device). Unmounts, checks the file system with xfs_repair -n and
+    stops everything on the way out."""
     os.makedirs(d)
     sock, ctl = os.path.join(d, "nbd.sock"), os.path.join(d, "pool.ctl")
     log = open(os.path.join(d, "serve.log"), "w")
     server = subprocess.Popen(
-        [salsa_binary(), "serve", "--no-tcp", "--unix", sock, "--control", ctl] + serve_args, stdout=log, stderr=log
+        [salsa_binary(), "serve", "--no-tcp", "--unix", sock, "--control", ctl] + list(serve_args), stdout=log, stderr=log
     )
     fuse_dir, mnt = os.path.join(d, "fuse"), os.path.join(d, "mnt")
     os.makedirs(fuse_dir)
@@ -84,24 +87,14 @@ def one_target(name, serve_args, export, workload_args, work):
         wait_for(ctl, "the control socket", server)
         fuse = subprocess.Popen(["nbdfuse", fuse_dir, "nbd+unix:///%s?socket=%s" % (export, sock)])
         wait_for(os.path.join(fuse_dir, "nbd"), "the nbdfuse node", fuse)
-        loop = run(["losetup", "-f", "--show", os.path.join(fuse_dir, "nbd")]).strip()
+        loop = run(["losetup", "-f", "--show"] + list(loop_args) + [os.path.join(fuse_dir, "nbd")]).strip()
         run(["mkfs.xfs", "-q", "-f", loop])
         run(["mount", loop, mnt])
         mounted = True
-        out = run([sys.executable, os.path.join(HERE, "object_store.py"), "--dir", mnt, "--stats-socket", ctl] + workload_args)
-        report = json.loads(out.strip().splitlines()[-1])
+        yield mnt, ctl, loop
         run(["umount", mnt])
         mounted = False
         run(["xfs_repair", "-n", loop])
-        if "phases" in report:
-            return report
-        model_seconds = report["device"].get("model_time_us", 0) / 1e6
-        report["model_seconds"] = model_seconds
-        report["ops_per_model_second"] = report["ops"] / model_seconds if model_seconds > 0 else None
-        report["written_mib_per_model_second"] = (
-            report["bytes_written"] / (1 << 20) / model_seconds if model_seconds > 0 else None
-        )
-        return report
     finally:
         if mounted:
             subprocess.run(["umount", mnt])
@@ -113,6 +106,21 @@ def one_target(name, serve_args, export, workload_args, work):
         server.terminate()
         server.wait()
         log.close()
+
+
+def one_target(name, serve_args, export, workload_args, work):
+    """Serves, attaches, makes XFS, runs the workload with `workload_args`; returns its
+    report."""
+    with xfs_over_salsa(os.path.join(work, name), serve_args, export) as (mnt, ctl, _):
+        out = run([sys.executable, os.path.join(HERE, "object_store.py"), "--dir", mnt, "--stats-socket", ctl] + workload_args)
+        report = json.loads(out.strip().splitlines()[-1])
+    if "phases" in report:
+        return report
+    model_seconds = report["device"].get("model_time_us", 0) / 1e6
+    report["model_seconds"] = model_seconds
+    report["ops_per_model_second"] = report["ops"] / model_seconds if model_seconds > 0 else None
+    report["written_mib_per_model_second"] = report["bytes_written"] / (1 << 20) / model_seconds if model_seconds > 0 else None
+    return report
 
 
 def phased(args, raw_serve, dual_serve):

@@ -103,13 +103,16 @@ struct FormatArgs {
     /// with --controller dual).
     #[arg(long, value_parser = parse_size)]
     page_size: Option<u64>,
-    /// Controller of the default volume: lsa (a page map) or dual (large pages and a sparse
-    /// map of small ones; see `salsa volume create --help`).
-    #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual"])]
+    /// Controller of the default volume: lsa (a page map), dual (large pages and a sparse map
+    /// of small ones) or hybrid (data on the pool's disks, hot data copied to its flash); see
+    /// `salsa volume create --help`.
+    #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual", "hybrid"])]
     controller: String,
     /// With --controller dual: most 4 KiB pages the default volume's sparse map holds.
     #[arg(long)]
     sparse_pages: Option<u64>,
+    #[command(flatten)]
+    hybrid: commands::admin::HybridArgs,
     /// GC victim selection policy (`salsa policies` lists them).
     #[arg(long, alias = "gc-policy", default_value = "aging-greedy")]
     victim: String,
@@ -172,10 +175,16 @@ impl FormatArgs {
     fn create_default_volume(&self, pool: &Pool) -> Result<u64, String> {
         let spec = VolumeSpec {
             sparse_pages: self.sparse_pages,
+            hybrid: self.hybrid.spec(),
             ..volume_spec(&self.controller, self.page_size)?
         };
         let page_bytes = spec.page_bytes.max(1) as u64;
-        let mut logical = pool.logical_capacity_bytes();
+        let mut logical = if spec.controller == ControllerKind::Hybrid {
+            // Its data lives on the slow devices only; the fast ones hold copies.
+            pool.slow_capacity_bytes()
+        } else {
+            pool.logical_capacity_bytes()
+        };
         if spec.controller == ControllerKind::Dual {
             // Its small pages take room on top of the large pages they overlay.
             let g = pool.geometry();

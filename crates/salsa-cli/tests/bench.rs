@@ -477,3 +477,46 @@ fn object_store_on_a_drive_managed_smr_model_raw_against_dual_mapping() {
         "SALSA dual did {ratio:.2}x the raw model's operations per modelled second"
     );
 }
+
+/// The video-server case study, short: videos on XFS over nbdfuse, a writer adding one per
+/// interval and readers reading the popular ones, on a disk model served raw, through SALSA on
+/// the disk, and through a hybrid volume on the disk plus an SSD model. Every chunk must read
+/// back as written, the hybrid must have copied the popular videos to the SSD and read them
+/// from there, and its read throughput per modelled second in the second half must be well
+/// above the raw disk's.
+#[test]
+fn video_server_on_a_disk_raw_against_salsa_and_a_hybrid_volume() {
+    for tool in ["nbdfuse", "mkfs.xfs", "xfs_repair", "losetup"] {
+        let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap();
+        assert!(found.status.success(), "{tool} is not installed; run scripts/install-deps.sh");
+    }
+    let dir = scratch("video");
+    let out = dir.join("report.json");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench_video.py");
+    let run = Command::new("python3")
+        .arg(script)
+        .arg("--quick")
+        .arg("--out")
+        .arg(&out)
+        .env("SALSA_BIN", env!("CARGO_BIN_EXE_salsa"))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    for target in ["raw", "salsa", "hybrid"] {
+        assert_eq!(r["targets"][target]["bad_chunks"], 0, "{target} read back what was written");
+        assert_eq!(r["targets"][target]["write_keeps_up"], true, "{target}");
+    }
+    let last = r["targets"]["hybrid"]["intervals"].as_array().unwrap().last().unwrap().clone();
+    assert!(last["promotions"].as_u64().unwrap() > 0, "{last}");
+    let ssd_reads: u64 = last["devices"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| name.ends_with(".ssd"))
+        .map(|(_, d)| d["read_phase"]["host_read_bytes"].as_u64().unwrap())
+        .sum();
+    assert!(ssd_reads > 0, "the hybrid read the popular videos from the SSD: {last}");
+    let ratio = r["ratio_steady_read_vs_raw"]["hybrid"].as_f64().unwrap();
+    assert!(ratio > 5.0, "the hybrid read {ratio:.1}x the raw disk per modelled second");
+}

@@ -114,3 +114,57 @@ fn timed_disk_charges_seeks_only_for_jumps() {
     d.write_at(&[0u8; 4096], 32 * MIB).unwrap();
     assert_eq!(counter(&d, "seeks"), 2);
 }
+
+/// Counts the reads that reach a device.
+struct CountingReads {
+    inner: Arc<dyn Device>,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl Device for CountingReads {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    salsa_core::forward_device_properties!(inner);
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.inner.sync()
+    }
+}
+
+#[test]
+fn pages_written_in_one_run_are_read_back_in_one_device_read() {
+    // Page by page, concurrent readers interleave their pages at a disk and pay a seek for
+    // each; a run read whole pays one.
+    let disk = Arc::new(CountingReads {
+        inner: Arc::new(MemoryDevice::new("disk", 64 << 20)),
+        reads: Default::default(),
+    });
+    let opts = salsa_core::OpenOptions {
+        background_gc: false,
+        read_cache_bytes: 0,
+        ..salsa_core::OpenOptions::default()
+    };
+    let cfg = salsa_core::PoolConfig {
+        segment_bytes: Some(4 << 20),
+        ..salsa_core::PoolConfig::default()
+    };
+    let pool = salsa_core::Pool::create(vec![disk.clone() as Arc<dyn Device>], &cfg, &opts).unwrap();
+    let vol = pool.create_volume("v", 16 << 20, 4096).unwrap();
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i / 4096) as u8 ^ (i as u8)).collect();
+    vol.write(0, &data).unwrap();
+    vol.flush().unwrap();
+    let before = disk.reads.load(std::sync::atomic::Ordering::SeqCst);
+    let mut back = vec![0u8; data.len()];
+    vol.read(0, &mut back).unwrap();
+    assert!(back == data);
+    // 256 pages in a few records (metadata pages between them): a handful of reads, not 256.
+    let used = disk.reads.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert!(used <= 20, "{used} device reads for 1 MiB written in one go");
+}

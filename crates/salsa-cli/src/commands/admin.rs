@@ -304,7 +304,7 @@ pub struct HybridArgs {
 }
 
 impl HybridArgs {
-    fn spec(&self) -> salsa_core::HybridSpec {
+    pub(crate) fn spec(&self) -> salsa_core::HybridSpec {
         salsa_core::HybridSpec {
             group_pages: self.group_pages,
             tier_bytes: self.tier_size,

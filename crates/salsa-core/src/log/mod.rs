@@ -778,6 +778,83 @@ impl Log {
         Ok(PageRead::Intact)
     }
 
+    /// Reads pages of `page_bytes` stored at ascending physical grains `grains`, all in one
+    /// segment and close together (a record's metadata page may sit between two), into `outs`
+    /// (one buffer per page) with one device read of the span, and checks each against its
+    /// checksum: a file read sequentially costs a disk one seek, not one per page or record.
+    /// `still_mapped(i)` tells, after the segment's generation is noted, whether the caller's
+    /// map still points page `i` at `grains[i]`. Returns per page what it found; the caller
+    /// reads a `Moved` or `Damaged` page again with [`Log::read_page`] (which repairs from
+    /// redundancy). `None` when some of the segment is still in records being written (the
+    /// caller then reads page by page).
+    pub fn read_run(
+        &self,
+        grains: &[u64],
+        page_bytes: usize,
+        outs: &mut [&mut [u8]],
+        still_mapped: impl Fn(usize) -> bool,
+    ) -> Result<Option<Vec<PageRead>>> {
+        let gb = self.geo.grain_bytes as u64;
+        let page_grains = page_bytes as u64 / gb;
+        let (Some(&first), Some(&last)) = (grains.first(), grains.last()) else {
+            return Ok(Some(Vec::new()));
+        };
+        let n = grains.len();
+        let info = self.capacity.segment(self.geo.segment_of(first));
+        assert_eq!(
+            self.geo.segment_of(first),
+            self.geo.segment_of(last + page_grains - 1),
+            "a run stays in one segment"
+        );
+        if !info.records.lock().is_empty() {
+            return Ok(None);
+        }
+        let generation = info.generation.load(SeqCst);
+        let mut found: Vec<PageRead> = (0..n)
+            .map(|i| if still_mapped(i) { PageRead::Intact } else { PageRead::Moved })
+            .collect();
+        let crc_of = |i: usize| self.crc_table[grains[i] as usize].load(SeqCst);
+        // Pages the DRAM cache has need no device read; when it has them all, none is done.
+        let cache = self.read_cache.get();
+        let mut from_cache = vec![false; n];
+        if let Some(c) = cache {
+            for i in 0..n {
+                from_cache[i] = found[i] == PageRead::Intact && c.get(grains[i], generation, crc_of(i), outs[i]);
+            }
+        }
+        if from_cache.iter().all(|c| *c) {
+            return Ok(Some(found));
+        }
+        let span_bytes = ((last + page_grains - first) * gb) as usize;
+        let mut tmp = self.buffers.get(span_bytes);
+        let read = self.array.read(first, &mut tmp);
+        if let Err(e) = read {
+            self.buffers.put(tmp);
+            return Err(e);
+        }
+        let reused = info.generation.load(SeqCst) != generation;
+        for i in 0..n {
+            if from_cache[i] || found[i] != PageRead::Intact {
+                continue;
+            }
+            let at = ((grains[i] - first) * gb) as usize;
+            let bytes = &tmp[at..at + page_bytes];
+            found[i] = if reused {
+                PageRead::Moved
+            } else if crc32c::crc32c(bytes) != crc_of(i) {
+                PageRead::Damaged
+            } else {
+                outs[i].copy_from_slice(bytes);
+                if let Some(c) = cache {
+                    c.insert(grains[i], generation, bytes);
+                }
+                PageRead::Intact
+            };
+        }
+        self.buffers.put(tmp);
+        Ok(Some(found))
+    }
+
     // ----- space -----
 
     /// Grains the pool can hold as mapped data while leaving the GC room to work: the data

@@ -456,11 +456,11 @@ impl Tier {
                 let page = first_page + i;
                 if page >= map.pages() || !matches!(map.load(page), Entry::Mapped(_)) {
                     absent.push(i);
-                    continue;
                 }
-                slow.read_page(log, &map, page, &mut buf[i as usize * pb..(i as usize + 1) * pb])?;
             }
-            Ok(())
+            // The group's pages that exist, in runs (a group written in order is one read).
+            let pages = (map.pages().saturating_sub(first_page)).min(self.group_pages) as usize;
+            slow.read_pages(log, &map, first_page, &mut buf[..pages * pb])
         })();
         // The slot is written whatever happened, so the segment stays written in order.
         let written = log.array().write(grain0, &buf);

@@ -50,15 +50,23 @@ impl VolumeIo for LsaVolume {
         let pb = self.page_bytes as usize;
         let mut tmp = Vec::new();
         let mut done = 0;
+        // Whole pages are read in runs (see `read_pages`); partial ones at either end alone.
+        let mut run: Option<(u64, usize)> = None; // (first page, offset in `buf`)
         for (page, in_page, n) in page_pieces(offset, buf.len() as u64, self.page_bytes) {
             if n == pb {
-                self.read_page(log, &map, page, &mut buf[done..done + n])?;
+                run.get_or_insert((page, done));
             } else {
+                if let Some((first, at)) = run.take() {
+                    self.read_pages(log, &map, first, &mut buf[at..done])?;
+                }
                 tmp.resize(pb, 0);
                 self.read_page(log, &map, page, &mut tmp)?;
                 buf[done..done + n].copy_from_slice(&tmp[in_page..in_page + n]);
             }
             done += n;
+        }
+        if let Some((first, at)) = run {
+            self.read_pages(log, &map, first, &mut buf[at..done])?;
         }
         Ok(())
     }

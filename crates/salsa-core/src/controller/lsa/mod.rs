@@ -27,6 +27,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
 const STRIPES: usize = 256;
+/// Pages one device read of a run covers at most (1 MiB of 4 KiB pages): the buffer it needs
+/// is bounded.
+const MAX_RUN_PAGES: usize = 256;
+/// Grains a run reads over between two of its pages at most (a record's metadata page and
+/// some): 32 KiB of 4 KiB grains.
+const MAX_RUN_GAP_GRAINS: u64 = 8;
 
 /// A volume served by the LSA controller.
 pub struct LsaVolume {
@@ -369,6 +375,60 @@ impl LsaVolume {
                 }
             }
         }
+    }
+
+    /// Reads whole pages `[first, first + out.len() / page_bytes)`. The mapped pages of each
+    /// window of [`MAX_RUN_PAGES`] are read in clusters, each one device read
+    /// ([`Log::read_run`]): pages that lie close together in one segment, in whatever order
+    /// (the pages of one file written by concurrent requests land in records in the order the
+    /// requests got to the stream).
+    pub fn read_pages(&self, log: &Log, map: &PageMap, first: u64, out: &mut [u8]) -> Result<()> {
+        let pb = self.page_bytes as usize;
+        let pg = self.page_grains as u64;
+        let gps = log.geo().grains_per_segment as u64;
+        for (w, window) in out.chunks_mut(MAX_RUN_PAGES * pb).enumerate() {
+            let base = first + (w * MAX_RUN_PAGES) as u64;
+            // (grain, map entry as read, page, its buffer)
+            let mut mapped: Vec<(u64, u64, u64, &mut [u8])> = Vec::new();
+            for (k, chunk) in window.chunks_mut(pb).enumerate() {
+                let page = base + k as u64;
+                let raw = map.load_raw(page);
+                match map.encoding.decode(raw) {
+                    Entry::Mapped(g) => mapped.push((g, raw, page, chunk)),
+                    _ => self.read_page(log, map, page, chunk)?,
+                }
+            }
+            mapped.sort_unstable_by_key(|m| m.0);
+            let mut start = 0;
+            while start < mapped.len() {
+                let segment = mapped[start].0 / gps;
+                let mut end = start + 1;
+                // Reading over a small gap (a record's metadata page) costs less than a
+                // second request.
+                while end < mapped.len()
+                    && mapped[end].0 <= mapped[end - 1].0 + pg + MAX_RUN_GAP_GRAINS
+                    && (mapped[end].0 + pg - 1) / gps == segment
+                {
+                    end += 1;
+                }
+                let cluster = &mut mapped[start..end];
+                let found = if cluster.len() > 1 {
+                    let grains: Vec<u64> = cluster.iter().map(|c| c.0).collect();
+                    let raws: Vec<(u64, u64)> = cluster.iter().map(|c| (c.2, c.1)).collect();
+                    let mut outs: Vec<&mut [u8]> = cluster.iter_mut().map(|c| &mut *c.3).collect();
+                    log.read_run(&grains, pb, &mut outs, |k| map.load_raw(raws[k].0) == raws[k].1)?
+                } else {
+                    None
+                };
+                for (k, c) in cluster.iter_mut().enumerate() {
+                    if found.as_ref().is_none_or(|f| f[k] != PageRead::Intact) {
+                        self.read_page(log, map, c.2, c.3)?;
+                    }
+                }
+                start = end;
+            }
+        }
+        Ok(())
     }
 
     /// Trims whole pages `[first, first + count)`: they read as zeros, durably after a flush.
