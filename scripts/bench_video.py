@@ -35,6 +35,7 @@ Prints one JSON object; needs root (loop devices, mounts, dropping caches).
 
 import argparse
 import json
+import math
 import mmap
 import os
 import random
@@ -241,28 +242,32 @@ def chart(report):
     out.append('<rect width="100%" height="100%" fill="white"/>')
 
     def panel(y0, title, series, ylabel):
+        # A logarithmic axis (as the paper's Figure 9), from 1 MiB/s to the next power of ten.
         n = max(len(s) for _, s, _ in series)
-        top = max(max((v or 0) for v in s) for _, s, _ in series) or 1
+        top = max(max((v or 0) for v in s) for _, s, _ in series)
+        decades = max(1, math.ceil(math.log10(max(top, 10))))
         x = lambda i: pad + (w - 2 * pad) * i / max(1, n - 1)  # noqa: E731
-        y = lambda v: y0 + h - pad + (-(h - 2 * pad) * (v or 0) / top)  # noqa: E731
+        y = lambda v: y0 + h - pad - (h - 2 * pad) * min(decades, max(0.0, math.log10(max(v or 0, 1)))) / decades  # noqa: E731
         out.append('<text x="%d" y="%d" font-size="14">%s</text>' % (pad, y0 + 25, title))
         out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (pad, y0 + h - pad, w - pad, y0 + h - pad))
         out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (pad, y0 + pad, pad, y0 + h - pad))
-        out.append('<text x="%d" y="%d">%.0f</text>' % (5, y0 + pad + 4, top))
-        out.append('<text x="%d" y="%d">0</text>' % (pad - 15, y0 + h - pad + 4))
+        for d in range(decades + 1):
+            yy = y(10**d)
+            out.append('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#dddddd"/>' % (pad, yy, w - pad, yy))
+            out.append('<text x="%d" y="%.1f" text-anchor="end">%d</text>' % (pad - 5, yy + 4, 10**d))
         out.append('<text x="%d" y="%d">interval (one file written, the same files read)</text>' % (w / 2 - 120, y0 + h - pad + 30))
-        out.append('<text x="10" y="%d" transform="rotate(-90 10 %d)">%s</text>' % (y0 + h / 2 + 60, y0 + h / 2 + 60, ylabel))
+        out.append('<text x="12" y="%d" transform="rotate(-90 12 %d)">%s</text>' % (y0 + h / 2 + 60, y0 + h / 2 + 60, ylabel))
         for k, (label, s, colour) in enumerate(series):
             pts = " ".join("%.1f,%.1f" % (x(i), y(v)) for i, v in enumerate(s))
             out.append('<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>' % (colour, pts))
-            out.append('<text x="%d" y="%d" fill="%s">%s</text>' % (w - pad - 200, y0 + pad + 15 * k, colour, label))
+            out.append('<text x="%d" y="%d" fill="%s">%s</text>' % (w - pad - 200, y0 + h - pad - 40 + 15 * k, colour, label))
 
     t = report["targets"]
     panel(
         0,
         "Video server: read throughput per modelled second",
         [(name, [i["read_mib_per_model_second"] for i in t[name]["intervals"]], colours[name]) for name in ("raw", "salsa", "hybrid")],
-        "MiB/s",
+        "MiB/s (log)",
     )
     hy = t["hybrid"]["intervals"]
     devs = sorted(hy[0]["devices"])
@@ -270,7 +275,7 @@ def chart(report):
     for j, dev in enumerate(devs):
         label = "hybrid: read from %s" % ("disk" if j == 0 else "ssd")
         per_dev.append((label, [i["device_read_mib_per_model_second"][dev] for i in hy], ["#1f77b4", "#2ca02c"][j % 2]))
-    panel(h, "Hybrid: reads per device (MiB per modelled second)", per_dev, "MiB/s")
+    panel(h, "Hybrid: reads per device (MiB per modelled second)", per_dev, "MiB/s (log)")
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -299,7 +304,12 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a short run: 2 GiB disk, 40 files, 12 intervals")
     ap.add_argument("--out")
     ap.add_argument("--svg")
+    ap.add_argument("--plot", metavar="REPORT", help="only draw --svg from a report written by --out")
     args = ap.parse_args()
+    if args.plot:
+        with open(args.plot) as f, open(args.svg, "w") as out:
+            out.write(chart(json.load(f)))
+        return
     if args.quick:
         args.disk_size, args.ssd_size, args.files, args.intervals, args.reads = "2G", "512M", 40, 12, 8
     work = tempfile.mkdtemp(prefix="salsa-video-")

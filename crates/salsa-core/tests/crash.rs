@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use salsa_core::device::{CrashDevice, CrashPlan, SliceDevice, ZonedEmulator, ZonedGeometry};
+use salsa_core::device::{CrashDevice, CrashPlan, Declared, SliceDevice, ZonedEmulator, ZonedGeometry};
 use salsa_core::{ArrayKind, Device, OpenOptions, Pool, PoolConfig, StorageType, VolumeSpec};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -91,7 +91,13 @@ enum Medium {
         members: u64,
         parity_buffer: bool,
     },
+    /// A disk (a slice of the crash device declared a disk) and a flash device (the slice
+    /// after it), for a hybrid volume.
+    Hybrid,
 }
+
+/// MiB of the flash slice of a hybrid pool.
+const HYBRID_FLASH_MIB: u64 = 32;
 
 /// MiB of the parity buffer slice.
 const PARITY_BUFFER_MIB: u64 = 4;
@@ -108,6 +114,7 @@ impl Medium {
                 members,
                 parity_buffer,
             } => members * self.member_mib(kind, members) + if parity_buffer { PARITY_BUFFER_MIB } else { 0 },
+            Medium::Hybrid => DEVICE_MIB + HYBRID_FLASH_MIB,
         }
     }
 
@@ -142,6 +149,7 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
         payload_writes,
         dual,
     } = writes;
+    let hybrid = matches!(medium, Medium::Hybrid);
     let opts = OpenOptions {
         write_back_threads,
         ..inline_gc()
@@ -170,6 +178,13 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
                     .map(|i| Arc::new(SliceDevice::new(format!("member{i}"), dev.clone(), i * each, each).unwrap()) as Arc<dyn Device>)
                     .collect()
             }
+            Medium::Hybrid => vec![
+                Declared::wrap(
+                    Arc::new(SliceDevice::new("disk", dev.clone(), 0, DEVICE_MIB * MIB).unwrap()),
+                    StorageType::Hdd,
+                ),
+                Arc::new(SliceDevice::new("flash", dev.clone(), DEVICE_MIB * MIB, HYBRID_FLASH_MIB * MIB).unwrap()),
+            ],
         }
     };
     let mut opts = opts;
@@ -192,7 +207,12 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
     // Each volume gets a share of what the pool can hold with both volumes' streams open.
     // (A dual-mapping volume's sparse pages take room on top of its large pages.)
     let usable = pool.usable_bytes_for(&placements).unwrap() - if dual { MIB } else { 0 };
-    let share = (pool.logical_capacity_bytes() * 2 / 5).min(usable * 9 / 20);
+    let mut share = (pool.logical_capacity_bytes() * 2 / 5).min(usable * 9 / 20);
+    if hybrid {
+        // The hybrid volume's data must fit the disk, with room for its GC; the LSA volume
+        // lives on the flash first, leaving the rest of it to the fast tier.
+        share = share.min(pool.slow_capacity_bytes() * 3 / 5);
+    }
     let unit = PAGE as u64 * DUAL_SUBPAGES;
     let vol_bytes = share / unit * unit;
     let is_dual = |vi: usize| dual && vi == 1;
@@ -205,6 +225,17 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
             VolumeSpec {
                 sparse_pages: Some(64),
                 ..VolumeSpec::dual(unit as u32)
+            }
+        } else if hybrid && vi == 1 {
+            // Groups of 4 pages, copied as soon as they are hot, never cooling in a run.
+            VolumeSpec {
+                hybrid: salsa_core::HybridSpec {
+                    group_pages: Some(4),
+                    promote_bytes_per_s: Some(1 << 30),
+                    half_life_ms: Some(3_600_000),
+                    ..Default::default()
+                },
+                ..VolumeSpec::hybrid(PAGE as u32)
             }
         } else {
             VolumeSpec::lsa(PAGE as u32)
@@ -301,14 +332,30 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
                 MIXED.with(|m| m.borrow_mut().insert((vi as u32, page, version | 1 << 62), bytes.clone()));
                 vol.write(page * PAGE as u64 + 512, &fresh[512..1536])
             }
-            85..=97 => vol.flush().map(|_| oracle.flushed()),
+            85..=97 => vol.flush().map(|_| oracle.flushed()).and_then(|_| {
+                // On a hybrid pool, also read the flushed page's group hot (no draw of the
+                // generator: other media's seeds replay as they did).
+                if hybrid {
+                    hot_reads(p, vi, page, pages, &oracle, &dev)
+                } else {
+                    Ok(())
+                }
+            }),
             98 => {
                 version += 1;
                 oracle.wrote(vi, page as usize, Value::Version(version));
                 vol.write_fua(page * PAGE as u64, &pattern(vi as u32, page, version))
                     .map(|_| oracle.flushed())
             }
-            _ if rng.gen_bool(0.5) => Ok(()),
+            // (On a hybrid pool, in place of nothing: no draw of the generator changes, so
+            // every other medium's seeds replay as they did.)
+            _ if rng.gen_bool(0.5) => {
+                if hybrid {
+                    hot_reads(p, vi, page, pages, &oracle, &dev)
+                } else {
+                    Ok(())
+                }
+            }
             _ => {
                 // Clean shutdown and reopen: exercises checkpoint writing and loading.
                 let p = pool.take().unwrap();
@@ -341,6 +388,13 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
     let ops = dev.ops();
     if let Some(p) = pool.as_ref() {
         cleaned += p.stats().gc_segments_cleaned;
+        if hybrid && std::env::var_os("SALSA_CRASH_DEBUG").is_some() {
+            let v = p.stats().volumes.into_iter().find(|v| v.controller == "hybrid").unwrap();
+            eprintln!(
+                "seed {seed}: {} promotions, {} bytes read from the fast tier",
+                v.promotions, v.fast_read_bytes
+            );
+        }
     }
     drop(pool);
     if !dev.has_crashed() {
@@ -377,6 +431,35 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
     }
     pool.flush().unwrap();
     (ops, cleaned)
+}
+
+/// Reads the group of 4 pages holding `page` hot (six times), lets maintenance copy it (on a
+/// hybrid volume: to the fast tier) and reads it once more; while the device has not crashed,
+/// every read must return the latest values.
+fn hot_reads(p: &Pool, vi: usize, page: u64, pages: u64, oracle: &Oracle, dev: &CrashDevice) -> salsa_core::Result<()> {
+    let vol = p.volume(VOLUMES[vi])?;
+    let first = page / 4 * 4;
+    let n = 4.min(pages - first);
+    let mut buf = vec![0u8; (n * PAGE as u64) as usize];
+    for i in 0..7 {
+        if i == 6 {
+            p.maintain()?;
+        }
+        vol.read(first * PAGE as u64, &mut buf)?;
+        if dev.has_crashed() {
+            continue;
+        }
+        for q in first..first + n {
+            let at = ((q - first) * PAGE as u64) as usize;
+            let want = bytes_of(vi as u32, q, oracle.latest(vi, q as usize));
+            assert!(
+                buf[at..at + PAGE] == want[..],
+                "{} page {q}: a hot read returned other bytes",
+                VOLUMES[vi]
+            );
+        }
+    }
+    Ok(())
 }
 
 thread_local! {
@@ -544,6 +627,20 @@ fn dual_mapping_crash_at_many_points() {
             Medium::Flat
         }
     });
+}
+
+/// The same with a hybrid volume beside an LSA one, on a disk and a flash slice: hot groups are
+/// copied to the fast tier between writes, so crashes fall while copies are written and
+/// while reads are served from them; recovery must ignore the fast tier's segments.
+#[test]
+fn hybrid_crash_at_many_points() {
+    let seeds = seeds_from_env("SALSA_HYBRID_CRASH_SEEDS", 8);
+    let writes = Writes {
+        write_back_threads: 0,
+        payload_writes: true,
+        dual: false,
+    };
+    crash_seeds(seeds, 25, writes, |_| Medium::Hybrid);
 }
 
 /// Found by the dual-mapping sweep: a large page never written to the dense map, holding only

@@ -34,6 +34,13 @@ enum Op {
         offset: u64,
         len: usize,
     },
+    /// The same range read six times (hot enough for a hybrid volume to copy it), a
+    /// maintenance pass, and a seventh read.
+    ReadHot {
+        vol: usize,
+        offset: u64,
+        len: usize,
+    },
     Trim {
         vol: usize,
         offset: u64,
@@ -68,6 +75,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..VOLS, 0..VOL_PAGES, 1..8u64, 300..2500u64, any::<u8>())
             .prop_map(|(vol, start, stride, count, fill)| Op::Burst { vol, start, stride, count, fill }),
         3 => (0..VOLS, 0..vb, 1..(3 * PAGE)).prop_map(|(vol, offset, len)| Op::Read { vol, offset, len }),
+        1 => (0..VOLS, 0..vb, 1..(8 * PAGE)).prop_map(|(vol, offset, len)| Op::ReadHot { vol, offset, len }),
         2 => (0..VOLS, 0..vb, 1..(8 * PAGE as u64)).prop_map(|(vol, offset, len)| Op::Trim { vol, offset, len }),
         2 => (0..VOLS, 0..vb, 1..(8 * PAGE as u64)).prop_map(|(vol, offset, len)| Op::Zero { vol, offset, len }),
         2 => Just(Op::Flush),
@@ -88,14 +96,36 @@ fn placement(vol: usize) -> &'static str {
     PLACEMENTS[vol % PLACEMENTS.len()]
 }
 
+/// Which controllers the volume slots have.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mix {
+    /// LSA volumes only.
+    Lsa,
+    /// Slot 1 a dual-mapping volume.
+    Dual,
+    /// Slot 1 a hybrid volume (the pool has a disk and a flash device).
+    Hybrid,
+}
+
 /// What volume slot `vol` is: in the dual runs, slot 1 is a dual-mapping volume of 16 KiB large
 /// pages whose sparse map holds only 64 small pages, so small writes fill it and merges run
 /// all the time; every other slot is an LSA volume of 4 KiB pages.
-fn spec(vol: usize, dual: bool) -> VolumeSpec {
+/// In the hybrid runs, slot 1 is a hybrid volume whose groups are 4 pages, copied as soon as
+/// they are hot, and never cooling during a run.
+fn spec(vol: usize, mix: Mix) -> VolumeSpec {
     let mut spec = VolumeSpec::lsa(4096);
-    if dual && vol == 1 {
+    if mix == Mix::Dual && vol == 1 {
         spec = VolumeSpec::dual(16384);
         spec.sparse_pages = Some(64);
+    }
+    if mix == Mix::Hybrid && vol == 1 {
+        spec = VolumeSpec::hybrid(4096);
+        spec.hybrid = salsa_core::HybridSpec {
+            group_pages: Some(4),
+            promote_bytes_per_s: Some(1 << 30),
+            half_life_ms: Some(3_600_000),
+            ..Default::default()
+        };
     }
     spec.placement = Some(placement(vol).into());
     spec
@@ -108,12 +138,19 @@ fn clamp(model: &[u8], offset: u64, len: u64) -> (u64, u64) {
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    run_on(vec![Arc::new(MemoryDevice::new("mem", 56 * MIB))], &tiny_config(), ops, false)
+    run_on(vec![Arc::new(MemoryDevice::new("mem", 56 * MIB))], &tiny_config(), ops, Mix::Lsa)
 }
 
 /// The model with a dual-mapping volume among the LSA ones.
 fn run_dual(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    run_on(vec![Arc::new(MemoryDevice::new("mem", 56 * MIB))], &tiny_config(), ops, true)
+    run_on(vec![Arc::new(MemoryDevice::new("mem", 56 * MIB))], &tiny_config(), ops, Mix::Dual)
+}
+
+/// The model with a hybrid volume among the LSA ones, on a disk and a flash device.
+fn run_hybrid(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let disk = salsa_core::device::Declared::wrap(Arc::new(MemoryDevice::new("disk", 40 * MIB)), StorageType::Hdd);
+    let flash: Arc<dyn Device> = Arc::new(MemoryDevice::new("flash", 24 * MIB));
+    run_on(vec![disk, flash], &tiny_config(), ops, Mix::Hybrid)
 }
 
 /// The same model on an emulated host-managed zoned drive without conventional zones (so the
@@ -129,7 +166,7 @@ fn run_zoned(ops: Vec<Op>) -> Result<(), TestCaseError> {
         vec![Arc::new(ZonedEmulator::open_or_create(backing, geo).unwrap())],
         &tiny_config(),
         ops,
-        false,
+        Mix::Lsa,
     )
 }
 
@@ -145,17 +182,17 @@ fn run_raid(kind: ArrayKind, members: u64, ops: Vec<Op>) -> Result<(), TestCaseE
         array: kind,
         ..tiny_config()
     };
-    run_on(devs, &cfg, ops, false)
+    run_on(devs, &cfg, ops, Mix::Lsa)
 }
 
-fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>, dual: bool) -> Result<(), TestCaseError> {
+fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>, mix: Mix) -> Result<(), TestCaseError> {
     let mut pool = Some(Pool::create(devs.clone(), cfg, &inline_gc()).unwrap());
     let mut model: Vec<Option<Vec<u8>>> = vec![None; VOLS];
     for (v, m) in model.iter_mut().enumerate().take(2) {
         let vol = pool
             .as_ref()
             .unwrap()
-            .create_volume_spec(&name(v), VOL_PAGES * PAGE as u64, &spec(v, dual))
+            .create_volume_spec(&name(v), VOL_PAGES * PAGE as u64, &spec(v, mix))
             .unwrap();
         // Fill it, so that the pool is mostly live data and the GC must move pages.
         let image: Vec<u8> = (0..VOL_PAGES * PAGE as u64).map(|i| (i / 4096 + v as u64) as u8).collect();
@@ -212,6 +249,24 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
                     offset
                 );
             }
+            Op::ReadHot { vol, offset, len } => {
+                let Some(m) = model[vol].as_ref() else { continue };
+                let (offset, len) = clamp(m, offset, len as u64);
+                let mut buf = vec![0xEEu8; len as usize];
+                // Six reads make it hot, maintenance copies it (hybrid), the seventh reads the copy.
+                for i in 0..7 {
+                    if i == 6 {
+                        p.maintain().unwrap();
+                    }
+                    p.volume(&name(vol)).unwrap().read(offset, &mut buf).unwrap();
+                    prop_assert!(
+                        buf == m[offset as usize..(offset + len) as usize],
+                        "hot read mismatch vol {} at {}",
+                        vol,
+                        offset
+                    );
+                }
+            }
             Op::Trim { vol, offset, len } => {
                 let Some(m) = model[vol].as_mut() else { continue };
                 let (offset, len) = clamp(m, offset, len);
@@ -219,7 +274,7 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
                     panic!("trim failed: {e}\n{:?}", p.stats());
                 }
                 // Whole pages inside the range are discarded; edges are untouched.
-                let pb = spec(vol, dual).page_bytes as u64;
+                let pb = spec(vol, mix).page_bytes as u64;
                 let (a, b) = (offset.div_ceil(pb) * pb, (offset + len) / pb * pb);
                 if b > a {
                     m[a as usize..b as usize].fill(0);
@@ -234,7 +289,7 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
             Op::Flush => p.flush().unwrap(),
             Op::Reopen { clean } => {
                 let p = pool.take().unwrap();
-                GC_SEGMENTS.fetch_add(p.stats().gc_segments_cleaned, std::sync::atomic::Ordering::Relaxed);
+                note_counts(&p);
                 if clean {
                     p.close().unwrap();
                 } else {
@@ -243,7 +298,7 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
                 pool = Some(Pool::open(devs.clone(), &inline_gc()).unwrap());
             }
             Op::Create { vol } => {
-                let r = p.create_volume_spec(&name(vol), VOL_PAGES * PAGE as u64, &spec(vol, dual));
+                let r = p.create_volume_spec(&name(vol), VOL_PAGES * PAGE as u64, &spec(vol, mix));
                 if model[vol].is_some() {
                     prop_assert!(matches!(r, Err(Error::VolumeExists(_))));
                 } else {
@@ -271,8 +326,7 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
         }
     }
     // Final full comparison, after one more unclean reopen (scan).
-    let st = pool.as_ref().unwrap().stats();
-    GC_SEGMENTS.fetch_add(st.gc_segments_cleaned, std::sync::atomic::Ordering::Relaxed);
+    note_counts(pool.as_ref().unwrap());
     drop(pool.take());
     let p = Pool::open(devs, &inline_gc()).unwrap();
     for (v, m) in model.iter().enumerate() {
@@ -300,6 +354,16 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
 pub const PLACEMENTS: [&str; 3] = ["salsa", "sepbit", "user-gc"];
 
 static GC_SEGMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Bytes hybrid volumes read from their fast tier.
+static FAST_READ_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Adds what a pool about to be closed did to the counters the coverage tests check.
+fn note_counts(p: &Pool) {
+    let st = p.stats();
+    GC_SEGMENTS.fetch_add(st.gc_segments_cleaned, std::sync::atomic::Ordering::Relaxed);
+    let fast: u64 = st.volumes.iter().map(|v| v.fast_read_bytes).sum();
+    FAST_READ_BYTES.fetch_add(fast, std::sync::atomic::Ordering::Relaxed);
+}
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 200, ..ProptestConfig::default() })]
@@ -314,6 +378,14 @@ proptest! {
     #[test]
     fn engine_matches_model_with_a_dual_mapping_volume(ops in proptest::collection::vec(op(), 1..120)) {
         run_dual(ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn engine_matches_model_with_a_hybrid_volume(ops in proptest::collection::vec(op(), 1..120)) {
+        run_hybrid(ops)?;
     }
 }
 
@@ -353,6 +425,19 @@ fn model_cases_exercise_gc() {
     runner.run(&proptest::collection::vec(op(), 60..120), run).unwrap();
     let cleaned = GC_SEGMENTS.load(std::sync::atomic::Ordering::Relaxed);
     assert!(cleaned > 50, "GC cleaned only {cleaned} segments across the model cases");
+}
+
+/// The hybrid model test is only meaningful if copies were made and read.
+#[test]
+fn hybrid_model_cases_read_from_the_fast_tier() {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 16,
+        ..ProptestConfig::default()
+    });
+    FAST_READ_BYTES.store(0, std::sync::atomic::Ordering::Relaxed);
+    runner.run(&proptest::collection::vec(op(), 60..120), run_hybrid).unwrap();
+    let fast = FAST_READ_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(fast > 0, "no model case read from a hybrid volume's fast tier");
 }
 
 /// Found by the property test: a victim emptied by GC after a checkpoint reopen.
