@@ -520,3 +520,43 @@ fn video_server_on_a_disk_raw_against_salsa_and_a_hybrid_volume() {
     let ratio = r["ratio_steady_read_vs_raw"]["hybrid"].as_f64().unwrap();
     assert!(ratio > 5.0, "the hybrid read {ratio:.1}x the raw disk per modelled second");
 }
+
+/// The mixed-workload case study, short: MariaDB under sysbench and an object server on one
+/// SSD model at once, on raw partitions, on two 4 KiB LSA volumes, and on a 16 KiB LSA volume
+/// beside a dual-mapping one. Every setup must run both applications without an error and
+/// leave clean file systems; the tailored setup must need well under half the map memory and
+/// checkpoint space of the single-configuration one, at about its throughput.
+#[test]
+fn mixed_workload_on_one_ssd_raw_single_and_tailored_volumes() {
+    for tool in ["mariadbd", "sysbench", "nbdfuse", "mkfs.xfs", "losetup"] {
+        let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap();
+        assert!(found.status.success(), "{tool} is not installed; run scripts/install-deps.sh");
+    }
+    let dir = scratch("mixed");
+    let out = dir.join("report.json");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench_mixed.py");
+    let run = Command::new("python3")
+        .arg(script)
+        .arg("--quick")
+        .arg("--out")
+        .arg(&out)
+        .env("SALSA_BIN", env!("CARGO_BIN_EXE_salsa"))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    for setup in ["raw", "salsa-single", "salsa-dual"] {
+        let s = &r["setups"][setup];
+        assert!(s["transactions"].as_u64().unwrap() > 100, "{setup}: {s}");
+        assert!(s["object_ops"].as_u64().unwrap() > 100, "{setup}: {s}");
+        assert_eq!(s["object_errors"], 0, "{setup}");
+    }
+    let d = &r["dual_vs_single"];
+    assert!(d["map_memory_bytes"].as_f64().unwrap() < 0.5, "{d}");
+    assert!(d["checkpoint_image_bytes"].as_f64().unwrap() < 0.5, "{d}");
+    let tps = d["tps_per_model_second"].as_f64().unwrap();
+    assert!(
+        tps > 0.7,
+        "the tailored setup's transactions per modelled second: {tps:.2}x the single one's"
+    );
+}

@@ -68,6 +68,7 @@ pub use format::StreamKind;
 pub use log::payload::WriteBuffer;
 pub use log::read_cache::ReadCacheStats;
 pub use log::Geometry;
+pub use log::StorageClass;
 pub use policy::Registry;
 pub use pool::{
     ArrayKind, ControllerKind, OpenOptions, OpenedFrom, Pool, PoolConfig, RebuildOptions, RebuildReport, ScrubReport, Stats, Volume,

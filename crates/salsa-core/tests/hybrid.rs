@@ -287,3 +287,73 @@ fn the_gc_cleans_the_slow_tier_while_the_fast_one_has_free_segments() {
     }
     assert_same(&read_all(&pool, "h", size), &model, "after GC on the slow tier");
 }
+
+#[test]
+fn each_volume_writes_to_the_storage_class_it_names() {
+    use salsa_core::StorageClass;
+    let opts = inline_gc();
+    let pool = Pool::create(vec![flash(32), flash(16)], &tiny_config(), &opts).unwrap();
+    let on_disk = VolumeSpec {
+        storage: StorageClass::Slow,
+        ..VolumeSpec::lsa(PAGE as u32)
+    };
+    let e = pool.create_volume_spec("a", 4 * MIB, &on_disk).err().unwrap();
+    assert!(e.to_string().contains("needs a disk"), "{e}");
+    let hybrid_with_class = VolumeSpec {
+        storage: StorageClass::Fast,
+        ..hybrid_spec()
+    };
+    let devs = vec![disk(32), flash(24)];
+    let pool = Pool::create(devs.clone(), &tiny_config(), &opts).unwrap();
+    assert!(pool.create_volume_spec("h", 4 * MIB, &hybrid_with_class).is_err());
+    let fast = VolumeSpec {
+        storage: StorageClass::Fast,
+        ..VolumeSpec::lsa(PAGE as u32)
+    };
+    let slow_dual = VolumeSpec {
+        storage: StorageClass::Slow,
+        ..VolumeSpec::dual(64 << 10)
+    };
+    let size = 8 * MIB;
+    let pages = size / PAGE as u64;
+    let mut models = Vec::new();
+    for (name, spec) in [("db", &fast), ("archive", &slow_dual)] {
+        let vol = pool.create_volume_spec(name, size, spec).unwrap();
+        let model: Vec<u8> = (0..pages).flat_map(|p| pattern(5, p, 0)).collect();
+        vol.write(0, &model).unwrap();
+        models.push(model);
+    }
+    // The flash volume overwritten three times over: its GC cleans flash segments while the
+    // disk has free ones.
+    let db = pool.volume("db").unwrap();
+    let mut x = 99u64;
+    for i in 0..pages * 3 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let p = x % pages;
+        let data = pattern(5, p, i + 1);
+        models[0][p as usize * PAGE..(p as usize + 1) * PAGE].copy_from_slice(&data);
+        db.write(p * PAGE as u64, &data).unwrap();
+    }
+    pool.flush().unwrap();
+    assert!(pool.stats().gc_segments_cleaned > 0);
+    let check = |pool: &Pool| {
+        for (name, want) in [("db", StorageType::Flash), ("archive", StorageType::Hdd)] {
+            let vol = pool.volume(name).unwrap();
+            let page_bytes = stats(pool, name).page_bytes as u64;
+            for page in 0..size / page_bytes {
+                let g = vol.page_location(page).unwrap();
+                assert_eq!(pool.storage_type_at(g), Some(want), "{name} page {page}");
+            }
+        }
+        assert_eq!(stats(pool, "db").storage, "fast");
+        assert_eq!(stats(pool, "archive").storage, "slow");
+        assert_same(&read_all(pool, "db", size), &models[0], "db");
+        assert_same(&read_all(pool, "archive", size), &models[1], "archive");
+    };
+    check(&pool);
+    pool.close().unwrap();
+    let pool = Pool::open(devs, &opts).unwrap();
+    check(&pool);
+}

@@ -77,13 +77,14 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     println!("volumes     {}", st.volumes.len());
     for v in &st.volumes {
         println!(
-            "  {:<20} {:<4} size {:>10}  page {:>6}  mapped {:>10}  map {:>9}  placement {} ({})  victim {}",
+            "  {:<20} {:<6} size {:>10}  page {:>6}  mapped {:>10}  map {:>9}  storage {}  placement {} ({})  victim {}",
             v.name,
             v.controller,
             human(v.size_bytes),
             human(v.page_bytes as u64),
             human(v.mapped_bytes),
             human(v.map_memory_bytes),
+            v.storage,
             v.placement,
             human(v.placement_memory_bytes),
             v.victim
@@ -247,6 +248,10 @@ pub(crate) enum VolumeCommand {
         sparse_pages: Option<u64>,
         #[command(flatten)]
         hybrid: HybridArgs,
+        /// lsa, dual: the devices its data goes to: any (flash first), fast (flash, NVM) or
+        /// slow (disks), of those the pool has (types are declared at format, PATH@hdd).
+        #[arg(long, default_value = "any", value_parser = ["any", "fast", "slow"])]
+        storage: String,
     },
     /// Change a volume's placement or victim policy; new writes follow it. Works offline and,
     /// through its control socket, on a pool being served.
@@ -326,8 +331,10 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
             victim,
             sparse_pages,
             hybrid,
+            storage,
         } => {
             let spec = VolumeSpec {
+                storage: salsa_core::StorageClass::from_name(storage).unwrap_or_default(),
                 placement: placement.clone(),
                 victim: victim.clone().filter(|v| v != "pool"),
                 sparse_pages: *sparse_pages,
@@ -368,18 +375,19 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
                 return Ok(());
             }
             println!(
-                "{:<24} {:<10} {:>12} {:>8} {:>12} {:>10}  {:<18} VICTIM",
-                "NAME", "CONTROLLER", "SIZE", "PAGE", "MAPPED", "MAP", "PLACEMENT"
+                "{:<24} {:<10} {:>12} {:>8} {:>12} {:>10}  {:<7} {:<18} VICTIM",
+                "NAME", "CONTROLLER", "SIZE", "PAGE", "MAPPED", "MAP", "STORAGE", "PLACEMENT"
             );
             for v in vols {
                 println!(
-                    "{:<24} {:<10} {:>12} {:>8} {:>12} {:>10}  {:<18} {}",
+                    "{:<24} {:<10} {:>12} {:>8} {:>12} {:>10}  {:<7} {:<18} {}",
                     v.name,
                     v.controller,
                     human(v.size_bytes),
                     human(v.page_bytes as u64),
                     human(v.mapped_bytes),
                     human(v.map_memory_bytes),
+                    v.storage,
                     v.placement,
                     v.victim
                 );

@@ -29,7 +29,7 @@ use crate::error::Result;
 use crate::format::{ControllerKind, RecordMeta, VolumeRecord};
 use crate::log::payload::WriteBuffer;
 use crate::log::stream::Streams;
-use crate::log::{Geometry, Log};
+use crate::log::{Geometry, Log, StorageClass};
 use crate::policy::placement::Placement;
 use crate::policy::Registry;
 use crate::pool::VolumeSpec;
@@ -75,9 +75,13 @@ pub struct ControllerStats {
     pub page_bytes: u32,
     pub mapped_bytes: u64,
     pub map_memory_bytes: u64,
+    /// Bytes a checkpoint of the volume's map takes on the devices (its metadata capacity).
+    pub checkpoint_image_bytes: u64,
     pub placement: String,
     /// The victim policy ranking its segments (the pool's when it has none of its own).
     pub victim: String,
+    /// The storage class its data is written to (`any`, `fast`, `slow`; hybrid: `slow`).
+    pub storage: String,
     /// Controller settings, by name (dual mapping: `sparse_pages`), for statistics.
     pub settings: Vec<(String, u64)>,
     /// Memory the placement policy holds (per-page history and the like).
@@ -172,30 +176,46 @@ pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::re
     };
     match rec.controller {
         ControllerKind::Lsa => {
-            if let Some((key, _)) = rec.settings.first() {
-                return Err(unknown(*key));
+            let mut storage = StorageClass::Any;
+            for &(key, value) in &rec.settings {
+                match key {
+                    lsa::SETTING_STORAGE => storage = storage_class(value)?,
+                    _ => return Err(unknown(key)),
+                }
             }
-            Ok(Arc::new(lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement)))
+            Ok(Arc::new(lsa::LsaVolume::new(
+                rec,
+                page_map(),
+                geo.grain_bytes,
+                placement,
+                storage.types(),
+            )))
         }
         ControllerKind::Dual => {
             let mut sparse = None;
+            let mut storage = StorageClass::Any;
             for &(key, value) in &rec.settings {
                 match key {
                     dual::SETTING_SPARSE_PAGES => sparse = Some(value),
+                    dual::SETTING_STORAGE => storage = storage_class(value)?,
                     _ => return Err(unknown(key)),
                 }
             }
             let sparse = sparse.unwrap_or_else(|| dual::default_sparse_pages(rec.size_bytes, geo.grain_bytes));
             check_dual(rec.page_bytes, geo.grain_bytes, sparse)?;
-            let dense = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement);
+            let dense = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement, storage.types());
             Ok(Arc::new(dual::DualVolume::new(dense, geo.grain_bytes, sparse)))
         }
         ControllerKind::Hybrid => {
             let settings = hybrid::HybridSettings::from_record(&rec.settings, rec.page_bytes, geo.segment_bytes)?;
-            let slow = lsa::LsaVolume::on_types(rec, page_map(), geo.grain_bytes, placement, &hybrid::SLOW_TYPES);
+            let slow = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement, &hybrid::SLOW_TYPES);
             Ok(Arc::new(hybrid::HybridVolume::new(slow, settings, geo.segment_bytes)))
         }
     }
+}
+
+fn storage_class(value: u64) -> std::result::Result<StorageClass, String> {
+    StorageClass::from_u64(value).ok_or_else(|| format!("storage class {value} is unknown (written by a newer SALSA?)"))
 }
 
 fn check_dual(page_bytes: u32, grain_bytes: u32, sparse_pages: u64) -> std::result::Result<(), String> {
@@ -219,11 +239,19 @@ pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::
     if spec.controller != ControllerKind::Hybrid && spec.hybrid != hybrid::HybridSpec::default() {
         return Err("group size, tier size, promotion rate and half-life apply to hybrid volumes only (--controller hybrid)".into());
     }
+    // A class other than any is recorded; any is the default and records nothing.
+    let storage = |key: u16| match spec.storage {
+        StorageClass::Any => Vec::new(),
+        class => vec![(key, class as u64)],
+    };
     match spec.controller {
         ControllerKind::Lsa => match spec.sparse_pages {
             Some(_) => Err("a sparse map size applies to dual-mapping volumes only (--controller dual)".into()),
-            None => Ok(Vec::new()),
+            None => Ok(storage(lsa::SETTING_STORAGE)),
         },
+        ControllerKind::Hybrid if spec.storage != StorageClass::Any => {
+            Err("a hybrid volume's data is on the slow devices and its copies on the fast ones; it takes no storage class".into())
+        }
         ControllerKind::Hybrid => match spec.sparse_pages {
             Some(_) => Err("a sparse map size applies to dual-mapping volumes only (--controller dual)".into()),
             None => Ok(hybrid::HybridSettings::resolve(&spec.hybrid, spec.page_bytes, geo.segment_bytes)?.record()),
@@ -233,7 +261,9 @@ pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::
                 .sparse_pages
                 .unwrap_or_else(|| dual::default_sparse_pages(size_bytes, geo.grain_bytes));
             check_dual(spec.page_bytes, geo.grain_bytes, sparse)?;
-            Ok(vec![(dual::SETTING_SPARSE_PAGES, sparse)])
+            let mut settings = vec![(dual::SETTING_SPARSE_PAGES, sparse)];
+            settings.extend(storage(dual::SETTING_STORAGE));
+            Ok(settings)
         }
     }
 }

@@ -125,6 +125,48 @@ pub const SLOW_TYPES: [StorageType; 3] = [StorageType::Hdd, StorageType::SmrSequ
 /// The fast tier of a hybrid volume: where copies of hot data go.
 pub const FAST_TYPES: [StorageType; 2] = [StorageType::Flash, StorageType::Nvm];
 
+/// Which storage types a volume's data may be written to (its streams' constraint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StorageClass {
+    /// Any type, flash first ([`ANY_TYPE`]).
+    #[default]
+    Any = 0,
+    /// Flash and NVM only ([`FAST_TYPES`]).
+    Fast = 1,
+    /// Disks only ([`SLOW_TYPES`]).
+    Slow = 2,
+}
+
+impl StorageClass {
+    pub const ALL: [StorageClass; 3] = [StorageClass::Any, StorageClass::Fast, StorageClass::Slow];
+
+    /// The types, in preference order.
+    pub fn types(self) -> &'static [StorageType] {
+        match self {
+            StorageClass::Any => &ANY_TYPE,
+            StorageClass::Fast => &FAST_TYPES,
+            StorageClass::Slow => &SLOW_TYPES,
+        }
+    }
+
+    /// The name users write (`--storage fast`).
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageClass::Any => "any",
+            StorageClass::Fast => "fast",
+            StorageClass::Slow => "slow",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<StorageClass> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    pub fn from_u64(v: u64) -> Option<StorageClass> {
+        Self::ALL.into_iter().find(|c| *c as u64 == v)
+    }
+}
+
 /// Allocation preference of checkpoints: conventional zones first, where a zoned drive has them.
 pub const CHECKPOINT_TYPES: [StorageType; 5] = [
     StorageType::SmrConventional,

@@ -29,6 +29,8 @@ pub struct VolumeSpec {
     pub sparse_pages: Option<u64>,
     /// Hybrid: group size, fast-tier bound, promotion rate, temperature half-life.
     pub hybrid: crate::controller::hybrid::HybridSpec,
+    /// LSA and dual mapping: the storage types its data is written to (default any).
+    pub storage: crate::log::StorageClass,
 }
 
 impl VolumeSpec {
@@ -41,6 +43,7 @@ impl VolumeSpec {
             victim: None,
             sparse_pages: None,
             hybrid: Default::default(),
+            storage: Default::default(),
         }
     }
 
@@ -110,6 +113,25 @@ impl Pool {
         validate_volume(name, spec.page_bytes, self.eng.log.geo().grain_bytes, size_bytes)?;
         if spec.controller == ControllerKind::Hybrid {
             self.check_hybrid_devices()?;
+        }
+        let class = spec.storage;
+        if !self
+            .eng
+            .log
+            .capacity()
+            .segments()
+            .iter()
+            .any(|s| class.types().contains(&s.storage_type))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "storage class {} needs a {} device in the pool (declare its type at format: PATH@flash, PATH@hdd)",
+                class.name(),
+                if class == crate::log::StorageClass::Fast {
+                    "flash or NVM"
+                } else {
+                    "disk"
+                }
+            )));
         }
         let victim = spec.victim.clone().unwrap_or_default();
         let victim_policy = self.volume_victim_policy(&victim)?;

@@ -47,6 +47,9 @@ use std::sync::Arc;
 
 /// Volume-table setting: most small pages the sparse map holds.
 pub const SETTING_SPARSE_PAGES: u16 = 1;
+/// Volume-table setting: the storage class written to ([`crate::log::StorageClass`]; absent:
+/// any).
+pub const SETTING_STORAGE: u16 = 2;
 /// Fewest small pages a sparse map may be given.
 pub const MIN_SPARSE_PAGES: u64 = 16;
 /// Most small pages a sparse map may be given (about 2 GiB of map).
@@ -594,6 +597,7 @@ impl Controller for DualVolume {
             controller: ControllerKind::Dual.name().to_string(),
             mapped_bytes: self.mapped_bytes(),
             map_memory_bytes: dense.map_memory_bytes + used * SPARSE_ENTRY_BYTES,
+            checkpoint_image_bytes: self.image_bytes(),
             settings: vec![("sparse_pages".into(), capacity)],
             sparse_pages: used,
             sparse_capacity_pages: capacity,

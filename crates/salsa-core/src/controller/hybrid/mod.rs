@@ -178,9 +178,8 @@ impl HybridVolume {
         let first = self.group_of(offset / pb);
         let last = self.group_of((offset + len - 1) / pb);
         for g in first..=last {
-            let t = self.temperatures.raise(g);
-            if t >= PROMOTE_AT {
-                self.tier.request(g, t);
+            if self.temperatures.raise(g) >= PROMOTE_AT {
+                self.tier.request(g);
             }
         }
     }
@@ -244,11 +243,6 @@ impl HybridVolume {
             filled.iter_mut().for_each(|f| *f = false);
         }
         filled
-    }
-
-    /// The fast tier's share of the statistics: (bytes of copies, promotions, demotions, failed).
-    fn tier_stats(&self) -> tier::TierStats {
-        self.tier.stats()
     }
 }
 
@@ -379,7 +373,7 @@ impl Controller for HybridVolume {
 
     fn stats(&self) -> ControllerStats {
         let slow = self.slow.stats();
-        let t = self.tier_stats();
+        let t = self.tier.stats();
         ControllerStats {
             controller: ControllerKind::Hybrid.name().to_string(),
             map_memory_bytes: slow.map_memory_bytes + self.temperatures.memory_bytes() + t.memory_bytes,

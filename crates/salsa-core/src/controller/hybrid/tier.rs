@@ -166,8 +166,9 @@ impl Tier {
             .is_some_and(|c| c.ready && c.generation == located.generation)
     }
 
-    /// `group` reached temperature `temperature`: queue it for a copy unless it has one.
-    pub fn request(&self, group: u64, _temperature: u64) {
+    /// `group` is hot: queue it for a copy unless it has one (the copy is made only if it is
+    /// still hot when its turn comes).
+    pub fn request(&self, group: u64) {
         if self.failed.load(SeqCst) || self.retired.load(SeqCst) {
             return;
         }
@@ -319,10 +320,9 @@ impl Tier {
                 (t, i)
             })
             .min();
-        let Some((t, i)) = coldest.filter(|(t, _)| *t < hotter_than) else {
+        let Some((_, i)) = coldest.filter(|(t, _)| *t < hotter_than) else {
             return false;
         };
-        let _ = t;
         let seg = st.segments.swap_remove(i);
         for g in seg.groups.iter().flatten() {
             st.copies.remove(g);

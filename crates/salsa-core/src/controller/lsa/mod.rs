@@ -18,7 +18,7 @@ use crate::format::{MetaEntry, RecordMeta, StreamKind, VolumeRecord};
 use crate::log::capacity::Purpose;
 use crate::log::payload::WriteBuffer;
 use crate::log::stream::{PageData, Streams};
-use crate::log::{Log, PageRead, ANY_TYPE};
+use crate::log::{Log, PageRead};
 use crate::policy::placement::{Placement, Relocation, SegmentView, StreamLayout, UserWrite};
 use crate::util::Decoder;
 use arc_swap::ArcSwap;
@@ -27,6 +27,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
 const STRIPES: usize = 256;
+/// Volume-table setting: the storage class written to ([`crate::log::StorageClass`]; absent:
+/// any).
+pub const SETTING_STORAGE: u16 = 1;
 /// Pages one device read of a run covers at most (1 MiB of 4 KiB pages): the buffer it needs
 /// is bounded.
 const MAX_RUN_PAGES: usize = 256;
@@ -115,13 +118,9 @@ struct Replay {
 }
 
 impl LsaVolume {
-    /// A volume as recorded in the volume table, with an empty map and its placement policy.
-    pub fn new(rec: &VolumeRecord, map: PageMap, grain_bytes: u32, placement: Box<dyn Placement>) -> LsaVolume {
-        LsaVolume::on_types(rec, map, grain_bytes, placement, &ANY_TYPE)
-    }
-
-    /// [`LsaVolume::new`], writing only segments of `types` (a hybrid volume's slow tier).
-    pub fn on_types(
+    /// A volume as recorded in the volume table, with an empty map and its placement policy,
+    /// writing only segments of `types` (its storage class; a hybrid volume's slow tier).
+    pub fn new(
         rec: &VolumeRecord,
         map: PageMap,
         grain_bytes: u32,
@@ -683,6 +682,12 @@ impl Controller for LsaVolume {
             placement: self.placing.load().name.clone(),
             placement_memory_bytes: self.placement_memory_bytes(),
             gc_bytes_relocated: self.relocated_bytes.load(SeqCst),
+            checkpoint_image_bytes: self.image_bytes(),
+            storage: crate::log::StorageClass::ALL
+                .into_iter()
+                .find(|c| c.types() == self.placing.load().streams.types())
+                .map_or("any", |c| c.name())
+                .to_string(),
             ..ControllerStats::default()
         }
     }

@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""The SALSA paper's mixed-workload case study (section V-D, Table III), on this machine.
+
+Two applications share one SSD: MariaDB under sysbench OLTP (read/write) and an object server
+PUTting 128 KiB objects the way Swift does (scripts/object_store.py), each on XFS aligned to the
+pages of SALSA's tailored volumes (16 KiB and 64 KiB stripe units; the same on every setup). Each runs on
+its own block device attached with nbdfuse and a loop device; the SSD is the `ssd:` model, fresh
+for each of three setups, in one run:
+
+- raw:          the model served raw (`salsa serve --raw`), split into two partitions (loop
+                devices at offsets);
+- salsa-single: a SALSA pool on the model with two LSA volumes of 4 KiB pages (one controller
+                configuration for both, as partitions would be);
+- salsa-dual:   a SALSA pool on the model with an LSA volume of 16 KiB pages (InnoDB's page)
+                for the database and a dual-mapping volume for the objects.
+
+Both applications run at once for the same wall time (the object server PUTs and DELETEs, so that
+its store stops growing and the volumes reach a steady state of overwrites); the report gives, per setup, sysbench
+transactions and object MiB per second of the SSD model's modelled time (the device's cost of
+the work, which is what the setups change) and per wall second, the SSD's own write
+amplification, and for SALSA the map memory, the bytes a checkpoint of the maps takes on the
+device (metadata capacity) and the GC's relocation traffic during the run.
+
+    python3 scripts/bench_mixed.py                # the benchmark
+    python3 scripts/bench_mixed.py --quick        # a short run (the test suite's)
+
+Prints one JSON object; needs root (loop devices, mounts) and MariaDB and sysbench
+(scripts/install-deps.sh installs them).
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_object_store import run, salsa_binary, wait_for  # noqa: E402
+from object_store import parse_size  # noqa: E402
+
+
+def control(ctl):
+    """The server's statistics, from its control socket."""
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(ctl)
+    try:
+        s.sendall(b"stats\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # a raw server answers without reading the request
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    return json.loads(data)
+
+
+def device(stats):
+    out = {}
+    for c in stats.get("device_counters", []):
+        out[c["counter"]] = out.get(c["counter"], 0) + c["value"]
+    return out
+
+
+class Setup:
+    """Serves one setup, attaches its two block devices, and takes everything down."""
+
+    def __init__(self, name, work, args):
+        self.name, self.args = name, args
+        self.d = os.path.join(work, name)
+        os.makedirs(self.d)
+        self.procs, self.loops, self.mounts, self.fuses = [], [], [], []
+        self.ctl = os.path.join(self.d, "pool.ctl")
+        self.sock = os.path.join(self.d, "nbd.sock")
+        self.spec = "ssd:size=%s,file=%s" % (args.ssd_size, os.path.join(self.d, "ssd.img"))
+
+    def serve(self):
+        salsa = salsa_binary()
+        db, objects = parse_size(self.args.db_size), parse_size(self.args.objects_size)
+        serve = [salsa, "serve", "--no-tcp", "--unix", self.sock, "--control", self.ctl, "--device", self.spec]
+        if self.name == "raw":
+            serve.append("--raw")
+        else:
+            run([salsa, "format", "--device", self.spec, "--no-default-volume"])
+            db_page = "16K" if self.name == "salsa-dual" else "4K"
+            run([salsa, "volume", "create", "--device", self.spec, "db", str(db), "--page-size", db_page])
+            controller = ["--controller", "dual"] if self.name == "salsa-dual" else []
+            run([salsa, "volume", "create", "--device", self.spec, "objects", str(objects)] + controller)
+            # The device's own cache would hide what the setups change; MariaDB has its own.
+            serve += ["--read-cache", "0"]
+        log = open(os.path.join(self.d, "serve.log"), "w")
+        self.procs.append(subprocess.Popen(serve, stdout=log, stderr=log))
+        wait_for(self.sock, "the NBD socket", self.procs[0])
+        wait_for(self.ctl, "the control socket", self.procs[0])
+
+    def attach(self, export, offset=None, size=None):
+        fuse_dir = os.path.join(self.d, "fuse-" + export + ("" if offset is None else "-%d" % offset))
+        node = os.path.join(fuse_dir, "nbd")
+        if not os.path.exists(node):
+            os.makedirs(fuse_dir)
+            p = subprocess.Popen(["nbdfuse", fuse_dir, "nbd+unix:///%s?socket=%s" % (export, self.sock)])
+            self.procs.append(p)
+            self.fuses.append((fuse_dir, p))
+            wait_for(node, "the nbdfuse node", p)
+        cmd = ["losetup", "-f", "--show", "--direct-io=on"]
+        if offset is not None:
+            cmd += ["--offset", str(offset), "--sizelimit", str(size)]
+        loop = run(cmd + [node]).strip()
+        self.loops.append(loop)
+        return loop
+
+    def devices(self):
+        """(database device, objects device)."""
+        if self.name == "raw":
+            db = parse_size(self.args.db_size)
+            return self.attach("raw", 0, db), self.attach("raw", db, parse_size(self.args.objects_size))
+        return self.attach("db"), self.attach("objects")
+
+    def mount(self, dev, mkfs, where):
+        os.makedirs(where)
+        run(mkfs.split() + [dev])
+        run(["mount", dev, where])
+        self.mounts.append(where)
+
+    def close(self):
+        for m in reversed(self.mounts):
+            subprocess.run(["umount", m])
+        for loop in self.loops:
+            subprocess.run(["losetup", "-d", loop])
+        for fuse_dir, p in self.fuses:
+            subprocess.run(["fusermount3", "-u", fuse_dir])
+            p.wait()
+        if self.procs:
+            self.procs[0].terminate()
+            self.procs[0].wait()
+
+
+class MariaDB:
+    def __init__(self, datadir, d):
+        self.datadir, self.sock = datadir, os.path.join(d, "mysql.sock")
+        self.log = os.path.join(d, "mariadb.err")
+        self.proc = None
+
+    def start(self, buffer_pool):
+        run(["mariadb-install-db", "--no-defaults", "--user=root", "--datadir=" + self.datadir,
+             "--auth-root-authentication-method=normal", "--skip-test-db"])
+        self.proc = subprocess.Popen([
+            "mariadbd", "--no-defaults", "--user=root", "--datadir=" + self.datadir, "--socket=" + self.sock,
+            "--pid-file=" + self.sock + ".pid", "--skip-networking", "--log-error=" + self.log,
+            "--innodb-buffer-pool-size=" + buffer_pool, "--innodb-log-file-size=64M", "--innodb-flush-method=O_DIRECT",
+        ])
+        deadline = time.monotonic() + 120
+        while True:
+            r = subprocess.run(["mariadb", "--no-defaults", "-S", self.sock, "-u", "root", "-e", "CREATE DATABASE IF NOT EXISTS sbtest"],
+                               capture_output=True)
+            if r.returncode == 0:
+                return
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("mariadbd did not start: " + open(self.log).read()[-2000:])
+            time.sleep(0.5)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            subprocess.run(["mariadb-admin", "--no-defaults", "-S", self.sock, "-u", "root", "shutdown"], capture_output=True)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def sysbench(sock, args, command, seconds=0):
+    cmd = ["sysbench", "oltp_read_write", "--db-driver=mysql", "--mysql-socket=" + sock, "--mysql-user=root",
+           "--mysql-db=sbtest", "--tables=%d" % args.tables, "--table-size=%d" % args.table_size]
+    if command == "run":
+        cmd += ["--threads=%d" % args.db_threads, "--time=%d" % seconds, "--report-interval=0"]
+    return subprocess.Popen(cmd + [command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run_setup(name, work, args):
+    s = Setup(name, work, args)
+    db = None
+    try:
+        s.serve()
+        db_dev, obj_dev = s.devices()
+        db_mnt, obj_mnt = os.path.join(s.d, "db"), os.path.join(s.d, "objects")
+        s.mount(db_dev, args.db_mkfs, db_mnt)
+        s.mount(obj_dev, args.objects_mkfs, obj_mnt)
+        db = MariaDB(os.path.join(db_mnt, "data"), s.d)
+        db.start(args.buffer_pool)
+        prep = sysbench(db.sock, args, "prepare")
+        out, _ = prep.communicate()
+        if prep.returncode != 0:
+            raise SystemExit("sysbench prepare failed: " + out[-2000:])
+        before = control(s.ctl)
+        bench = sysbench(db.sock, args, "run", args.seconds)
+        objects = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "object_store.py"), "--dir", obj_mnt, "--objects", str(args.objects), "--sizes", args.object_size,
+             "--mix", args.object_mix, "--threads", str(args.object_threads), "--seconds", str(args.seconds)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        bench_out, _ = bench.communicate()
+        obj_out, obj_err = objects.communicate()
+        after = control(s.ctl)
+        if bench.returncode != 0:
+            raise SystemExit("sysbench run failed: " + bench_out[-2000:])
+        if objects.returncode != 0:
+            raise SystemExit("object workload failed: " + obj_err[-2000:])
+        m = re.search(r"transactions:\s+(\d+)", bench_out)
+        transactions = int(m.group(1))
+        obj = json.loads(obj_out.strip().splitlines()[-1])
+        db.stop()
+        db = None
+        dev0, dev1 = device(before), device(after)
+        model_seconds = (dev1.get("model_time_us", 0) - dev0.get("model_time_us", 0)) / 1e6
+        host_w = dev1.get("host_write_bytes", 0) - dev0.get("host_write_bytes", 0)
+        media_w = dev1.get("nand_program_bytes", 0) - dev0.get("nand_program_bytes", 0)
+        report = {
+            "transactions": transactions,
+            "object_ops": obj["ops"],
+            "object_bytes": obj["bytes_written"],
+            "object_errors": len(obj["errors"]),
+            "model_seconds": model_seconds,
+            "tps_per_model_second": transactions / model_seconds if model_seconds else None,
+            "object_mib_per_model_second": obj["bytes_written"] / (1 << 20) / model_seconds if model_seconds else None,
+            "tps_wall": transactions / args.seconds,
+            "object_mib_per_wall_second": obj["bytes_written"] / (1 << 20) / args.seconds,
+            "ssd_write_amplification": media_w / host_w if host_w else None,
+            "ssd_host_write_bytes": host_w,
+        }
+        if name != "raw":
+            vols = after.get("volumes", [])
+            report["map_memory_bytes"] = sum(v["map_memory_bytes"] for v in vols)
+            report["checkpoint_image_bytes"] = sum(v.get("checkpoint_image_bytes", 0) for v in vols)
+            report["gc_bytes_relocated"] = after["gc_bytes_relocated"] - before["gc_bytes_relocated"]
+            report["volumes"] = {v["name"]: {k: v.get(k) for k in ("controller", "page_bytes", "map_memory_bytes", "checkpoint_image_bytes")} for v in vols}
+        # The file systems must be clean.
+        for mnt in list(reversed(s.mounts)):
+            run(["umount", mnt])
+            s.mounts.remove(mnt)
+        for dev, mkfs in ((db_dev, args.db_mkfs), (obj_dev, args.objects_mkfs)):
+            run(["xfs_repair", "-n", dev] if "xfs" in mkfs else ["e2fsck", "-fn", dev])
+        return report
+    finally:
+        if db is not None:
+            db.stop()
+        s.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ssd-size", default="4G")
+    ap.add_argument("--db-size", default="1280M")
+    ap.add_argument("--objects-size", default="2G")
+    ap.add_argument("--seconds", type=int, default=180)
+    ap.add_argument("--tables", type=int, default=8)
+    ap.add_argument("--table-size", type=int, default=50000)
+    ap.add_argument("--db-threads", type=int, default=8)
+    ap.add_argument("--buffer-pool", default="128M")
+    ap.add_argument("--object-size", default="128K")
+    ap.add_argument("--objects", type=int, default=2000, help="objects PUT before the timed phase")
+    ap.add_argument(
+        "--object-mix", default="put:3,delete:2", help="the object workload's operations (deletes keep the store from filling its volume)"
+    )
+    # The same file systems on every setup, aligned to the pages SALSA's tailored volumes use
+    # (a file system cannot learn them through the loop device): InnoDB's 16 KiB pages, the
+    # dual-mapping volume's 64 KiB large pages.
+    ap.add_argument("--db-mkfs", default="mkfs.xfs -q -f -d su=16k,sw=1")
+    ap.add_argument("--objects-mkfs", default="mkfs.xfs -q -f -d su=64k,sw=1")
+    ap.add_argument("--object-threads", type=int, default=16)
+    ap.add_argument("--setups", default="raw,salsa-single,salsa-dual")
+    ap.add_argument("--quick", action="store_true", help="a short run: 3 GiB SSD, 20 s, small tables")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.quick:
+        args.ssd_size, args.db_size, args.objects_size, args.seconds = "3G", "1G", "1536M", 20
+        args.tables, args.table_size, args.buffer_pool, args.objects = 2, 10000, "64M", 200
+    for tool in ("mariadbd", "mariadb-install-db", "sysbench", "nbdfuse", "mkfs.xfs", "mkfs.ext4"):
+        if shutil.which(tool) is None:
+            raise SystemExit("%s is not installed; run scripts/install-deps.sh" % tool)
+    work = tempfile.mkdtemp(prefix="salsa-mixed-")
+    report = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "setups": {}}
+    try:
+        for name in args.setups.split(","):
+            report["setups"][name] = run_setup(name, work, args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    st = report["setups"]
+    if "raw" in st:
+        report["vs_raw"] = {
+            n: {k: st[n][k] / st["raw"][k] for k in ("tps_per_model_second", "object_mib_per_model_second") if st[n][k] and st["raw"][k]}
+            for n in st if n != "raw"
+        }
+    if "salsa-single" in st and "salsa-dual" in st:
+        single, dual = st["salsa-single"], st["salsa-dual"]
+        report["dual_vs_single"] = {
+            k: dual[k] / single[k] for k in ("map_memory_bytes", "checkpoint_image_bytes", "gc_bytes_relocated", "tps_per_model_second", "object_mib_per_model_second")
+            if single.get(k)
+        }
+    text = json.dumps(report, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(json.dumps({k: report[k] for k in ("vs_raw", "dual_vs_single") if k in report}))
+
+
+if __name__ == "__main__":
+    main()
