@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,25 +41,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_object_store import run, salsa_binary, wait_for  # noqa: E402
-from object_store import parse_size  # noqa: E402
-
-
-def control(ctl):
-    """The server's statistics, from its control socket."""
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(ctl)
-    try:
-        s.sendall(b"stats\n")
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # a raw server answers without reading the request
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = s.recv(1 << 16)
-        if not chunk:
-            break
-        data += chunk
-    s.close()
-    return json.loads(data)
+from object_store import control_stats, parse_size  # noqa: E402
 
 
 def device(stats):
@@ -199,7 +180,7 @@ def run_setup(name, work, args):
         out, _ = prep.communicate()
         if prep.returncode != 0:
             raise SystemExit("sysbench prepare failed: " + out[-2000:])
-        before = control(s.ctl)
+        before = control_stats(s.ctl)
         bench = sysbench(db.sock, args, "run", args.seconds)
         objects = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "object_store.py"), "--dir", obj_mnt, "--objects", str(args.objects), "--sizes", args.object_size,
@@ -207,7 +188,7 @@ def run_setup(name, work, args):
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         bench_out, _ = bench.communicate()
         obj_out, obj_err = objects.communicate()
-        after = control(s.ctl)
+        after = control_stats(s.ctl)
         if bench.returncode != 0:
             raise SystemExit("sysbench run failed: " + bench_out[-2000:])
         if objects.returncode != 0:

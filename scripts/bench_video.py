@@ -41,7 +41,6 @@ import os
 import random
 import shutil
 import statistics
-import socket
 import sys
 import tempfile
 import threading
@@ -50,28 +49,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_object_store import xfs_over_salsa  # noqa: E402
-from object_store import parse_size  # noqa: E402
+from object_store import control_stats, parse_size  # noqa: E402
 
 CHUNK = 1 << 20
 
 
 def device_counters(ctl):
-    """Per device: its counters, from a server's control socket."""
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(ctl)
-    try:
-        s.sendall(b"stats\n")
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # a raw server answers without reading the request
-
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = s.recv(1 << 16)
-        if not chunk:
-            break
-        data += chunk
-    s.close()
-    stats = json.loads(data)
+    """Per device: its counters, from a server's control socket; and the volumes' statistics."""
+    stats = control_stats(ctl)
     out = {}
     for c in stats.get("device_counters", []):
         out.setdefault(c["device"], {})[c["counter"]] = c["value"]

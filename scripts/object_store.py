@@ -125,15 +125,17 @@ def _mkstemp(directory):
     raise RuntimeError("no free temporary name")
 
 
-def device_counters(path):
-    """The device counters a salsa server reports on its control socket, summed by name."""
-    if not path:
-        return {}
+def control_stats(path):
+    """The statistics a salsa server answers on its control socket (`salsa serve --raw`
+    answers without reading the request, so a closed pipe on sending is not an error)."""
     import socket
 
     s = socket.socket(socket.AF_UNIX)
     s.connect(path)
-    s.sendall(b"stats\n")
+    try:
+        s.sendall(b"stats\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass
     data = b""
     while not data.endswith(b"\n"):
         chunk = s.recv(1 << 16)
@@ -141,7 +143,14 @@ def device_counters(path):
             break
         data += chunk
     s.close()
-    stats = json.loads(data)
+    return json.loads(data)
+
+
+def device_counters(path):
+    """The device counters a salsa server reports on its control socket, summed by name."""
+    if not path:
+        return {}
+    stats = control_stats(path)
     out = {}
     for c in stats.get("device_counters", []):
         out[c["counter"]] = out.get(c["counter"], 0) + c["value"]

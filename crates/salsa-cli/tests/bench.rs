@@ -443,23 +443,7 @@ fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
 /// object must read back intact (the workload checks each GET's MD5), and XFS must be clean.
 #[test]
 fn object_store_on_a_drive_managed_smr_model_raw_against_dual_mapping() {
-    for tool in ["nbdfuse", "mkfs.xfs", "xfs_repair", "losetup"] {
-        let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap();
-        assert!(found.status.success(), "{tool} is not installed; run scripts/install-deps.sh");
-    }
-    let dir = scratch("objects");
-    let out = dir.join("report.json");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench_object_store.py");
-    let run = Command::new("python3")
-        .arg(script)
-        .arg("--quick")
-        .arg("--out")
-        .arg(&out)
-        .env("SALSA_BIN", env!("CARGO_BIN_EXE_salsa"))
-        .output()
-        .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let r = case_study("bench_object_store.py", &["nbdfuse", "mkfs.xfs", "xfs_repair", "losetup"]);
     for target in ["raw", "salsa_dual"] {
         assert!(r[target]["ops"].as_u64().unwrap() > 100, "{target}: {}", r[target]);
         assert_eq!(r[target]["errors"].as_array().unwrap().len(), 0);
@@ -486,23 +470,7 @@ fn object_store_on_a_drive_managed_smr_model_raw_against_dual_mapping() {
 /// above the raw disk's.
 #[test]
 fn video_server_on_a_disk_raw_against_salsa_and_a_hybrid_volume() {
-    for tool in ["nbdfuse", "mkfs.xfs", "xfs_repair", "losetup"] {
-        let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap();
-        assert!(found.status.success(), "{tool} is not installed; run scripts/install-deps.sh");
-    }
-    let dir = scratch("video");
-    let out = dir.join("report.json");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench_video.py");
-    let run = Command::new("python3")
-        .arg(script)
-        .arg("--quick")
-        .arg("--out")
-        .arg(&out)
-        .env("SALSA_BIN", env!("CARGO_BIN_EXE_salsa"))
-        .output()
-        .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let r = case_study("bench_video.py", &["nbdfuse", "mkfs.xfs", "xfs_repair", "losetup"]);
     for target in ["raw", "salsa", "hybrid"] {
         assert_eq!(r["targets"][target]["bad_chunks"], 0, "{target} read back what was written");
         assert_eq!(r["targets"][target]["write_keeps_up"], true, "{target}");
@@ -528,23 +496,7 @@ fn video_server_on_a_disk_raw_against_salsa_and_a_hybrid_volume() {
 /// checkpoint space of the single-configuration one, at about its throughput.
 #[test]
 fn mixed_workload_on_one_ssd_raw_single_and_tailored_volumes() {
-    for tool in ["mariadbd", "sysbench", "nbdfuse", "mkfs.xfs", "losetup"] {
-        let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap();
-        assert!(found.status.success(), "{tool} is not installed; run scripts/install-deps.sh");
-    }
-    let dir = scratch("mixed");
-    let out = dir.join("report.json");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench_mixed.py");
-    let run = Command::new("python3")
-        .arg(script)
-        .arg("--quick")
-        .arg("--out")
-        .arg(&out)
-        .env("SALSA_BIN", env!("CARGO_BIN_EXE_salsa"))
-        .output()
-        .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let r = case_study("bench_mixed.py", &["mariadbd", "sysbench", "nbdfuse", "mkfs.xfs", "losetup"]);
     for setup in ["raw", "salsa-single", "salsa-dual"] {
         let s = &r["setups"][setup];
         assert!(s["transactions"].as_u64().unwrap() > 100, "{setup}: {s}");
@@ -559,4 +511,26 @@ fn mixed_workload_on_one_ssd_raw_single_and_tailored_volumes() {
         tps > 0.7,
         "the tailored setup's transactions per modelled second: {tps:.2}x the single one's"
     );
+}
+
+/// Runs a case-study script of scripts/ with `--quick` (after checking that the tools it drives
+/// are installed) and returns its JSON report.
+fn case_study(script: &str, tools: &[&str]) -> serde_json::Value {
+    for tool in tools {
+        let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap();
+        assert!(found.status.success(), "{tool} is not installed; run scripts/install-deps.sh");
+    }
+    let dir = scratch(script.trim_end_matches(".py"));
+    let out = dir.join("report.json");
+    let path = format!("{}/../../scripts/{script}", env!("CARGO_MANIFEST_DIR"));
+    let run = Command::new("python3")
+        .arg(path)
+        .arg("--quick")
+        .arg("--out")
+        .arg(&out)
+        .env("SALSA_BIN", env!("CARGO_BIN_EXE_salsa"))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
 }
