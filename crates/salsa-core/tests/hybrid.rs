@@ -357,3 +357,84 @@ fn each_volume_writes_to_the_storage_class_it_names() {
     let pool = Pool::open(devs, &opts).unwrap();
     check(&pool);
 }
+
+#[test]
+fn concurrent_writers_and_hot_readers_never_see_a_stale_copy() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    // The pool's own threads: background GC and the maintenance pass that copies hot groups.
+    let pool = Arc::new(Pool::create(vec![disk(24), flash(16)], &tiny_config(), &salsa_core::OpenOptions::default()).unwrap());
+    let spec = VolumeSpec {
+        hybrid: HybridSpec {
+            group_pages: Some(4),
+            ..hybrid_spec().hybrid
+        },
+        ..hybrid_spec()
+    };
+    let pages = 512u64;
+    let vol = pool.create_volume_spec("h", pages * PAGE as u64, &spec).unwrap();
+    for p in 0..pages {
+        vol.write(p * PAGE as u64, &pattern(6, p, 0)).unwrap();
+    }
+    // The newest version each page has been written with (a write in flight may be one more).
+    let latest: Arc<Vec<AtomicU64>> = Arc::new((0..pages).map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let version_of = |p: u64, buf: &[u8]| -> u64 {
+        let w0 = u64::from_le_bytes(buf[..8].try_into().unwrap());
+        w0 ^ 6u64 << 56 ^ p << 24
+    };
+    let mut threads = Vec::new();
+    for w in 0..2u64 {
+        let (vol, latest, stop) = (pool.volume("h").unwrap(), latest.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut x = 7 + w;
+            while !stop.load(SeqCst) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Writer w owns the pages p with p % 2 == w; the first 64 pages get most writes.
+                let p = ((x % 32) * 2 + w) % pages;
+                let v = latest[p as usize].load(SeqCst) + 1;
+                vol.write(p * PAGE as u64, &pattern(6, p, v)).unwrap();
+                latest[p as usize].store(v, SeqCst);
+            }
+        }));
+    }
+    let mut readers = Vec::new();
+    for r in 0..2u64 {
+        let (vol, latest, stop) = (pool.volume("h").unwrap(), latest.clone(), stop.clone());
+        readers.push(std::thread::spawn(move || {
+            let mut buf = vec![0u8; 8 * PAGE];
+            let mut reads = 0u64;
+            let mut x = 99 + r;
+            while !stop.load(SeqCst) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let first = (x % 24) * 4; // hot groups, read over and over
+                let before: Vec<u64> = (first..first + 8).map(|p| latest[p as usize].load(SeqCst)).collect();
+                vol.read(first * PAGE as u64, &mut buf).unwrap();
+                for (i, p) in (first..first + 8).enumerate() {
+                    let got = version_of(p, &buf[i * PAGE..(i + 1) * PAGE]);
+                    let after = latest[p as usize].load(SeqCst);
+                    assert!(
+                        got >= before[i] && got <= after + 1,
+                        "page {p}: read version {got}, but it was at {} before the read and {after} after",
+                        before[i]
+                    );
+                    assert!(buf[i * PAGE..(i + 1) * PAGE] == pattern(6, p, got)[..], "page {p}: torn");
+                }
+                reads += 1;
+            }
+            reads
+        }));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    stop.store(true, SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let reads: u64 = readers.into_iter().map(|t| t.join().unwrap()).sum();
+    let v = stats(&pool, "h");
+    assert!(reads > 100, "{reads} reads");
+    assert!(v.promotions > 0 && v.fast_read_bytes > 0, "the readers were served copies: {v:?}");
+}
