@@ -40,7 +40,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_object_store import run, salsa_binary, wait_for  # noqa: E402
+from bench_object_store import run, salsa_binary, save_report, wait_for  # noqa: E402
 from object_store import control_stats, parse_size  # noqa: E402
 
 
@@ -284,10 +284,7 @@ def main():
             k: dual[k] / single[k] for k in ("map_memory_bytes", "checkpoint_image_bytes", "gc_bytes_relocated", "tps_per_model_second", "object_mib_per_model_second")
             if single.get(k)
         }
-    text = json.dumps(report, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    save_report(report, args.out, None, None)
     print(json.dumps({k: report[k] for k in ("vs_raw", "dual_vs_single") if k in report}))
 
 

@@ -144,14 +144,20 @@ def phased(args, raw_serve, dual_serve):
             if r["ops_per_model_second"] and d["ops_per_model_second"]:
                 ratios[r["op"]] = d["ops_per_model_second"] / r["ops_per_model_second"]
         report["sizes"][size] = {"objects": objects, "raw": raw, "salsa_dual": dual, "ratio_ops_per_model_second": ratios}
+    print(save_report(report, args.out, args.svg, phase_chart))
+
+
+def save_report(report, out, svg, chart):
+    """Writes the report as JSON to `out` and `chart(report)` to `svg`, each when given;
+    returns the JSON text."""
     text = json.dumps(report, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text + "\n")
-    if args.svg:
-        with open(args.svg, "w") as f:
-            f.write(phase_chart(report))
-    print(text)
+    if svg:
+        with open(svg, "w") as f:
+            f.write(chart(report))
+    return text
 
 
 def phase_chart(report):
@@ -229,11 +235,7 @@ def main():
         "ratio_ops_per_model_second": ratio("ops_per_model_second"),
         "ratio_ops_per_wall_second": ratio("ops_per_second"),
     }
-    text = json.dumps(report, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    print(save_report(report, args.out, None, None))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_object_store import xfs_over_salsa  # noqa: E402
+from bench_object_store import save_report, xfs_over_salsa  # noqa: E402
 from object_store import control_stats, parse_size  # noqa: E402
 
 CHUNK = 1 << 20
@@ -318,13 +318,7 @@ def main():
         report["write_keeps_up"] = {n: t[n]["write_keeps_up"] for n in t}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(report, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    if args.svg:
-        with open(args.svg, "w") as f:
-            f.write(chart(report))
+    save_report(report, args.out, args.svg, chart)
     summary = {k: report[k] for k in ("ratio_read_vs_raw", "ratio_steady_read_vs_raw", "write_keeps_up")}
     summary["bad_chunks"] = {n: t["bad_chunks"] for n, t in report["targets"].items()}
     summary["steady_read_mib_per_model_second"] = {n: t["steady_read_mib_per_model_second"] for n, t in report["targets"].items()}

@@ -462,8 +462,8 @@ impl Engine {
         self.log.capacity().free_segments() < wm.low || self.release_due() || self.garbage_due() || self.short_types(wm.low).is_some()
     }
 
-    /// The storage types some volume's streams are restricted to (a hybrid volume's slow
-    /// tier), when fewer than `below` of their segments are free: the pool may have free
+    /// The storage types some volume's streams are restricted to (its storage class; a hybrid
+    /// volume's slow tier), when fewer than `below` of their segments are free: the pool may have free
     /// segments of other types that those streams cannot use, so the GC must clean segments of
     /// these types in particular.
     pub fn short_types(&self, below: u32) -> Option<&'static [StorageType]> {

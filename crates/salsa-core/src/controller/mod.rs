@@ -183,13 +183,7 @@ pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::re
                     _ => return Err(unknown(key)),
                 }
             }
-            Ok(Arc::new(lsa::LsaVolume::new(
-                rec,
-                page_map(),
-                geo.grain_bytes,
-                placement,
-                storage.types(),
-            )))
+            Ok(Arc::new(lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement, storage)))
         }
         ControllerKind::Dual => {
             let mut sparse = None;
@@ -203,12 +197,12 @@ pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::re
             }
             let sparse = sparse.unwrap_or_else(|| dual::default_sparse_pages(rec.size_bytes, geo.grain_bytes));
             check_dual(rec.page_bytes, geo.grain_bytes, sparse)?;
-            let dense = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement, storage.types());
+            let dense = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement, storage);
             Ok(Arc::new(dual::DualVolume::new(dense, geo.grain_bytes, sparse)))
         }
         ControllerKind::Hybrid => {
             let settings = hybrid::HybridSettings::from_record(&rec.settings, rec.page_bytes, geo.segment_bytes)?;
-            let slow = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement, &hybrid::SLOW_TYPES);
+            let slow = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement, StorageClass::Slow);
             Ok(Arc::new(hybrid::HybridVolume::new(slow, settings, geo.segment_bytes)))
         }
     }

@@ -84,11 +84,6 @@ impl StorageType {
             _ => None,
         }
     }
-
-    /// Whether the type is a fast one (flash, NVM): a hybrid volume's fast tier.
-    pub fn is_fast(self) -> bool {
-        matches!(self, StorageType::Flash | StorageType::Nvm)
-    }
 }
 
 /// A storage device: regular file, block device, memory, or an emulation.

@@ -226,6 +226,12 @@ impl Capacity {
         free_of(&q, types)
     }
 
+    /// Segments of the given types, in any state (whether the pool has such devices, and how
+    /// much of it they are).
+    pub fn segments_of(&self, types: &[StorageType]) -> u32 {
+        self.segments.iter().filter(|s| types.contains(&s.storage_type)).count() as u32
+    }
+
     pub fn pending_segments(&self) -> usize {
         self.queues.lock().pending.len()
     }

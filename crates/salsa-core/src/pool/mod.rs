@@ -232,9 +232,9 @@ impl Pool {
     /// The share of [`Pool::logical_capacity_bytes`] on the slow devices, what a hybrid volume
     /// (whose data lives there) can hold.
     pub fn slow_capacity_bytes(&self) -> u64 {
-        let segments = self.eng.log.capacity().segments();
-        let slow = segments.iter().filter(|s| crate::log::SLOW_TYPES.contains(&s.storage_type)).count() as u64;
-        let total = (segments.len() as u64).max(1);
+        let capacity = self.eng.log.capacity();
+        let slow = capacity.segments_of(&crate::log::SLOW_TYPES) as u64;
+        let total = (capacity.segments().len() as u64).max(1);
         (self.logical_capacity_bytes() as u128 * slow as u128 / total as u128) as u64 / 65536 * 65536
     }
 

@@ -115,14 +115,7 @@ impl Pool {
             self.check_hybrid_devices()?;
         }
         let class = spec.storage;
-        if !self
-            .eng
-            .log
-            .capacity()
-            .segments()
-            .iter()
-            .any(|s| class.types().contains(&s.storage_type))
-        {
+        if self.eng.log.capacity().segments_of(class.types()) == 0 {
             return Err(Error::InvalidArgument(format!(
                 "storage class {} needs a {} device in the pool (declare its type at format: PATH@flash, PATH@hdd)",
                 class.name(),
@@ -178,10 +171,8 @@ impl Pool {
                 array.kind().name()
             )));
         }
-        let types: Vec<crate::StorageType> = self.eng.log.capacity().segments().iter().map(|s| s.storage_type).collect();
-        let slow = types.iter().any(|t| crate::log::SLOW_TYPES.contains(t));
-        let fast = types.iter().any(|t| t.is_fast());
-        if !(slow && fast) {
+        let capacity = self.eng.log.capacity();
+        if capacity.segments_of(&crate::log::SLOW_TYPES) == 0 || capacity.segments_of(&crate::log::FAST_TYPES) == 0 {
             return Err(Error::InvalidArgument(
                 "a hybrid volume needs a slow device (a disk: declare it with PATH@hdd, or an hdd:/hmsmr: model) for its data and a fast one (flash or NVM) for copies of hot data; this pool has not both".into(),
             ));

@@ -1,7 +1,8 @@
 //! The hybrid controller (SALSA paper, section IV-B): a volume over two storage types of one
-//! pool. Its data lives in the log on the slow tier (disks: [`SLOW_TYPES`]); groups of
-//! consecutive pages that reads make hot are copied to the fast tier (flash, NVM:
-//! [`FAST_TYPES`]) in the background and read from there while they stay hot.
+//! pool. Its data lives in the log on the slow tier (disks: the slow
+//! [`StorageClass`](crate::log::StorageClass)); groups of consecutive pages that reads make hot
+//! are copied to the fast tier (flash, NVM: [`FAST_TYPES`]) in the background and read from
+//! there while they stay hot.
 //!
 //! Owns: the temperatures (one 64-bit word per group of pages) and the fast tier
 //! ([`tier::Tier`]: which group has a copy in which fast segment, and which of its pages are
@@ -9,7 +10,7 @@
 //!
 //! Invariants:
 //! - user and GC writes go only to slow segments (the LSA controller underneath writes through
-//!   streams restricted to [`SLOW_TYPES`]), so the fast tier never holds the only copy of
+//!   streams restricted to the slow class), so the fast tier never holds the only copy of
 //!   anything: it holds copies of pages that are in the log, and nothing on it is needed to
 //!   recover. Its segments hold no records; reopening the pool frees them (temperatures and
 //!   copies start cold, as the paper allows);
@@ -43,7 +44,7 @@ use std::sync::Arc;
 use temperature::Temperatures;
 use tier::{Located, Tier};
 
-pub use crate::log::{FAST_TYPES, SLOW_TYPES};
+use crate::log::FAST_TYPES;
 
 /// Volume-table settings of a hybrid volume.
 pub const SETTING_GROUP_PAGES: u16 = 1;
@@ -154,7 +155,7 @@ pub struct HybridVolume {
 }
 
 impl HybridVolume {
-    /// A hybrid volume over `slow` (built on [`SLOW_TYPES`]).
+    /// A hybrid volume over `slow` (built on the slow storage class).
     pub fn new(slow: LsaVolume, settings: HybridSettings, segment_bytes: u64) -> HybridVolume {
         let pages = slow.size_bytes() / slow.page_bytes as u64;
         HybridVolume {

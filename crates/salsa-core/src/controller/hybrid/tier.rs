@@ -67,6 +67,7 @@ pub struct TierStats {
 
 struct Copy {
     segment: u32,
+    slot: u32,
     grain0: u64,
     page_grains: u64,
     valid: Vec<u64>,
@@ -285,14 +286,10 @@ impl Tier {
             .map(|(g, _)| *g)
             .collect();
         for g in &cold {
-            st.copies.remove(g);
+            let Some(c) = st.copies.remove(g) else { continue };
             self.demotions.fetch_add(1, SeqCst);
-            for s in st.segments.iter_mut() {
-                for slot in s.groups.iter_mut() {
-                    if *slot == Some(*g) {
-                        *slot = None;
-                    }
-                }
+            if let Some(seg) = st.segments.iter_mut().find(|s| s.segment == c.segment) {
+                seg.groups[c.slot as usize] = None;
             }
         }
         let slots = self.slots_per_segment;
@@ -436,6 +433,7 @@ impl Tier {
                 group,
                 Copy {
                     segment,
+                    slot,
                     grain0,
                     page_grains,
                     valid: all_pages(self.group_pages),

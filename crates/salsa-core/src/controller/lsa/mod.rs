@@ -18,7 +18,7 @@ use crate::format::{MetaEntry, RecordMeta, StreamKind, VolumeRecord};
 use crate::log::capacity::Purpose;
 use crate::log::payload::WriteBuffer;
 use crate::log::stream::{PageData, Streams};
-use crate::log::{Log, PageRead};
+use crate::log::{Log, PageRead, StorageClass};
 use crate::policy::placement::{Placement, Relocation, SegmentView, StreamLayout, UserWrite};
 use crate::util::Decoder;
 use arc_swap::ArcSwap;
@@ -48,6 +48,8 @@ pub struct LsaVolume {
     /// The placement policy and the streams it declared, replaced whole when the volume's
     /// policy changes (with no I/O in flight: see [`LsaVolume::set_placement`]).
     placing: ArcSwap<Placing>,
+    /// The storage types its streams write (every placement's streams get them).
+    storage: StorageClass,
     stripes: Box<[Mutex<()>]>,
     /// Pages currently mapped to data.
     pub mapped_pages: AtomicU64,
@@ -119,14 +121,8 @@ struct Replay {
 
 impl LsaVolume {
     /// A volume as recorded in the volume table, with an empty map and its placement policy,
-    /// writing only segments of `types` (its storage class; a hybrid volume's slow tier).
-    pub fn new(
-        rec: &VolumeRecord,
-        map: PageMap,
-        grain_bytes: u32,
-        placement: Box<dyn Placement>,
-        types: &'static [StorageType],
-    ) -> LsaVolume {
+    /// writing only segments of its storage class (a hybrid volume's: slow).
+    pub fn new(rec: &VolumeRecord, map: PageMap, grain_bytes: u32, placement: Box<dyn Placement>, storage: StorageClass) -> LsaVolume {
         let page_grains = rec.page_bytes / grain_bytes;
         LsaVolume {
             id: rec.id,
@@ -135,7 +131,8 @@ impl LsaVolume {
             page_grains,
             size_bytes: AtomicU64::new(rec.size_bytes),
             map: RwLock::new(map),
-            placing: ArcSwap::from_pointee(Placing::new(rec.id, page_grains, placement, &rec.placement, types)),
+            placing: ArcSwap::from_pointee(Placing::new(rec.id, page_grains, placement, &rec.placement, storage.types())),
+            storage,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             mapped_pages: AtomicU64::new(0),
             relocated_bytes: AtomicU64::new(0),
@@ -175,8 +172,7 @@ impl LsaVolume {
     pub fn replace_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()> {
         log.remove_streams(self.id)?;
         placement.resize(self.map.read().pages());
-        let types = self.placing.load().streams.types();
-        let placing = Placing::new(self.id, self.page_grains, placement, name, types);
+        let placing = Placing::new(self.id, self.page_grains, placement, name, self.storage.types());
         let streams = placing.streams.clone();
         self.placing.store(Arc::new(placing));
         log.add_streams(self.id, streams);
@@ -683,11 +679,7 @@ impl Controller for LsaVolume {
             placement_memory_bytes: self.placement_memory_bytes(),
             gc_bytes_relocated: self.relocated_bytes.load(SeqCst),
             checkpoint_image_bytes: self.image_bytes(),
-            storage: crate::log::StorageClass::ALL
-                .into_iter()
-                .find(|c| c.types() == self.placing.load().streams.types())
-                .map_or("any", |c| c.name())
-                .to_string(),
+            storage: self.storage.name().to_string(),
             ..ControllerStats::default()
         }
     }
