@@ -257,6 +257,12 @@ enum Command {
         /// the same server and clients. Refuses a device that holds a SALSA pool.
         #[arg(long)]
         raw: bool,
+        /// Do not discard freed segments on the devices. By default a segment the GC or
+        /// overwrites emptied is discarded before reuse (TRIM on an SSD or a block device, a
+        /// hole punched in an image file), so that an SSD does not move dead data in its own
+        /// garbage collection and an image file gives the space back.
+        #[arg(long)]
+        no_discard: bool,
         /// Options used only when a new pool is created.
         #[command(flatten)]
         format: FormatArgs,
@@ -497,6 +503,7 @@ fn main() -> ExitCode {
             read_cache,
             metrics,
             raw,
+            no_discard,
             format,
         } => serve(
             devices,
@@ -511,6 +518,7 @@ fn main() -> ExitCode {
                 read_cache_bytes: *read_cache,
                 metrics: *metrics,
                 raw: *raw,
+                discard: !*no_discard,
             },
             format,
         ),

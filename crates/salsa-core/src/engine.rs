@@ -116,6 +116,21 @@ impl Engine {
     pub fn add_volume(&self, vol: Arc<dyn Controller>) {
         self.log.add_streams(vol.id(), vol.streams());
         self.volumes.write().insert(vol.id(), vol);
+        self.protect_restricted_classes();
+    }
+
+    /// Tells the capacity manager which storage classes volumes are restricted to, so that
+    /// other writers leave each its GC reserve (see [`crate::log::capacity::Capacity::try_allocate`]).
+    /// Called whenever the set of volumes changes.
+    pub fn protect_restricted_classes(&self) {
+        let mut classes: Vec<&'static [StorageType]> = Vec::new();
+        for v in self.volumes.read().values() {
+            let t = v.streams().types();
+            if t.len() < ANY_TYPE.len() && !classes.contains(&t) {
+                classes.push(t);
+            }
+        }
+        self.log.capacity().set_protected_classes(classes);
     }
 
     /// One pass of every volume's background work; whether any did something.
@@ -164,6 +179,9 @@ impl Engine {
                 Purpose::Gc => {
                     if self.log.capacity().pending_segments() > 0 {
                         self.log.flush()?;
+                        // Released segments may be on their way through another thread's
+                        // discard: wait for them rather than spin.
+                        self.log.capacity().wait_for_free(types, 0, Duration::from_millis(5));
                         continue;
                     }
                     // Another worker's victim may be about to become free (its promise was
@@ -172,6 +190,19 @@ impl Engine {
                         gc_waits += 1;
                         self.log.capacity().wait_for_free(types, 0, Duration::from_millis(20));
                         continue;
+                    }
+                    // A restricted class (a hybrid volume's slow tier, `--storage`) may run out
+                    // while the pool has room: its open streams hold segments the reserve was
+                    // not sized for. The GC must finish its victim, so the data goes to any
+                    // type this once (reads do not care where a page is; a later GC round
+                    // brings it back to its class) rather than fail the pool.
+                    if types.len() < ANY_TYPE.len() {
+                        if let Some(s) = self.log.capacity().try_allocate(&ANY_TYPE, Purpose::Gc) {
+                            self.log.prepare_segment(s)?;
+                            self.log.counters().gc_class_fallbacks.fetch_add(1, SeqCst);
+                            tracing::debug!("GC of a restricted class took segment {s} of another type");
+                            return Ok(s);
+                        }
                     }
                     return Err(Error::NoSpace("garbage collection ran out of free segments".into()));
                 }

@@ -168,3 +168,133 @@ fn pages_written_in_one_run_are_read_back_in_one_device_read() {
     let used = disk.reads.load(std::sync::atomic::Ordering::SeqCst) - before;
     assert!(used <= 20, "{used} device reads for 1 MiB written in one go");
 }
+
+#[test]
+fn a_discarded_range_is_never_moved_by_the_ssd_gc() {
+    // Fill the drive, discard half of it, then overwrite the other half at random: with the
+    // discard the drive's GC finds the discarded half's blocks empty; without it, it copies
+    // that half around as if it were live.
+    let run = |discard: bool| {
+        let cap = 32 * MIB;
+        let d = ssd(cap);
+        let chunk = vec![3u8; MIB as usize];
+        for i in 0..cap / MIB {
+            d.write_at(&chunk, i * MIB).unwrap();
+        }
+        d.sync().unwrap();
+        if discard {
+            // A partial unit at either end is left mapped, as drives do.
+            d.discard(cap / 2 - 4096, cap / 2 + 4096).unwrap();
+            assert_eq!(counter(&d, "discarded_bytes"), cap / 2, "whole units of the range are unmapped");
+        }
+        let mut rng = SmallRng::seed_from_u64(7);
+        for _ in 0..(2 * cap / 16384) {
+            let unit = rng.gen_range(0..cap / 2 / 16384);
+            d.write_at(&[9u8; 16384], unit * 16384).unwrap();
+        }
+        d.sync().unwrap();
+        let mut back = vec![0u8; 16384];
+        d.read_at(&mut back, 0).unwrap();
+        assert!(back.iter().all(|&b| b == 9 || b == 3), "data survives the drive's GC");
+        counter(&d, "gc_moved_bytes")
+    };
+    let (with, without) = (run(true), run(false));
+    assert!(with * 4 < without, "the GC moved {with} bytes with the discard, {without} without");
+}
+
+#[test]
+fn a_pool_discards_the_segments_it_frees_and_its_data_survives() {
+    use salsa_core::{OpenOptions, Pool, PoolConfig};
+    let run = |discard: bool| {
+        let cap = 64 * MIB;
+        let mut p = SsdParams::commodity(cap);
+        p.erase_block_bytes = 256 << 10;
+        let model = Arc::new(SsdModel::new(Arc::new(MemoryDevice::new("mem", cap)), p).unwrap());
+        let opts = OpenOptions {
+            discard_freed_segments: discard,
+            read_cache_bytes: 0,
+            ..OpenOptions::default()
+        };
+        let cfg = PoolConfig {
+            segment_bytes: Some(MIB),
+            ..PoolConfig::default()
+        };
+        let pool = Pool::create(vec![model.clone() as Arc<dyn Device>], &cfg, &opts).unwrap();
+        let vol = pool.create_volume("v", 40 * MIB, 4096).unwrap();
+        let pages = 40 * MIB / 4096;
+        let mut rng = SmallRng::seed_from_u64(3);
+        let mut model_data: HashMap<u64, u8> = HashMap::new();
+        for i in 0..pages * 4 {
+            let page = if i < pages { i } else { rng.gen_range(0..pages) };
+            let v = (i % 253) as u8 + 1;
+            vol.write(page * 4096, &[v; 4096]).unwrap();
+            model_data.insert(page, v);
+            if i % 1024 == 0 {
+                vol.flush().unwrap();
+            }
+        }
+        vol.flush().unwrap();
+        let mut buf = vec![0u8; 4096];
+        for (page, v) in &model_data {
+            vol.read(page * 4096, &mut buf).unwrap();
+            assert!(buf.iter().all(|b| b == v), "page {page} after GC with discard={discard}");
+        }
+        let st = pool.stats();
+        assert!(st.gc_segments_cleaned > 0, "the workload made the GC free segments");
+        assert_eq!(st.discard_errors, 0);
+        // Everything the pool discarded reached the drive's map (whole segments, whole units).
+        assert!(counter(model.as_ref(), "discarded_bytes") <= st.discarded_bytes);
+        let discarded = st.discarded_bytes;
+        drop(vol);
+        pool.close().unwrap();
+        // Reopened, the pool's pages are all there (free segments read zeros or old bytes).
+        let pool = Pool::open(vec![model.clone() as Arc<dyn Device>], &opts).unwrap();
+        let vol = pool.volume("v").unwrap();
+        for (page, v) in &model_data {
+            vol.read(page * 4096, &mut buf).unwrap();
+            assert!(buf.iter().all(|b| b == v), "page {page} after reopen with discard={discard}");
+        }
+        (discarded, counter(model.as_ref(), "discarded_bytes"))
+    };
+    let (pool_discarded, drive_discarded) = run(true);
+    assert!(
+        pool_discarded > 0 && drive_discarded > 0,
+        "freed segments were discarded: {pool_discarded}, drive {drive_discarded}"
+    );
+    assert_eq!(run(false), (0, 0), "--no-discard discards nothing");
+}
+
+#[test]
+fn a_discard_punches_a_hole_in_an_image_file() {
+    use salsa_core::device::file::{FileDevice, FileOpenOptions};
+    use std::os::unix::fs::MetadataExt;
+    let path = std::env::temp_dir().join(format!("salsa-discard-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let dev = FileDevice::open(
+        &path,
+        FileOpenOptions {
+            create_size_bytes: Some(8 * MIB),
+            direct: false,
+            ..FileOpenOptions::default()
+        },
+    )
+    .unwrap();
+    dev.write_at(&vec![5u8; 4 * MIB as usize], 0).unwrap();
+    dev.sync().unwrap();
+    let blocks = || std::fs::metadata(&path).unwrap().blocks() * 512;
+    let before = blocks();
+    assert!(before >= 4 * MIB, "the file holds what was written: {before}");
+    dev.discard(MIB, 2 * MIB).unwrap();
+    let after = blocks();
+    assert!(
+        after <= before - 2 * MIB,
+        "the discarded range gave its space back: {before} -> {after}"
+    );
+    let mut back = vec![0u8; 4096];
+    dev.read_at(&mut back, 0).unwrap();
+    assert!(back.iter().all(|&b| b == 5), "bytes outside the range are kept");
+    dev.read_at(&mut back, MIB).unwrap();
+    assert!(back.iter().all(|&b| b == 0), "a hole reads zeros");
+    drop(dev);
+    std::fs::remove_file(&path).unwrap();
+}

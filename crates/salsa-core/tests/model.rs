@@ -283,7 +283,9 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
             Op::Zero { vol, offset, len } => {
                 let Some(m) = model[vol].as_mut() else { continue };
                 let (offset, len) = clamp(m, offset, len);
-                p.volume(&name(vol)).unwrap().write_zeroes(offset, len).unwrap();
+                if let Err(e) = p.volume(&name(vol)).unwrap().write_zeroes(offset, len) {
+                    panic!("write_zeroes failed: {e}\n{:?}", p.stats());
+                }
                 m[offset as usize..(offset + len) as usize].fill(0);
             }
             Op::Flush => p.flush().unwrap(),
@@ -488,4 +490,60 @@ fn regression_gc_after_checkpoint_reopen() {
         },
     ];
     run(ops).unwrap();
+}
+
+/// Found by the property test: with the flash full, LSA writers took the disk's last free
+/// segments, and the hybrid volume's GC stream (disk only) found none to relocate into.
+#[test]
+fn regression_hybrid_gc_of_the_slow_class_after_others_filled_it() {
+    let ops = vec![
+        Op::Reopen { clean: false },
+        Op::Create { vol: 2 },
+        Op::Write {
+            vol: 2,
+            offset: 2531200,
+            len: 129,
+            fill: 0,
+        },
+        Op::Zero {
+            vol: 1,
+            offset: 0,
+            len: 24577,
+        },
+        Op::Zero { vol: 0, offset: 0, len: 1 },
+        Op::Write {
+            vol: 1,
+            offset: 90198,
+            len: 10109,
+            fill: 68,
+        },
+        Op::Reopen { clean: true },
+        Op::Burst {
+            vol: 0,
+            start: 39,
+            stride: 1,
+            count: 1295,
+            fill: 38,
+        },
+        Op::Burst {
+            vol: 2,
+            start: 593,
+            stride: 2,
+            count: 1815,
+            fill: 185,
+        },
+        Op::Burst {
+            vol: 1,
+            start: 3641,
+            stride: 2,
+            count: 1858,
+            fill: 136,
+        },
+        Op::Zero {
+            vol: 1,
+            offset: 7296815,
+            len: 31727,
+        },
+    ];
+    run_hybrid(ops).unwrap();
 }

@@ -32,6 +32,8 @@ pub struct Params {
     pub victim: String,
     /// Also run the raw device.
     pub raw: bool,
+    /// SALSA discards the segments it frees.
+    pub discard: bool,
     /// Precondition: one sequential and one random pass over the target.
     pub precondition: bool,
     /// Writes measured, in target sizes.
@@ -293,6 +295,7 @@ fn measure(label: &'static str, t: &Target, p: &Params, quiet: bool) -> Result<O
         json["salsa_wa"] = json!(s.write_amplification);
         json["spare_percent"] = json!(p.spare_percent);
         json["segment_bytes"] = json!(pool.geometry().segment_bytes);
+        json["discarded_bytes"] = json!(s.discarded_bytes);
     }
     say(&format!(
         "modelled {mbps:.1} MB/s (median {median:.1}), media writes per user byte {wear_per_user_byte:.2}, device-internal WA {:.2}",
@@ -333,7 +336,11 @@ pub fn run(p: &Params, quiet: bool) -> Result<Value, String> {
             default_placement: p.placement.clone(),
             ..PoolConfig::default()
         };
-        let pool = Pool::create(vec![dev], &cfg, &OpenOptions::default()).map_err(|e| format!("SALSA on the model: {e}"))?;
+        let opts = OpenOptions {
+            discard_freed_segments: p.discard,
+            ..OpenOptions::default()
+        };
+        let pool = Pool::create(vec![dev], &cfg, &opts).map_err(|e| format!("SALSA on the model: {e}"))?;
         let size = pool.logical_capacity_bytes() / p.block_bytes * p.block_bytes;
         let vol = pool.create_volume("bench", size, p.page_bytes).map_err(|e| e.to_string())?;
         // A host-managed zoned drive refuses random writes: there is no raw run to compare with.

@@ -267,6 +267,9 @@ impl Device for RecordingDevice {
     fn sync(&self) -> std::io::Result<()> {
         self.inner.sync()
     }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner.discard(offset, len)
+    }
     fn counters(&self) -> Vec<(String, u64)> {
         self.inner.counters()
     }

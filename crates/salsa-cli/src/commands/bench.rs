@@ -45,6 +45,10 @@ pub(crate) struct BenchDeviceArgs {
     /// Run only SALSA (no raw-device run).
     #[arg(long)]
     no_raw: bool,
+    /// SALSA does not discard the segments it frees (shows what the device's own GC pays
+    /// without TRIM).
+    #[arg(long)]
+    no_discard: bool,
     /// Skip the precondition (one sequential and one random pass).
     #[arg(long)]
     no_precondition: bool,
@@ -145,6 +149,7 @@ pub(crate) fn run_device_bench(a: &BenchDeviceArgs) -> Result<(), String> {
         placement: a.placement.clone(),
         victim: a.victim.clone(),
         raw: !a.no_raw,
+        discard: !a.no_discard,
         precondition: !a.no_precondition,
         measure_volumes: a.measure,
         seed: a.seed,

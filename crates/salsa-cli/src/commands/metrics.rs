@@ -80,6 +80,18 @@ pub(crate) fn render(s: &Stats) -> String {
         s.pad_bytes_written as f64,
     );
     e.one(
+        "discarded_bytes_total",
+        c,
+        "Bytes of freed segments discarded on the devices (TRIM, punched holes).",
+        s.discarded_bytes as f64,
+    );
+    e.one(
+        "discard_errors_total",
+        c,
+        "Discards a device refused (advisory, nothing lost).",
+        s.discard_errors as f64,
+    );
+    e.one(
         "write_amplification",
         g,
         "Device bytes written per user byte.",

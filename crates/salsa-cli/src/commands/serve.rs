@@ -17,6 +17,8 @@ pub(crate) struct ServeArgs {
     pub(crate) metrics: Option<std::net::SocketAddr>,
     /// Serve the device raw, without a pool (a baseline).
     pub(crate) raw: bool,
+    /// Discard freed segments on the devices.
+    pub(crate) discard: bool,
 }
 
 impl ServeArgs {
@@ -77,14 +79,8 @@ pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, answer:
 }
 
 /// Opens the pool on `specs`, or creates it when every device is blank; refuses anything else.
-pub(crate) fn open_or_create(
-    specs: &[DeviceSpec],
-    parity_buffer: Option<&DeviceSpec>,
-    format: &FormatArgs,
-    read_only: bool,
-    page_cache: bool,
-    read_cache_bytes: Option<u64>,
-) -> Result<Pool, String> {
+pub(crate) fn open_or_create(specs: &[DeviceSpec], args: &ServeArgs, format: &FormatArgs) -> Result<Pool, String> {
+    let (parity_buffer, read_only) = (args.parity_buffer.as_ref(), args.read_only);
     for s in specs {
         if let Some(dir) = s
             .path
@@ -99,7 +95,10 @@ pub(crate) fn open_or_create(
             }
         }
     }
-    let devs: Vec<_> = specs.iter().map(|d| d.open_with(read_only, page_cache)).collect::<Result<_, _>>()?;
+    let devs: Vec<_> = specs
+        .iter()
+        .map(|d| d.open_with(read_only, args.page_cache))
+        .collect::<Result<_, _>>()?;
     let mut members = 0;
     for d in &devs {
         match salsa_core::pool::read_superblock(d.as_ref()) {
@@ -119,7 +118,10 @@ pub(crate) fn open_or_create(
     }
     let opts = OpenOptions {
         read_only,
-        read_cache_bytes: read_cache_bytes.unwrap_or_else(salsa_core::pool::default_server_read_cache_bytes),
+        read_cache_bytes: args
+            .read_cache_bytes
+            .unwrap_or_else(salsa_core::pool::default_server_read_cache_bytes),
+        discard_freed_segments: args.discard,
         ..OpenOptions::default()
     };
     if members == devs.len() {
@@ -239,17 +241,7 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         }
         e
     };
-    let pool = Arc::new(
-        open_or_create(
-            specs,
-            args.parity_buffer.as_ref(),
-            format,
-            args.read_only,
-            args.page_cache,
-            args.read_cache_bytes,
-        )
-        .map_err(remove_created)?,
-    );
+    let pool = Arc::new(open_or_create(specs, &args, format).map_err(remove_created)?);
     let cfg = args.server_config();
     let listening = match salsa_nbd::server::Listening::bind(pool.clone(), &cfg) {
         Ok(l) => l,

@@ -35,6 +35,9 @@ pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
             "slot": slot, "next_segment": next, "total_segments": total,
         })),
         "pad_bytes_written": s.pad_bytes_written,
+        "discarded_bytes": s.discarded_bytes,
+        "discard_errors": s.discard_errors,
+        "gc_class_fallbacks": s.gc_class_fallbacks,
         "parity_buffer": s.parity_buffer.as_ref().map(|b| serde_json::json!({
             "name": b.name, "size_bytes": b.size_bytes, "rows_per_bank": b.rows_per_bank,
             "banks_written": b.banks_written, "bytes_written": b.bytes_written, "banks_skipped": b.banks_skipped,
@@ -111,6 +114,13 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     println!("write amp.        {:.3}", v["write_amplification"].as_f64().unwrap_or(0.0));
     println!("free segments     {} of {}", n("free_segments"), n("total_segments"));
     println!("map memory        {}", human(n("map_memory_bytes")));
+    if n("discarded_bytes") > 0 || n("discard_errors") > 0 {
+        println!(
+            "discarded         {} of freed segments ({} refused)",
+            human(n("discarded_bytes")),
+            n("discard_errors")
+        );
+    }
     if let Some(c) = v["read_cache"].as_object() {
         let k = |key: &str| c.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
         let lookups = (k("hits") + k("misses")).max(1);

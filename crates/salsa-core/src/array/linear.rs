@@ -196,6 +196,19 @@ impl Array for LinearArray {
         Ok(())
     }
 
+    fn discard_segment(&self, segment: u32) -> Result<()> {
+        let (m, offset) = self.segment_offset(segment);
+        if m.device.zones().is_some() {
+            return Ok(());
+        }
+        m.device.discard(offset, self.segment_bytes).map_err(|source| Error::Io {
+            device: m.device.name().to_string(),
+            op: "discard",
+            offset,
+            source,
+        })
+    }
+
     /// Reads whole grains starting at a physical grain address.
     fn read(&self, grain: u64, buf: &mut [u8]) -> Result<()> {
         let segment = (grain / self.grains_per_segment) as u32;

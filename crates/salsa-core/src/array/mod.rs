@@ -92,6 +92,11 @@ pub trait Array: Send + Sync {
     /// anything is reset). Called when a free segment is handed out, which is only after the
     /// metadata that emptied it is durable.
     fn prepare_segment(&self, segment: u32) -> Result<()>;
+    /// Tells the devices that nothing needs `segment`'s bytes any more (see
+    /// [`Device::discard`]); called when a segment becomes free, so that an SSD's own garbage
+    /// collection stops moving them. Advisory: an error costs the device's efficiency, never
+    /// data. Zoned members are skipped (a zone is emptied by its reset when it is reused).
+    fn discard_segment(&self, segment: u32) -> Result<()>;
     /// Reads whole grains starting at a physical grain address.
     fn read(&self, grain: u64, buf: &mut [u8]) -> Result<()>;
     /// Writes the concatenation of `bufs` (whole grains in all) at a physical grain address, as

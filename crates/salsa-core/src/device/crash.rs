@@ -153,6 +153,19 @@ impl Device for CrashDevice {
         st.volatile.push((offset, buf.to_vec()));
         Ok(())
     }
+    /// A discard is a volatile write of zeros: reads see zeros until a crash, which drops or
+    /// tears it like any unsynced write (the old bytes may come back), as the contract allows.
+    /// Not counted as an operation, so the crash points of a seed stay where they were.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let len = usize::try_from(len).map_err(io::Error::other)?;
+        check_range(self.size_bytes, offset, len)?;
+        let mut st = self.state.lock();
+        if st.crashed {
+            return Err(io::Error::other("device crashed (simulated power loss)"));
+        }
+        st.volatile.push((offset, vec![0; len]));
+        Ok(())
+    }
     fn sync(&self) -> io::Result<()> {
         let mut st = self.state.lock();
         Self::count_op(&mut st)?;

@@ -59,6 +59,9 @@ impl Device for Declared {
     fn sync(&self) -> io::Result<()> {
         self.inner.sync()
     }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.discard(offset, len)
+    }
     fn counters(&self) -> Vec<(String, u64)> {
         self.inner.counters()
     }

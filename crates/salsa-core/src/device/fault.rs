@@ -106,6 +106,12 @@ impl Device for FaultDevice {
         }
         self.inner.sync()
     }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.plan.lock().dead {
+            return Err(injected("discard"));
+        }
+        self.inner.discard(offset, len)
+    }
     fn counters(&self) -> Vec<(String, u64)> {
         self.inner.counters()
     }

@@ -25,6 +25,10 @@ pub struct FileDevice {
     direct: bool,
     zones: Option<KernelZones>,
     storage_type: StorageType,
+    is_block_device: bool,
+    /// Cleared when the file system or the drive refuses discards, so that they are not tried
+    /// again for every freed segment.
+    discard_supported: std::sync::atomic::AtomicBool,
 }
 
 /// How to open a file device.
@@ -85,7 +89,8 @@ impl FileDevice {
         lock_exclusive(&file, &name)?;
         let meta = file.metadata()?;
         let (mut size_bytes, mut zones, mut storage_type) = (meta.len(), None, StorageType::Flash);
-        if meta.file_type().is_block_device() {
+        let is_block_device = meta.file_type().is_block_device();
+        if is_block_device {
             use std::os::unix::fs::MetadataExt;
             size_bytes = block_device_size(&file)?;
             zones = KernelZones::probe(&file, &name, size_bytes)?;
@@ -105,6 +110,7 @@ impl FileDevice {
                 };
             }
         }
+        let zones_present = zones.is_some();
         Ok(FileDevice {
             name,
             file,
@@ -112,6 +118,9 @@ impl FileDevice {
             direct,
             zones,
             storage_type,
+            is_block_device,
+            // A zone is discarded by its reset, when the pool reuses it.
+            discard_supported: std::sync::atomic::AtomicBool::new(!zones_present),
         })
     }
 
@@ -268,7 +277,47 @@ impl Device for FileDevice {
     fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
     }
+    /// `BLKDISCARD` on a block device, a punched hole (which also gives the space back to the
+    /// file system) in a regular file; nothing where neither is supported.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        check_range(self.size_bytes, offset, usize::try_from(len).map_err(io::Error::other)?)?;
+        if len == 0 || !self.discard_supported.load(Relaxed) {
+            return Ok(());
+        }
+        let rc = if self.is_block_device {
+            let range = [offset, len];
+            // SAFETY: BLKDISCARD reads two u64 (start, length) from the pointer, which points at
+            // `range` for the whole call; the descriptor is kept open by `self.file`.
+            unsafe { libc::ioctl(self.file.as_raw_fd(), BLKDISCARD, range.as_ptr()) }
+        } else {
+            // SAFETY: fallocate only reads the descriptor, which `self.file` keeps open.
+            unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                )
+            }
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY) | Some(libc::EINVAL) => {
+                tracing::info!("{}: discard not supported ({e}); freed segments are not discarded", self.name);
+                self.discard_supported.store(false, Relaxed);
+                Ok(())
+            }
+            _ => Err(e),
+        }
+    }
 }
+
+/// `_IO(0x12, 119)`: discard a byte range of a block device.
+const BLKDISCARD: libc::c_ulong = 0x1277;
 
 #[cfg(test)]
 mod tests {

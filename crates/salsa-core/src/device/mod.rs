@@ -139,6 +139,14 @@ pub trait Device: Send + Sync {
     }
     /// Makes every write that returned before this call durable.
     fn sync(&self) -> io::Result<()>;
+    /// Tells the device that nothing needs the bytes of a range any more (TRIM, UNMAP, a hole
+    /// punched in a file), so that an SSD need not move them in its own garbage collection.
+    /// Advisory: afterwards the range reads its old bytes or zeros, and a crash may undo the
+    /// discard; bytes outside the range never change. The pool discards only segments that
+    /// are free (every record that emptied them is durable). The default does nothing.
+    fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
     /// Zone management, for zoned devices (host-managed SMR, ZNS); `None` for flat devices.
     fn zones(&self) -> Option<&dyn Zoned> {
         None

@@ -62,4 +62,8 @@ impl Device for SliceDevice {
     fn sync(&self) -> io::Result<()> {
         self.inner.sync()
     }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.size_bytes, offset, usize::try_from(len).map_err(io::Error::other)?)?;
+        self.inner.discard(self.offset + offset, len)
+    }
 }

@@ -111,6 +111,7 @@ struct Counters {
     erases: u64,
     rmw_units: u64,
     gc_moved_units: u64,
+    discarded_units: u64,
 }
 
 struct Ftl {
@@ -366,6 +367,31 @@ impl Ftl {
         }
     }
 
+    /// TRIM of the units wholly inside the range (a partial unit is left as it is, as drives
+    /// do): they leave the write cache and the map, so the GC never moves them again. One map
+    /// update per translation page touched.
+    fn discard(&mut self, offset: u64, len: u64) {
+        let ub = self.p.unit_bytes;
+        let (first, end) = (offset.div_ceil(ub), (offset + len) / ub);
+        let mut pages = Vec::new();
+        for unit in first..end {
+            let unit = unit as u32;
+            self.cache.remove(&unit);
+            let old = self.l2p[unit as usize];
+            if old != UNMAPPED {
+                self.p2l[old as usize] = UNMAPPED;
+                self.valid[(old / self.units_per_block) as usize] -= 1;
+                self.l2p[unit as usize] = UNMAPPED;
+                self.c.discarded_units += 1;
+                pages.push(unit as u64 / self.entries_per_translation_page);
+            }
+        }
+        pages.dedup();
+        for tp in pages {
+            self.map_access((tp * self.entries_per_translation_page) as u32, true);
+        }
+    }
+
     fn evict_one(&mut self) {
         let Some(unit) = self.cache_order.pop_front() else { return };
         if let Some(present) = self.cache.remove(&unit) {
@@ -478,6 +504,14 @@ impl Device for SsdModel {
         self.ftl.lock().flush();
         self.backing.sync()
     }
+    /// Unmaps the whole units of the range in the FTL, and discards the range on the backing
+    /// device too (a file gets its space back).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        super::check_range(self.params.capacity_bytes, offset, usize::try_from(len).map_err(io::Error::other)?)?;
+        self.backing.discard(offset, len)?;
+        self.ftl.lock().discard(offset, len);
+        Ok(())
+    }
     fn counters(&self) -> Vec<(String, u64)> {
         let f = self.ftl.lock();
         let ub = self.params.unit_bytes;
@@ -492,6 +526,7 @@ impl Device for SsdModel {
             ("block_erases".into(), c.erases),
             ("read_modify_write_units".into(), c.rmw_units),
             ("gc_moved_bytes".into(), c.gc_moved_units * ub),
+            ("discarded_bytes".into(), c.discarded_units * ub),
             ("model_time_us".into(), f.model_time_us()),
         ]
     }

@@ -124,6 +124,16 @@ struct Queues {
     free: Vec<VecDeque<u32>>,
     /// Retired segments waiting for a sync before reuse.
     pending: Vec<Pending>,
+    /// Released segments waiting for their discard before they join the free queues (only
+    /// while discards are on). Still PendingFree: nothing may write them until the discard is
+    /// done, or it would destroy what was written.
+    to_discard: Vec<u32>,
+    /// Released segments not yet free because of their discard: in `to_discard` or being
+    /// discarded (they count as pending: a sync or a short wait frees them).
+    discarding: usize,
+    /// The storage classes some volume's streams are restricted to (a hybrid volume's slow
+    /// tier, `--storage fast|slow`): other writers leave each its GC reserve.
+    protected: Vec<&'static [StorageType]>,
 }
 
 /// Watermarks in segments.
@@ -171,6 +181,8 @@ pub struct Capacity {
     pub watermarks: Watermarks,
     grains_per_segment: u32,
     free_count: AtomicU32,
+    /// Whether released segments pass through `to_discard` (see [`Capacity::set_discard`]).
+    discard: std::sync::atomic::AtomicBool,
 }
 
 impl Capacity {
@@ -198,12 +210,47 @@ impl Capacity {
             queues: Mutex::new(Queues {
                 free: vec![VecDeque::new(); StorageType::ALL.len()],
                 pending: Vec::new(),
+                to_discard: Vec::new(),
+                discarding: 0,
+                protected: Vec::new(),
             }),
             changed: Condvar::new(),
             watermarks,
             grains_per_segment,
             free_count: AtomicU32::new(0),
+            discard: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// With `on`, a released segment waits in a list until [`Capacity::take_to_discard`] hands
+    /// it to the log, which discards it on the device and gives it back with
+    /// [`Capacity::finish_discard`]; only then is it free.
+    pub fn set_discard(&self, on: bool) {
+        self.discard.store(on, SeqCst);
+    }
+
+    /// The released segments to discard (each handed out once).
+    pub fn take_to_discard(&self) -> Vec<u32> {
+        std::mem::take(&mut self.queues.lock().to_discard)
+    }
+
+    /// Frees segments taken by [`Capacity::take_to_discard`], whether or not their discard
+    /// succeeded (it is advisory).
+    pub fn finish_discard(&self, segments: &[u32]) {
+        if segments.is_empty() {
+            return;
+        }
+        let mut q = self.queues.lock();
+        for &s in segments {
+            assert_eq!(
+                self.segment(s).state(),
+                SegmentState::PendingFree,
+                "discarded segment {s} changed state"
+            );
+            self.queue_free(&mut q, s);
+        }
+        q.discarding -= segments.len();
+        self.changed.notify_all();
     }
 
     pub fn segment(&self, s: u32) -> &SegmentInfo {
@@ -232,8 +279,10 @@ impl Capacity {
         self.segments.iter().filter(|s| types.contains(&s.storage_type)).count() as u32
     }
 
+    /// Segments retired but not yet free: waiting for a sync, or for their discard.
     pub fn pending_segments(&self) -> usize {
-        self.queues.lock().pending.len()
+        let q = self.queues.lock();
+        q.pending.len() + q.discarding
     }
 
     /// Pending segments emptied by the GC, and the others.
@@ -275,11 +324,22 @@ impl Capacity {
         before - q.pending.len()
     }
 
+    /// A released segment: free, or first discarded (see [`Capacity::set_discard`]).
     fn make_free(&self, q: &mut Queues, s: u32) {
         let info = self.segment(s);
         assert!(info.is_empty(), "pending segment {s} regained data");
         info.owner_volume.store(u32::MAX, SeqCst);
         info.unmovable.store(false, SeqCst);
+        if self.discard.load(SeqCst) {
+            q.to_discard.push(s);
+            q.discarding += 1;
+        } else {
+            self.queue_free(q, s);
+        }
+    }
+
+    fn queue_free(&self, q: &mut Queues, s: u32) {
+        let info = self.segment(s);
         info.set_state(SegmentState::Free);
         q.free[info.storage_type as usize].push_back(s);
         self.free_count.fetch_add(1, SeqCst);
@@ -292,6 +352,8 @@ impl Capacity {
             f.clear();
         }
         q.pending.clear();
+        q.to_discard.clear();
+        q.discarding = 0;
         let mut n = 0;
         for (i, s) in self.segments.iter().enumerate() {
             if s.state() == SegmentState::Free {
@@ -302,8 +364,19 @@ impl Capacity {
         self.free_count.store(n, SeqCst);
     }
 
+    /// Sets the storage classes some volume is restricted to (see [`Capacity::try_allocate`]).
+    pub fn set_protected_classes(&self, classes: Vec<&'static [StorageType]>) {
+        self.queues.lock().protected = classes;
+    }
+
     /// Takes a free segment of one of `types` (in preference order). Returns `None` when the
     /// purpose may not dip that low; the caller then waits for or runs GC.
+    ///
+    /// Writers and checkpoints also leave every protected class its own GC reserve: a segment
+    /// of a type in a class they are not restricted to is taken only while that class keeps
+    /// more than the reserve free. Without it, writers that may use any type took the last
+    /// disk segments while flash was full, and a hybrid volume's GC, which may relocate only
+    /// to the disk, found nothing to relocate into.
     pub fn try_allocate(&self, types: &[StorageType], purpose: Purpose) -> Option<u32> {
         let mut q = self.queues.lock();
         let floor = match purpose {
@@ -317,7 +390,15 @@ impl Capacity {
         if free_of(&q, types) <= floor {
             return None;
         }
+        let guarded = matches!(purpose, Purpose::User | Purpose::Checkpoint);
         for t in types {
+            if guarded
+                && q.protected
+                    .iter()
+                    .any(|class| *class != types && class.contains(t) && free_of(&q, class) <= floor)
+            {
+                continue;
+            }
             if let Some(s) = q.free[*t as usize].pop_front() {
                 self.free_count.fetch_sub(1, SeqCst);
                 let info = self.segment(s);

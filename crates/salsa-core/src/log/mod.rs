@@ -93,6 +93,13 @@ pub struct Counters {
     /// Zeros written after records so that flushes end on full stripes (parity arrays
     /// without a parity buffer).
     pub pad_bytes_written: AtomicU64,
+    /// Bytes of freed segments discarded on the devices.
+    pub discarded_bytes: AtomicU64,
+    /// Discards a device refused with an error (advisory: nothing is lost).
+    pub discard_errors: AtomicU64,
+    /// Segments the GC of a restricted storage class took of another type because its class
+    /// had none free (see [`crate::engine::Engine::allocate_segment`]).
+    pub gc_class_fallbacks: AtomicU64,
 }
 
 /// Where streams get new segments: the space manager above the log, which throttles writers
@@ -545,7 +552,7 @@ impl Log {
             self.sync_devices()?;
         }
         drop(guard);
-        self.capacity.release_synced(self.tracker.synced_through());
+        self.release_synced();
         Ok(())
     }
 
@@ -601,9 +608,32 @@ impl Log {
         Ok(true)
     }
 
-    /// Frees the pending segments that the last sync covered.
+    /// Frees the pending segments that the last sync covered (and any other released ones),
+    /// discarding them on the devices first when discards are on.
     pub fn release_synced(&self) -> usize {
-        self.capacity.release_synced(self.tracker.synced_through())
+        let n = self.capacity.release_synced(self.tracker.synced_through());
+        self.discard_released();
+        n
+    }
+
+    /// Discards the released segments waiting for it and frees them. A device's error is
+    /// counted and logged, and the segment freed all the same: a discard only helps the
+    /// device, the data it covers is dead.
+    fn discard_released(&self) {
+        let segments = self.capacity.take_to_discard();
+        for &s in &segments {
+            match self.array.discard_segment(s) {
+                Ok(()) => {
+                    self.counters.discarded_bytes.fetch_add(self.geo.segment_bytes, SeqCst);
+                }
+                Err(e) => {
+                    if self.counters.discard_errors.fetch_add(1, SeqCst) == 0 {
+                        tracing::warn!("discard of segment {s} failed (further failures are only counted): {e}");
+                    }
+                }
+            }
+        }
+        self.capacity.finish_discard(&segments);
     }
 
     /// The id of the last record begun (every record with a lower id came before it).

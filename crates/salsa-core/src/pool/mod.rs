@@ -134,6 +134,10 @@ pub struct OpenOptions {
     /// Bytes of DRAM for copies of pages read from the devices (see
     /// [`crate::log::read_cache`]); 0: every read goes to the devices.
     pub read_cache_bytes: u64,
+    /// Discard segments on the devices when they become free ([`crate::device::Device::discard`]:
+    /// TRIM on an SSD, a hole punched in a file), so that an SSD's own garbage collection
+    /// stops moving data the pool has freed.
+    pub discard_freed_segments: bool,
 }
 
 /// Read cache of [`OpenOptions::default`].
@@ -166,6 +170,7 @@ impl Default for OpenOptions {
             write_back_threads: 4,
             parity_buffer: None,
             read_cache_bytes: DEFAULT_READ_CACHE_BYTES,
+            discard_freed_segments: true,
         }
     }
 }

@@ -285,6 +285,7 @@ impl Pool {
         // land before their segments can be reused.
         self.eng.log.remove_streams(vol.id())?;
         self.eng.volumes.write().remove(&vol.id());
+        self.eng.protect_restricted_classes();
         vol.release(&self.eng.log);
         self.eng.flush()?;
         self.eng.log.add_mapped_grains(-(vol.mapped_grains() as i64));

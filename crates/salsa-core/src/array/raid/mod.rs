@@ -646,6 +646,20 @@ impl Array for RaidArray {
         Ok(())
     }
 
+    /// Every member's share of the segment, parity included, except failed members'.
+    fn discard_segment(&self, segment: u32) -> Result<()> {
+        for m in 0..self.members.len() as u32 {
+            if self.health[m as usize].failed.load(SeqCst) {
+                continue;
+            }
+            let (device, offset) = (self.device(m), self.offset(m, segment, 0));
+            device
+                .discard(offset, self.stripe.member_segment_bytes())
+                .map_err(|e| self.io_error(m, "discard", offset, e))?;
+        }
+        Ok(())
+    }
+
     fn read(&self, grain: u64, buf: &mut [u8]) -> Result<()> {
         let segment = (grain / self.grains_per_segment) as u32;
         let offset = (grain % self.grains_per_segment) * self.grain_bytes;
