@@ -123,11 +123,21 @@ impl Engine {
     /// other writers leave each its GC reserve (see [`crate::log::capacity::Capacity::try_allocate`]).
     /// Called whenever the set of volumes changes.
     pub fn protect_restricted_classes(&self) {
-        let mut classes: Vec<&'static [StorageType]> = Vec::new();
+        let mut classes: Vec<(&'static [StorageType], u32)> = Vec::new();
         for v in self.volumes.read().values() {
             let t = v.streams().types();
-            if t.len() < ANY_TYPE.len() && !classes.contains(&t) {
-                classes.push(t);
+            if t.len() == ANY_TYPE.len() {
+                continue;
+            }
+            let gc_streams = v
+                .streams()
+                .layout()
+                .kinds()
+                .filter(|k| matches!(k, crate::format::StreamKind::Gc(_)))
+                .count() as u32;
+            match classes.iter_mut().find(|(c, _)| *c == t) {
+                Some((_, extra)) => *extra += gc_streams,
+                None => classes.push((t, gc_streams)),
             }
         }
         self.log.capacity().set_protected_classes(classes);
@@ -190,19 +200,6 @@ impl Engine {
                         gc_waits += 1;
                         self.log.capacity().wait_for_free(types, 0, Duration::from_millis(20));
                         continue;
-                    }
-                    // A restricted class (a hybrid volume's slow tier, `--storage`) may run out
-                    // while the pool has room: its open streams hold segments the reserve was
-                    // not sized for. The GC must finish its victim, so the data goes to any
-                    // type this once (reads do not care where a page is; a later GC round
-                    // brings it back to its class) rather than fail the pool.
-                    if types.len() < ANY_TYPE.len() {
-                        if let Some(s) = self.log.capacity().try_allocate(&ANY_TYPE, Purpose::Gc) {
-                            self.log.prepare_segment(s)?;
-                            self.log.counters().gc_class_fallbacks.fetch_add(1, SeqCst);
-                            tracing::debug!("GC of a restricted class took segment {s} of another type");
-                            return Ok(s);
-                        }
                     }
                     return Err(Error::NoSpace("garbage collection ran out of free segments".into()));
                 }
@@ -494,7 +491,8 @@ impl Engine {
     }
 
     /// The storage types some volume's streams are restricted to (its storage class; a hybrid
-    /// volume's slow tier), when fewer than `below` of their segments are free: the pool may have free
+    /// volume's slow tier), when fewer than `below` (plus the class's extra reserve, see
+    /// [`crate::log::capacity::Capacity::try_allocate`]) of their segments are free: the pool may have free
     /// segments of other types that those streams cannot use, so the GC must clean segments of
     /// these types in particular.
     pub fn short_types(&self, below: u32) -> Option<&'static [StorageType]> {
@@ -503,7 +501,7 @@ impl Engine {
             .values()
             .map(|v| v.streams().types())
             .filter(|t| t.len() < ANY_TYPE.len())
-            .find(|t| self.log.capacity().free_segments_of(t) < below)
+            .find(|t| self.log.capacity().free_segments_of(t) < below + self.log.capacity().class_extra_reserve(t))
     }
 
     /// The types the GC should clean now: any (`None`) while the pool as a whole is short,

@@ -492,8 +492,10 @@ fn regression_gc_after_checkpoint_reopen() {
     run(ops).unwrap();
 }
 
-/// Found by the property test: with the flash full, LSA writers took the disk's last free
-/// segments, and the hybrid volume's GC stream (disk only) found none to relocate into.
+/// Found by the property test: the disk's free segments fell to the pool's GC reserve, and the
+/// hybrid volume's GC (disk only, several GC streams under SepBIT placement, each opening a
+/// segment for the same victim) used them all before the victim was free. A restricted class
+/// now keeps a reserve of its own, one more segment per GC stream.
 #[test]
 fn regression_hybrid_gc_of_the_slow_class_after_others_filled_it() {
     let ops = vec![

@@ -37,7 +37,6 @@ pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
         "pad_bytes_written": s.pad_bytes_written,
         "discarded_bytes": s.discarded_bytes,
         "discard_errors": s.discard_errors,
-        "gc_class_fallbacks": s.gc_class_fallbacks,
         "parity_buffer": s.parity_buffer.as_ref().map(|b| serde_json::json!({
             "name": b.name, "size_bytes": b.size_bytes, "rows_per_bank": b.rows_per_bank,
             "banks_written": b.banks_written, "bytes_written": b.bytes_written, "banks_skipped": b.banks_skipped,

@@ -132,8 +132,9 @@ struct Queues {
     /// discarded (they count as pending: a sync or a short wait frees them).
     discarding: usize,
     /// The storage classes some volume's streams are restricted to (a hybrid volume's slow
-    /// tier, `--storage fast|slow`): other writers leave each its GC reserve.
-    protected: Vec<&'static [StorageType]>,
+    /// tier, `--storage fast|slow`), each with the segments its GC may open beyond the pool's
+    /// reserve (one per GC stream of its volumes): other writers leave each that reserve.
+    protected: Vec<(&'static [StorageType], u32)>,
 }
 
 /// Watermarks in segments.
@@ -165,6 +166,11 @@ impl Watermarks {
             release: (total / 32).clamp(high, 256),
         }
     }
+}
+
+/// The extra reserve of `types` when it is a protected class.
+fn extra_of(q: &Queues, types: &[StorageType]) -> u32 {
+    q.protected.iter().find(|(class, _)| *class == types).map_or(0, |(_, extra)| *extra)
 }
 
 /// Free segments of `types` in the queues.
@@ -364,19 +370,28 @@ impl Capacity {
         self.free_count.store(n, SeqCst);
     }
 
-    /// Sets the storage classes some volume is restricted to (see [`Capacity::try_allocate`]).
-    pub fn set_protected_classes(&self, classes: Vec<&'static [StorageType]>) {
+    /// Sets the storage classes some volume is restricted to, each with the extra segments
+    /// its GC streams may hold open (see [`Capacity::try_allocate`]).
+    pub fn set_protected_classes(&self, classes: Vec<(&'static [StorageType], u32)>) {
         self.queues.lock().protected = classes;
+    }
+
+    /// The extra reserve of a protected class (0 for any other type list): its watermarks sit
+    /// this much above the pool's.
+    pub fn class_extra_reserve(&self, types: &[StorageType]) -> u32 {
+        extra_of(&self.queues.lock(), types)
     }
 
     /// Takes a free segment of one of `types` (in preference order). Returns `None` when the
     /// purpose may not dip that low; the caller then waits for or runs GC.
     ///
-    /// Writers and checkpoints also leave every protected class its own GC reserve: a segment
-    /// of a type in a class they are not restricted to is taken only while that class keeps
-    /// more than the reserve free. Without it, writers that may use any type took the last
-    /// disk segments while flash was full, and a hybrid volume's GC, which may relocate only
-    /// to the disk, found nothing to relocate into.
+    /// Every protected class keeps its own GC reserve, the pool's plus one segment per GC
+    /// stream of its volumes (a victim's pages may go to every GC stream, and each may need a
+    /// new segment before the victim is free): its own writers stop above it, and writers and
+    /// checkpoints of other classes take a segment of one of its types only while it keeps
+    /// more than that free. Without it, writers that may use any type took the last disk
+    /// segments while flash was full, and a hybrid volume's GC, which relocates only to the
+    /// disk, found nothing to relocate into.
     pub fn try_allocate(&self, types: &[StorageType], purpose: Purpose) -> Option<u32> {
         let mut q = self.queues.lock();
         let floor = match purpose {
@@ -387,15 +402,16 @@ impl Capacity {
             // Copies are a luxury: they leave the pool's data room to clean in.
             Purpose::Tier => self.watermarks.high,
         };
-        if free_of(&q, types) <= floor {
+        let guarded = matches!(purpose, Purpose::User | Purpose::Checkpoint);
+        let own_extra = if guarded { extra_of(&q, types) } else { 0 };
+        if free_of(&q, types) <= floor + own_extra {
             return None;
         }
-        let guarded = matches!(purpose, Purpose::User | Purpose::Checkpoint);
         for t in types {
             if guarded
                 && q.protected
                     .iter()
-                    .any(|class| *class != types && class.contains(t) && free_of(&q, class) <= floor)
+                    .any(|(class, extra)| *class != types && class.contains(t) && free_of(&q, class) <= floor + extra)
             {
                 continue;
             }

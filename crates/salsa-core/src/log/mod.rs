@@ -97,9 +97,6 @@ pub struct Counters {
     pub discarded_bytes: AtomicU64,
     /// Discards a device refused with an error (advisory: nothing is lost).
     pub discard_errors: AtomicU64,
-    /// Segments the GC of a restricted storage class took of another type because its class
-    /// had none free (see [`crate::engine::Engine::allocate_segment`]).
-    pub gc_class_fallbacks: AtomicU64,
 }
 
 /// Where streams get new segments: the space manager above the log, which throttles writers

@@ -55,8 +55,6 @@ pub struct Stats {
     pub discarded_bytes: u64,
     /// Discards a device refused (advisory; nothing lost).
     pub discard_errors: u64,
-    /// Segments the GC of a restricted storage class had to take of another type.
-    pub gc_class_fallbacks: u64,
     /// Bytes written to all members (data, metadata, padding, parity and mirror copies) per
     /// user byte written; for a linear array the same as `write_amplification`.
     pub array_write_amplification: f64,
@@ -129,7 +127,6 @@ impl Pool {
             pad_bytes_written: c.pad_bytes_written.load(SeqCst),
             discarded_bytes: c.discarded_bytes.load(SeqCst),
             discard_errors: c.discard_errors.load(SeqCst),
-            gc_class_fallbacks: c.gc_class_fallbacks.load(SeqCst),
             array_write_amplification: ratio(array_bytes),
             user_bytes_written: user,
             user_bytes_read: c.user_bytes_read.load(SeqCst),
