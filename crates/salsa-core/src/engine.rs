@@ -168,6 +168,10 @@ impl Engine {
         loop {
             self.log.check_writable()?;
             if let Some(s) = self.log.capacity().try_allocate(types, purpose) {
+                if let Err(e) = self.log.note_log_segment(s) {
+                    self.log.capacity().unallocate(s);
+                    return Err(e);
+                }
                 self.log.prepare_segment(s)?;
                 // Garbage over its bound implies a round is needed, so the pass over the segment
                 // table that measures garbage runs again only when it might be over.

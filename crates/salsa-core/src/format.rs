@@ -10,8 +10,9 @@ use crate::util::{Decoder, Encoder, Truncated};
 ///
 /// Version 6 added the array layout and the member list to the superblock, the controller kind
 /// and settings to the volume table, and a copy of the pool metadata on every member. Version 7
-/// added the parity buffer's id to the pool metadata; version 8 a victim policy per volume.
-pub const FORMAT_VERSION: u32 = 8;
+/// added the parity buffer's id to the pool metadata; version 8 a victim policy per volume;
+/// version 9 the members that hold log data.
+pub const FORMAT_VERSION: u32 = 9;
 /// Oldest format version this build reads. A version-5 pool opens as it is (its superblocks
 /// decode as a linear array without member ids; its records and checkpoint are unchanged) and
 /// its pool metadata is rewritten as version 6 by the first write after it opens.
@@ -466,6 +467,10 @@ pub struct PoolMeta {
     /// Id of the RAID-5 parity buffer that holds the parity of the rows being filled (0: none;
     /// flushes pad the log to whole rows instead). Version 7.
     pub parity_buffer_id: u64,
+    /// Ids of the members that ever held a record or a checkpoint (a segment of theirs was
+    /// handed to a stream); the others hold at most a hybrid volume's copies, and a linear pool
+    /// opens without them. `None`: not known (written before version 9), every member counts.
+    pub log_members: Option<Vec<u64>>,
 }
 
 /// Progress of a member's rebuild.
@@ -537,6 +542,18 @@ impl PoolMeta {
             }
         }
         e.u64(self.parity_buffer_id);
+        match &self.log_members {
+            None => {
+                e.u8(0);
+            }
+            Some(ids) => {
+                assert!(ids.len() <= MAX_DEVICES, "too many log members");
+                e.u8(1).u16(ids.len() as u16);
+                for id in ids {
+                    e.u64(*id);
+                }
+            }
+        }
         // Variable length: length-prefixed body, crc after it, padded to a 4 KiB multiple.
         let body_len = e.bytes.len() + 4;
         let block_len = body_len.next_multiple_of(4096);
@@ -670,6 +687,18 @@ impl PoolMeta {
             }
         }
         let parity_buffer_id = if version >= 7 { d.u64("parity buffer id")? } else { 0 };
+        let mut log_members = None;
+        if version >= 9 && d.u8("log members flag")? != 0 {
+            let n = d.u16("log member count")? as usize;
+            if n > MAX_DEVICES {
+                return Err(FormatError::Invalid(format!("{n} log members")));
+            }
+            let mut ids = Vec::with_capacity(n);
+            for _ in 0..n {
+                ids.push(d.u64("log member")?);
+            }
+            log_members = Some(ids);
+        }
         Ok(PoolMeta {
             pool_id,
             generation,
@@ -682,6 +711,7 @@ impl PoolMeta {
             member_ids,
             rebuild,
             parity_buffer_id,
+            log_members,
         })
     }
 }
@@ -1295,10 +1325,16 @@ mod tests {
                 next_segment: 99,
             }),
             parity_buffer_id: 0xFEED,
+            log_members: Some(vec![42, 5]),
         };
         let mut slot = pm.encode();
         slot.resize(POOL_META_SLOT_BYTES, 0xAA);
         assert_eq!(PoolMeta::decode(&slot).unwrap(), pm);
+        // Not known (a pool written before version 9): every member counts.
+        let unknown = PoolMeta { log_members: None, ..pm };
+        let mut slot = unknown.encode();
+        slot.resize(POOL_META_SLOT_BYTES, 0xAA);
+        assert_eq!(PoolMeta::decode(&slot).unwrap(), unknown);
     }
 
     /// Re-seals a pool-metadata block after a field was changed in place.

@@ -45,6 +45,11 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
                     let mut hdrs = Vec::new();
                     let mut s = t;
                     while s < n {
+                        if eng.log.array().is_segment_offline(s) {
+                            done.fetch_add(1, SeqCst);
+                            s += threads;
+                            continue;
+                        }
                         let pb = |m: &RecordMeta| m.page_grains as usize * geo.grain_bytes;
                         let h = walk_segment(eng.log.array(), eng.log.buffers(), geo, s, |header, meta, data| {
                             let size = pb(meta);
@@ -199,6 +204,15 @@ pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
             return Err(Error::Corrupt(format!("segment {s} would hold {} grains of {gps}", valid[s])));
         }
         let info = eng.log.capacity().segment(s as u32);
+        if eng.log.array().is_segment_offline(s as u32) {
+            if valid[s] > 0 || tombs[s] > 0 {
+                return Err(Error::Corrupt(format!(
+                    "a volume map points into segment {s}, on a member that is missing and was recorded as never holding log data"
+                )));
+            }
+            info.set_state(SegmentState::Offline);
+            continue;
+        }
         info.valid_grains.store(valid[s] as u32, SeqCst);
         info.tombstones.store(tombs[s] as u32, SeqCst);
         info.owner_volume.store(owner[s], SeqCst);

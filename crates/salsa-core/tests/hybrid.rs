@@ -221,6 +221,66 @@ fn a_failing_fast_device_costs_speed_not_data() {
     vol.flush().unwrap();
 }
 
+/// The fast device taken out (or dead) between two sessions: it never held a record, only
+/// copies, so the pool opens without it, after a clean close and after a crash, with every byte
+/// in place and the hot groups read from the disk; given back, it serves copies again. A pool
+/// whose fast device holds log data (an LSA volume wrote there) is refused without it.
+#[test]
+fn a_missing_fast_device_costs_speed_not_data() {
+    let opts = inline_gc();
+    let (slow, fast) = (disk(48), flash(16));
+    let pool = Pool::create(vec![slow.clone(), fast.clone()], &tiny_config(), &opts).unwrap();
+    let size = 4 * MIB;
+    let vol = pool.create_volume_spec("h", size, &hybrid_spec()).unwrap();
+    let mut model: Vec<u8> = (0..size / PAGE as u64).flat_map(|p| pattern(5, p, 0)).collect();
+    vol.write(0, &model).unwrap();
+    make_hot(&pool, "h", 0..8, 6);
+    assert!(stats(&pool, "h").fast_tier_segments > 0);
+    drop(vol);
+    pool.close().unwrap();
+
+    let pool = Pool::open(vec![slow.clone()], &opts).unwrap();
+    let st = pool.stats();
+    assert!(st.members[1].failed, "the missing member is shown as such: {:?}", st.members);
+    assert!(st.segments_by_state[7] > 0, "its segments are offline: {:?}", st.segments_by_state);
+    assert_same(&read_all(&pool, "h", size), &model, "after a clean close, without the fast device");
+    make_hot(&pool, "h", 0..8, 6);
+    let v = stats(&pool, "h");
+    assert_eq!((v.promotions, v.fast_read_bytes), (0, 0), "no fast tier to copy to: {v:?}");
+    // It keeps taking writes (and cleaning) on the disk alone.
+    let vol = pool.volume("h").unwrap();
+    for round in 1..4u64 {
+        let page = pattern(6, round, round);
+        for p in (0..size / PAGE as u64).step_by(3) {
+            vol.write(p * PAGE as u64, &page).unwrap();
+            model[(p * PAGE as u64) as usize..((p + 1) * PAGE as u64) as usize].copy_from_slice(&page);
+        }
+    }
+    vol.flush().unwrap();
+    drop(vol);
+    // A crash without it: the recovery scan skips its segments.
+    drop(pool);
+    let pool = Pool::open(vec![slow.clone()], &opts).unwrap();
+    assert_same(&read_all(&pool, "h", size), &model, "after a crash, without the fast device");
+    pool.close().unwrap();
+
+    // Given back, it serves copies again.
+    let pool = Pool::open(vec![slow.clone(), fast.clone()], &opts).unwrap();
+    assert!(!pool.stats().members[1].failed);
+    make_hot(&pool, "h", 0..8, 6);
+    assert!(stats(&pool, "h").promotions > 0, "the fast tier is back");
+    assert_same(&read_all(&pool, "h", size), &model, "with the fast device back");
+    // An LSA volume may write to the fast device: from then on the pool needs it.
+    let lsa = pool.create_volume("l", MIB, PAGE as u32).unwrap();
+    lsa.write(0, &vec![7u8; MIB as usize]).unwrap();
+    drop(lsa);
+    pool.close().unwrap();
+    let e = Pool::open(vec![slow], &opts)
+        .err()
+        .expect("refused: the fast device holds log data now");
+    assert!(matches!(e, Error::MissingMember { .. }), "{e}");
+}
+
 #[test]
 fn a_reopened_pool_starts_cold_with_every_byte_in_place() {
     let opts = inline_gc();

@@ -134,7 +134,16 @@ pub(crate) fn render(s: &Stats) -> String {
         "Segments the garbage collector gave up on.",
         s.unmovable_segments as f64,
     );
-    let states = ["free", "staged", "allocated", "victim", "pending_free", "checkpoint", "tier"];
+    let states = [
+        "free",
+        "staged",
+        "allocated",
+        "victim",
+        "pending_free",
+        "checkpoint",
+        "tier",
+        "offline",
+    ];
     let by_state: Vec<(String, f64)> = states
         .iter()
         .zip(s.segments_by_state)

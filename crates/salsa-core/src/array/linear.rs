@@ -48,11 +48,19 @@ pub struct LinearArray {
     zones: ZoneOrder,
     /// Some member uses `O_DIRECT`; fixed when the array is built (asked on every page read).
     aligned_buffers: bool,
+    /// Member ids in slot order (empty for a version-5 pool).
+    ids: Vec<u64>,
+    /// Members missing at open (allowed only for members that never held log data): their
+    /// segments are offline, and nothing is read from, written, synced or discarded on them.
+    absent: Vec<bool>,
 }
 
 impl LinearArray {
     /// Builds the array; on zoned members it reads every segment's zone (kind, write pointer).
-    pub fn new(members: Vec<Member>, segment_bytes: u64, grain_bytes: u64) -> Result<LinearArray> {
+    /// `ids` are the members' ids in slot order; `absent` the slots whose device is missing (a
+    /// stand-in that fails all I/O).
+    pub fn new(members: Vec<Member>, ids: Vec<u64>, absent: &[u32], segment_bytes: u64, grain_bytes: u64) -> Result<LinearArray> {
+        let absent: Vec<bool> = (0..members.len() as u32).map(|i| absent.contains(&i)).collect();
         let mut owner = Vec::new();
         let mut types = Vec::new();
         let mut write_pointer = Vec::new();
@@ -102,6 +110,8 @@ impl LinearArray {
         }
         let aligned_buffers = members.iter().any(|m| m.device.alignment_bytes() > 512);
         Ok(LinearArray {
+            ids,
+            absent,
             members,
             segment_bytes,
             grain_bytes,
@@ -198,7 +208,7 @@ impl Array for LinearArray {
 
     fn discard_segment(&self, segment: u32) -> Result<()> {
         let (m, offset) = self.segment_offset(segment);
-        if m.device.zones().is_some() {
+        if m.device.zones().is_some() || self.is_segment_offline(segment) {
             return Ok(());
         }
         m.device.discard(offset, self.segment_bytes).map_err(|source| Error::Io {
@@ -271,9 +281,9 @@ impl Array for LinearArray {
         r.map_err(|e| io("write", e))
     }
 
-    /// Syncs every member.
+    /// Syncs every member that is there.
     fn sync_all(&self) -> Result<()> {
-        for m in &self.members {
+        for (m, _) in self.members.iter().zip(&self.absent).filter(|(_, absent)| !**absent) {
             m.device.sync().map_err(|source| Error::Io {
                 device: m.device.name().to_string(),
                 op: "sync",
@@ -285,6 +295,35 @@ impl Array for LinearArray {
     }
 
     fn metadata_devices(&self) -> Vec<(Arc<dyn Device>, DeviceLayout)> {
-        self.members.iter().map(|m| (m.device.clone(), m.layout)).collect()
+        self.members
+            .iter()
+            .zip(&self.absent)
+            .filter(|(_, absent)| !**absent)
+            .map(|(m, _)| (m.device.clone(), m.layout))
+            .collect()
+    }
+
+    fn member_ids(&self) -> Vec<u64> {
+        self.ids.clone()
+    }
+
+    fn segment_member_ids(&self, segment: u32) -> Vec<u64> {
+        self.ids.get(self.owner[segment as usize] as usize).copied().into_iter().collect()
+    }
+
+    fn is_segment_offline(&self, segment: u32) -> bool {
+        self.absent[self.owner[segment as usize] as usize]
+    }
+
+    fn member_status(&self) -> Vec<crate::array::MemberStatus> {
+        self.members
+            .iter()
+            .zip(&self.absent)
+            .map(|(m, absent)| crate::array::MemberStatus {
+                name: m.device.name().to_string(),
+                failed: *absent,
+                ..Default::default()
+            })
+            .collect()
     }
 }

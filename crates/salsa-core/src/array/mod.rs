@@ -184,9 +184,19 @@ pub trait Array: Send + Sync {
     }
     /// The slot's rebuild is complete: it is read from again.
     fn finish_rebuild(&self, _slot: u32) {}
-    /// The current member id of every slot (empty for a linear array).
+    /// The current member id of every slot (empty for a version-5 pool).
     fn member_ids(&self) -> Vec<u64> {
         Vec::new()
+    }
+    /// Ids of the members that hold a share of `segment` (all of them, unless the layout is
+    /// linear).
+    fn segment_member_ids(&self, _segment: u32) -> Vec<u64> {
+        self.member_ids()
+    }
+    /// Whether `segment` lies on a member missing at open (a linear pool opens without a
+    /// member that never held log data): it is never allocated, scanned or read.
+    fn is_segment_offline(&self, _segment: u32) -> bool {
+        false
     }
     /// Compares the redundancy of grains `[0, to_grain)` of `segment` (whole rows; rows still
     /// being filled are skipped) with the data, and with `repair` rewrites what disagrees from

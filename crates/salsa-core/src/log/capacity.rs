@@ -39,6 +39,9 @@ pub enum SegmentState {
     /// Lent to a hybrid volume's fast tier: holds copies of data that lives in the log, no
     /// records (so a recovery scan finds nothing in it, and reopening frees it).
     Tier = 6,
+    /// On a member missing at open (one that never held log data): never allocated, scanned
+    /// or read until the pool is opened with the member again.
+    Offline = 7,
 }
 
 impl SegmentState {
@@ -50,7 +53,8 @@ impl SegmentState {
             3 => SegmentState::Victim,
             4 => SegmentState::PendingFree,
             5 => SegmentState::Checkpoint,
-            _ => SegmentState::Tier,
+            6 => SegmentState::Tier,
+            _ => SegmentState::Offline,
         }
     }
 }
@@ -292,10 +296,12 @@ impl Capacity {
     }
 
     /// Pending segments emptied by the GC, and the others.
+    /// (Segments waiting for their discard count among the others: they are free once it is
+    /// done, which the GC must wait for rather than call the pool full.)
     pub fn pending_counts(&self) -> (u32, u32) {
         let q = self.queues.lock();
         let gc = q.pending.iter().filter(|p| p.gc_moves).count() as u32;
-        (gc, q.pending.len() as u32 - gc)
+        (gc, q.pending.len() as u32 - gc + q.discarding as u32)
     }
 
     /// The pending segments emptied by the GC, as of now.

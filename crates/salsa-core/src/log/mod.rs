@@ -430,6 +430,56 @@ impl Log {
         write_meta_slot(&self.array.metadata_devices(), meta)
     }
 
+    /// Before a stream or a checkpoint writes `segment`: the members holding it join the pool
+    /// metadata's log members, durably, unless they are there already. Only a member outside
+    /// that list may be missing at open (see `check_missing_hold_no_log` in `pool/open.rs`),
+    /// so it must be in it before any record can be durable on it.
+    pub fn note_log_segment(&self, segment: u32) -> Result<()> {
+        let ids = self.array.segment_member_ids(segment);
+        let mut meta = self.meta.lock();
+        let Some(known) = &meta.log_members else {
+            return Ok(());
+        };
+        if ids.iter().all(|id| known.contains(id)) {
+            return Ok(());
+        }
+        let mut next = meta.clone();
+        let list = next.log_members.get_or_insert_with(Vec::new);
+        for id in ids {
+            if !list.contains(&id) {
+                list.push(id);
+            }
+        }
+        if let Err(e) = self.write_pool_meta(&mut next) {
+            self.poison(&e);
+            return Err(e);
+        }
+        *meta = next;
+        Ok(())
+    }
+
+    /// The order a checkpoint takes segments in: [`CHECKPOINT_TYPES`], types of members that
+    /// already hold log data first, so that a checkpoint does not make a hybrid volume's fast
+    /// device (copies only, which the pool can open without) hold something the pool needs.
+    pub fn checkpoint_types(&self) -> Vec<StorageType> {
+        let meta = self.meta.lock();
+        let Some(known) = &meta.log_members else {
+            return CHECKPOINT_TYPES.to_vec();
+        };
+        let ids = self.array.member_ids();
+        let logged: Vec<StorageType> = self
+            .array
+            .members()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| ids.get(*i).is_some_and(|id| known.contains(id)))
+            .map(|(_, m)| m.device.storage_type())
+            .collect();
+        let (mut first, rest): (Vec<StorageType>, Vec<StorageType>) = CHECKPOINT_TYPES.iter().partition(|t| logged.contains(t));
+        first.extend(rest);
+        first
+    }
+
     // ----- streams -----
 
     /// Registers a volume's streams: flushes, GC releases and the usable-space limit count

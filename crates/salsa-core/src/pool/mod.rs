@@ -359,16 +359,13 @@ impl Pool {
         let blob = crate::recovery::encode_checkpoint(&self.eng, session_id);
         debug_assert_eq!(blob.len(), crate::recovery::checkpoint_bytes(&self.eng));
         let mut segs = Vec::new();
+        let types = self.eng.log.checkpoint_types();
         if needed <= MAX_CHECKPOINT_SEGMENTS {
             while segs.len() < needed {
-                match self
-                    .eng
-                    .log
-                    .capacity()
-                    .try_allocate(&crate::log::CHECKPOINT_TYPES, Purpose::Checkpoint)
-                {
+                match self.eng.log.capacity().try_allocate(&types, Purpose::Checkpoint) {
                     Some(s) => {
                         segs.push(s);
+                        self.eng.log.note_log_segment(s)?;
                         self.eng.log.array().prepare_segment(s)?;
                     }
                     None => break,

@@ -191,6 +191,9 @@ impl Pool {
             member_ids: member_ids.clone(),
             rebuild: None,
             parity_buffer_id,
+            // Nothing written yet: every member joins the list when a stream first takes one
+            // of its segments.
+            log_members: Some(vec![]),
         };
         let copies: Vec<(Arc<dyn Device>, DeviceLayout)> = devices.iter().cloned().zip(layouts).collect();
         crate::log::write_meta_slot(&copies, &mut meta)?;
@@ -240,6 +243,7 @@ impl Pool {
                 }
             }
         }
+        let missing_slots = missing.clone();
         let missing: Vec<u64> = missing.iter().map(|&slot| ids.get(slot as usize).copied().unwrap_or(0)).collect();
         let rebuilding = old_meta
             .rebuild
@@ -252,7 +256,16 @@ impl Pool {
         }
         let geo = geometry(&first);
         let array: Box<dyn Array> = match first.array {
-            ArrayKind::Linear => Box::new(LinearArray::new(members, first.segment_bytes, grain as u64)?),
+            ArrayKind::Linear => {
+                check_missing_hold_no_log(&first, &old_meta, &missing_slots, &missing, devices.len())?;
+                Box::new(LinearArray::new(
+                    members,
+                    ids.clone(),
+                    &missing_slots,
+                    first.segment_bytes,
+                    grain as u64,
+                )?)
+            }
             kind => {
                 let mut failed = old_meta.failed_members.clone();
                 failed.extend(&missing);
@@ -447,7 +460,13 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
         };
         *slot = Some((d, sb));
     }
-    let tolerated = first.array.tolerated_failures(first.device_count);
+    // A linear pool may miss members that never held log data (a hybrid volume's fast
+    // device); whether they did is in the pool metadata, checked by the caller.
+    let tolerated = if first.array == ArrayKind::Linear {
+        first.device_count - 1
+    } else {
+        first.array.tolerated_failures(first.device_count)
+    };
     let missing: Vec<u32> = (0..first.device_count).filter(|i| ordered[*i as usize].is_none()).collect();
     if let Some(&slot) = missing.first() {
         if missing.len() as u32 > tolerated {
@@ -466,6 +485,8 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
         );
     }
     let present_ids: Vec<u64> = ordered.iter().map(|m| m.as_ref().map_or(0, |(_, sb)| sb.member_id)).collect();
+    // Where each missing linear member's segments start: the rest of the pool tells.
+    let starts: Vec<Option<u32>> = ordered.iter().map(|m| m.as_ref().map(|(_, sb)| sb.first_segment)).collect();
     let mut members = Vec::new();
     let mut next_segment = 0u32;
     for (i, m) in ordered.into_iter().enumerate() {
@@ -474,7 +495,13 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
             None => {
                 let id = first.member_ids.get(i).copied().unwrap_or(0);
                 let stand_in: Arc<dyn Device> = Arc::new(crate::array::raid::MissingDevice::new(i as u32, id, first.device_size_bytes));
-                (stand_in, first.clone())
+                let mut sb = first.clone();
+                if first.array == ArrayKind::Linear {
+                    let end = starts[i + 1..].iter().flatten().next().copied().unwrap_or(first.total_segments);
+                    sb.first_segment = next_segment;
+                    sb.segment_count = end.saturating_sub(next_segment);
+                }
+                (stand_in, sb)
             }
         };
         let expected_first = if first.array == ArrayKind::Linear { next_segment } else { 0 };
@@ -508,6 +535,27 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
         missing,
         present_ids,
     })
+}
+
+/// A linear pool opens without a member only if the pool metadata shows that no record or
+/// checkpoint was ever written to it (so it held at most a hybrid volume's copies of data that
+/// lives on the other members); otherwise the pool is refused as before, nothing written.
+fn check_missing_hold_no_log(first: &Superblock, meta: &PoolMeta, slots: &[u32], ids: &[u64], given: usize) -> Result<()> {
+    for (&slot, &id) in slots.iter().zip(ids) {
+        let never_logged = id != 0 && meta.log_members.as_ref().is_some_and(|log| !log.contains(&id));
+        if !never_logged {
+            return Err(Error::MissingMember {
+                pool: first.pool_id,
+                expected: first.device_count,
+                given: given as u32,
+                missing: slot,
+            });
+        }
+        tracing::warn!(
+            "member {slot} (id {id:016x}) of this pool is missing; it never held log data (only copies of a hybrid volume's hot data), so the pool opens without it"
+        );
+    }
+    Ok(())
 }
 
 /// What [`read_members`] found.

@@ -38,8 +38,9 @@ pub struct Stats {
     pub map_memory_bytes: u64,
     /// Memory held by the per-grain checksum table.
     pub crc_table_memory_bytes: u64,
-    /// Segments per state: free, staged (open), allocated, victim, pending-free, checkpoint.
-    pub segments_by_state: [u32; 7],
+    /// Segments per state: free, staged (open), allocated, victim, pending-free, checkpoint,
+    /// tier (a hybrid volume's copies), offline (on a member missing at open).
+    pub segments_by_state: [u32; 8],
     /// Segments the GC gave up on because their metadata did not account for every page the
     /// map places there (damage, or an accounting bug): their space is lost until reopen.
     pub unmovable_segments: u32,
@@ -150,7 +151,7 @@ impl Pool {
             map_memory_bytes: vols.iter().map(|v| v.map_memory_bytes).sum(),
             crc_table_memory_bytes: self.eng.log.crc_table().len() as u64 * 4,
             segments_by_state: {
-                let mut by = [0u32; 7];
+                let mut by = [0u32; 8];
                 for s in self.eng.log.capacity().segments() {
                     by[s.state() as usize] += 1;
                 }
