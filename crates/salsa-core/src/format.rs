@@ -467,9 +467,9 @@ pub struct PoolMeta {
     /// Id of the RAID-5 parity buffer that holds the parity of the rows being filled (0: none;
     /// flushes pad the log to whole rows instead). Version 7.
     pub parity_buffer_id: u64,
-    /// Ids of the members that ever held a record or a checkpoint (a segment of theirs was
-    /// handed to a stream); the others hold at most a hybrid volume's copies, and a linear pool
-    /// opens without them. `None`: not known (written before version 9), every member counts.
+    /// Ids of the members that ever held a record (a segment of theirs was handed to a stream);
+    /// the others hold at most a hybrid volume's copies or a checkpoint (which a scan
+    /// replaces), and a linear pool opens without them. `None`: not known (written before version 9), every member counts.
     pub log_members: Option<Vec<u64>>,
 }
 

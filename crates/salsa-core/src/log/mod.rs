@@ -430,10 +430,11 @@ impl Log {
         write_meta_slot(&self.array.metadata_devices(), meta)
     }
 
-    /// Before a stream or a checkpoint writes `segment`: the members holding it join the pool
-    /// metadata's log members, durably, unless they are there already. Only a member outside
-    /// that list may be missing at open (see `check_missing_hold_no_log` in `pool/open.rs`),
-    /// so it must be in it before any record can be durable on it.
+    /// Before a stream writes `segment`: the members holding it join the pool metadata's log
+    /// members, durably, unless they are there already. Only a member outside that list may be
+    /// missing at open (see `check_missing_hold_no_log` in `pool/open.rs`), so it must be in it
+    /// before any record can be durable on it. (A checkpoint does not count: one that cannot
+    /// be read is replaced by a scan of the records.)
     pub fn note_log_segment(&self, segment: u32) -> Result<()> {
         let ids = self.array.segment_member_ids(segment);
         let mut meta = self.meta.lock();
@@ -459,8 +460,9 @@ impl Log {
     }
 
     /// The order a checkpoint takes segments in: [`CHECKPOINT_TYPES`], types of members that
-    /// already hold log data first, so that a checkpoint does not make a hybrid volume's fast
-    /// device (copies only, which the pool can open without) hold something the pool needs.
+    /// hold log data first, so that the checkpoint is there when the pool opens without a
+    /// hybrid volume's fast device (which holds copies only; a checkpoint left there is
+    /// replaced by a scan).
     pub fn checkpoint_types(&self) -> Vec<StorageType> {
         let meta = self.meta.lock();
         let Some(known) = &meta.log_members else {

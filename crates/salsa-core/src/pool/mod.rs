@@ -365,7 +365,6 @@ impl Pool {
                 match self.eng.log.capacity().try_allocate(&types, Purpose::Checkpoint) {
                     Some(s) => {
                         segs.push(s);
-                        self.eng.log.note_log_segment(s)?;
                         self.eng.log.array().prepare_segment(s)?;
                     }
                     None => break,

@@ -477,12 +477,15 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
                 missing: slot,
             });
         }
-        tracing::warn!(
-            "{} of {} members of this {} pool are missing; it opens degraded",
-            missing.len(),
-            first.device_count,
-            first.array.name()
-        );
+        // (A linear pool's missing members are judged against the pool metadata later.)
+        if first.array != ArrayKind::Linear {
+            tracing::warn!(
+                "{} of {} members of this {} pool are missing; it opens degraded",
+                missing.len(),
+                first.device_count,
+                first.array.name()
+            );
+        }
     }
     let present_ids: Vec<u64> = ordered.iter().map(|m| m.as_ref().map_or(0, |(_, sb)| sb.member_id)).collect();
     // Where each missing linear member's segments start: the rest of the pool tells.
