@@ -4,9 +4,13 @@ set -euo pipefail
 need=()
 for pair in fio:fio qemu-io:qemu-utils qemu-img:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdfuse:nbdfuse \
             nbdkit:nbdkit nbdsh:python3-libnbd fusermount3:fuse3 mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs losetup:mount \
-            c++:g++ mariadbd:mariadb-server sysbench:sysbench; do
+            c++:g++ mariadbd:mariadb-server sysbench:sysbench openssl:openssl pkg-config:pkg-config; do
   tool=${pair%%:*}; pkg=${pair##*:}
   command -v "$tool" >/dev/null 2>&1 || need+=("$pkg")
+done
+# Libraries the build links (NBD over TLS uses the system's OpenSSL).
+for pkg in libssl-dev; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
   pkgs=$(printf '%s\n' "${need[@]}" | sort -u | tr '\n' ' ')

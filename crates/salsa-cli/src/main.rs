@@ -263,6 +263,21 @@ enum Command {
         /// garbage collection and an image file gives the space back.
         #[arg(long)]
         no_discard: bool,
+        /// TLS for clients (NBD STARTTLS): off, on (clients may start it) or require
+        /// (default: require when credentials are given, else off).
+        #[arg(long, value_parser = parse_tls_mode)]
+        tls: Option<salsa_nbd::proto::TlsMode>,
+        /// TLS with X.509 certificates: a directory holding server-cert.pem and server-key.pem
+        /// (and ca-cert.pem for --tls-verify-peer), as nbdkit and qemu-nbd take them.
+        #[arg(long, value_name = "DIR", conflicts_with = "tls_psk")]
+        tls_certificates: Option<std::path::PathBuf>,
+        /// TLS with pre-shared keys: a file of identity:hexkey lines (GnuTLS psktool's format).
+        #[arg(long, value_name = "FILE")]
+        tls_psk: Option<std::path::PathBuf>,
+        /// Require clients to present a certificate signed by ca-cert.pem (with
+        /// --tls-certificates).
+        #[arg(long, requires = "tls_certificates")]
+        tls_verify_peer: bool,
         /// Options used only when a new pool is created.
         #[command(flatten)]
         format: FormatArgs,
@@ -471,6 +486,17 @@ fn human(bytes: u64) -> String {
     }
 }
 
+/// `--tls off|on|require`.
+fn parse_tls_mode(s: &str) -> Result<salsa_nbd::proto::TlsMode, String> {
+    use salsa_nbd::proto::TlsMode;
+    match s {
+        "off" => Ok(TlsMode::Off),
+        "on" => Ok(TlsMode::On),
+        "require" => Ok(TlsMode::Require),
+        _ => Err(format!("{s:?}: want off, on or require")),
+    }
+}
+
 fn rw_options() -> OpenOptions {
     OpenOptions {
         background_gc: false,
@@ -504,6 +530,10 @@ fn main() -> ExitCode {
             metrics,
             raw,
             no_discard,
+            tls,
+            tls_certificates,
+            tls_psk,
+            tls_verify_peer,
             format,
         } => serve(
             devices,
@@ -519,6 +549,15 @@ fn main() -> ExitCode {
                 metrics: *metrics,
                 raw: *raw,
                 discard: !*no_discard,
+                tls: *tls,
+                tls_credentials: match (tls_certificates, tls_psk) {
+                    (Some(dir), _) => Some(salsa_nbd::tls::Credentials::Certificates {
+                        dir: dir.clone(),
+                        verify_peer: *tls_verify_peer,
+                    }),
+                    (None, Some(file)) => Some(salsa_nbd::tls::Credentials::Psk(file.clone())),
+                    (None, None) => None,
+                },
             },
             format,
         ),

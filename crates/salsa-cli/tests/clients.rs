@@ -484,3 +484,164 @@ fn salsa_check_passes_a_clean_pool_and_reports_damage() {
     // first on the device varies: exactly one page must be reported damaged.
     assert_eq!(out.matches(": checksum mismatch").count(), 1, "{out}");
 }
+
+/// NBD over TLS as nbdkit and qemu-nbd offer it: certificates and pre-shared keys, checked with
+/// libnbd's nbdinfo and nbdcopy (GnuTLS on the client side) and qemu-img (a data round trip
+/// each); a plaintext client is refused when TLS is required, and so are a wrong key, an
+/// unknown identity and a client that does not trust the server's certificate.
+#[test]
+fn nbd_over_tls_with_certificates_and_psk() {
+    require("nbdinfo");
+    require("nbdcopy");
+    require("openssl");
+    let dir = test_dir("tls");
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let openssl = |args: &[&str]| {
+        let (ok, out) = run(Command::new("openssl").args(args).current_dir(&pki));
+        assert!(ok, "openssl {args:?}: {out}");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca-cert.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=salsa test CA",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server-key.pem",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(pki.join("ext.cnf"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n").unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca-cert.pem",
+        "-CAkey",
+        "ca-key.pem",
+        "-CAcreateserial",
+        "-out",
+        "server-cert.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 11) as u8).collect();
+    let image = dir.join("in.img");
+    std::fs::write(&image, &data).unwrap();
+    let round_trip = |uri: &str, what: &str| {
+        let (ok, out) = run(Command::new("nbdcopy").arg(&image).arg(uri));
+        assert!(ok, "{what}: {out}");
+        let back = dir.join("out.img");
+        let (ok, out) = run(Command::new("nbdcopy").arg(uri).arg(&back));
+        assert!(ok, "{what}: {out}");
+        assert!(std::fs::read(&back).unwrap()[..data.len()] == data[..], "{what}: data differs");
+    };
+
+    // Certificates, TLS required (the default with credentials).
+    let pki_arg = pki.to_str().unwrap().to_string();
+    let srv = Server::start(&dir, "64M", &["--tls-certificates", &pki_arg]);
+    let tls_uri = format!("nbds://localhost:{}/default?tls-certificates={pki_arg}", srv.port);
+    let (ok, out) = run(Command::new("nbdinfo").arg(&tls_uri));
+    assert!(ok && out.contains("with TLS"), "{out}");
+    round_trip(&tls_uri, "certificates");
+    let (ok, out) = run(Command::new("nbdinfo").arg(srv.uri()));
+    assert!(!ok, "a plaintext client was served although TLS is required: {out}");
+    // A client that trusts another CA refuses the server.
+    let other = dir.join("other-ca");
+    std::fs::create_dir_all(&other).unwrap();
+    let (ok, out) = run(Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "k.pem",
+            "-out",
+            "ca-cert.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=other",
+        ])
+        .current_dir(&other));
+    assert!(ok, "{out}");
+    let (ok, out) = run(Command::new("nbdinfo").arg(format!(
+        "nbds://localhost:{}/default?tls-certificates={}",
+        srv.port,
+        other.display()
+    )));
+    assert!(!ok, "a client that does not trust the certificate connected: {out}");
+    if which("qemu-img") {
+        let (ok, out) = run(Command::new("qemu-img").args([
+            "info",
+            "--object",
+            &format!("tls-creds-x509,id=tls0,endpoint=client,dir={pki_arg}"),
+            "--image-opts",
+            &format!("driver=nbd,host=localhost,port={},export=default,tls-creds=tls0", srv.port),
+        ]));
+        assert!(ok && out.contains("virtual size"), "qemu-img over TLS: {out}");
+    }
+    assert!(srv.stop().success());
+
+    // Pre-shared keys, TLS optional: both kinds of client are served.
+    let key: String = (0..32).map(|i| format!("{:02x}", (i * 37 + 11) as u8)).collect();
+    let psk = dir.join("keys.psk");
+    std::fs::write(&psk, format!("# test keys\nalice:{key}\n")).unwrap();
+    let srv = Server::start(&dir, "64M", &["--tls", "on", "--tls-psk", psk.to_str().unwrap()]);
+    let psk_uri =
+        |user: &str, file: &std::path::Path| format!("nbds://{user}@localhost:{}/default?tls-psk-file={}", srv.port, file.display());
+    round_trip(&psk_uri("alice", &psk), "PSK");
+    let (ok, out) = run(Command::new("nbdinfo").arg(srv.uri()));
+    assert!(ok && out.contains("without TLS"), "--tls on serves plaintext clients too: {out}");
+    let wrong = dir.join("wrong.psk");
+    std::fs::write(&wrong, format!("alice:{}\n", "ab".repeat(32))).unwrap();
+    let (ok, out) = run(Command::new("nbdinfo").arg(psk_uri("alice", &wrong)));
+    assert!(!ok, "a wrong key was accepted: {out}");
+    std::fs::write(&wrong, format!("bob:{key}\n")).unwrap();
+    let (ok, out) = run(Command::new("nbdinfo").arg(psk_uri("bob", &wrong)));
+    assert!(!ok, "an unknown identity was accepted: {out}");
+    assert!(srv.stop().success());
+
+    // Bad credentials stop the server before it creates anything.
+    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa")).args([
+        "serve",
+        "--device",
+        dir.join("never.img:64M").to_str().unwrap(),
+        "--tls-psk",
+        image.to_str().unwrap(),
+    ]));
+    assert!(!ok && out.contains("nothing was created"), "{out}");
+    assert!(!dir.join("never.img").exists());
+}
+
+fn which(tool: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}

@@ -30,7 +30,9 @@ pub fn test_export() -> OneExport {
 /// only if an invariant breaks (consuming more than given, or stalling with input left).
 pub fn drive(input: &[u8], chunks: &[usize]) -> Vec<u8> {
     let catalog = test_export();
-    let mut hs = Handshake::new();
+    // TLS offered, so that STARTTLS and the options after it are fuzzed too (the bytes after
+    // the ACK stand for what the TLS layer decrypts).
+    let mut hs = Handshake::with_tls(crate::proto::TlsMode::On);
     let mut out = Vec::new();
     Handshake::greeting(&mut out);
     let mut buf: Vec<u8> = Vec::new();
@@ -43,6 +45,7 @@ pub fn drive(input: &[u8], chunks: &[usize]) -> Vec<u8> {
         buf.drain(..consumed);
         match step {
             Ok(Step::Done(n)) => break Some(n),
+            Ok(Step::StartTls) => hs.tls_started(),
             Ok(Step::Progress) => {}
             Ok(Step::NeedMore) => {
                 if fed >= input.len() {

@@ -16,3 +16,4 @@ pub mod export;
 pub mod fuzzing;
 pub mod proto;
 pub mod server;
+pub mod tls;

@@ -24,6 +24,7 @@ pub const CLIENT_FLAG_NO_ZEROES: u32 = 1 << 1;
 pub const OPT_EXPORT_NAME: u32 = 1;
 pub const OPT_ABORT: u32 = 2;
 pub const OPT_LIST: u32 = 3;
+pub const OPT_STARTTLS: u32 = 5;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
@@ -37,6 +38,7 @@ pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 pub const REP_ERR_POLICY: u32 = (1 << 31) + 2;
 pub const REP_ERR_INVALID: u32 = (1 << 31) + 3;
+pub const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
 pub const REP_ERR_TOO_BIG: u32 = (1 << 31) + 9;
 
@@ -120,6 +122,22 @@ pub enum ProtocolError {
     Aborted,
     #[error("write payload of {0} bytes is too large to discard")]
     PayloadTooLarge(u32),
+    #[error("client chose an export with EXPORT_NAME before starting TLS, which this server requires")]
+    TlsRequired,
+    #[error("client sent data after STARTTLS before the TLS handshake")]
+    DataBeforeTls,
+}
+
+/// Whether the handshake offers TLS (`NBD_OPT_STARTTLS`), as nbdkit's `--tls` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// STARTTLS is refused as unsupported.
+    #[default]
+    Off,
+    /// A client may start TLS or not.
+    On,
+    /// Every option but STARTTLS and ABORT is refused (ERR_TLS_REQD) until TLS is started.
+    Require,
 }
 
 /// What a client may learn about an export.
@@ -177,6 +195,10 @@ pub enum Step {
     Progress,
     /// Transmission phase begins.
     Done(Negotiated),
+    /// The client asked for TLS and was told yes (the ACK is in the output): send it, run the
+    /// TLS handshake on the connection, call [`Handshake::tls_started`], and go on with the
+    /// options over TLS. Nothing may follow the option in the input.
+    StartTls,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,6 +220,8 @@ pub struct Handshake {
     structured: bool,
     base_allocation: bool,
     options: u32,
+    tls: TlsMode,
+    tls_active: bool,
 }
 
 impl Default for Handshake {
@@ -248,7 +272,30 @@ impl Handshake {
             structured: false,
             base_allocation: false,
             options: 0,
+            tls: TlsMode::Off,
+            tls_active: false,
         }
+    }
+
+    /// A handshake that offers TLS as `mode` says.
+    pub fn with_tls(mode: TlsMode) -> Handshake {
+        Handshake {
+            tls: mode,
+            ..Handshake::new()
+        }
+    }
+
+    /// TLS is up: the options go on over it. What was negotiated before is forgotten, as the
+    /// protocol asks (a man in the middle could have sent it).
+    pub fn tls_started(&mut self) {
+        self.tls_active = true;
+        self.structured = false;
+        self.base_allocation = false;
+    }
+
+    /// Whether TLS was started on this connection.
+    pub fn tls_active(&self) -> bool {
+        self.tls_active
     }
 
     /// The server's opening bytes.
@@ -321,7 +368,33 @@ impl Handshake {
     }
 
     fn option(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>, catalog: &dyn Catalog) -> Result<Step, ProtocolError> {
+        if self.tls == TlsMode::Require && !self.tls_active && option != OPT_STARTTLS && option != OPT_ABORT {
+            if option == OPT_EXPORT_NAME {
+                // No error reply exists for EXPORT_NAME: the server closes.
+                return Err(ProtocolError::TlsRequired);
+            }
+            option_error(
+                out,
+                option,
+                REP_ERR_TLS_REQD,
+                "this server requires TLS: start it with STARTTLS first",
+            );
+            return Ok(Step::Progress);
+        }
         match option {
+            OPT_STARTTLS => {
+                if self.tls == TlsMode::Off {
+                    option_error(out, option, REP_ERR_UNSUP, "TLS is not enabled on this server (salsa serve --tls)");
+                } else if self.tls_active {
+                    option_error(out, option, REP_ERR_INVALID, "TLS is already active");
+                } else if !data.is_empty() {
+                    option_error(out, option, REP_ERR_INVALID, "STARTTLS takes no data");
+                } else {
+                    option_reply(out, option, REP_ACK, &[]);
+                    return Ok(Step::StartTls);
+                }
+                Ok(Step::Progress)
+            }
             OPT_EXPORT_NAME => {
                 let name = String::from_utf8_lossy(data).to_string();
                 let Some(export) = catalog.lookup(&name) else {
@@ -777,6 +850,58 @@ mod tests {
         // The unknown option got ERR_UNSUP without losing the stream.
         let unsup = REP_ERR_UNSUP.to_be_bytes();
         assert!(out.windows(4).any(|w| w == unsup));
+    }
+
+    #[test]
+    fn starttls_when_required_and_what_it_resets() {
+        let flags = CLIENT_FLAG_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        let mut go = 0u32.to_be_bytes().to_vec();
+        go.extend_from_slice(&0u16.to_be_bytes());
+        // Required: options before STARTTLS get ERR_TLS_REQD, EXPORT_NAME closes.
+        let mut h = Handshake::with_tls(TlsMode::Require);
+        let mut input = flags.clone();
+        input.extend(encode_option(OPT_STRUCTURED_REPLY, &[]));
+        input.extend(encode_option(OPT_GO, &go));
+        input.extend(encode_option(OPT_EXPORT_NAME, b""));
+        let (out, step) = drive(&mut h, &input);
+        assert_eq!(step, Err(ProtocolError::TlsRequired));
+        let reqd = REP_ERR_TLS_REQD.to_be_bytes();
+        assert_eq!(out.windows(4).filter(|w| *w == reqd).count(), 2, "both options refused");
+        // STARTTLS with data is invalid; without, it is acknowledged and the caller upgrades.
+        let mut h = Handshake::with_tls(TlsMode::Require);
+        let mut input = flags.clone();
+        input.extend(encode_option(OPT_STARTTLS, b"x"));
+        input.extend(encode_option(OPT_STARTTLS, &[]));
+        let (out, step) = drive(&mut h, &input);
+        assert_eq!(step, Ok(Step::StartTls));
+        assert!(out.windows(4).any(|w| w == REP_ERR_INVALID.to_be_bytes()));
+        assert!(out.ends_with(&[0, 0, 0, 1, 0, 0, 0, 0]), "an ACK with no data closes the output");
+        h.tls_started();
+        assert!(h.tls_active());
+        // Over TLS: a second STARTTLS is invalid, and GO works.
+        let mut input = encode_option(OPT_STARTTLS, &[]);
+        input.extend(encode_option(OPT_GO, &go));
+        let (out, step) = drive(&mut h, &input);
+        assert!(matches!(step, Ok(Step::Done(_))), "{step:?}");
+        assert!(out.windows(4).any(|w| w == REP_ERR_INVALID.to_be_bytes()));
+        // What was negotiated in the clear is forgotten.
+        let mut h = Handshake::with_tls(TlsMode::On);
+        let mut input = flags.clone();
+        input.extend(encode_option(OPT_STRUCTURED_REPLY, &[]));
+        input.extend(encode_option(OPT_STARTTLS, &[]));
+        assert_eq!(drive(&mut h, &input).1, Ok(Step::StartTls));
+        h.tls_started();
+        let (_, step) = drive(&mut h, &encode_option(OPT_GO, &go));
+        let Ok(Step::Done(n)) = step else { panic!("{step:?}") };
+        assert!(!n.structured_replies, "structured replies asked for before TLS were kept");
+        // Off: STARTTLS is unsupported, and the handshake goes on.
+        let mut h = Handshake::new();
+        let mut input = flags;
+        input.extend(encode_option(OPT_STARTTLS, &[]));
+        input.extend(encode_option(OPT_GO, &go));
+        let (out, step) = drive(&mut h, &input);
+        assert!(matches!(step, Ok(Step::Done(_))));
+        assert!(out.windows(4).any(|w| w == REP_ERR_UNSUP.to_be_bytes()));
     }
 
     #[test]

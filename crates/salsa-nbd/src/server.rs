@@ -18,7 +18,7 @@
 //! new requests, every request already read completes and is answered, then `run` returns.
 
 use crate::export::{Export, RawExport};
-use crate::proto::{self, Catalog, Command, ExportInfo, Negotiated, ProtocolError, RawRequest, Step};
+use crate::proto::{self, Catalog, Command, ExportInfo, Negotiated, ProtocolError, RawRequest, Step, TlsMode};
 use parking_lot::{Condvar, Mutex};
 use salsa_core::WriteBuffer;
 use salsa_core::{ErrorKind, Pool};
@@ -54,6 +54,10 @@ pub struct ServerConfig {
     pub read_only: bool,
     /// Requests of one connection executed at once, each on its own thread.
     pub threads_per_connection: usize,
+    /// Whether clients may (or must) start TLS, and with what credentials (required unless
+    /// the mode is off).
+    pub tls: TlsMode,
+    pub tls_server: Option<crate::tls::TlsServer>,
 }
 
 /// What a server serves: the pool's volumes, or one device served raw.
@@ -131,6 +135,15 @@ impl Catalog for Exports {
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+}
+
+impl std::os::unix::io::AsRawFd for Stream {
+    fn as_raw_fd(&self) -> std::os::unix::io::RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
 }
 
 impl Stream {
@@ -468,12 +481,19 @@ fn block_status(vol: &dyn Export, offset: u64, length: u32, req_one: bool) -> Ve
 
 /// Serves one connection until it disconnects, breaks, or `stop` is raised, with at most
 /// `max_threads` threads executing its requests.
-fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, stop: &AtomicBool) -> Result<(), String> {
+/// How a listener offers TLS.
+#[derive(Clone)]
+struct Tls {
+    mode: TlsMode,
+    server: Option<crate::tls::TlsServer>,
+}
+
+fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, tls: &Tls, stop: &AtomicBool) -> Result<(), String> {
     stream.set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     proto::Handshake::greeting(&mut out);
     stream.write_all(&out).map_err(|e| e.to_string())?;
-    let mut hs = proto::Handshake::new();
+    let mut hs = proto::Handshake::with_tls(if tls.server.is_some() { tls.mode } else { TlsMode::Off });
     let mut inbox = Inbox::new();
     let negotiated = loop {
         let mut consumed = 0;
@@ -486,6 +506,22 @@ fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, stop: &Atom
         match step {
             Ok(Step::Done(n)) => break n,
             Ok(Step::Progress) => continue,
+            Ok(Step::StartTls) => {
+                // The client waits for the ACK before its TLS handshake: anything already
+                // here was sent in the clear after asking for TLS (an attack, or a broken
+                // client).
+                if !inbox.data().is_empty() {
+                    return Err(ProtocolError::DataBeforeTls.to_string());
+                }
+                let Some(server) = &tls.server else {
+                    return Err("STARTTLS accepted without credentials".into());
+                };
+                let plain = server.upgrade(stream).map_err(|e| e.to_string())?;
+                stream = Stream::Unix(plain);
+                stream.set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
+                hs.tls_started();
+                continue;
+            }
             Ok(Step::NeedMore) => {
                 if stop.load(SeqCst) {
                     return Ok(());
@@ -707,6 +743,7 @@ pub struct Listening {
     unix: Option<(UnixListener, PathBuf)>,
     exports: Arc<Exports>,
     threads_per_connection: usize,
+    tls: Tls,
 }
 
 impl Listening {
@@ -720,6 +757,9 @@ impl Listening {
     pub fn bind_exports(exports: Exports, cfg: &ServerConfig) -> Result<Listening, String> {
         if cfg.tcp.is_none() && cfg.unix.is_none() {
             return Err("nothing to listen on: give a TCP address or a Unix socket".into());
+        }
+        if cfg.tls != TlsMode::Off && cfg.tls_server.is_none() {
+            return Err("TLS needs credentials: certificates or a PSK file".into());
         }
         let tcp = match cfg.tcp {
             Some(addr) => {
@@ -742,6 +782,10 @@ impl Listening {
             unix,
             exports: Arc::new(exports),
             threads_per_connection: cfg.threads_per_connection.clamp(1, MAX_THREADS_PER_CONNECTION),
+            tls: Tls {
+                mode: cfg.tls,
+                server: cfg.tls_server.clone(),
+            },
         })
     }
 
@@ -779,8 +823,9 @@ impl Listening {
                 }
                 active.fetch_add(1, SeqCst);
                 let (exports, stop, active, threads) = (self.exports.clone(), stop.clone(), active.clone(), self.threads_per_connection);
+                let tls = self.tls.clone();
                 conns.push(std::thread::spawn(move || {
-                    if let Err(e) = handle(s, &exports, threads, &stop) {
+                    if let Err(e) = handle(s, &exports, threads, &tls, &stop) {
                         tracing::warn!("connection closed: {e}");
                     }
                     active.fetch_sub(1, SeqCst);

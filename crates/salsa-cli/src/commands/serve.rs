@@ -19,17 +19,34 @@ pub(crate) struct ServeArgs {
     pub(crate) raw: bool,
     /// Discard freed segments on the devices.
     pub(crate) discard: bool,
+    /// TLS: the mode (`None`: `require` when credentials are given, else off) and credentials.
+    pub(crate) tls: Option<salsa_nbd::proto::TlsMode>,
+    pub(crate) tls_credentials: Option<salsa_nbd::tls::Credentials>,
 }
 
 impl ServeArgs {
-    /// What the NBD server is told.
-    fn server_config(&self) -> salsa_nbd::server::ServerConfig {
-        salsa_nbd::server::ServerConfig {
+    /// What the NBD server is told; bad TLS credentials are refused here, before anything is
+    /// opened.
+    fn server_config(&self) -> Result<salsa_nbd::server::ServerConfig, String> {
+        use salsa_nbd::proto::TlsMode;
+        let mode = self.tls.unwrap_or(if self.tls_credentials.is_some() {
+            TlsMode::Require
+        } else {
+            TlsMode::Off
+        });
+        let tls_server = match (&self.tls_credentials, mode) {
+            (_, TlsMode::Off) => None,
+            (None, _) => return Err("--tls on|require needs --tls-certificates DIR or --tls-psk FILE".into()),
+            (Some(c), _) => Some(salsa_nbd::tls::TlsServer::new(c)?),
+        };
+        Ok(salsa_nbd::server::ServerConfig {
             tcp: self.tcp,
             unix: self.unix.clone(),
             read_only: self.read_only,
             threads_per_connection: self.threads_per_connection,
-        }
+            tls: mode,
+            tls_server,
+        })
     }
 }
 
@@ -163,7 +180,7 @@ fn serve_raw(specs: &[DeviceSpec], args: &ServeArgs) -> Result<(), String> {
             dev.name()
         ));
     }
-    let cfg = args.server_config();
+    let cfg = args.server_config()?;
     let export = salsa_nbd::export::RawExport::new("raw", dev.clone());
     let listening = salsa_nbd::server::Listening::bind_exports(salsa_nbd::server::Exports::raw(export, args.read_only), &cfg)?;
     let stop = stop_on_signals()?;
@@ -216,6 +233,7 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
     if args.raw {
         return serve_raw(specs, &args);
     }
+    let cfg = args.server_config().map_err(|e| format!("{e}; nothing was created"))?;
     let metrics = match args.metrics {
         Some(addr) => {
             Some(std::net::TcpListener::bind(addr).map_err(|e| format!("cannot serve metrics on {addr}: {e}; nothing was created"))?)
@@ -242,7 +260,6 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         e
     };
     let pool = Arc::new(open_or_create(specs, &args, format).map_err(remove_created)?);
-    let cfg = args.server_config();
     let listening = match salsa_nbd::server::Listening::bind(pool.clone(), &cfg) {
         Ok(l) => l,
         Err(e) => {
@@ -252,11 +269,18 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
     };
     let stop = stop_on_signals()?;
     let mut wheres = Vec::new();
+    let scheme = match cfg.tls {
+        salsa_nbd::proto::TlsMode::Require => "nbds",
+        _ => "nbd",
+    };
     if let Some(a) = listening.tcp_addr() {
-        wheres.push(format!("nbd://{a}"));
+        wheres.push(format!("{scheme}://{a}"));
     }
     if let Some(u) = &args.unix {
-        wheres.push(format!("nbd+unix:///?socket={}", u.display()));
+        wheres.push(format!("{scheme}+unix:///?socket={}", u.display()));
+    }
+    if cfg.tls == salsa_nbd::proto::TlsMode::On {
+        wheres.push("(TLS offered: nbds:// too)".into());
     }
     eprintln!("salsa: serving {} on {}", pool.volume_names().join(", "), wheres.join(" and "));
     let control_path = args.control.clone().unwrap_or_else(|| control_path_for(&specs[0].path));
