@@ -540,9 +540,10 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
     })
 }
 
-/// A linear pool opens without a member only if the pool metadata shows that no record or
-/// checkpoint was ever written to it (so it held at most a hybrid volume's copies of data that
-/// lives on the other members); otherwise the pool is refused as before, nothing written.
+/// A linear pool opens without a member only if the pool metadata shows that no record was
+/// ever written to it (so it held at most a hybrid volume's copies of data that lives on the
+/// other members, or a checkpoint, which the scan replaces); otherwise the pool is refused as
+/// before, nothing written.
 fn check_missing_hold_no_log(first: &Superblock, meta: &PoolMeta, slots: &[u32], ids: &[u64], given: usize) -> Result<()> {
     for (&slot, &id) in slots.iter().zip(ids) {
         let never_logged = id != 0 && meta.log_members.as_ref().is_some_and(|log| !log.contains(&id));
