@@ -11,7 +11,7 @@ round starts from a fresh file. Reports transactions per second per round, the m
 ratio SALSA / nbdkit.
 
     python3 scripts/bench_oltp.py                       # 3 rounds of 60 s
-    python3 scripts/bench_oltp.py --seconds 10 --rounds 1 --tables 2 --table-size 10000
+    python3 scripts/bench_oltp.py --quick               # 1 round of 8 s, 2 small tables (the test suite's)
 
 Prints one JSON object; needs root (loop devices, mounts), nbdkit, MariaDB and sysbench
 (scripts/install-deps.sh installs them).
@@ -124,8 +124,11 @@ def main():
     ap.add_argument("--db-threads", type=int, default=8)
     ap.add_argument("--buffer-pool", default="64M")
     ap.add_argument("--dir", default=None, help="where the files go (default: a temporary directory in /var/tmp)")
+    ap.add_argument("--quick", action="store_true", help="1 round of 8 s on 1 GiB, 2 tables of 5000 rows")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.quick:
+        args.size, args.seconds, args.rounds, args.tables, args.table_size = "1G", 8, 1, 2, 5000
     for tool in ("mariadbd", "sysbench", "nbdkit", "nbdfuse", "mkfs.ext4"):
         if shutil.which(tool) is None:
             raise SystemExit("%s is not installed; run scripts/install-deps.sh" % tool)
