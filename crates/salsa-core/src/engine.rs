@@ -167,7 +167,7 @@ impl Engine {
         let mut gc_waits = 0;
         loop {
             self.log.check_writable()?;
-            if let Some(s) = self.log.capacity().try_allocate(types, purpose) {
+            if let Some(s) = self.log.allocate_online(types, purpose) {
                 if let Err(e) = self.log.note_log_segment(s) {
                     self.log.capacity().unallocate(s);
                     return Err(e);

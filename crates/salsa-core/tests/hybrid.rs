@@ -221,6 +221,64 @@ fn a_failing_fast_device_costs_speed_not_data() {
     vol.flush().unwrap();
 }
 
+/// The fast device dies while the pool runs, copies on it: reads fall back to the disk, writes,
+/// flushes, the GC and the checkpoint go on without it (its free segments go offline and the
+/// pool metadata records it as failed), and the pool reopens without it or with it repaired.
+#[test]
+fn a_fast_device_dying_at_run_time_costs_speed_not_data() {
+    let opts = inline_gc();
+    let slow = disk(48);
+    let fast = Arc::new(FaultDevice::new(flash(16), FaultPlan::default()));
+    let pool = Pool::create(vec![slow.clone(), fast.clone()], &tiny_config(), &opts).unwrap();
+    let size = 4 * MIB;
+    let vol = pool.create_volume_spec("h", size, &hybrid_spec()).unwrap();
+    let mut model: Vec<u8> = (0..size / PAGE as u64).flat_map(|p| pattern(8, p, 0)).collect();
+    vol.write(0, &model).unwrap();
+    make_hot(&pool, "h", 0..8, 6);
+    assert!(stats(&pool, "h").fast_tier_segments > 0);
+    let free_before = pool.stats().free_segments;
+    fast.set_plan(FaultPlan {
+        dead: true,
+        ..FaultPlan::default()
+    });
+    // Overwrites (the GC cleans behind them) and flushes go on; every read is right.
+    for round in 1..4u64 {
+        let page = pattern(9, round, round);
+        for p in (0..size / PAGE as u64).step_by(2) {
+            vol.write(p * PAGE as u64, &page).unwrap();
+            model[(p * PAGE as u64) as usize..((p + 1) * PAGE as u64) as usize].copy_from_slice(&page);
+        }
+        vol.flush().unwrap();
+        assert_same(&read_all(&pool, "h", size), &model, "with the fast device dead");
+    }
+    make_hot(&pool, "h", 0..8, 6);
+    let st = pool.stats();
+    assert!(st.members[1].failed, "the dead member is shown failed: {:?}", st.members);
+    assert!(
+        st.segments_by_state[7] > 0,
+        "its free segments are offline: {:?}",
+        st.segments_by_state
+    );
+    assert!(st.free_segments < free_before, "offline segments are not free");
+    assert!(stats(&pool, "h").fast_tier_failed);
+    // A new volume's writers never get a segment of the dead member.
+    let other = pool.create_volume("l", MIB, PAGE as u32).unwrap();
+    other.write(0, &vec![3u8; MIB as usize]).unwrap();
+    other.flush().unwrap();
+    drop((vol, other));
+    pool.close().unwrap();
+
+    let pool = Pool::open(vec![slow.clone()], &opts).unwrap();
+    assert_same(&read_all(&pool, "h", size), &model, "reopened without the fast device");
+    pool.close().unwrap();
+    fast.set_plan(FaultPlan::default());
+    let pool = Pool::open(vec![slow, fast.clone()], &opts).unwrap();
+    assert!(!pool.stats().members[1].failed, "repaired, it is a member again");
+    make_hot(&pool, "h", 0..8, 6);
+    assert!(stats(&pool, "h").promotions > 0, "the fast tier is back");
+    assert_same(&read_all(&pool, "h", size), &model, "with the fast device repaired");
+}
+
 /// The fast device taken out (or dead) between two sessions: it never held a record, only
 /// copies, so the pool opens without it, after a clean close and after a crash, with every byte
 /// in place and the hot groups read from the disk; given back, it serves copies again. A pool

@@ -50,9 +50,15 @@ pub struct LinearArray {
     aligned_buffers: bool,
     /// Member ids in slot order (empty for a version-5 pool).
     ids: Vec<u64>,
-    /// Members missing at open (allowed only for members that never held log data): their
-    /// segments are offline, and nothing is read from, written, synced or discarded on them.
-    absent: Vec<bool>,
+    /// Members missing at open (allowed only for members that never held log data) or failed
+    /// since while holding none: their segments are offline, and nothing is written, synced
+    /// or discarded on them.
+    absent: Vec<AtomicBool>,
+    /// Members that hold no log data (not among the pool metadata's log members): a write or
+    /// sync error on one fails it and takes its segments offline instead of stopping the pool.
+    expendable: Vec<AtomicBool>,
+    /// Set when a member failed since the last [`Array::take_failure_change`].
+    failure_changed: AtomicBool,
 }
 
 impl LinearArray {
@@ -60,7 +66,8 @@ impl LinearArray {
     /// `ids` are the members' ids in slot order; `absent` the slots whose device is missing (a
     /// stand-in that fails all I/O).
     pub fn new(members: Vec<Member>, ids: Vec<u64>, absent: &[u32], segment_bytes: u64, grain_bytes: u64) -> Result<LinearArray> {
-        let absent: Vec<bool> = (0..members.len() as u32).map(|i| absent.contains(&i)).collect();
+        let absent: Vec<AtomicBool> = (0..members.len() as u32).map(|i| AtomicBool::new(absent.contains(&i))).collect();
+        let expendable = (0..members.len()).map(|_| AtomicBool::new(false)).collect();
         let mut owner = Vec::new();
         let mut types = Vec::new();
         let mut write_pointer = Vec::new();
@@ -112,6 +119,8 @@ impl LinearArray {
         Ok(LinearArray {
             ids,
             absent,
+            expendable,
+            failure_changed: AtomicBool::new(false),
             members,
             segment_bytes,
             grain_bytes,
@@ -138,6 +147,26 @@ impl LinearArray {
             m,
             m.layout.segments_offset_bytes + (segment - m.first_segment) as u64 * self.segment_bytes,
         )
+    }
+
+    fn is_absent(&self, slot: usize) -> bool {
+        self.absent[slot].load(SeqCst)
+    }
+
+    /// After an I/O error on member `slot`: a member that holds no log data fails (its
+    /// segments go offline, the pool goes on without it); returns whether it did.
+    fn fail_if_expendable(&self, slot: usize, error: &std::io::Error) -> bool {
+        if !self.expendable[slot].load(SeqCst) {
+            return false;
+        }
+        if !self.absent[slot].swap(true, SeqCst) {
+            self.failure_changed.store(true, SeqCst);
+            tracing::error!(
+                "member {slot} ({}) failed ({error}); it held no log data (only copies of a hybrid volume's hot data), so the pool goes on without it",
+                self.members[slot].device.name()
+            );
+        }
+        true
     }
 
     /// Device and byte offset of grain `grain_in_segment` of `segment`.
@@ -238,12 +267,19 @@ impl Array for LinearArray {
         let segment = (grain / self.grains_per_segment) as u32;
         let in_segment = grain % self.grains_per_segment;
         let (dev, offset) = self.locate(segment, in_segment, len);
-        let io = |op, source| Error::Io {
-            device: dev.name().to_string(),
-            op,
-            offset,
-            source,
+        let slot = self.owner[segment as usize] as usize;
+        let io = |op, source: std::io::Error| {
+            self.fail_if_expendable(slot, &source);
+            Error::Io {
+                device: dev.name().to_string(),
+                op,
+                offset,
+                source,
+            }
         };
+        if self.is_absent(slot) {
+            return Err(io("write", std::io::Error::other("the member failed or is missing")));
+        }
         let Some((wp, turn)) = &self.zones.write_pointer[segment as usize] else {
             return dev.write_vectored_at(bufs, offset).map_err(|e| io("write", e));
         };
@@ -281,25 +317,49 @@ impl Array for LinearArray {
         r.map_err(|e| io("write", e))
     }
 
-    /// Syncs every member that is there.
+    /// Syncs every member that is there; one that holds no log data and fails is left out.
     fn sync_all(&self) -> Result<()> {
-        for (m, _) in self.members.iter().zip(&self.absent).filter(|(_, absent)| !**absent) {
-            m.device.sync().map_err(|source| Error::Io {
-                device: m.device.name().to_string(),
-                op: "sync",
-                offset: 0,
-                source,
-            })?;
+        for (slot, m) in self.members.iter().enumerate() {
+            if self.is_absent(slot) {
+                continue;
+            }
+            if let Err(source) = m.device.sync() {
+                if !self.fail_if_expendable(slot, &source) {
+                    return Err(Error::Io {
+                        device: m.device.name().to_string(),
+                        op: "sync",
+                        offset: 0,
+                        source,
+                    });
+                }
+            }
         }
         Ok(())
     }
 
     fn metadata_devices(&self) -> Vec<(Arc<dyn Device>, DeviceLayout)> {
-        self.members
-            .iter()
-            .zip(&self.absent)
-            .filter(|(_, absent)| !**absent)
-            .map(|(m, _)| (m.device.clone(), m.layout))
+        (0..self.members.len())
+            .filter(|&slot| !self.is_absent(slot))
+            .map(|slot| (self.members[slot].device.clone(), self.members[slot].layout))
+            .collect()
+    }
+
+    fn set_log_members(&self, log_members: Option<&[u64]>) {
+        for (slot, flag) in self.expendable.iter().enumerate() {
+            let id = self.ids.get(slot).copied().unwrap_or(0);
+            let never_logged = id != 0 && log_members.is_some_and(|log| !log.contains(&id));
+            flag.store(never_logged, SeqCst);
+        }
+    }
+
+    fn take_failure_change(&self) -> Option<Vec<u64>> {
+        self.failure_changed.swap(false, SeqCst).then(|| self.failed_ids())
+    }
+
+    fn failed_ids(&self) -> Vec<u64> {
+        (0..self.members.len())
+            .filter(|&slot| self.is_absent(slot))
+            .filter_map(|slot| self.ids.get(slot).copied())
             .collect()
     }
 
@@ -312,16 +372,16 @@ impl Array for LinearArray {
     }
 
     fn is_segment_offline(&self, segment: u32) -> bool {
-        self.absent[self.owner[segment as usize] as usize]
+        self.is_absent(self.owner[segment as usize] as usize)
     }
 
     fn member_status(&self) -> Vec<crate::array::MemberStatus> {
         self.members
             .iter()
-            .zip(&self.absent)
-            .map(|(m, absent)| crate::array::MemberStatus {
+            .enumerate()
+            .map(|(slot, m)| crate::array::MemberStatus {
                 name: m.device.name().to_string(),
-                failed: *absent,
+                failed: self.is_absent(slot),
                 ..Default::default()
             })
             .collect()

@@ -193,8 +193,12 @@ pub trait Array: Send + Sync {
     fn segment_member_ids(&self, _segment: u32) -> Vec<u64> {
         self.member_ids()
     }
+    /// The members that hold log data (`None`: every member may). A linear array lets a
+    /// member outside the list fail at run time without stopping the pool.
+    fn set_log_members(&self, _log_members: Option<&[u64]>) {}
     /// Whether `segment` lies on a member missing at open (a linear pool opens without a
-    /// member that never held log data): it is never allocated, scanned or read.
+    /// member that never held log data) or failed since while holding none: it is never
+    /// allocated, scanned or read.
     fn is_segment_offline(&self, _segment: u32) -> bool {
         false
     }

@@ -449,6 +449,31 @@ impl Capacity {
         }
     }
 
+    /// A segment taken by `try_allocate` lies on a member that failed: it goes offline
+    /// instead of into use.
+    pub fn take_offline(&self, s: u32) {
+        let info = self.segment(s);
+        assert!(info.is_empty(), "taking segment {s} offline with data");
+        info.set_state(SegmentState::Offline);
+    }
+
+    /// Takes every free segment for which `offline` holds off the free queues (their member
+    /// failed).
+    pub fn take_free_offline(&self, offline: impl Fn(u32) -> bool) {
+        let mut q = self.queues.lock();
+        for queue in q.free.iter_mut() {
+            queue.retain(|&s| {
+                if !offline(s) {
+                    return true;
+                }
+                self.free_count.fetch_sub(1, SeqCst);
+                self.segment(s).set_state(SegmentState::Offline);
+                false
+            });
+        }
+        self.changed.notify_all();
+    }
+
     /// Puts a segment taken by `try_allocate` back unused.
     pub fn unallocate(&self, s: u32) {
         let info = self.segment(s);

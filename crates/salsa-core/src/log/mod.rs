@@ -255,6 +255,7 @@ impl Log {
         );
         let epoch = meta.generation;
         let flush_alignment_grains = array.flush_alignment_grains(geo.grain_bytes);
+        array.set_log_members(meta.log_members.as_deref());
         let row_grains = array.row_grains(geo.grain_bytes);
         assert!(
             geo.grains_per_segment.is_multiple_of(row_grains.max(1)) && row_grains.max(1).is_multiple_of(flush_alignment_grains.max(1)),
@@ -455,8 +456,21 @@ impl Log {
             self.poison(&e);
             return Err(e);
         }
+        self.array.set_log_members(next.log_members.as_deref());
         *meta = next;
         Ok(())
+    }
+
+    /// [`Capacity::try_allocate`] that never hands out a segment of a member that failed (the
+    /// segments it finds there go offline instead).
+    pub fn allocate_online(&self, types: &[StorageType], purpose: Purpose) -> Option<u32> {
+        loop {
+            let s = self.capacity.try_allocate(types, purpose)?;
+            if !self.array.is_segment_offline(s) {
+                return Some(s);
+            }
+            self.capacity.take_offline(s);
+        }
     }
 
     /// The order a checkpoint takes segments in: [`CHECKPOINT_TYPES`], types of members that
@@ -629,6 +643,9 @@ impl Log {
                 return Err(e);
             }
             *meta = next;
+            drop(meta);
+            // The free segments of a member that failed are taken offline.
+            self.capacity.take_free_offline(|s| self.array.is_segment_offline(s));
         }
         self.tracker.set_synced_through(upto);
         Ok(())

@@ -362,7 +362,7 @@ impl Pool {
         let types = self.eng.log.checkpoint_types();
         if needed <= MAX_CHECKPOINT_SEGMENTS {
             while segs.len() < needed {
-                match self.eng.log.capacity().try_allocate(&types, Purpose::Checkpoint) {
+                match self.eng.log.allocate_online(&types, Purpose::Checkpoint) {
                     Some(s) => {
                         segs.push(s);
                         self.eng.log.array().prepare_segment(s)?;

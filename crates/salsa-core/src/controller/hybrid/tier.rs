@@ -349,7 +349,7 @@ impl Tier {
             let taken = if at_bound {
                 None
             } else {
-                log.capacity().try_allocate(&FAST_TYPES, Purpose::Tier)
+                log.allocate_online(&FAST_TYPES, Purpose::Tier)
             };
             if let Some(s) = taken {
                 if self.retired.load(SeqCst) {
