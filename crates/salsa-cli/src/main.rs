@@ -106,8 +106,12 @@ struct FormatArgs {
     /// Controller of the default volume: lsa (a page map), dual (large pages and a sparse map
     /// of small ones) or hybrid (data on the pool's disks, hot data copied to its flash); see
     /// `salsa volume create --help`.
-    #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual", "hybrid"])]
+    #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual", "hybrid", "amf"])]
     controller: String,
+    /// With --controller amf: the default volume's segment size (default: the pool's
+    /// segment size).
+    #[arg(long, value_parser = parse_size)]
+    amf_segment: Option<u64>,
     /// With --controller dual: most 4 KiB pages the default volume's sparse map holds.
     #[arg(long)]
     sparse_pages: Option<u64>,
@@ -176,6 +180,7 @@ impl FormatArgs {
         let spec = VolumeSpec {
             sparse_pages: self.sparse_pages,
             hybrid: self.hybrid.spec(),
+            segment_bytes: self.amf_segment,
             ..volume_spec(&self.controller, self.page_size)?
         };
         let page_bytes = spec.page_bytes.max(1) as u64;
@@ -194,7 +199,14 @@ impl FormatArgs {
             let sparse = pages.saturating_mul(g.grain_bytes as u64);
             logical = logical.saturating_sub(sparse);
         }
-        let size = logical / page_bytes * page_bytes;
+        let unit = match spec.controller {
+            // An AMF volume is a whole number of its segments.
+            ControllerKind::Amf => spec
+                .segment_bytes
+                .unwrap_or_else(|| salsa_core::pool::default_amf_segment_bytes(pool.geometry().segment_bytes)),
+            _ => page_bytes,
+        };
+        let size = logical / unit * unit;
         if size == 0 {
             return Err(format!(
                 "the pool is too small to hold a volume once its spare ({}%) and the GC's reserve are set aside: {} segments of {}; give bigger devices or a smaller --segment-size",

@@ -403,6 +403,66 @@ print("nbdsh ok")
     assert!(srv.stop().success());
 }
 
+/// An AMF volume over NBD: its segment is the preferred block size; appends are taken, an
+/// overwrite is refused with EPERM and a partial-segment trim with EINVAL, changing nothing; a
+/// whole-segment trim empties it for rewriting; the rules hold after a restart.
+#[test]
+fn an_amf_volume_over_nbd_refuses_overwrites_and_partial_trims() {
+    require("nbdsh");
+    let dir = test_dir("amf-nbd");
+    let args = ["--controller", "amf", "--amf-segment", "256K"];
+    let path = format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default());
+    let nbdsh = |srv: &Server, script: &str| {
+        let script = format!("import errno\n{script}\nprint(\"nbdsh ok\")\n");
+        let (ok, out) = run(Command::new("nbdsh").env("PATH", &path).args(["-u", &srv.uri(), "-c", &script]));
+        assert!(ok && out.contains("nbdsh ok"), "{out}");
+    };
+    let srv = Server::start(&dir, "64M", &args);
+    nbdsh(
+        &srv,
+        r#"
+SEG = 262144
+assert h.get_block_size(nbd.SIZE_PREFERRED) == SEG, h.get_block_size(nbd.SIZE_PREFERRED)
+h.pwrite(b"\x11" * 65536, 0)
+h.pwrite(b"\x22" * 65536, 65536)
+def refused(f, code):
+    try:
+        f()
+    except nbd.Error as e:
+        assert e.errnum == code, (e.errnum, code, e)
+        return
+    raise Exception("accepted")
+refused(lambda: h.pwrite(b"\x33" * 4096, 0), errno.EPERM)
+refused(lambda: h.pwrite(b"\x33" * 4096, 4 * 65536 + 4096), errno.EPERM)
+refused(lambda: h.trim(65536, 0), errno.EINVAL)
+refused(lambda: h.pwrite(b"\x33" * 512, 2 * 65536), errno.EINVAL)
+assert h.pread(65536, 0) == b"\x11" * 65536
+assert h.pread(65536, 65536) == b"\x22" * 65536
+h.pwrite(b"\x55" * SEG, SEG)
+h.trim(SEG, 0)
+assert h.pread(SEG, 0) == bytes(SEG)
+h.pwrite(b"\x44" * 4096, 0)
+h.flush()
+"#,
+    );
+    assert!(srv.stop().success());
+    let srv = Server::start(&dir, "64M", &args);
+    nbdsh(
+        &srv,
+        r#"
+assert h.pread(4096, 0) == b"\x44" * 4096
+assert h.pread(4096, 262144) == b"\x55" * 4096
+try:
+    h.pwrite(b"\x66" * 4096, 262144)
+    raise Exception("an overwrite after the restart was accepted")
+except nbd.Error as e:
+    assert e.errnum == errno.EPERM, e
+h.pwrite(b"\x66" * 4096, 262144 + 262144)
+"#,
+    );
+    assert!(srv.stop().success());
+}
+
 #[test]
 fn stale_socket_is_replaced_and_a_second_server_is_refused() {
     let dir = test_dir("lock");

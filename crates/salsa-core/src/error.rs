@@ -57,6 +57,10 @@ pub enum Error {
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// A write or trim that breaks an append-only volume's rules (an overwrite, a write that
+    /// leaves a hole); nothing was changed.
+    #[error("{0}")]
+    AppendOnly(String),
     /// Volume lookup failed.
     #[error("no volume named {0:?}")]
     VolumeNotFound(String),
@@ -92,6 +96,7 @@ impl Error {
         match self {
             Error::NoSpace(_) => ErrorKind::NoSpace,
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            Error::AppendOnly(_) => ErrorKind::NotPermitted,
             Error::ReadOnly(_) | Error::Poisoned(_) => ErrorKind::ReadOnly,
             Error::ShuttingDown => ErrorKind::ShuttingDown,
             _ => ErrorKind::Io,
@@ -105,6 +110,8 @@ pub enum ErrorKind {
     Io,
     NoSpace,
     InvalidArgument,
+    /// The request breaks a rule of the volume (an overwrite of an append-only volume).
+    NotPermitted,
     ReadOnly,
     ShuttingDown,
 }

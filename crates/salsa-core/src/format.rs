@@ -398,17 +398,25 @@ pub enum ControllerKind {
     /// Hybrid: an LSA page map on the pool's slow devices, with hot page groups copied to its
     /// fast devices.
     Hybrid = 2,
+    /// Application-managed flash: an append-only volume of segments over an extent map.
+    Amf = 3,
 }
 
 impl ControllerKind {
     /// Every kind, for messages and parsing.
-    pub const ALL: [ControllerKind; 3] = [ControllerKind::Lsa, ControllerKind::Dual, ControllerKind::Hybrid];
+    pub const ALL: [ControllerKind; 4] = [
+        ControllerKind::Lsa,
+        ControllerKind::Dual,
+        ControllerKind::Hybrid,
+        ControllerKind::Amf,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             ControllerKind::Lsa => "lsa",
             ControllerKind::Dual => "dual",
             ControllerKind::Hybrid => "hybrid",
+            ControllerKind::Amf => "amf",
         }
     }
 

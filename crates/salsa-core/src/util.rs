@@ -265,6 +265,12 @@ pub struct Decoder<'a> {
 #[derive(Debug)]
 pub struct Truncated(pub &'static str);
 
+impl std::fmt::Display for Truncated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "truncated at the {}", self.0)
+    }
+}
+
 impl<'a> Decoder<'a> {
     pub fn new(bytes: &'a [u8]) -> Decoder<'a> {
         Decoder { bytes, pos: 0 }

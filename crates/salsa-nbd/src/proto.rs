@@ -485,7 +485,7 @@ impl Handshake {
                 INFO_DESCRIPTION => d.extend_from_slice(export.description.as_bytes()),
                 INFO_BLOCK_SIZE => {
                     d.extend_from_slice(&1u32.to_be_bytes());
-                    d.extend_from_slice(&export.preferred_block_bytes.to_be_bytes());
+                    d.extend_from_slice(&export.preferred_block_bytes.clamp(512, MAX_REQUEST_BYTES).to_be_bytes());
                     d.extend_from_slice(&MAX_REQUEST_BYTES.to_be_bytes());
                 }
                 _ => continue,

@@ -355,7 +355,7 @@ fn errno_of(e: &salsa_core::Error) -> u32 {
         ErrorKind::Io => proto::EIO,
         ErrorKind::NoSpace => proto::ENOSPC,
         ErrorKind::InvalidArgument => proto::EINVAL,
-        ErrorKind::ReadOnly => proto::EPERM,
+        ErrorKind::ReadOnly | ErrorKind::NotPermitted => proto::EPERM,
         ErrorKind::ShuttingDown => proto::ESHUTDOWN,
     }
 }

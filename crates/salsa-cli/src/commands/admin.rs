@@ -89,6 +89,17 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
             human(v.placement_memory_bytes),
             v.victim
         );
+        if v.controller == "amf" {
+            println!(
+                "  {:<20}      append-only segments of {}: {} of {} written, {} full; map of {} runs",
+                "",
+                human(v.settings.iter().find(|(k, _)| k == "segment_bytes").map_or(0, |s| s.1)),
+                v.amf_segments_written,
+                v.amf_segments,
+                v.amf_segments_full,
+                v.map_runs
+            );
+        }
         if v.controller == "dual" {
             println!(
                 "  {:<20}      sparse map {} of {} small pages, {} large pages merged",
@@ -230,8 +241,10 @@ pub(crate) enum VolumeCommand {
         /// The controller that maps the volume: `lsa` (a page map), `dual` (a dense map of
         /// large pages and a bounded sparse map of 4 KiB pages for small writes) or `hybrid` (a
         /// page map on the pool's disks, hot page groups copied to its flash; the pool needs
-        /// both, declared with PATH@hdd / PATH@flash at format).
-        #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual", "hybrid"])]
+        /// both, declared with PATH@hdd / PATH@flash at format) or `amf` (append-only
+        /// segments: each written from its start in order, never overwritten until trimmed
+        /// whole; a map of runs instead of pages).
+        #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual", "hybrid", "amf"])]
         controller: String,
         /// The unit of mapping (dual: its large pages). Default 4K for lsa, 64K for dual.
         #[arg(long, value_parser = parse_size)]
@@ -252,6 +265,10 @@ pub(crate) enum VolumeCommand {
         /// slow (disks), of those the pool has (types are declared at format, PATH@hdd).
         #[arg(long, default_value = "any", value_parser = ["any", "fast", "slow"])]
         storage: String,
+        /// amf: the segment size, a power of two from 64K to 1G dividing the volume size
+        /// (default: the pool's segment size).
+        #[arg(long, value_parser = parse_size)]
+        segment: Option<u64>,
     },
     /// Change a volume's placement or victim policy; new writes follow it. Works offline and,
     /// through its control socket, on a pool being served.
@@ -332,8 +349,10 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
             sparse_pages,
             hybrid,
             storage,
+            segment,
         } => {
             let spec = VolumeSpec {
+                segment_bytes: *segment,
                 storage: salsa_core::StorageClass::from_name(storage).unwrap_or_default(),
                 placement: placement.clone(),
                 victim: victim.clone().filter(|v| v != "pool"),

@@ -152,7 +152,7 @@ pub(crate) fn render(s: &Stats) -> String {
     e.metric("segments_by_state", g, "Segments per state.", &by_state);
 
     type VolumeMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::VolumeStats) -> f64);
-    let volume_metrics: [VolumeMetric; 15] = [
+    let volume_metrics: [VolumeMetric; 18] = [
         (
             "volume_gc_relocated_bytes_total",
             c,
@@ -209,6 +209,13 @@ pub(crate) fn render(s: &Stats) -> String {
         ("volume_slow_read_bytes_total", c, "Hybrid: bytes read from the slow tier.", |v| {
             v.slow_read_bytes as f64
         }),
+        ("volume_amf_segments_written", g, "AMF: segments written (open or full).", |v| {
+            v.amf_segments_written as f64
+        }),
+        ("volume_amf_segments_full", g, "AMF: segments written to their end.", |v| {
+            v.amf_segments_full as f64
+        }),
+        ("volume_map_runs", g, "AMF: runs in the volume's extent map.", |v| v.map_runs as f64),
         (
             "volume_fast_tier_failed",
             g,

@@ -83,6 +83,12 @@ pub(crate) fn volume_json(v: &salsa_core::VolumeStats) -> serde_json::Value {
         j["slow_read_bytes"] = v.slow_read_bytes.into();
         j["fast_tier_failed"] = v.fast_tier_failed.into();
     }
+    if v.controller == "amf" {
+        j["segments"] = v.amf_segments.into();
+        j["segments_written"] = v.amf_segments_written.into();
+        j["segments_full"] = v.amf_segments_full.into();
+        j["map_runs"] = v.map_runs.into();
+    }
     j
 }
 

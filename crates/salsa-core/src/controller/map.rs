@@ -9,6 +9,7 @@
 //! - `total_grains + 1 + s`: trimmed; the tombstone that records the trim lives in segment `s`
 //!   (the GC must carry it forward while older copies may still exist on the device).
 
+use super::extent_map::ExtentMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
 /// Decoded map entry.
@@ -61,9 +62,12 @@ impl Encoding {
 enum Slots {
     Narrow(Box<[AtomicU32]>),
     Wide(Box<[AtomicU64]>),
+    /// Runs of entries (an append-only volume's map).
+    Extents(ExtentMap),
 }
 
-/// The page map.
+/// The page map: flat (one atomic entry per page), or an extent map for volumes written in
+/// long runs; the two answer every call the same way.
 pub struct PageMap {
     slots: Slots,
     pub encoding: Encoding,
@@ -79,29 +83,59 @@ impl PageMap {
         PageMap { slots, encoding }
     }
 
+    /// An extent map of `pages` pages of `page_grains` grains.
+    pub fn extents(pages: u64, encoding: Encoding, page_grains: u32) -> PageMap {
+        PageMap {
+            slots: Slots::Extents(ExtentMap::new(pages, encoding, page_grains)),
+            encoding,
+        }
+    }
+
     pub fn pages(&self) -> u64 {
         match &self.slots {
             Slots::Narrow(s) => s.len() as u64,
             Slots::Wide(s) => s.len() as u64,
+            Slots::Extents(m) => m.pages(),
         }
     }
 
-    /// Bytes per entry.
-    pub fn entry_bytes(&self) -> u64 {
+    /// Bytes per entry of a flat map (0 for an extent map).
+    fn entry_bytes(&self) -> u64 {
         match &self.slots {
             Slots::Narrow(_) => 4,
             Slots::Wide(_) => 8,
+            Slots::Extents(_) => 0,
         }
     }
 
     pub fn memory_bytes(&self) -> u64 {
-        self.pages() * self.entry_bytes()
+        match &self.slots {
+            Slots::Extents(m) => m.memory_bytes(),
+            _ => self.pages() * self.entry_bytes(),
+        }
+    }
+
+    /// Forgets every entry.
+    pub fn clear(&self) {
+        match &self.slots {
+            Slots::Extents(m) => m.clear(),
+            _ => (0..self.pages()).for_each(|p| self.store(p, Entry::Unmapped)),
+        }
+    }
+
+    /// The extent map's runs, when it is one.
+    pub fn run_count(&self) -> Option<u64> {
+        match &self.slots {
+            Slots::Extents(m) => Some(m.run_count()),
+            _ => None,
+        }
     }
 
     pub fn load_raw(&self, page: u64) -> u64 {
         match &self.slots {
             Slots::Narrow(s) => s[page as usize].load(SeqCst) as u64,
             Slots::Wide(s) => s[page as usize].load(SeqCst),
+            Slots::Extents(m) => m.load_raw(page),
         }
     }
 
@@ -114,6 +148,9 @@ impl PageMap {
         match &self.slots {
             Slots::Narrow(s) => s[page as usize].store(v as u32, SeqCst),
             Slots::Wide(s) => s[page as usize].store(v, SeqCst),
+            Slots::Extents(m) => {
+                m.swap_raw(page, v);
+            }
         }
     }
 
@@ -123,6 +160,7 @@ impl PageMap {
         let old = match &self.slots {
             Slots::Narrow(s) => s[page as usize].swap(v as u32, SeqCst) as u64,
             Slots::Wide(s) => s[page as usize].swap(v, SeqCst),
+            Slots::Extents(m) => m.swap_raw(page, v),
         };
         self.encoding.decode(old)
     }
@@ -133,28 +171,101 @@ impl PageMap {
         match &self.slots {
             Slots::Narrow(s) => s[page as usize].compare_exchange(o as u32, n as u32, SeqCst, SeqCst).is_ok(),
             Slots::Wide(s) => s[page as usize].compare_exchange(o, n, SeqCst, SeqCst).is_ok(),
+            Slots::Extents(m) => m.compare_exchange_raw(page, o, n),
         }
     }
 
     /// A copy of the map with `pages` entries (growing a volume); entries past the old end are
     /// unmapped.
     pub fn grown(&self, pages: u64) -> PageMap {
-        let m = PageMap::new(pages, self.encoding);
-        for p in 0..self.pages().min(pages) {
-            m.store(p, self.load(p));
-        }
+        let m = match &self.slots {
+            Slots::Extents(e) => PageMap::extents(pages, self.encoding, e.page_grains()),
+            _ => PageMap::new(pages, self.encoding),
+        };
+        self.for_each_mapped(|p, v| {
+            if p < pages {
+                m.store(p, self.encoding.decode(v));
+            }
+        });
         m
     }
 
-    /// Raw little-endian image of the map, for checkpoints.
-    pub fn encode_into(&self, out: &mut Vec<u8>) {
-        for p in 0..self.pages() {
-            let v = self.load_raw(p);
-            match self.slots {
-                Slots::Narrow(_) => out.extend_from_slice(&(v as u32).to_le_bytes()),
-                Slots::Wide(_) => out.extend_from_slice(&v.to_le_bytes()),
+    /// Calls `visit(page, encoded entry)` for every page that is not unmapped, in page order.
+    pub fn for_each_mapped(&self, mut visit: impl FnMut(u64, u64)) {
+        match &self.slots {
+            Slots::Extents(m) => {
+                let step = m.page_grains() as u64;
+                m.for_each_run(|first, len, value| {
+                    let mapped = matches!(self.encoding.decode(value), Entry::Mapped(_));
+                    for k in 0..len {
+                        visit(first + k, if mapped { value + k * step } else { value });
+                    }
+                })
+            }
+            _ => {
+                for p in 0..self.pages() {
+                    let v = self.load_raw(p);
+                    if v != 0 {
+                        visit(p, v);
+                    }
+                }
             }
         }
+    }
+
+    /// Bytes [`PageMap::encode_image`] appends.
+    pub fn image_bytes(&self) -> u64 {
+        8 + 1
+            + match &self.slots {
+                Slots::Extents(m) => m.image_bytes(),
+                _ => self.memory_bytes(),
+            }
+    }
+
+    /// Checkpoint image: the page count, the entry width (0: runs follow), then the raw
+    /// little-endian entries or the runs.
+    pub fn encode_image(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.pages().to_le_bytes());
+        out.push(self.entry_bytes() as u8);
+        match &self.slots {
+            Slots::Extents(m) => m.encode_into(out),
+            _ => {
+                let wide = self.entry_bytes() == 8;
+                for p in 0..self.pages() {
+                    let v = self.load_raw(p);
+                    if wide {
+                        out.extend_from_slice(&v.to_le_bytes());
+                    } else {
+                        out.extend_from_slice(&(v as u32).to_le_bytes());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Loads an image written by [`PageMap::encode_image`] into this (empty) map of the same
+    /// kind and size; every entry is checked.
+    pub fn load_image(&self, d: &mut crate::util::Decoder<'_>) -> std::result::Result<(), String> {
+        let pages = d.u64("pages").map_err(|e| e.to_string())?;
+        let width = d.u8("width").map_err(|e| e.to_string())? as u64;
+        if pages != self.pages() || width != self.entry_bytes() {
+            return Err("map size differs from the volume table".into());
+        }
+        if let Slots::Extents(m) = &self.slots {
+            return m.load_image(d);
+        }
+        let raw = d.take((pages * width) as usize, "map").map_err(|e| e.to_string())?;
+        let max = self.encoding.max_value();
+        for (p, chunk) in raw.chunks_exact(width as usize).enumerate() {
+            let mut v = [0u8; 8];
+            v[..width as usize].copy_from_slice(chunk);
+            let v = u64::from_le_bytes(v);
+            if v > max {
+                return Err("map entry out of range".into());
+            }
+            self.store(p as u64, self.encoding.decode(v));
+        }
+        Ok(())
     }
 }
 

@@ -20,7 +20,9 @@
 //! - [`Controller::account`] reports exactly the grains and tombstones it references, so that
 //!   the segment counts derived from it at open match what the write path maintains.
 
+pub mod amf;
 pub mod dual;
+pub mod extent_map;
 pub mod hybrid;
 pub mod lsa;
 pub mod map;
@@ -105,6 +107,12 @@ pub struct ControllerStats {
     pub fast_read_bytes: u64,
     pub slow_read_bytes: u64,
     pub fast_tier_failed: bool,
+    /// AMF: its segments, those written (open or full) and those full.
+    pub amf_segments: u64,
+    pub amf_segments_written: u64,
+    pub amf_segments_full: u64,
+    /// Runs in an extent map (AMF).
+    pub map_runs: u64,
 }
 
 /// What the volume handle asks of a controller: byte-addressed I/O on ranges that the handle
@@ -200,6 +208,20 @@ pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::re
             let dense = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement, storage);
             Ok(Arc::new(dual::DualVolume::new(dense, geo.grain_bytes, sparse)))
         }
+        ControllerKind::Amf => {
+            let mut segment_bytes = None;
+            for &(key, value) in &rec.settings {
+                match key {
+                    amf::SETTING_SEGMENT_BYTES => segment_bytes = Some(value),
+                    _ => return Err(unknown(key)),
+                }
+            }
+            let segment_bytes = segment_bytes.ok_or("an AMF volume's entry has no segment size")?;
+            amf::check_segment(segment_bytes, rec.page_bytes, rec.size_bytes)?;
+            let map = map::PageMap::extents(pages, encoding, rec.page_bytes / geo.grain_bytes);
+            let inner = lsa::LsaVolume::new(rec, map, geo.grain_bytes, placement, StorageClass::Any);
+            Ok(Arc::new(amf::AmfVolume::new(inner, segment_bytes)))
+        }
         ControllerKind::Hybrid => {
             let settings = hybrid::HybridSettings::from_record(&rec.settings, rec.page_bytes, geo.segment_bytes)?;
             let slow = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement, StorageClass::Slow);
@@ -230,6 +252,9 @@ fn check_dual(page_bytes: u32, grain_bytes: u32, sparse_pages: u64) -> std::resu
 
 /// The controller settings a new volume of `size_bytes` described by `spec` records.
 pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::result::Result<Vec<(u16, u64)>, String> {
+    if spec.controller != ControllerKind::Amf && spec.segment_bytes.is_some() {
+        return Err("a segment size applies to AMF volumes only (--controller amf)".into());
+    }
     if spec.controller != ControllerKind::Hybrid && spec.hybrid != hybrid::HybridSpec::default() {
         return Err("group size, tier size, promotion rate and half-life apply to hybrid volumes only (--controller hybrid)".into());
     }
@@ -250,6 +275,17 @@ pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::
             Some(_) => Err("a sparse map size applies to dual-mapping volumes only (--controller dual)".into()),
             None => Ok(hybrid::HybridSettings::resolve(&spec.hybrid, spec.page_bytes, geo.segment_bytes)?.record()),
         },
+        ControllerKind::Amf => {
+            if spec.sparse_pages.is_some() {
+                return Err("a sparse map size applies to dual-mapping volumes only (--controller dual)".into());
+            }
+            if spec.storage != StorageClass::Any {
+                return Err("an AMF volume writes to any storage type; it takes no storage class".into());
+            }
+            let segment_bytes = spec.segment_bytes.unwrap_or_else(|| amf::default_segment_bytes(geo.segment_bytes));
+            amf::check_segment(segment_bytes, spec.page_bytes, size_bytes)?;
+            Ok(vec![(amf::SETTING_SEGMENT_BYTES, segment_bytes)])
+        }
         ControllerKind::Dual => {
             let sparse = spec
                 .sparse_pages

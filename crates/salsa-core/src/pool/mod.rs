@@ -14,6 +14,7 @@ mod rebuild;
 mod stats;
 mod volumes;
 
+pub use crate::controller::amf::default_segment_bytes as default_amf_segment_bytes;
 pub use crate::controller::dual::default_sparse_pages;
 pub use open::{device_is_blank, human_bytes, read_superblock};
 pub use rebuild::{RebuildOptions, RebuildReport};

@@ -31,6 +31,8 @@ pub struct VolumeSpec {
     pub hybrid: crate::controller::hybrid::HybridSpec,
     /// LSA and dual mapping: the storage types its data is written to (default any).
     pub storage: crate::log::StorageClass,
+    /// AMF: the segment size; `None`: [`crate::controller::amf::default_segment_bytes`].
+    pub segment_bytes: Option<u64>,
 }
 
 impl VolumeSpec {
@@ -44,6 +46,17 @@ impl VolumeSpec {
             sparse_pages: None,
             hybrid: Default::default(),
             storage: Default::default(),
+            segment_bytes: None,
+        }
+    }
+
+    /// An append-only (AMF) volume of `page_bytes` pages in segments of `segment_bytes`
+    /// (`None`: the default for the pool).
+    pub fn amf(page_bytes: u32, segment_bytes: Option<u64>) -> VolumeSpec {
+        VolumeSpec {
+            controller: ControllerKind::Amf,
+            segment_bytes,
+            ..VolumeSpec::lsa(page_bytes)
         }
     }
 
@@ -397,6 +410,18 @@ impl Volume {
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.check(offset, len)?;
         self.eng.log.check_writable()?;
+        if self.vol.kind() == ControllerKind::Amf {
+            // An append-only volume cannot punch holes: the zeros are appended like any write
+            // (and refused like one where the write point is elsewhere).
+            let zeros = vec![0u8; len.min(1 << 20) as usize];
+            let mut at = offset;
+            while at < offset + len {
+                let n = (offset + len - at).min(zeros.len() as u64);
+                self.write(at, &zeros[..n as usize])?;
+                at += n;
+            }
+            return Ok(());
+        }
         let pb = self.vol.page_bytes() as u64;
         let (first_full, end_full) = (offset.div_ceil(pb) * pb, (offset + len) / pb * pb);
         let zero_part = |from: u64, to: u64| -> Result<()> {

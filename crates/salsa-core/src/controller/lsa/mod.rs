@@ -694,10 +694,7 @@ impl Controller for LsaVolume {
     }
 
     fn clear(&self) {
-        let map = self.map.read();
-        for p in 0..map.pages() {
-            map.store(p, Entry::Unmapped);
-        }
+        self.map.read().clear();
     }
 
     fn begin_replay(&self) {
@@ -764,54 +761,41 @@ impl Controller for LsaVolume {
         let map = self.map.read();
         let gps = log.geo().grains_per_segment as u64;
         let mut mapped = 0u64;
-        for p in 0..map.pages() {
-            match map.load(p) {
-                Entry::Unmapped => {}
+        let mut result = Ok(());
+        map.for_each_mapped(|_, v| {
+            if result.is_err() {
+                return;
+            }
+            result = match map.encoding.decode(v) {
+                Entry::Unmapped => Ok(()),
                 Entry::Mapped(g) => {
+                    mapped += 1;
                     visit(Reference::Data {
                         segment: (g / gps) as u32,
                         grains: self.page_grains,
-                    })?;
-                    mapped += 1;
+                    })
                 }
-                Entry::Trimmed(segment) => visit(Reference::Tombstone { segment })?,
-            }
-        }
+                Entry::Trimmed(segment) => visit(Reference::Tombstone { segment }),
+            };
+        });
+        result?;
         self.mapped_pages.store(mapped, SeqCst);
         Ok(mapped * self.page_grains as u64)
     }
 
     fn image_bytes(&self) -> u64 {
-        8 + 1 + self.map.read().memory_bytes()
+        self.map.read().image_bytes()
     }
 
     fn encode_image(&self, out: &mut Vec<u8>) {
-        let map = self.map.read();
-        out.extend_from_slice(&map.pages().to_le_bytes());
-        out.push(map.entry_bytes() as u8);
-        map.encode_into(out);
+        self.map.read().encode_image(out);
     }
 
     fn load_image(&self, d: &mut Decoder<'_>) -> Result<()> {
-        let bad = |what: &str| Error::Corrupt(format!("checkpoint of volume {}: {what}", self.name));
-        let pages = d.u64("pages").map_err(|_| bad("truncated"))?;
-        let width = d.u8("width").map_err(|_| bad("truncated"))? as u64;
-        let map = self.map.read();
-        if pages != map.pages() || width != map.entry_bytes() {
-            return Err(bad("map size differs from the volume table"));
-        }
-        let raw = d.take((pages * width) as usize, "map").map_err(|_| bad("truncated map"))?;
-        let max = map.encoding.max_value();
-        for (p, chunk) in raw.chunks_exact(width as usize).enumerate() {
-            let mut v = [0u8; 8];
-            v[..width as usize].copy_from_slice(chunk);
-            let v = u64::from_le_bytes(v);
-            if v > max {
-                return Err(bad("map entry out of range"));
-            }
-            map.store(p as u64, map.encoding.decode(v));
-        }
-        Ok(())
+        self.map
+            .read()
+            .load_image(d)
+            .map_err(|what| Error::Corrupt(format!("checkpoint of volume {}: {what}", self.name)))
     }
 }
 

@@ -1,0 +1,338 @@
+//! The AMF controller (application-managed flash): an append-only volume for applications
+//! that already write logs (an LSM tree's tables, a log-structured file system). Its address
+//! space is cut into segments of `segment_bytes`; each segment is written from its start in
+//! order and never overwritten until the whole segment is trimmed, after which it is written
+//! from its start again.
+//!
+//! Owns: the segment table (one write point per segment, in pages: 0 = empty, the segment's
+//! pages = full, otherwise open) and the rules. The data path is the LSA controller's over an
+//! extent map ([`super::extent_map`]): pages written in order land in the log in order, so the
+//! map holds a run per record instead of an entry per page, and a trimmed segment's data goes
+//! dead whole, so the GC finds its log segments empty (it moves only what shares a log segment
+//! with a live neighbour).
+//!
+//! Invariants: a write is accepted only if it is page-aligned and starts at its segment's write
+//! point (continuing into the next segments only if they are empty); a trim only if it covers
+//! whole segments; a refused request changes nothing. A segment's write point moves only under
+//! its lock, forward by a write or back to 0 by a trim. After a crash or a checkpoint load the
+//! write point is one past the last page the map holds in the segment (pages written but not
+//! flushed may be gone; a lost page below the write point reads as zeros, as any unflushed
+//! write may).
+
+use super::lsa::LsaVolume;
+use super::map::Entry;
+use super::{Controller, ControllerStats, Reference, ScannedRecord, VolumeIo};
+use crate::error::{Error, Result};
+use crate::format::ControllerKind;
+use crate::log::payload::WriteBuffer;
+use crate::log::stream::Streams;
+use crate::log::Log;
+use crate::policy::placement::Placement;
+use crate::util::Decoder;
+use parking_lot::{Mutex, RwLock};
+use std::sync::Arc;
+
+/// Volume-table setting: the segment size in bytes.
+pub const SETTING_SEGMENT_BYTES: u16 = 1;
+/// Smallest and largest segment.
+pub const MIN_SEGMENT_BYTES: u64 = 64 << 10;
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
+
+/// The segment size a new AMF volume gets when none is given: the pool's segment, so one
+/// segment of the volume fills about one segment of the log (power of two, within bounds).
+pub fn default_segment_bytes(pool_segment_bytes: u64) -> u64 {
+    let p = if pool_segment_bytes.is_power_of_two() {
+        pool_segment_bytes
+    } else {
+        pool_segment_bytes.next_power_of_two() / 2
+    };
+    p.clamp(MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
+}
+
+/// Checks a segment size for a volume of `size_bytes` with pages of `page_bytes`.
+pub fn check_segment(segment_bytes: u64, page_bytes: u32, size_bytes: u64) -> std::result::Result<(), String> {
+    if !segment_bytes.is_power_of_two() || !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&segment_bytes) {
+        return Err(format!(
+            "an AMF segment is a power of two from {} KiB to {} MiB, not {segment_bytes} bytes",
+            MIN_SEGMENT_BYTES >> 10,
+            MAX_SEGMENT_BYTES >> 20
+        ));
+    }
+    if segment_bytes < page_bytes as u64 {
+        return Err(format!(
+            "an AMF segment ({segment_bytes} bytes) holds whole pages of {page_bytes} bytes"
+        ));
+    }
+    if !size_bytes.is_multiple_of(segment_bytes) {
+        return Err(format!(
+            "an AMF volume is a whole number of segments: {size_bytes} bytes is not a multiple of {segment_bytes}"
+        ));
+    }
+    Ok(())
+}
+
+/// An append-only volume.
+pub struct AmfVolume {
+    inner: LsaVolume,
+    segment_bytes: u64,
+    segment_pages: u64,
+    /// Write point of every segment, in pages.
+    segments: RwLock<Vec<Mutex<u64>>>,
+}
+
+impl AmfVolume {
+    /// `inner` maps the pages (over an extent map).
+    pub fn new(inner: LsaVolume, segment_bytes: u64) -> AmfVolume {
+        let segment_pages = segment_bytes / inner.page_bytes as u64;
+        let count = inner.size_bytes() / segment_bytes;
+        AmfVolume {
+            inner,
+            segment_bytes,
+            segment_pages,
+            segments: RwLock::new((0..count).map(|_| Mutex::new(0)).collect()),
+        }
+    }
+
+    /// Sets every write point from the map: one past the last page mapped in the segment.
+    fn derive_write_points(&self) {
+        let segments = self.segments.read();
+        let mut points = vec![0u64; segments.len()];
+        let map = self.inner.map();
+        map.for_each_mapped(|page, v| {
+            if let Entry::Mapped(_) = map.encoding.decode(v) {
+                let s = (page / self.segment_pages) as usize;
+                if let Some(p) = points.get_mut(s) {
+                    *p = (*p).max(page % self.segment_pages + 1);
+                }
+            }
+        });
+        for (slot, p) in segments.iter().zip(points) {
+            *slot.lock() = p;
+        }
+    }
+
+    /// The write point of `segment` from the map (after a failed write).
+    fn write_point_from_map(&self, segment: u64) -> u64 {
+        let map = self.inner.map();
+        let first = segment * self.segment_pages;
+        (0..self.segment_pages)
+            .rev()
+            .find(|&k| matches!(map.load(first + k), Entry::Mapped(_)))
+            .map_or(0, |k| k + 1)
+    }
+
+    /// Segments written (open or full) and full.
+    pub fn segment_counts(&self) -> (u64, u64) {
+        let segments = self.segments.read();
+        let mut used = 0;
+        let mut full = 0;
+        for s in segments.iter() {
+            let wp = *s.lock();
+            used += u64::from(wp > 0);
+            full += u64::from(wp == self.segment_pages);
+        }
+        (used, full)
+    }
+
+    fn refuse(&self, what: String) -> Error {
+        Error::AppendOnly(format!("volume {:?}: {what}", self.inner.name))
+    }
+}
+
+impl VolumeIo for AmfVolume {
+    fn kind(&self) -> ControllerKind {
+        ControllerKind::Amf
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    fn page_bytes(&self) -> u32 {
+        self.inner.page_bytes
+    }
+
+    /// A whole segment: what an application should write at once, and the unit of trim.
+    fn preferred_write_bytes(&self) -> u32 {
+        self.segment_bytes.min(u32::MAX as u64) as u32
+    }
+
+    fn mapped_bytes(&self) -> u64 {
+        VolumeIo::mapped_bytes(&self.inner)
+    }
+
+    fn read(&self, log: &Log, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read(log, offset, buf)
+    }
+
+    fn write(&self, log: &Log, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let pb = self.inner.page_bytes as u64;
+        let len = data.len() as u64;
+        if !offset.is_multiple_of(pb) || !len.is_multiple_of(pb) {
+            return Err(Error::InvalidArgument(format!(
+                "volume {:?} is append-only: writes are whole pages of {pb} bytes ({len} bytes at {offset} is not)",
+                self.inner.name
+            )));
+        }
+        let first = offset / self.segment_bytes;
+        let last = (offset + len - 1) / self.segment_bytes;
+        let segments = self.segments.read();
+        // Locks in ascending order, so writers spanning segments never deadlock.
+        let mut points: Vec<_> = (first..=last).map(|s| segments[s as usize].lock()).collect();
+        let start = (offset % self.segment_bytes) / pb;
+        if *points[0] != start {
+            let why = if start < *points[0] {
+                "would overwrite"
+            } else {
+                "would leave a hole"
+            };
+            return Err(self.refuse(format!(
+                "segment {first} is written up to page {} of {}; a write at page {start} {why} (trim the whole segment to rewrite it)",
+                *points[0], self.segment_pages
+            )));
+        }
+        if let Some(k) = points[1..].iter().position(|p| **p != 0) {
+            return Err(self.refuse(format!(
+                "the write runs on into segment {}, which is not empty",
+                first + 1 + k as u64
+            )));
+        }
+        let r = self.inner.write(log, offset, data, payload);
+        for (k, wp) in points.iter_mut().enumerate() {
+            let s = first + k as u64;
+            **wp = match r {
+                Ok(()) => ((offset + len).min((s + 1) * self.segment_bytes) - s * self.segment_bytes) / pb,
+                // Some pages may have made it: the map says how far.
+                Err(_) => self.write_point_from_map(s),
+            };
+        }
+        r
+    }
+
+    /// Trims whole segments only; each returns to empty.
+    fn trim(&self, log: &Log, offset: u64, len: u64) -> Result<()> {
+        if !offset.is_multiple_of(self.segment_bytes) || !len.is_multiple_of(self.segment_bytes) {
+            return Err(Error::InvalidArgument(format!(
+                "volume {:?} is append-only: it trims whole segments of {} bytes ({len} bytes at {offset} is not)",
+                self.inner.name, self.segment_bytes
+            )));
+        }
+        let segments = self.segments.read();
+        for s in offset / self.segment_bytes..(offset + len) / self.segment_bytes {
+            let mut wp = segments[s as usize].lock();
+            if *wp == 0 {
+                continue;
+            }
+            self.inner.trim(log, s * self.segment_bytes, self.segment_bytes)?;
+            *wp = 0;
+        }
+        Ok(())
+    }
+
+    fn page_location(&self, page: u64) -> Option<u64> {
+        self.inner.page_location(page)
+    }
+
+    fn grow(&self, new_size_bytes: u64) -> Result<()> {
+        check_segment(self.segment_bytes, self.inner.page_bytes, new_size_bytes).map_err(Error::InvalidArgument)?;
+        let mut segments = self.segments.write();
+        self.inner.grow(new_size_bytes);
+        let count = new_size_bytes / self.segment_bytes;
+        while (segments.len() as u64) < count {
+            segments.push(Mutex::new(0));
+        }
+        Ok(())
+    }
+
+    fn retire(&self) {
+        self.inner.retire()
+    }
+
+    fn is_retired(&self) -> bool {
+        self.inner.is_retired()
+    }
+
+    fn mapped_grains(&self) -> u64 {
+        self.inner.mapped_grains()
+    }
+}
+
+impl Controller for AmfVolume {
+    fn id(&self) -> u32 {
+        self.inner.id
+    }
+
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    fn streams(&self) -> Arc<Streams> {
+        self.inner.placement_streams()
+    }
+
+    fn set_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()> {
+        let _gate = self.inner.gate.write();
+        self.inner.replace_placement(log, placement, name)
+    }
+
+    fn stats(&self) -> ControllerStats {
+        let inner = self.inner.stats();
+        let (used, full) = self.segment_counts();
+        let table = self.segments.read().len() as u64 * std::mem::size_of::<Mutex<u64>>() as u64;
+        ControllerStats {
+            controller: ControllerKind::Amf.name().to_string(),
+            map_memory_bytes: inner.map_memory_bytes + table,
+            settings: vec![("segment_bytes".into(), self.segment_bytes)],
+            amf_segments: self.segments.read().len() as u64,
+            amf_segments_written: used,
+            amf_segments_full: full,
+            map_runs: self.inner.map().run_count().unwrap_or(0),
+            ..inner
+        }
+    }
+
+    fn relocate(&self, log: &Log, victim: u32) -> Result<()> {
+        Controller::relocate(&self.inner, log, victim)
+    }
+
+    fn clear(&self) {
+        self.inner.clear();
+        for s in self.segments.read().iter() {
+            *s.lock() = 0;
+        }
+    }
+
+    fn begin_replay(&self) {
+        self.inner.begin_replay();
+    }
+
+    fn replay(&self, log: &Log, record: &ScannedRecord<'_>) {
+        self.inner.replay(log, record);
+    }
+
+    fn end_replay(&self, log: &Log) {
+        self.inner.end_replay(log);
+        self.derive_write_points();
+    }
+
+    fn account(&self, log: &Log, visit: &mut dyn FnMut(Reference) -> Result<()>) -> Result<u64> {
+        self.inner.account(log, visit)
+    }
+
+    fn image_bytes(&self) -> u64 {
+        self.inner.image_bytes()
+    }
+
+    fn encode_image(&self, out: &mut Vec<u8>) {
+        self.inner.encode_image(out)
+    }
+
+    fn load_image(&self, d: &mut Decoder<'_>) -> Result<()> {
+        self.inner.load_image(d)?;
+        self.derive_write_points();
+        Ok(())
+    }
+}
