@@ -9,7 +9,9 @@
 //! extent map ([`super::extent_map`]): pages written in order land in the log in order, so the
 //! map holds a run per record instead of an entry per page, and a trimmed segment's data goes
 //! dead whole, so the GC finds its log segments empty (it moves only what shares a log segment
-//! with a live neighbour).
+//! with a live neighbour). Its placement is fixed ([`SegmentStreams`]): a segment's pages go
+//! to one of eight user streams by the segment's number, so segments written at once do not
+//! share log segments.
 //!
 //! Invariants: a write is accepted only if it is page-aligned and starts at its segment's write
 //! point (continuing into the next segments only if they are empty); a trim only if it covers
@@ -31,6 +33,39 @@ use crate::policy::placement::Placement;
 use crate::util::Decoder;
 use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
+
+/// The placement an AMF volume records and always uses ([`SegmentStreams`]).
+pub const PLACEMENT: &str = "amf-segments";
+/// User streams of [`SegmentStreams`]: segments written at once land in different log
+/// segments as long as no more than this many are open.
+pub const SEGMENT_STREAMS: u8 = 8;
+
+/// Placement of an AMF volume: each segment's pages go to user stream `segment % 8`, so that
+/// up to eight segments written at once (a flush and compactions of an LSM tree) do not share
+/// log segments, and trimming one frees its log segments whole. One GC stream.
+pub struct SegmentStreams {
+    segment_pages: u64,
+}
+
+impl Placement for SegmentStreams {
+    fn user_streams(&self) -> u8 {
+        SEGMENT_STREAMS
+    }
+    fn gc_streams(&self) -> u8 {
+        1
+    }
+    fn place_user(&self, w: &crate::policy::placement::UserWrite) -> crate::format::StreamKind {
+        crate::format::StreamKind::User(((w.page / self.segment_pages) % SEGMENT_STREAMS as u64) as u8)
+    }
+    fn place_gc(&self, _r: &crate::policy::placement::Relocation) -> crate::format::StreamKind {
+        crate::format::StreamKind::Gc(0)
+    }
+}
+
+/// The placement of an AMF volume with segments of `segment_pages` pages.
+pub fn placement(segment_pages: u64) -> Box<dyn Placement> {
+    Box::new(SegmentStreams { segment_pages })
+}
 
 /// Volume-table setting: the segment size in bytes.
 pub const SETTING_SEGMENT_BYTES: u16 = 1;
@@ -273,9 +308,11 @@ impl Controller for AmfVolume {
         self.inner.placement_streams()
     }
 
-    fn set_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()> {
-        let _gate = self.inner.gate.write();
-        self.inner.replace_placement(log, placement, name)
+    fn set_placement(&self, _log: &Log, _placement: Box<dyn Placement>, _name: &str) -> Result<()> {
+        Err(Error::InvalidArgument(format!(
+            "volume {:?} is append-only: each of its segments has its own stream ({PLACEMENT}); it takes no placement policy",
+            self.inner.name
+        )))
     }
 
     fn stats(&self) -> ControllerStats {

@@ -170,7 +170,19 @@ pub fn page_pieces(offset: u64, len: u64, page_bytes: u32) -> impl Iterator<Item
 /// setting its controller does not know.
 pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::result::Result<Arc<dyn Controller>, String> {
     let pages = rec.size_bytes / rec.page_bytes as u64;
-    let placement = policies.placement(&rec.placement, pages)?;
+    let placement = if rec.controller == ControllerKind::Amf {
+        if rec.placement != amf::PLACEMENT {
+            return Err(format!("an AMF volume's placement is {}, not {:?}", amf::PLACEMENT, rec.placement));
+        }
+        let segment_pages = rec
+            .settings
+            .iter()
+            .find(|(k, _)| *k == amf::SETTING_SEGMENT_BYTES)
+            .map_or(1, |&(_, v)| (v / rec.page_bytes.max(1) as u64).max(1));
+        amf::placement(segment_pages)
+    } else {
+        policies.placement(&rec.placement, pages)?
+    };
     let encoding = map::Encoding {
         total_grains: geo.total_grains,
         total_segments: geo.total_segments,
@@ -281,6 +293,12 @@ pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::
             }
             if spec.storage != StorageClass::Any {
                 return Err("an AMF volume writes to any storage type; it takes no storage class".into());
+            }
+            if spec.placement.is_some() {
+                return Err(format!(
+                    "an AMF volume gives each segment its own stream ({}); it takes no placement policy",
+                    amf::PLACEMENT
+                ));
             }
             let segment_bytes = spec.segment_bytes.unwrap_or_else(|| amf::default_segment_bytes(geo.segment_bytes));
             amf::check_segment(segment_bytes, spec.page_bytes, size_bytes)?;

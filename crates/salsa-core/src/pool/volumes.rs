@@ -156,7 +156,10 @@ impl Pool {
             name: name.into(),
             size_bytes,
             page_bytes: spec.page_bytes,
-            placement: spec.placement.clone().unwrap_or_else(|| self.default_placement.clone()),
+            placement: match spec.controller {
+                ControllerKind::Amf => crate::controller::amf::PLACEMENT.to_string(),
+                _ => spec.placement.clone().unwrap_or_else(|| self.default_placement.clone()),
+            },
             victim,
             controller: spec.controller,
             settings: crate::controller::settings_for(spec, size_bytes, self.eng.log.geo()).map_err(Error::InvalidArgument)?,
@@ -211,6 +214,12 @@ impl Pool {
         self.eng.log.check_writable()?;
         let vol = self.volume(name)?.vol;
         let pages = vol.size_bytes() / vol.page_bytes() as u64;
+        if placement.is_some() && vol.kind() == ControllerKind::Amf {
+            return Err(Error::InvalidArgument(format!(
+                "volume {name:?} is append-only: each segment has its own stream ({}); it takes no placement policy",
+                crate::controller::amf::PLACEMENT
+            )));
+        }
         let new_placement = match placement {
             Some(p) => Some(self.policies.placement(p, pages).map_err(Error::InvalidArgument)?),
             None => None,
