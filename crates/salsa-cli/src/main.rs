@@ -112,6 +112,9 @@ struct FormatArgs {
     /// segment size).
     #[arg(long, value_parser = parse_size)]
     amf_segment: Option<u64>,
+    /// With --controller amf: the default volume's user streams (1 to 8, default 1).
+    #[arg(long)]
+    amf_segment_streams: Option<u8>,
     /// With --controller dual: most 4 KiB pages the default volume's sparse map holds.
     #[arg(long)]
     sparse_pages: Option<u64>,
@@ -181,6 +184,7 @@ impl FormatArgs {
             sparse_pages: self.sparse_pages,
             hybrid: self.hybrid.spec(),
             segment_bytes: self.amf_segment,
+            segment_streams: self.amf_segment_streams,
             ..volume_spec(&self.controller, self.page_size)?
         };
         let page_bytes = spec.page_bytes.max(1) as u64;
@@ -356,6 +360,29 @@ enum Command {
     /// workload through SALSA and straight on the raw device, side by side on identical fresh
     /// models; reports device write amplification, wear and modelled throughput over time.
     BenchDevice(BenchDeviceArgs),
+    /// Benchmark: an LSM-style writer of segment-sized tables (1 MiB appends two tables at a
+    /// time, compactions that read four tables, write four and trim four) on an AMF volume
+    /// against an LSA (page map) volume, alternating rounds on fresh SSD models: write
+    /// amplification, GC relocation, map memory, modelled and wall throughput. Prints JSON.
+    BenchAmf {
+        /// The model (fresh for every run).
+        #[arg(long, default_value = "ssd:size=2G")]
+        device: String,
+        /// The pool's segment, the AMF volume's segment and a table's size.
+        #[arg(long, value_parser = parse_size, default_value = "8M")]
+        segment_size: u64,
+        /// Live tables as a share of the volume.
+        #[arg(long, default_value_t = 0.7)]
+        fill: f64,
+        /// User bytes written while measuring, in volume sizes.
+        #[arg(long, default_value_t = 2.0)]
+        measure: f64,
+        /// Alternating rounds of each volume kind.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Benchmark: SALSA's RAID-5 against an in-place RAID-5 doing what Linux MD does (read old
     /// data and parity to write), on the same member files, alternating rounds: 4 KiB random
     /// and 1 MiB sequential writes, degraded reads, rebuild against a whole-device resync.
@@ -600,6 +627,26 @@ fn main() -> ExitCode {
                     new,
                 },
         } => commands::device::replace(devices, parity_buffer.as_ref(), control.as_deref(), old, new, *rate),
+        Command::BenchAmf {
+            device,
+            segment_size,
+            fill,
+            measure,
+            rounds,
+            seed,
+        } => (|| {
+            let report = bench::amf::run(&bench::amf::Params {
+                device: device.parse()?,
+                device_text: device.clone(),
+                segment_bytes: *segment_size,
+                fill: *fill,
+                measure_volumes: *measure,
+                rounds: *rounds,
+                seed: *seed,
+            })?;
+            println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+            Ok(())
+        })(),
         Command::BenchRaid {
             dir,
             members,

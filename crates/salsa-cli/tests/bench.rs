@@ -550,3 +550,39 @@ fn case_study(script: &str, tools: &[&str]) -> serde_json::Value {
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
 }
+
+/// `salsa bench-amf` on a small SSD model: the three volumes ran, every table write and trim
+/// was taken (no relocation of the AMF volume with one stream), the extent map is far smaller
+/// than the page map, and bad parameters are refused.
+#[test]
+fn amf_bench_compares_append_only_volumes_with_the_page_map() {
+    let (ok, out, err) = salsa(&[
+        "bench-amf",
+        "--device",
+        "ssd:size=256M",
+        "--segment-size",
+        "2M",
+        "--rounds",
+        "1",
+        "--measure",
+        "1",
+    ]);
+    assert!(ok, "{err}");
+    let j = json_of(&out);
+    assert_eq!(j["runs"].as_array().map(|r| r.len()), Some(3), "{j}");
+    for kind in ["amf", "amf8", "lsa"] {
+        let wa = j[kind]["salsa_wa"].as_f64().unwrap();
+        assert!((1.0..1.5).contains(&wa), "{kind}: SALSA WA {wa}");
+        assert!(j[kind]["modelled_mb_per_s"].as_f64().unwrap() > 0.0, "{kind}");
+    }
+    let (amf, lsa) = (
+        j["amf"]["map_memory_bytes"].as_f64().unwrap(),
+        j["lsa"]["map_memory_bytes"].as_f64().unwrap(),
+    );
+    assert!(amf * 10.0 < lsa, "AMF map {amf} bytes, page map {lsa}");
+    assert!(j["amf"]["map_runs"].as_f64().unwrap() > 0.0);
+    let (ok, _, err) = salsa(&["bench-amf", "--device", "ssd:size=256M", "--fill", "0.95"]);
+    assert!(!ok && err.contains("--fill"), "{err}");
+    let (ok, _, err) = salsa(&["bench-amf", "--device", "mem.img:64M"]);
+    assert!(!ok && err.contains("emulated device"), "{err}");
+}

@@ -10,6 +10,7 @@
 //! user page (what the analytic models describe); `device_wa` counts every byte written to the
 //! devices (metadata pages and padding too) per user byte.
 
+pub mod amf;
 pub mod device;
 pub mod plot;
 pub mod raid;

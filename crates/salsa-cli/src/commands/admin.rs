@@ -269,6 +269,11 @@ pub(crate) enum VolumeCommand {
         /// (default: the pool's segment size).
         #[arg(long, value_parser = parse_size)]
         segment: Option<u64>,
+        /// amf: user streams (1 to 8, default 1): up to that many segments written at once
+        /// never share a log segment, so a trimmed one frees its log segments whole; more than
+        /// one suits zoned drives, while a flash drive's own GC pays for the interleaving.
+        #[arg(long)]
+        segment_streams: Option<u8>,
     },
     /// Change a volume's placement or victim policy; new writes follow it. Works offline and,
     /// through its control socket, on a pool being served.
@@ -350,9 +355,11 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
             hybrid,
             storage,
             segment,
+            segment_streams,
         } => {
             let spec = VolumeSpec {
                 segment_bytes: *segment,
+                segment_streams: *segment_streams,
                 storage: salsa_core::StorageClass::from_name(storage).unwrap_or_default(),
                 placement: placement.clone(),
                 victim: victim.clone().filter(|v| v != "pool"),

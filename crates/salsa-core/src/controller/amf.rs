@@ -9,9 +9,8 @@
 //! extent map ([`super::extent_map`]): pages written in order land in the log in order, so the
 //! map holds a run per record instead of an entry per page, and a trimmed segment's data goes
 //! dead whole, so the GC finds its log segments empty (it moves only what shares a log segment
-//! with a live neighbour). Its placement is fixed ([`SegmentStreams`]): a segment's pages go
-//! to one of eight user streams by the segment's number, so segments written at once do not
-//! share log segments.
+//! with a live neighbour). Its placement is fixed ([`SegmentStreams`]): a segment being
+//! written owns one of its user streams (one by default, up to eight).
 //!
 //! Invariants: a write is accepted only if it is page-aligned and starts at its segment's write
 //! point (continuing into the next segments only if they are empty); a trim only if it covers
@@ -36,35 +35,88 @@ use std::sync::Arc;
 
 /// The placement an AMF volume records and always uses ([`SegmentStreams`]).
 pub const PLACEMENT: &str = "amf-segments";
-/// User streams of [`SegmentStreams`]: segments written at once land in different log
-/// segments as long as no more than this many are open.
-pub const SEGMENT_STREAMS: u8 = 8;
+/// Most user streams of [`SegmentStreams`].
+pub const MAX_SEGMENT_STREAMS: u8 = 8;
+/// Volume-table setting: the user streams (absent: 1).
+pub const SETTING_STREAMS: u16 = 2;
 
-/// Placement of an AMF volume: each segment's pages go to user stream `segment % 8`, so that
-/// up to eight segments written at once (a flush and compactions of an LSM tree) do not share
-/// log segments, and trimming one frees its log segments whole. One GC stream.
+/// Placement of an AMF volume over `streams` user streams (1 to 8, `--segment-streams`). A
+/// segment being written owns a stream until it is full or trimmed; a segment that starts
+/// takes the stream freed last, so that stream's open log segment goes on being written
+/// without a pause. With several streams, up to that many segments written at once (a flush
+/// and compactions of an LSM tree) never share log segments, so trimming one frees its log
+/// segments whole (but for the two it shares, at its ends, with the segments before and after
+/// it in its stream) and the GC moves nothing. The price is that the device sees that many log
+/// segments written at once: a zoned drive keeps them apart, but a flash drive with its own
+/// FTL mixes them in its erase blocks and pays in its own GC (bench-amf measures both), so one
+/// stream is the default: segments written at once then share log segments, which the GC
+/// cleans. With every stream taken, a segment shares stream `segment % streams`. One GC stream.
 pub struct SegmentStreams {
     segment_pages: u64,
+    streams: u8,
+    table: Mutex<StreamTable>,
 }
 
-impl Placement for SegmentStreams {
+struct StreamTable {
+    /// The segment each user stream is writing.
+    owner: [Option<u64>; MAX_SEGMENT_STREAMS as usize],
+    /// Streams without one, the one freed last on top.
+    free: Vec<u8>,
+}
+
+impl SegmentStreams {
+    pub fn new(segment_pages: u64, streams: u8) -> SegmentStreams {
+        let streams = streams.clamp(1, MAX_SEGMENT_STREAMS);
+        SegmentStreams {
+            segment_pages: segment_pages.max(1),
+            streams,
+            table: Mutex::new(StreamTable {
+                owner: [None; MAX_SEGMENT_STREAMS as usize],
+                free: (0..streams).rev().collect(),
+            }),
+        }
+    }
+
+    /// `segment` is full or trimmed: its stream goes to the next segment that starts.
+    pub fn release(&self, segment: u64) {
+        let mut t = self.table.lock();
+        if let Some(k) = t.owner.iter().position(|o| *o == Some(segment)) {
+            t.owner[k] = None;
+            t.free.push(k as u8);
+        }
+    }
+
+    fn stream_of(&self, segment: u64) -> u8 {
+        let mut t = self.table.lock();
+        if let Some(k) = t.owner.iter().position(|o| *o == Some(segment)) {
+            return k as u8;
+        }
+        match t.free.pop() {
+            Some(k) => {
+                t.owner[k as usize] = Some(segment);
+                k
+            }
+            None => (segment % self.streams as u64) as u8,
+        }
+    }
+}
+
+impl Placement for Arc<SegmentStreams> {
     fn user_streams(&self) -> u8 {
-        SEGMENT_STREAMS
+        self.streams
     }
     fn gc_streams(&self) -> u8 {
         1
     }
     fn place_user(&self, w: &crate::policy::placement::UserWrite) -> crate::format::StreamKind {
-        crate::format::StreamKind::User(((w.page / self.segment_pages) % SEGMENT_STREAMS as u64) as u8)
+        crate::format::StreamKind::User(self.stream_of(w.page / self.segment_pages))
     }
     fn place_gc(&self, _r: &crate::policy::placement::Relocation) -> crate::format::StreamKind {
         crate::format::StreamKind::Gc(0)
     }
-}
-
-/// The placement of an AMF volume with segments of `segment_pages` pages.
-pub fn placement(segment_pages: u64) -> Box<dyn Placement> {
-    Box::new(SegmentStreams { segment_pages })
+    fn state_bytes(&self) -> u64 {
+        std::mem::size_of::<StreamTable>() as u64 + MAX_SEGMENT_STREAMS as u64
+    }
 }
 
 /// Volume-table setting: the segment size in bytes.
@@ -113,11 +165,13 @@ pub struct AmfVolume {
     segment_pages: u64,
     /// Write point of every segment, in pages.
     segments: RwLock<Vec<Mutex<u64>>>,
+    /// Its placement, told when a segment is full or trimmed.
+    streams: Arc<SegmentStreams>,
 }
 
 impl AmfVolume {
     /// `inner` maps the pages (over an extent map).
-    pub fn new(inner: LsaVolume, segment_bytes: u64) -> AmfVolume {
+    pub fn new(inner: LsaVolume, segment_bytes: u64, streams: Arc<SegmentStreams>) -> AmfVolume {
         let segment_pages = segment_bytes / inner.page_bytes as u64;
         let count = inner.size_bytes() / segment_bytes;
         AmfVolume {
@@ -125,6 +179,7 @@ impl AmfVolume {
             segment_bytes,
             segment_pages,
             segments: RwLock::new((0..count).map(|_| Mutex::new(0)).collect()),
+            streams,
         }
     }
 
@@ -243,6 +298,9 @@ impl VolumeIo for AmfVolume {
                 // Some pages may have made it: the map says how far.
                 Err(_) => self.write_point_from_map(s),
             };
+            if **wp == self.segment_pages {
+                self.streams.release(s);
+            }
         }
         r
     }
@@ -263,6 +321,7 @@ impl VolumeIo for AmfVolume {
             }
             self.inner.trim(log, s * self.segment_bytes, self.segment_bytes)?;
             *wp = 0;
+            self.streams.release(s);
         }
         Ok(())
     }
@@ -322,7 +381,10 @@ impl Controller for AmfVolume {
         ControllerStats {
             controller: ControllerKind::Amf.name().to_string(),
             map_memory_bytes: inner.map_memory_bytes + table,
-            settings: vec![("segment_bytes".into(), self.segment_bytes)],
+            settings: vec![
+                ("segment_bytes".into(), self.segment_bytes),
+                ("segment_streams".into(), self.streams.streams as u64),
+            ],
             amf_segments: self.segments.read().len() as u64,
             amf_segments_written: used,
             amf_segments_full: full,

@@ -20,14 +20,36 @@ use parking_lot::Mutex;
 /// Pages per chunk (8 MiB of 4 KiB pages): runs never cross a chunk.
 pub const CHUNK_PAGES: u64 = 2048;
 
-/// Consecutive pages whose encoded entries step by a fixed amount.
+/// Consecutive pages whose encoded entries step by a fixed amount. 12 bytes: the first page
+/// and the length fit 16 bits each (a chunk is 2048 pages), and packing keeps the 64-bit entry
+/// from padding the run to 16.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C, packed(4))]
 struct Run {
     /// First page, from the chunk's start.
-    start: u32,
-    len: u32,
+    first: u16,
+    count: u16,
     /// Encoded entry of the first page (never 0: unmapped pages are in no run).
     value: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<Run>() == 12 && CHUNK_PAGES <= u16::MAX as u64);
+
+impl Run {
+    fn new(start: u32, len: u32, value: u64) -> Run {
+        debug_assert!(start as u64 + len as u64 <= CHUNK_PAGES);
+        Run {
+            first: start as u16,
+            count: len as u16,
+            value,
+        }
+    }
+    fn start(&self) -> u32 {
+        self.first as u32
+    }
+    fn len(&self) -> u32 {
+        self.count as u32
+    }
 }
 
 /// The extent map of a volume.
@@ -71,7 +93,7 @@ impl ExtentMap {
 
     /// Encoded entry of page `at` (from the chunk's start) of `run`, which covers it.
     fn value_at(&self, run: &Run, at: u32) -> u64 {
-        run.value + (at - run.start) as u64 * self.step(run.value)
+        run.value + (at - run.start()) as u64 * self.step(run.value)
     }
 
     fn locate(page: u64) -> (usize, u32) {
@@ -80,8 +102,8 @@ impl ExtentMap {
 
     /// Index of the run covering `at`, if any.
     fn find(runs: &[Run], at: u32) -> Option<usize> {
-        let i = runs.partition_point(|r| r.start <= at).checked_sub(1)?;
-        (at < runs[i].start + runs[i].len).then_some(i)
+        let i = runs.partition_point(|r| r.start() <= at).checked_sub(1)?;
+        (at < runs[i].start() + runs[i].len()).then_some(i)
     }
 
     pub fn load_raw(&self, page: u64) -> u64 {
@@ -101,55 +123,49 @@ impl ExtentMap {
                     return old;
                 }
                 // Cut the page out of its run: what is left before and after it.
-                let before = Run {
-                    len: at - run.start,
-                    ..run
-                };
-                let after = Run {
-                    start: at + 1,
-                    len: run.start + run.len - at - 1,
-                    value: old + self.step(run.value),
-                };
-                let pieces: Vec<Run> = [before, after].into_iter().filter(|r| r.len > 0).collect();
+                let before = Run::new(run.start(), at - run.start(), run.value);
+                let after = Run::new(at + 1, run.start() + run.len() - at - 1, old + self.step(run.value));
+                let pieces: Vec<Run> = [before, after].into_iter().filter(|r| r.len() > 0).collect();
+                runs.reserve_exact(pieces.len().saturating_sub(1));
                 runs.splice(i..=i, pieces);
                 old
             }
             None => 0,
         };
         if value != 0 {
-            let i = runs.partition_point(|r| r.start < at);
+            let i = runs.partition_point(|r| r.start() < at);
             let joins_left = i > 0
-                && runs[i - 1].start + runs[i - 1].len == at
+                && runs[i - 1].start() + runs[i - 1].len() == at
                 && self.same_kind(runs[i - 1].value, value)
                 && self.value_at_end(&runs[i - 1]) == value;
             let joins_right = i < runs.len()
-                && runs[i].start == at + 1
+                && runs[i].start() == at + 1
                 && self.same_kind(runs[i].value, value)
                 && runs[i].value == value + self.step(value);
             match (joins_left, joins_right) {
                 (true, true) => {
                     let right = runs.remove(i);
-                    runs[i - 1].len += 1 + right.len;
+                    runs[i - 1].count += 1 + right.count;
                 }
-                (true, false) => runs[i - 1].len += 1,
-                (false, true) => {
-                    runs[i].start = at;
-                    runs[i].len += 1;
-                    runs[i].value = value;
+                (true, false) => runs[i - 1].count += 1,
+                (false, true) => runs[i] = Run::new(at, runs[i].len() + 1, value),
+                (false, false) => {
+                    // Exactly the room needed: the map's memory is what it reports.
+                    runs.reserve_exact(1);
+                    runs.insert(i, Run::new(at, 1, value));
                 }
-                (false, false) => runs.insert(i, Run { start: at, len: 1, value }),
             }
         }
-        // A chunk that shrank a lot gives its memory back.
-        if runs.capacity() > 16 && runs.len() * 4 < runs.capacity() {
-            runs.shrink_to(runs.len() * 2);
+        // A chunk that shrank gives its memory back.
+        if runs.len() * 2 < runs.capacity() {
+            runs.shrink_to_fit();
         }
         old
     }
 
     /// The encoded entry the page after `run` would need to extend it.
     fn value_at_end(&self, run: &Run) -> u64 {
-        run.value + run.len as u64 * self.step(run.value)
+        run.value + run.len() as u64 * self.step(run.value)
     }
 
     /// Replaces the entry of `page`, returning the old one (encoded).
@@ -198,7 +214,7 @@ impl ExtentMap {
         for (c, chunk) in self.chunks.iter().enumerate() {
             let base = c as u64 * CHUNK_PAGES;
             for r in chunk.lock().iter() {
-                visit(base + r.start as u64, r.len as u64, r.value);
+                visit(base + r.start() as u64, r.len() as u64, r.value);
             }
         }
     }
@@ -243,11 +259,9 @@ impl ExtentMap {
                 return Err(format!("run of {len} pages at {first} has entries out of range"));
             }
             let (c, at) = Self::locate(first);
-            self.chunks[c].lock().push(Run {
-                start: at,
-                len: len as u32,
-                value,
-            });
+            let mut runs = self.chunks[c].lock();
+            runs.reserve_exact(1);
+            runs.push(Run::new(at, len as u32, value));
             next_free = end;
         }
         Ok(())
@@ -267,17 +281,17 @@ impl ExtentMap {
             let runs = chunk.lock();
             let chunk_pages = (self.pages - c as u64 * CHUNK_PAGES).min(CHUNK_PAGES);
             for (i, r) in runs.iter().enumerate() {
-                if r.len == 0 || r.value == 0 || r.start as u64 + r.len as u64 > chunk_pages {
+                if r.len() == 0 || r.value == 0 || r.start() as u64 + r.len() as u64 > chunk_pages {
                     return Err(format!("chunk {c}: bad run {r:?}"));
                 }
-                if !self.same_kind(r.value, self.value_at(r, r.start + r.len - 1)) {
+                if !self.same_kind(r.value, self.value_at(r, r.start() + r.len() - 1)) {
                     return Err(format!("chunk {c}: run {r:?} mixes kinds"));
                 }
                 if let Some(p) = i.checked_sub(1).map(|p| runs[p]) {
-                    if p.start + p.len > r.start {
+                    if p.start() + p.len() > r.start() {
                         return Err(format!("chunk {c}: {p:?} overlaps {r:?}"));
                     }
-                    if p.start + p.len == r.start && self.same_kind(p.value, r.value) && self.value_at_end(&p) == r.value {
+                    if p.start() + p.len() == r.start() && self.same_kind(p.value, r.value) && self.value_at_end(&p) == r.value {
                         return Err(format!("chunk {c}: {p:?} and {r:?} are not merged"));
                     }
                 }

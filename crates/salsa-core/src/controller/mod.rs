@@ -170,19 +170,8 @@ pub fn page_pieces(offset: u64, len: u64, page_bytes: u32) -> impl Iterator<Item
 /// setting its controller does not know.
 pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::result::Result<Arc<dyn Controller>, String> {
     let pages = rec.size_bytes / rec.page_bytes as u64;
-    let placement = if rec.controller == ControllerKind::Amf {
-        if rec.placement != amf::PLACEMENT {
-            return Err(format!("an AMF volume's placement is {}, not {:?}", amf::PLACEMENT, rec.placement));
-        }
-        let segment_pages = rec
-            .settings
-            .iter()
-            .find(|(k, _)| *k == amf::SETTING_SEGMENT_BYTES)
-            .map_or(1, |&(_, v)| (v / rec.page_bytes.max(1) as u64).max(1));
-        amf::placement(segment_pages)
-    } else {
-        policies.placement(&rec.placement, pages)?
-    };
+    // An AMF volume's placement is its own (see its arm below).
+    let placement = || policies.placement(&rec.placement, pages);
     let encoding = map::Encoding {
         total_grains: geo.total_grains,
         total_segments: geo.total_segments,
@@ -203,7 +192,13 @@ pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::re
                     _ => return Err(unknown(key)),
                 }
             }
-            Ok(Arc::new(lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement, storage)))
+            Ok(Arc::new(lsa::LsaVolume::new(
+                rec,
+                page_map(),
+                geo.grain_bytes,
+                placement()?,
+                storage,
+            )))
         }
         ControllerKind::Dual => {
             let mut sparse = None;
@@ -217,26 +212,35 @@ pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::re
             }
             let sparse = sparse.unwrap_or_else(|| dual::default_sparse_pages(rec.size_bytes, geo.grain_bytes));
             check_dual(rec.page_bytes, geo.grain_bytes, sparse)?;
-            let dense = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement, storage);
+            let dense = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement()?, storage);
             Ok(Arc::new(dual::DualVolume::new(dense, geo.grain_bytes, sparse)))
         }
         ControllerKind::Amf => {
             let mut segment_bytes = None;
+            let mut streams = 1;
             for &(key, value) in &rec.settings {
                 match key {
                     amf::SETTING_SEGMENT_BYTES => segment_bytes = Some(value),
+                    amf::SETTING_STREAMS if (1..=amf::MAX_SEGMENT_STREAMS as u64).contains(&value) => streams = value as u8,
+                    amf::SETTING_STREAMS => {
+                        return Err(format!("an AMF volume has 1 to {} streams, not {value}", amf::MAX_SEGMENT_STREAMS))
+                    }
                     _ => return Err(unknown(key)),
                 }
             }
             let segment_bytes = segment_bytes.ok_or("an AMF volume's entry has no segment size")?;
             amf::check_segment(segment_bytes, rec.page_bytes, rec.size_bytes)?;
+            if rec.placement != amf::PLACEMENT {
+                return Err(format!("an AMF volume's placement is {}, not {:?}", amf::PLACEMENT, rec.placement));
+            }
+            let streams = Arc::new(amf::SegmentStreams::new(segment_bytes / rec.page_bytes as u64, streams));
             let map = map::PageMap::extents(pages, encoding, rec.page_bytes / geo.grain_bytes);
-            let inner = lsa::LsaVolume::new(rec, map, geo.grain_bytes, placement, StorageClass::Any);
-            Ok(Arc::new(amf::AmfVolume::new(inner, segment_bytes)))
+            let inner = lsa::LsaVolume::new(rec, map, geo.grain_bytes, Box::new(streams.clone()), StorageClass::Any);
+            Ok(Arc::new(amf::AmfVolume::new(inner, segment_bytes, streams)))
         }
         ControllerKind::Hybrid => {
             let settings = hybrid::HybridSettings::from_record(&rec.settings, rec.page_bytes, geo.segment_bytes)?;
-            let slow = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement, StorageClass::Slow);
+            let slow = lsa::LsaVolume::new(rec, page_map(), geo.grain_bytes, placement()?, StorageClass::Slow);
             Ok(Arc::new(hybrid::HybridVolume::new(slow, settings, geo.segment_bytes)))
         }
     }
@@ -264,8 +268,8 @@ fn check_dual(page_bytes: u32, grain_bytes: u32, sparse_pages: u64) -> std::resu
 
 /// The controller settings a new volume of `size_bytes` described by `spec` records.
 pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::result::Result<Vec<(u16, u64)>, String> {
-    if spec.controller != ControllerKind::Amf && spec.segment_bytes.is_some() {
-        return Err("a segment size applies to AMF volumes only (--controller amf)".into());
+    if spec.controller != ControllerKind::Amf && (spec.segment_bytes.is_some() || spec.segment_streams.is_some()) {
+        return Err("a segment size and segment streams apply to AMF volumes only (--controller amf)".into());
     }
     if spec.controller != ControllerKind::Hybrid && spec.hybrid != hybrid::HybridSpec::default() {
         return Err("group size, tier size, promotion rate and half-life apply to hybrid volumes only (--controller hybrid)".into());
@@ -302,7 +306,13 @@ pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::
             }
             let segment_bytes = spec.segment_bytes.unwrap_or_else(|| amf::default_segment_bytes(geo.segment_bytes));
             amf::check_segment(segment_bytes, spec.page_bytes, size_bytes)?;
-            Ok(vec![(amf::SETTING_SEGMENT_BYTES, segment_bytes)])
+            let mut settings = vec![(amf::SETTING_SEGMENT_BYTES, segment_bytes)];
+            match spec.segment_streams {
+                None | Some(1) => {}
+                Some(n) if (2..=amf::MAX_SEGMENT_STREAMS).contains(&n) => settings.push((amf::SETTING_STREAMS, n as u64)),
+                Some(n) => return Err(format!("an AMF volume has 1 to {} streams, not {n}", amf::MAX_SEGMENT_STREAMS)),
+            }
+            Ok(settings)
         }
         ControllerKind::Dual => {
             let sparse = spec

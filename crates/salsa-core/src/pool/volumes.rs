@@ -33,6 +33,9 @@ pub struct VolumeSpec {
     pub storage: crate::log::StorageClass,
     /// AMF: the segment size; `None`: [`crate::controller::amf::default_segment_bytes`].
     pub segment_bytes: Option<u64>,
+    /// AMF: user streams, segments written at once that never share a log segment (1 to 8;
+    /// `None`: 1).
+    pub segment_streams: Option<u8>,
 }
 
 impl VolumeSpec {
@@ -47,6 +50,7 @@ impl VolumeSpec {
             hybrid: Default::default(),
             storage: Default::default(),
             segment_bytes: None,
+            segment_streams: None,
         }
     }
 
