@@ -106,7 +106,7 @@ struct FormatArgs {
     /// Controller of the default volume: lsa (a page map), dual (large pages and a sparse map
     /// of small ones) or hybrid (data on the pool's disks, hot data copied to its flash); see
     /// `salsa volume create --help`.
-    #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual", "hybrid", "amf"])]
+    #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual", "hybrid", "amf", "extent"])]
     controller: String,
     /// With --controller amf: the default volume's segment size (default: the pool's
     /// segment size).
@@ -360,6 +360,16 @@ enum Command {
     /// workload through SALSA and straight on the raw device, side by side on identical fresh
     /// models; reports device write amplification, wear and modelled throughput over time.
     BenchDevice(BenchDeviceArgs),
+    /// Benchmark: map memory of the extent-mapped controller against the page map on a
+    /// sequential, a video-library and a random-write workload (fresh in-memory pools). Prints
+    /// JSON.
+    BenchMapMemory {
+        /// Size of the volume (the pool is half as large again, in memory).
+        #[arg(long, value_parser = parse_size, default_value = "1G")]
+        volume_size: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Benchmark: an LSM-style writer of segment-sized tables (1 MiB appends two tables at a
     /// time, compactions that read four tables, write four and trim four) on an AMF volume
     /// against an LSA (page map) volume, alternating rounds on fresh SSD models: write
@@ -627,6 +637,9 @@ fn main() -> ExitCode {
                     new,
                 },
         } => commands::device::replace(devices, parity_buffer.as_ref(), control.as_deref(), old, new, *rate),
+        Command::BenchMapMemory { volume_size, seed } => bench::maps::run(*volume_size, *seed)
+            .and_then(|r| serde_json::to_string_pretty(&r).map_err(|e| e.to_string()))
+            .map(|s| println!("{s}")),
         Command::BenchAmf {
             device,
             segment_size,

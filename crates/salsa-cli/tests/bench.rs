@@ -586,3 +586,27 @@ fn amf_bench_compares_append_only_volumes_with_the_page_map() {
     let (ok, _, err) = salsa(&["bench-amf", "--device", "mem.img:64M"]);
     assert!(!ok && err.contains("emulated device"), "{err}");
 }
+
+/// `salsa bench-map-memory` on a small volume: the extent map is far smaller than the page map
+/// for sequential and video-like writes, and random 4 KiB writes cost it no more than the page
+/// map (its chunks fall back to one entry per page).
+#[test]
+fn map_memory_of_the_extent_controller_against_the_page_map() {
+    let (ok, out, err) = salsa(&["bench-map-memory", "--volume-size", "80M"]);
+    assert!(ok, "{err}");
+    let j = json_of(&out);
+    let rows = j["workloads"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    for r in rows {
+        let (l, x) = (
+            r["lsa"]["map_memory_bytes"].as_f64().unwrap(),
+            r["extent"]["map_memory_bytes"].as_f64().unwrap(),
+        );
+        match r["workload"].as_str().unwrap() {
+            "sequential" | "video" => assert!(x * 10.0 < l, "{r}"),
+            _ => assert!(x <= l * 1.05 && x * 2.0 > l, "{r}"),
+        }
+    }
+    let (ok, _, err) = salsa(&["bench-map-memory", "--volume-size", "1M"]);
+    assert!(!ok && err.contains("40M"), "{err}");
+}

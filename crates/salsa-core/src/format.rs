@@ -12,7 +12,7 @@ use crate::util::{Decoder, Encoder, Truncated};
 /// and settings to the volume table, and a copy of the pool metadata on every member. Version 7
 /// added the parity buffer's id to the pool metadata; version 8 a victim policy per volume;
 /// version 9 the members that hold log data.
-pub const FORMAT_VERSION: u32 = 9;
+pub const FORMAT_VERSION: u32 = 10;
 /// Oldest format version this build reads. A version-5 pool opens as it is (its superblocks
 /// decode as a linear array without member ids; its records and checkpoint are unchanged) and
 /// its pool metadata is rewritten as version 6 by the first write after it opens.
@@ -400,15 +400,19 @@ pub enum ControllerKind {
     Hybrid = 2,
     /// Application-managed flash: an append-only volume of segments over an extent map.
     Amf = 3,
+    /// The LSA controller over an extent map (FSTL's): map memory in proportion to the runs
+    /// written, bounded by the page map's.
+    Extent = 4,
 }
 
 impl ControllerKind {
     /// Every kind, for messages and parsing.
-    pub const ALL: [ControllerKind; 4] = [
+    pub const ALL: [ControllerKind; 5] = [
         ControllerKind::Lsa,
         ControllerKind::Dual,
         ControllerKind::Hybrid,
         ControllerKind::Amf,
+        ControllerKind::Extent,
     ];
 
     pub fn name(self) -> &'static str {
@@ -417,6 +421,7 @@ impl ControllerKind {
             ControllerKind::Dual => "dual",
             ControllerKind::Hybrid => "hybrid",
             ControllerKind::Amf => "amf",
+            ControllerKind::Extent => "extent",
         }
     }
 

@@ -37,6 +37,16 @@ fn writers_readers_and_gc_concurrently_on_a_dual_mapping_volume() {
     writers_readers_and_gc_on(spec);
 }
 
+/// The same on an extent-mapped volume: writers split and merge runs in the same chunks
+/// while the GC compare-and-swaps pages under them.
+#[test]
+fn writers_readers_and_gc_concurrently_on_an_extent_volume() {
+    writers_readers_and_gc_on(VolumeSpec {
+        controller: salsa_core::ControllerKind::Extent,
+        ..VolumeSpec::lsa(4096)
+    });
+}
+
 fn writers_readers_and_gc_on(spec: VolumeSpec) {
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 48 * MIB));
     let opts = OpenOptions::default(); // background GC

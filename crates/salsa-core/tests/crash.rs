@@ -134,6 +134,8 @@ struct Writes {
     /// The second volume is a dual-mapping volume of 16 KiB large pages whose sparse map holds
     /// 64 small pages: the workload's 4 KiB writes go to the sparse map and merges run often.
     dual: bool,
+    /// The second volume is an extent-mapped volume (the LSA controller over runs of pages).
+    extent: bool,
 }
 
 /// Large pages of the dual-mapping volume, in the workload's 4 KiB pages.
@@ -148,6 +150,7 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
         write_back_threads,
         payload_writes,
         dual,
+        extent,
     } = writes;
     let hybrid = matches!(medium, Medium::Hybrid);
     let opts = OpenOptions {
@@ -236,6 +239,11 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
                     ..Default::default()
                 },
                 ..VolumeSpec::hybrid(PAGE as u32)
+            }
+        } else if extent && vi == 1 {
+            VolumeSpec {
+                controller: salsa_core::ControllerKind::Extent,
+                ..VolumeSpec::lsa(PAGE as u32)
             }
         } else {
             VolumeSpec::lsa(PAGE as u32)
@@ -522,6 +530,7 @@ const COPIED: Writes = Writes {
     write_back_threads: 0,
     payload_writes: false,
     dual: false,
+    extent: false,
 };
 
 /// The same with sealed user records written back by threads while writers go on: what was
@@ -537,6 +546,7 @@ fn crash_at_many_points_with_write_back() {
             write_back_threads: 4,
             payload_writes: false,
             dual: false,
+            extent: false,
         },
         |_| Medium::Flat,
     );
@@ -553,6 +563,7 @@ fn crash_at_many_points_with_payload_writes() {
             write_back_threads,
             payload_writes: true,
             dual: false,
+            extent: false,
         };
         crash_seeds(seeds, 20, writes, |seed| {
             if seed % 3 == 0 {
@@ -619,6 +630,28 @@ fn dual_mapping_crash_at_many_points() {
         write_back_threads: 0,
         payload_writes: true,
         dual: true,
+        extent: false,
+    };
+    crash_seeds(seeds, 25, writes, |seed| {
+        if seed % 4 == 3 {
+            Medium::Zoned { conventional_zones: 0 }
+        } else {
+            Medium::Flat
+        }
+    });
+}
+
+/// The same with an extent-mapped volume beside an LSA one: the workload's runs of pages and
+/// single pages split and merge its runs (and turn chunks flat), the GC moves pages under
+/// them, and recovery rebuilds the runs from the log or the checkpoint.
+#[test]
+fn extent_map_crash_at_many_points() {
+    let seeds = seeds_from_env("SALSA_EXTENT_CRASH_SEEDS", 12);
+    let writes = Writes {
+        write_back_threads: 0,
+        payload_writes: true,
+        dual: false,
+        extent: true,
     };
     crash_seeds(seeds, 25, writes, |seed| {
         if seed % 4 == 3 {
@@ -639,6 +672,7 @@ fn hybrid_crash_at_many_points() {
         write_back_threads: 0,
         payload_writes: true,
         dual: false,
+        extent: false,
     };
     crash_seeds(seeds, 25, writes, |_| Medium::Hybrid);
 }
@@ -654,6 +688,7 @@ fn regression_dual_trim_of_small_pages_only_seed_4843() {
         write_back_threads: 0,
         payload_writes: true,
         dual: true,
+        extent: false,
     };
     run_seed(4843, Some(843), Medium::Flat, writes);
 }
@@ -717,6 +752,7 @@ fn regression_stale_tombstone_seed_37762() {
         write_back_threads: 0,
         payload_writes: true,
         dual: false,
+        extent: false,
     };
     for crash_after_ops in [700, 762] {
         run_seed(37762, Some(crash_after_ops), Medium::Flat, writes);

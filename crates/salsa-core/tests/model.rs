@@ -105,6 +105,8 @@ enum Mix {
     Dual,
     /// Slot 1 a hybrid volume (the pool has a disk and a flash device).
     Hybrid,
+    /// Slot 1 an extent-mapped volume.
+    Extent,
 }
 
 /// What volume slot `vol` is: in the dual runs, slot 1 is a dual-mapping volume of 16 KiB large
@@ -117,6 +119,9 @@ fn spec(vol: usize, mix: Mix) -> VolumeSpec {
     if mix == Mix::Dual && vol == 1 {
         spec = VolumeSpec::dual(16384);
         spec.sparse_pages = Some(64);
+    }
+    if mix == Mix::Extent && vol == 1 {
+        spec.controller = salsa_core::ControllerKind::Extent;
     }
     if mix == Mix::Hybrid && vol == 1 {
         spec = VolumeSpec::hybrid(4096);
@@ -144,6 +149,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
 /// The model with a dual-mapping volume among the LSA ones.
 fn run_dual(ops: Vec<Op>) -> Result<(), TestCaseError> {
     run_on(vec![Arc::new(MemoryDevice::new("mem", 56 * MIB))], &tiny_config(), ops, Mix::Dual)
+}
+
+/// The model with an extent-mapped volume among the LSA ones.
+fn run_extent(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    run_on(vec![Arc::new(MemoryDevice::new("mem", 56 * MIB))], &tiny_config(), ops, Mix::Extent)
 }
 
 /// The model with a hybrid volume among the LSA ones, on a disk and a flash device.
@@ -380,6 +390,14 @@ proptest! {
     #[test]
     fn engine_matches_model_with_a_dual_mapping_volume(ops in proptest::collection::vec(op(), 1..120)) {
         run_dual(ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn engine_matches_model_with_an_extent_volume(ops in proptest::collection::vec(op(), 1..120)) {
+        run_extent(ops)?;
     }
 }
 

@@ -12,6 +12,7 @@
 
 pub mod amf;
 pub mod device;
+pub mod maps;
 pub mod plot;
 pub mod raid;
 pub mod raw;

@@ -243,8 +243,9 @@ pub(crate) enum VolumeCommand {
         /// page map on the pool's disks, hot page groups copied to its flash; the pool needs
         /// both, declared with PATH@hdd / PATH@flash at format) or `amf` (append-only
         /// segments: each written from its start in order, never overwritten until trimmed
-        /// whole; a map of runs instead of pages).
-        #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual", "hybrid", "amf"])]
+        /// whole; a map of runs instead of pages) or `extent` (a page map kept as runs of
+        /// pages written together: memory in proportion to the runs, never more than lsa's).
+        #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual", "hybrid", "amf", "extent"])]
         controller: String,
         /// The unit of mapping (dual: its large pages). Default 4K for lsa, 64K for dual.
         #[arg(long, value_parser = parse_size)]

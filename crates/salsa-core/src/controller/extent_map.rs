@@ -52,9 +52,55 @@ impl Run {
     }
 }
 
+/// One chunk's entries.
+enum Chunk {
+    Runs(Vec<Run>),
+    /// More runs than one entry per page would cost (small random writes): the flat map's
+    /// layout, until a count of its runs shows they fit in half the room again.
+    Flat {
+        slots: FlatSlots,
+        updates: u32,
+    },
+}
+
+enum FlatSlots {
+    Narrow(Box<[u32]>),
+    Wide(Box<[u64]>),
+}
+
+impl FlatSlots {
+    fn get(&self, at: u32) -> u64 {
+        match self {
+            FlatSlots::Narrow(s) => s[at as usize] as u64,
+            FlatSlots::Wide(s) => s[at as usize],
+        }
+    }
+    fn set(&mut self, at: u32, value: u64) {
+        match self {
+            FlatSlots::Narrow(s) => s[at as usize] = value as u32,
+            FlatSlots::Wide(s) => s[at as usize] = value,
+        }
+    }
+    fn bytes(&self) -> u64 {
+        match self {
+            FlatSlots::Narrow(s) => s.len() as u64 * 4,
+            FlatSlots::Wide(s) => s.len() as u64 * 8,
+        }
+    }
+}
+
+/// Updates of a flat chunk between two counts of its runs.
+const RECOUNT_UPDATES: u32 = 1024;
+/// Image tags of a chunk.
+const IMAGE_RUNS: u8 = 0;
+const IMAGE_NARROW: u8 = 1;
+const IMAGE_WIDE: u8 = 2;
+/// Bytes of one run in a checkpoint image.
+const IMAGE_RUN_BYTES: u64 = 12;
+
 /// The extent map of a volume.
 pub struct ExtentMap {
-    chunks: Box<[Mutex<Vec<Run>>]>,
+    chunks: Box<[Mutex<Chunk>]>,
     pages: u64,
     encoding: Encoding,
     /// Encoded step between the entries of consecutive mapped pages (grains per page).
@@ -64,7 +110,9 @@ pub struct ExtentMap {
 impl ExtentMap {
     pub fn new(pages: u64, encoding: Encoding, page_grains: u32) -> ExtentMap {
         ExtentMap {
-            chunks: (0..pages.div_ceil(CHUNK_PAGES)).map(|_| Mutex::new(Vec::new())).collect(),
+            chunks: (0..pages.div_ceil(CHUNK_PAGES))
+                .map(|_| Mutex::new(Chunk::Runs(Vec::new())))
+                .collect(),
             pages,
             encoding,
             page_grains: page_grains as u64,
@@ -77,6 +125,19 @@ impl ExtentMap {
 
     pub fn page_grains(&self) -> u32 {
         self.page_grains as u32
+    }
+
+    /// Bytes of one entry in the flat layout.
+    fn width(&self) -> u64 {
+        if self.encoding.narrow() {
+            4
+        } else {
+            8
+        }
+    }
+
+    fn chunk_pages(&self, c: usize) -> u64 {
+        (self.pages - c as u64 * CHUNK_PAGES).min(CHUNK_PAGES)
     }
 
     /// The step of a run starting with the encoded entry `value`.
@@ -96,6 +157,11 @@ impl ExtentMap {
         run.value + (at - run.start()) as u64 * self.step(run.value)
     }
 
+    /// The encoded entry the page after `run` would need to extend it.
+    fn value_at_end(&self, run: &Run) -> u64 {
+        run.value + run.len() as u64 * self.step(run.value)
+    }
+
     fn locate(page: u64) -> (usize, u32) {
         ((page / CHUNK_PAGES) as usize, (page % CHUNK_PAGES) as u32)
     }
@@ -106,15 +172,82 @@ impl ExtentMap {
         (at < runs[i].start() + runs[i].len()).then_some(i)
     }
 
-    pub fn load_raw(&self, page: u64) -> u64 {
-        assert!(page < self.pages, "page {page} past the map's end");
-        let (c, at) = Self::locate(page);
-        let runs = self.chunks[c].lock();
-        Self::find(&runs, at).map_or(0, |i| self.value_at(&runs[i], at))
+    fn get(&self, chunk: &Chunk, at: u32) -> u64 {
+        match chunk {
+            Chunk::Runs(runs) => Self::find(runs, at).map_or(0, |i| self.value_at(&runs[i], at)),
+            Chunk::Flat { slots, .. } => slots.get(at),
+        }
+    }
+
+    /// The runs of a flat chunk of `n` pages.
+    fn runs_of_flat(&self, slots: &FlatSlots, n: u64) -> Vec<Run> {
+        let mut runs: Vec<Run> = Vec::new();
+        for at in 0..n as u32 {
+            let v = slots.get(at);
+            if v == 0 {
+                continue;
+            }
+            match runs.last_mut() {
+                Some(r) if r.start() + r.len() == at && self.same_kind(r.value, v) && self.value_at_end(r) == v => r.count += 1,
+                _ => runs.push(Run::new(at, 1, v)),
+            }
+        }
+        runs
+    }
+
+    /// Whether `runs` cost more than the flat layout of the chunk (then it becomes flat).
+    fn too_many(&self, runs: usize, chunk_pages: u64) -> bool {
+        runs as u64 * std::mem::size_of::<Run>() as u64 > chunk_pages * self.width()
+    }
+
+    fn flatten(&self, runs: &[Run], chunk_pages: u64) -> FlatSlots {
+        let mut slots = if self.encoding.narrow() {
+            FlatSlots::Narrow(vec![0u32; chunk_pages as usize].into_boxed_slice())
+        } else {
+            FlatSlots::Wide(vec![0u64; chunk_pages as usize].into_boxed_slice())
+        };
+        for r in runs {
+            for at in r.start()..r.start() + r.len() {
+                slots.set(at, self.value_at(r, at));
+            }
+        }
+        slots
+    }
+
+    /// Sets the encoded entry of page `at` of chunk `c`, returning the old one; switches the
+    /// chunk's layout when the other one is cheaper.
+    fn set(&self, chunk: &mut Chunk, c: usize, at: u32, value: u64) -> u64 {
+        let n = self.chunk_pages(c);
+        match chunk {
+            Chunk::Runs(runs) => {
+                let old = self.set_in_runs(runs, at, value);
+                if self.too_many(runs.len(), n) {
+                    *chunk = Chunk::Flat {
+                        slots: self.flatten(runs, n),
+                        updates: 0,
+                    };
+                }
+                old
+            }
+            Chunk::Flat { slots, updates } => {
+                let old = slots.get(at);
+                slots.set(at, value);
+                *updates += 1;
+                if *updates >= RECOUNT_UPDATES {
+                    *updates = 0;
+                    let runs = self.runs_of_flat(slots, n);
+                    // Back to runs only with room to spare, so a chunk does not flip-flop.
+                    if !self.too_many(runs.len() * 2, n) {
+                        *chunk = Chunk::Runs(runs);
+                    }
+                }
+                old
+            }
+        }
     }
 
     /// Sets the encoded entry of page `at` of a chunk's runs, returning the old one.
-    fn set(&self, runs: &mut Vec<Run>, at: u32, value: u64) -> u64 {
+    fn set_in_runs(&self, runs: &mut Vec<Run>, at: u32, value: u64) -> u64 {
         let old = match Self::find(runs, at) {
             Some(i) => {
                 let run = runs[i];
@@ -163,49 +296,64 @@ impl ExtentMap {
         old
     }
 
-    /// The encoded entry the page after `run` would need to extend it.
-    fn value_at_end(&self, run: &Run) -> u64 {
-        run.value + run.len() as u64 * self.step(run.value)
+    pub fn load_raw(&self, page: u64) -> u64 {
+        assert!(page < self.pages, "page {page} past the map's end");
+        let (c, at) = Self::locate(page);
+        self.get(&self.chunks[c].lock(), at)
     }
 
     /// Replaces the entry of `page`, returning the old one (encoded).
     pub fn swap_raw(&self, page: u64, value: u64) -> u64 {
         assert!(page < self.pages, "page {page} past the map's end");
         let (c, at) = Self::locate(page);
-        let mut runs = self.chunks[c].lock();
-        self.set(&mut runs, at, value)
+        let mut chunk = self.chunks[c].lock();
+        self.set(&mut chunk, c, at, value)
     }
 
     /// Replaces `old` by `new` (encoded) only if the entry still is `old`.
     pub fn compare_exchange_raw(&self, page: u64, old: u64, new: u64) -> bool {
         assert!(page < self.pages, "page {page} past the map's end");
         let (c, at) = Self::locate(page);
-        let mut runs = self.chunks[c].lock();
-        let cur = Self::find(&runs, at).map_or(0, |i| self.value_at(&runs[i], at));
-        if cur != old {
+        let mut chunk = self.chunks[c].lock();
+        if self.get(&chunk, at) != old {
             return false;
         }
-        self.set(&mut runs, at, new);
+        self.set(&mut chunk, c, at, new);
         true
     }
 
     /// Forgets every entry.
     pub fn clear(&self) {
         for c in self.chunks.iter() {
-            *c.lock() = Vec::new();
+            *c.lock() = Chunk::Runs(Vec::new());
         }
     }
 
-    /// Runs held now.
+    /// Runs held now (a flat chunk's counted).
     pub fn run_count(&self) -> u64 {
-        self.chunks.iter().map(|c| c.lock().len() as u64).sum()
+        let mut n = 0;
+        self.for_each_run(|_, _, _| n += 1);
+        n
     }
 
-    /// Bytes the map holds: a lock and a vector header per chunk, and the runs' room.
+    /// Chunks in the flat layout.
+    #[cfg(test)]
+    pub fn flat_chunks(&self) -> u64 {
+        self.chunks.iter().filter(|c| matches!(*c.lock(), Chunk::Flat { .. })).count() as u64
+    }
+
+    /// Bytes the map holds: a lock and a header per chunk, and the runs' or entries' room.
     pub fn memory_bytes(&self) -> u64 {
-        let per_chunk = std::mem::size_of::<Mutex<Vec<Run>>>() as u64;
-        let runs: u64 = self.chunks.iter().map(|c| c.lock().capacity() as u64).sum();
-        self.chunks.len() as u64 * per_chunk + runs * std::mem::size_of::<Run>() as u64
+        let per_chunk = std::mem::size_of::<Mutex<Chunk>>() as u64;
+        let held: u64 = self
+            .chunks
+            .iter()
+            .map(|c| match &*c.lock() {
+                Chunk::Runs(runs) => runs.capacity() as u64 * std::mem::size_of::<Run>() as u64,
+                Chunk::Flat { slots, .. } => slots.bytes(),
+            })
+            .sum();
+        self.chunks.len() as u64 * per_chunk + held
     }
 
     /// Calls `visit(first page, pages, encoded entry of the first)` for every run, in page
@@ -213,7 +361,16 @@ impl ExtentMap {
     pub fn for_each_run(&self, mut visit: impl FnMut(u64, u64, u64)) {
         for (c, chunk) in self.chunks.iter().enumerate() {
             let base = c as u64 * CHUNK_PAGES;
-            for r in chunk.lock().iter() {
+            let chunk = chunk.lock();
+            let flat_runs;
+            let runs = match &*chunk {
+                Chunk::Runs(runs) => runs.as_slice(),
+                Chunk::Flat { slots, .. } => {
+                    flat_runs = self.runs_of_flat(slots, self.chunk_pages(c));
+                    flat_runs.as_slice()
+                }
+            };
+            for r in runs {
                 visit(base + r.start() as u64, r.len() as u64, r.value);
             }
         }
@@ -221,48 +378,103 @@ impl ExtentMap {
 
     /// Bytes [`ExtentMap::encode_into`] appends.
     pub fn image_bytes(&self) -> u64 {
-        8 + self.run_count() * IMAGE_RUN_BYTES
+        8 + self
+            .chunks
+            .iter()
+            .map(|c| match &*c.lock() {
+                Chunk::Runs(runs) => 1 + 2 + runs.len() as u64 * IMAGE_RUN_BYTES,
+                Chunk::Flat { slots, .. } => 1 + slots.bytes(),
+            })
+            .sum::<u64>()
     }
 
-    /// Checkpoint image: the run count, then each run (first page, length, encoded entry).
+    /// Checkpoint image: the chunk count, then per chunk its layout: its runs (count, then
+    /// first page, length and encoded entry of each) or its flat entries.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        let count_at = out.len();
-        out.extend_from_slice(&0u64.to_le_bytes());
-        let mut count = 0u64;
-        self.for_each_run(|first, len, value| {
-            out.extend_from_slice(&first.to_le_bytes());
-            out.extend_from_slice(&(len as u32).to_le_bytes());
-            out.extend_from_slice(&value.to_le_bytes());
-            count += 1;
-        });
-        out[count_at..count_at + 8].copy_from_slice(&count.to_le_bytes());
+        out.extend_from_slice(&(self.chunks.len() as u64).to_le_bytes());
+        for chunk in self.chunks.iter() {
+            match &*chunk.lock() {
+                Chunk::Runs(runs) => {
+                    out.push(IMAGE_RUNS);
+                    out.extend_from_slice(&(runs.len() as u16).to_le_bytes());
+                    for r in runs {
+                        out.extend_from_slice(&r.first.to_le_bytes());
+                        out.extend_from_slice(&{ r.count }.to_le_bytes());
+                        out.extend_from_slice(&{ r.value }.to_le_bytes());
+                    }
+                }
+                Chunk::Flat {
+                    slots: FlatSlots::Narrow(s),
+                    ..
+                } => {
+                    out.push(IMAGE_NARROW);
+                    s.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+                }
+                Chunk::Flat {
+                    slots: FlatSlots::Wide(s), ..
+                } => {
+                    out.push(IMAGE_WIDE);
+                    s.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+                }
+            }
+        }
     }
 
-    /// Loads an image written by [`ExtentMap::encode_into`] into this (empty) map; every run
-    /// is checked (inside the volume and one chunk, sorted, entries in range and of one kind).
+    /// Loads an image written by [`ExtentMap::encode_into`] into this map; every run is checked
+    /// (inside its chunk, sorted, not overlapping, entries in range and of one kind) and every
+    /// flat entry is in range.
     pub fn load_image(&self, d: &mut crate::util::Decoder<'_>) -> std::result::Result<(), String> {
-        let count = d.u64("run count").map_err(|e| e.to_string())?;
-        if count > self.pages {
-            return Err(format!("{count} runs in a map of {} pages", self.pages));
+        let count = d.u64("chunk count").map_err(|e| e.to_string())?;
+        if count != self.chunks.len() as u64 {
+            return Err(format!("{count} chunks in the image, {} in the map", self.chunks.len()));
         }
-        let mut next_free = 0u64;
-        for _ in 0..count {
-            let first = d.u64("run start").map_err(|e| e.to_string())?;
-            let len = d.u32("run length").map_err(|e| e.to_string())? as u64;
-            let value = d.u64("run entry").map_err(|e| e.to_string())?;
-            let end = first.checked_add(len).ok_or("run past the end")?;
-            if len == 0 || first < next_free || end > self.pages || (first / CHUNK_PAGES) != (end - 1) / CHUNK_PAGES {
-                return Err(format!("run of {len} pages at {first} is out of place"));
-            }
-            let last = (len - 1).checked_mul(self.step_checked(value)?).and_then(|s| value.checked_add(s));
-            if value == 0 || last.is_none_or(|l| l > self.encoding.max_value() || !self.same_kind(value, l)) {
-                return Err(format!("run of {len} pages at {first} has entries out of range"));
-            }
-            let (c, at) = Self::locate(first);
-            let mut runs = self.chunks[c].lock();
-            runs.reserve_exact(1);
-            runs.push(Run::new(at, len as u32, value));
-            next_free = end;
+        for c in 0..self.chunks.len() {
+            let n = self.chunk_pages(c);
+            let chunk = match d.u8("chunk layout").map_err(|e| e.to_string())? {
+                IMAGE_RUNS => {
+                    let k = d.u16("run count").map_err(|e| e.to_string())? as u64;
+                    if k > n {
+                        return Err(format!("chunk {c}: {k} runs in {n} pages"));
+                    }
+                    let mut runs = Vec::with_capacity(k as usize);
+                    let mut next_free = 0u64;
+                    for _ in 0..k {
+                        let first = d.u16("run start").map_err(|e| e.to_string())? as u64;
+                        let len = d.u16("run length").map_err(|e| e.to_string())? as u64;
+                        let value = d.u64("run entry").map_err(|e| e.to_string())?;
+                        if len == 0 || first < next_free || first + len > n {
+                            return Err(format!("chunk {c}: run of {len} pages at {first} is out of place"));
+                        }
+                        let last = (len - 1).checked_mul(self.step_checked(value)?).and_then(|s| value.checked_add(s));
+                        if value == 0 || last.is_none_or(|l| l > self.encoding.max_value() || !self.same_kind(value, l)) {
+                            return Err(format!("chunk {c}: run of {len} pages at {first} has entries out of range"));
+                        }
+                        runs.push(Run::new(first as u32, len as u32, value));
+                        next_free = first + len;
+                    }
+                    Chunk::Runs(runs)
+                }
+                tag @ (IMAGE_NARROW | IMAGE_WIDE) => {
+                    let width = if tag == IMAGE_NARROW { 4 } else { 8 };
+                    if width != self.width() {
+                        return Err(format!("chunk {c}: entries of {width} bytes in a map of {}", self.width()));
+                    }
+                    let raw = d.take((n * width) as usize, "flat chunk").map_err(|e| e.to_string())?;
+                    let mut slots = self.flatten(&[], n);
+                    for (at, b) in raw.chunks_exact(width as usize).enumerate() {
+                        let mut v = [0u8; 8];
+                        v[..width as usize].copy_from_slice(b);
+                        let v = u64::from_le_bytes(v);
+                        if v > self.encoding.max_value() {
+                            return Err(format!("chunk {c}: map entry {v} out of range"));
+                        }
+                        slots.set(at as u32, v);
+                    }
+                    Chunk::Flat { slots, updates: 0 }
+                }
+                tag => return Err(format!("chunk {c}: unknown layout {tag}")),
+            };
+            *self.chunks[c].lock() = chunk;
         }
         Ok(())
     }
@@ -278,8 +490,12 @@ impl ExtentMap {
     #[cfg(test)]
     pub fn check(&self) -> std::result::Result<(), String> {
         for (c, chunk) in self.chunks.iter().enumerate() {
-            let runs = chunk.lock();
-            let chunk_pages = (self.pages - c as u64 * CHUNK_PAGES).min(CHUNK_PAGES);
+            let chunk = chunk.lock();
+            let Chunk::Runs(runs) = &*chunk else { continue };
+            let chunk_pages = self.chunk_pages(c);
+            if self.too_many(runs.len(), chunk_pages) {
+                return Err(format!("chunk {c}: {} runs should be flat", runs.len()));
+            }
             for (i, r) in runs.iter().enumerate() {
                 if r.len() == 0 || r.value == 0 || r.start() as u64 + r.len() as u64 > chunk_pages {
                     return Err(format!("chunk {c}: bad run {r:?}"));
@@ -300,9 +516,6 @@ impl ExtentMap {
         Ok(())
     }
 }
-
-/// Bytes of one run in a checkpoint image.
-const IMAGE_RUN_BYTES: u64 = 8 + 4 + 8;
 
 #[cfg(test)]
 mod tests {
@@ -426,11 +639,56 @@ mod tests {
         m.check().unwrap();
     }
 
+    /// Small random writes turn a chunk flat (its memory bounded by the flat map's), and
+    /// rewriting it sequentially turns it back into runs; every page reads as the flat map's
+    /// throughout, and the image round-trips in both layouts.
+    #[test]
+    fn random_writes_turn_a_chunk_flat_and_sequential_ones_turn_it_back() {
+        let pages = 2 * CHUNK_PAGES;
+        let flat = PageMap::new(pages, ENC);
+        let ext = ExtentMap::new(pages, ENC, 1);
+        let mut x = 12345u64;
+        for _ in 0..3000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let page = (x >> 33) % CHUNK_PAGES;
+            let e = Entry::Mapped((x >> 13) % (1 << 19));
+            assert_eq!(ext.swap_raw(page, ENC.encode(e)), ENC.encode(flat.swap(page, e)));
+        }
+        assert_eq!(ext.flat_chunks(), 1, "chunk 0 went flat");
+        assert!(
+            ext.memory_bytes() <= CHUNK_PAGES * 4 + 256,
+            "bounded by the flat layout: {}",
+            ext.memory_bytes()
+        );
+        let round_trip = |ext: &ExtentMap| {
+            let mut image = Vec::new();
+            ext.encode_into(&mut image);
+            assert_eq!(image.len() as u64, ext.image_bytes());
+            let back = ExtentMap::new(pages, ENC, 1);
+            back.load_image(&mut crate::util::Decoder::new(&image)).unwrap();
+            back.check().unwrap();
+            for p in 0..pages {
+                assert_eq!(back.load_raw(p), flat.load_raw(p), "page {p}");
+            }
+        };
+        round_trip(&ext);
+        for p in 0..CHUNK_PAGES {
+            let e = Entry::Mapped(10_000 + p);
+            assert_eq!(ext.swap_raw(p, ENC.encode(e)), ENC.encode(flat.swap(p, e)));
+        }
+        assert_eq!(ext.flat_chunks(), 0, "back to runs");
+        assert_eq!(ext.run_count(), 1);
+        ext.check().unwrap();
+        round_trip(&ext);
+    }
+
     #[test]
     fn corrupt_images_are_refused() {
-        let m = ExtentMap::new(100, ENC, 1);
-        let image = |runs: &[(u64, u32, u64)]| {
-            let mut out = (runs.len() as u64).to_le_bytes().to_vec();
+        // One chunk of 100 pages.
+        let image = |runs: &[(u16, u16, u64)]| {
+            let mut out = 1u64.to_le_bytes().to_vec();
+            out.push(IMAGE_RUNS);
+            out.extend_from_slice(&(runs.len() as u16).to_le_bytes());
             for &(first, len, value) in runs {
                 out.extend_from_slice(&first.to_le_bytes());
                 out.extend_from_slice(&len.to_le_bytes());
@@ -438,6 +696,14 @@ mod tests {
             }
             out
         };
+        let mut wide_flat = 1u64.to_le_bytes().to_vec();
+        wide_flat.push(IMAGE_WIDE);
+        wide_flat.extend(std::iter::repeat_n(0u8, 800));
+        let mut bad_flat = 1u64.to_le_bytes().to_vec();
+        bad_flat.push(IMAGE_NARROW);
+        bad_flat.extend(std::iter::repeat_n(0xFFu8, 400));
+        let mut two_chunks = image(&[]);
+        two_chunks[0] = 2;
         for bad in [
             image(&[(0, 0, 5)]),
             image(&[(90, 20, 5)]),
@@ -447,10 +713,15 @@ mod tests {
             image(&[(0, 5, ENC.total_grains - 1)]),
             image(&[(0, 5, u64::MAX - 1)]),
             image(&[(0, 1, 5)])[..20].to_vec(),
+            wide_flat,
+            bad_flat,
+            two_chunks,
+            vec![1, 0, 0, 0, 0, 0, 0, 0, 9],
         ] {
             let fresh = ExtentMap::new(100, ENC, 1);
             assert!(fresh.load_image(&mut crate::util::Decoder::new(&bad)).is_err(), "{bad:?}");
         }
+        let m = ExtentMap::new(100, ENC, 1);
         m.load_image(&mut crate::util::Decoder::new(&image(&[(0, 5, 5), (10, 2, ENC.total_grains + 2)])))
             .unwrap();
         m.check().unwrap();

@@ -184,7 +184,7 @@ pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::re
         )
     };
     match rec.controller {
-        ControllerKind::Lsa => {
+        ControllerKind::Lsa | ControllerKind::Extent => {
             let mut storage = StorageClass::Any;
             for &(key, value) in &rec.settings {
                 match key {
@@ -192,13 +192,11 @@ pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::re
                     _ => return Err(unknown(key)),
                 }
             }
-            Ok(Arc::new(lsa::LsaVolume::new(
-                rec,
-                page_map(),
-                geo.grain_bytes,
-                placement()?,
-                storage,
-            )))
+            let map = match rec.controller {
+                ControllerKind::Extent => map::PageMap::extents(pages, encoding, rec.page_bytes / geo.grain_bytes),
+                _ => page_map(),
+            };
+            Ok(Arc::new(lsa::LsaVolume::new(rec, map, geo.grain_bytes, placement()?, storage)))
         }
         ControllerKind::Dual => {
             let mut sparse = None;
@@ -280,7 +278,7 @@ pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::
         class => vec![(key, class as u64)],
     };
     match spec.controller {
-        ControllerKind::Lsa => match spec.sparse_pages {
+        ControllerKind::Lsa | ControllerKind::Extent => match spec.sparse_pages {
             Some(_) => Err("a sparse map size applies to dual-mapping volumes only (--controller dual)".into()),
             None => Ok(storage(lsa::SETTING_STORAGE)),
         },

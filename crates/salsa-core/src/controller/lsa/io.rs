@@ -29,7 +29,7 @@ impl LsaVolume {
 
 impl VolumeIo for LsaVolume {
     fn kind(&self) -> ControllerKind {
-        ControllerKind::Lsa
+        self.kind
     }
 
     fn size_bytes(&self) -> u64 {

@@ -39,6 +39,8 @@ const MAX_RUN_GAP_GRAINS: u64 = 8;
 
 /// A volume served by the LSA controller.
 pub struct LsaVolume {
+    /// `Lsa`, or `Extent` over an extent map (inside a dual, hybrid or AMF volume: `Lsa`).
+    kind: crate::format::ControllerKind,
     pub id: u32,
     pub name: String,
     pub page_bytes: u32,
@@ -125,6 +127,11 @@ impl LsaVolume {
     pub fn new(rec: &VolumeRecord, map: PageMap, grain_bytes: u32, placement: Box<dyn Placement>, storage: StorageClass) -> LsaVolume {
         let page_grains = rec.page_bytes / grain_bytes;
         LsaVolume {
+            kind: if rec.controller == crate::format::ControllerKind::Extent {
+                crate::format::ControllerKind::Extent
+            } else {
+                crate::format::ControllerKind::Lsa
+            },
             id: rec.id,
             name: rec.name.clone(),
             page_bytes: rec.page_bytes,
@@ -670,7 +677,8 @@ impl Controller for LsaVolume {
     fn stats(&self) -> ControllerStats {
         ControllerStats {
             name: self.name.clone(),
-            controller: crate::format::ControllerKind::Lsa.name().to_string(),
+            controller: self.kind.name().to_string(),
+            map_runs: self.map.read().run_count().unwrap_or(0),
             size_bytes: self.size_bytes(),
             page_bytes: self.page_bytes,
             mapped_bytes: self.mapped_pages.load(SeqCst) * self.page_bytes as u64,
