@@ -2,7 +2,7 @@
 
 mod bench;
 mod commands;
-mod spec;
+use salsa_core::spec;
 
 use bench::workload;
 use clap::{Parser, Subcommand};

@@ -57,6 +57,7 @@ pub mod policy;
 pub mod pool;
 pub(crate) mod recovery;
 pub(crate) mod scan;
+pub mod spec;
 pub(crate) mod util;
 
 pub use array::{MemberStatus, ParityBufferStatus};

@@ -60,9 +60,7 @@ fn stop_on_signals() -> Result<Arc<std::sync::atomic::AtomicBool>, String> {
 }
 
 /// The control socket of a server whose first device is `device`: `<device without extension>.ctl`.
-pub(crate) fn control_path_for(device: &std::path::Path) -> std::path::PathBuf {
-    device.with_extension("ctl")
-}
+pub(crate) use salsa_core::spec::control_path_for;
 
 /// Most control connections answered at once (a rebuild holds one for its whole run).
 const CONTROL_CONNECTIONS_MAX: usize = 8;

@@ -255,6 +255,61 @@ impl VolumeIo for AmfVolume {
         self.inner.read(log, offset, buf)
     }
 
+    fn segment_bytes(&self) -> Option<u64> {
+        Some(self.segment_bytes)
+    }
+
+    fn write_point(&self, segment: u64) -> Result<u64> {
+        let segments = self.segments.read();
+        let slot = segments.get(segment as usize).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "volume {:?} has {} segments, not {segment}",
+                self.inner.name,
+                segments.len()
+            ))
+        })?;
+        let wp = *slot.lock();
+        Ok(wp * self.inner.page_bytes as u64)
+    }
+
+    /// Under the segment's lock, so appenders of one segment never collide.
+    fn append(&self, log: &Log, segment: u64, data: &[u8]) -> Result<u64> {
+        let pb = self.inner.page_bytes as u64;
+        let len = data.len() as u64;
+        if !len.is_multiple_of(pb) {
+            return Err(Error::InvalidArgument(format!(
+                "volume {:?} is append-only: appends are whole pages of {pb} bytes, not {len}",
+                self.inner.name
+            )));
+        }
+        let segments = self.segments.read();
+        let slot = segments.get(segment as usize).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "volume {:?} has {} segments, not {segment}",
+                self.inner.name,
+                segments.len()
+            ))
+        })?;
+        let mut wp = slot.lock();
+        if *wp * pb + len > self.segment_bytes {
+            return Err(self.refuse(format!(
+                "an append of {len} bytes does not fit segment {segment} ({} of {} bytes written)",
+                *wp * pb,
+                self.segment_bytes
+            )));
+        }
+        let offset = segment * self.segment_bytes + *wp * pb;
+        let r = self.inner.write(log, offset, data, None);
+        *wp = match r {
+            Ok(()) => *wp + len / pb,
+            Err(_) => self.write_point_from_map(segment),
+        };
+        if *wp == self.segment_pages {
+            self.streams.release(segment);
+        }
+        r.map(|()| offset)
+    }
+
     fn write(&self, log: &Log, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
         if data.is_empty() {
             return Ok(());

@@ -145,6 +145,25 @@ pub trait VolumeIo: Send + Sync {
     fn is_retired(&self) -> bool;
     /// Grains of live data the volume holds (what its deletion frees).
     fn mapped_grains(&self) -> u64;
+    /// An append-only volume's segment size (`None` for any other).
+    fn segment_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// An append-only volume: bytes written into `segment` from its start.
+    fn write_point(&self, _segment: u64) -> Result<u64> {
+        Err(crate::error::Error::InvalidArgument(format!(
+            "volume {:?} is not append-only",
+            self.kind().name()
+        )))
+    }
+    /// An append-only volume: writes `data` at `segment`'s write point, whatever it is, and
+    /// returns the volume offset it went to.
+    fn append(&self, _log: &Log, _segment: u64, _data: &[u8]) -> Result<u64> {
+        Err(crate::error::Error::InvalidArgument(format!(
+            "volume {:?} is not append-only",
+            self.kind().name()
+        )))
+    }
 }
 
 /// Splits `[offset, offset + len)` into (page, offset in page, length) pieces of pages of

@@ -454,6 +454,29 @@ impl Volume {
         zero_part(end_full, offset + len)
     }
 
+    /// An append-only (AMF) volume's segment size; `None` for any other volume.
+    pub fn segment_bytes(&self) -> Option<u64> {
+        self.vol.segment_bytes()
+    }
+
+    /// An append-only volume: bytes written into `segment` from its start (its write point).
+    pub fn write_point(&self, segment: u64) -> Result<u64> {
+        if self.vol.is_retired() {
+            return Err(Error::VolumeNotFound(self.vol.name().to_string()));
+        }
+        self.vol.write_point(segment)
+    }
+
+    /// An append-only volume: writes `data` (whole pages) at `segment`'s write point and
+    /// returns the volume offset it went to; refused (`AppendOnly`) when it does not fit.
+    /// Appenders of one segment are serialised, so none is refused for racing another.
+    pub fn append(&self, segment: u64, data: &[u8]) -> Result<u64> {
+        self.eng.log.check_writable()?;
+        let offset = self.vol.append(&self.eng.log, segment, data)?;
+        self.eng.log.counters().user_bytes_written.fetch_add(data.len() as u64, SeqCst);
+        Ok(offset)
+    }
+
     /// Pool-wide flush.
     pub fn flush(&self) -> Result<()> {
         self.eng.flush()

@@ -17,12 +17,12 @@
 //! The models' translation state lives in memory (a restart finds a freshly formatted drive
 //! holding the same data); a zoned drive's state persists in its file.
 
-use salsa_core::device::file::FileOpenOptions;
-use salsa_core::device::{
+use crate::device::file::FileOpenOptions;
+use crate::device::{
     Declared, DiskTiming, DriveManagedSmr, FileDevice, MemoryDevice, SmrParams, SsdModel, SsdParams, TimedDisk, ZonedEmulator,
     ZonedGeometry,
 };
-use salsa_core::{Device, StorageType};
+use crate::{Device, StorageType};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -311,7 +311,7 @@ impl DeviceSpec {
                     format!(
                         "; if `salsa serve` has it, ask the server: `salsa stats --device {0}`, `salsa device fail|replace --device {0} ...` (its control socket is {1})",
                         self.path.display(),
-                        crate::commands::serve::control_path_for(&self.path).display()
+                        control_path_for(&self.path).display()
                     )
                 } else {
                     String::new()
@@ -319,6 +319,12 @@ impl DeviceSpec {
                 format!("cannot open {}: {e}{hint}", self.path.display())
             })
     }
+}
+
+/// The control socket `salsa serve` answers next to its first device (`pool.img` ->
+/// `pool.ctl`).
+pub fn control_path_for(device: &std::path::Path) -> std::path::PathBuf {
+    device.with_extension("ctl")
 }
 
 #[cfg(test)]
