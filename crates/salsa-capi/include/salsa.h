@@ -27,6 +27,14 @@ typedef struct SalsaPool SalsaPool;
 // A handle to one volume of a pool. Opaque to C.
 typedef struct SalsaVolume SalsaVolume;
 
+// One range of a share batch, in bytes: afterwards `[dst_offset, dst_offset + len_bytes)` reads
+// what `[src_offset, src_offset + len_bytes)` read.
+typedef struct {
+  uint64_t dst_offset;
+  uint64_t src_offset;
+  uint64_t len_bytes;
+} SalsaShareRange;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -147,6 +155,17 @@ int salsa_trim(const SalsaVolume *volume, uint64_t offset, uint64_t len);
 // # Safety
 // `volume` is a live volume handle.
 int salsa_write_zeroes(const SalsaVolume *volume, uint64_t offset, uint64_t len);
+
+// Remaps `n_ranges` ranges of the volume without copying data (SHARE): afterwards each
+// destination reads what its source read before the call. The batch is atomic across crashes
+// (all of it or none of it) and durable at the next flush, like a write. Ranges are whole
+// pages with destinations that do not overlap; at most 256 ranges, and entries that fit one
+// record (a range whose source was written sequentially is one). A bad batch is `-EINVAL`
+// with nothing changed; volumes that are not page-mapped (`lsa`, `extent`) refuse it.
+//
+// # Safety
+// `volume` is a live volume handle; `ranges` points to `n_ranges` ranges.
+int salsa_share(const SalsaVolume *volume, const SalsaShareRange *ranges, size_t n_ranges);
 
 // An append-only volume: stores in `*write_point` how many bytes of `segment` are written
 // (the offset inside the segment the next append goes to). `-EINVAL` on other volumes.

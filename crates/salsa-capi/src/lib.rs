@@ -1,6 +1,6 @@
 //! The C API of SALSA: `libsalsa.so` and `salsa.h`, so that C and C++ storage engines can embed a
-//! pool and call read, write, flush, trim and the append-only (AMF) calls directly, without a
-//! network hop.
+//! pool and call read, write, flush, trim, share (SHARE's remap) and the append-only (AMF) calls
+//! directly, without a network hop.
 //!
 //! Owns: the opaque handles [`SalsaPool`] and [`SalsaVolume`], the mapping of engine errors to
 //! negative errno values, and the calling thread's last error message.
@@ -512,6 +512,54 @@ pub unsafe extern "C" fn salsa_write_zeroes(volume: *const SalsaVolume, offset: 
     guarded(|| {
         // SAFETY: the contract above.
         unsafe { handle(volume, "volume") }?.volume.write_zeroes(offset, len)?;
+        Ok(0)
+    })
+}
+
+/// One range of a share batch, in bytes: afterwards `[dst_offset, dst_offset + len_bytes)` reads
+/// what `[src_offset, src_offset + len_bytes)` read.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SalsaShareRange {
+    pub dst_offset: u64,
+    pub src_offset: u64,
+    pub len_bytes: u64,
+}
+
+/// Remaps `n_ranges` ranges of the volume without copying data (SHARE): afterwards each
+/// destination reads what its source read before the call. The batch is atomic across crashes
+/// (all of it or none of it) and durable at the next flush, like a write. Ranges are whole
+/// pages with destinations that do not overlap; at most 256 ranges, and entries that fit one
+/// record (a range whose source was written sequentially is one). A bad batch is `-EINVAL`
+/// with nothing changed; volumes that are not page-mapped (`lsa`, `extent`) refuse it.
+///
+/// # Safety
+/// `volume` is a live volume handle; `ranges` points to `n_ranges` ranges.
+#[no_mangle]
+pub unsafe extern "C" fn salsa_share(volume: *const SalsaVolume, ranges: *const SalsaShareRange, n_ranges: usize) -> c_int {
+    guarded(|| {
+        // SAFETY: the contract above.
+        let v = unsafe { handle(volume, "volume") }?;
+        if ranges.is_null() || n_ranges == 0 {
+            return Err(Failure::invalid("no ranges given"));
+        }
+        if n_ranges > salsa_core::pool::MAX_SHARE_RANGES {
+            return Err(Failure::invalid(format!(
+                "{n_ranges} ranges in one batch; at most {}",
+                salsa_core::pool::MAX_SHARE_RANGES
+            )));
+        }
+        // SAFETY: non-null, `n_ranges` readable ranges (the contract).
+        let given = unsafe { std::slice::from_raw_parts(ranges, n_ranges) };
+        let batch: Vec<salsa_core::ShareRange> = given
+            .iter()
+            .map(|r| salsa_core::ShareRange {
+                dst_offset: r.dst_offset,
+                src_offset: r.src_offset,
+                len_bytes: r.len_bytes,
+            })
+            .collect();
+        v.volume.share(&batch)?;
         Ok(0)
     })
 }

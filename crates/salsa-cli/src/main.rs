@@ -312,6 +312,27 @@ enum Command {
         #[arg(long)]
         no_default_volume: bool,
     },
+    /// Remap ranges of a volume without copying data (SHARE): afterwards each destination reads
+    /// what its source read. The batch is atomic (after a crash, all of it or none) and durable
+    /// when the command returns. Through the running server when one answers, else offline.
+    /// Ranges are whole pages; at most 256, with destinations that do not overlap.
+    Share {
+        /// The pool's devices (offline), or its first device (to find the server).
+        #[arg(long = "device", short = 'd', value_name = "PATH[:SIZE]")]
+        devices: Vec<DeviceSpec>,
+        /// A RAID-5 pool's parity buffer (offline only).
+        #[arg(long, value_name = "PATH")]
+        parity_buffer: Option<DeviceSpec>,
+        /// The running server's control socket.
+        #[arg(long)]
+        control: Option<PathBuf>,
+        /// The volume (default: the one `salsa serve` creates).
+        #[arg(long, default_value = "default")]
+        volume: String,
+        /// DST:SRC:LEN: byte offsets and a length (suffixes K, M, G), e.g. 1G:0:64K.
+        #[arg(required = true, value_name = "DST:SRC:LEN")]
+        ranges: Vec<String>,
+    },
     /// Statistics of a running server, read from its control socket.
     Stats {
         /// The server's control socket (default: salsa-data/pool.ctl, as `salsa serve` uses).
@@ -388,6 +409,32 @@ enum Command {
         #[arg(long, default_value_t = 2.0)]
         measure: f64,
         /// Alternating rounds of each volume kind.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Benchmark: SHARE's experiments, each against its baseline in one run: a page store
+    /// flushing batches of 16 KiB pages through a double-write area against sharing them home,
+    /// and an append-only file compacted by copying against sharing its live pages. Prints
+    /// one JSON object.
+    BenchShare {
+        /// The device (a file spec, created and removed; or a model).
+        #[arg(long, default_value = "salsa-data/bench-share.img:2G")]
+        device: String,
+        /// Pages per flushed batch.
+        #[arg(long = "batch", default_value_t = 64)]
+        batch_pages: usize,
+        /// Batches measured per round.
+        #[arg(long, default_value_t = 400)]
+        batches: usize,
+        /// Size of the file the compaction runs on.
+        #[arg(long, value_parser = parse_size, default_value = "256M")]
+        file_size: u64,
+        /// Share of the file's pages updated (appended again) before compaction.
+        #[arg(long, default_value_t = 0.3)]
+        updated: f64,
+        /// Alternating rounds of each mode.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
         #[arg(long, default_value_t = 1)]
@@ -611,6 +658,13 @@ fn main() -> ExitCode {
             format,
         ),
         Command::Stats { control, device, json } => stats(control.clone(), device.as_ref(), *json),
+        Command::Share {
+            devices,
+            parity_buffer,
+            control,
+            volume,
+            ranges,
+        } => commands::share::share(devices, parity_buffer.as_ref(), control.as_deref(), volume, ranges),
         Command::Format {
             devices,
             format,
@@ -640,6 +694,28 @@ fn main() -> ExitCode {
         Command::BenchMapMemory { volume_size, seed } => bench::maps::run(*volume_size, *seed)
             .and_then(|r| serde_json::to_string_pretty(&r).map_err(|e| e.to_string()))
             .map(|s| println!("{s}")),
+        Command::BenchShare {
+            device,
+            batch_pages,
+            batches,
+            file_size,
+            updated,
+            rounds,
+            seed,
+        } => (|| {
+            let report = bench::share::run(&bench::share::Params {
+                device: device.parse()?,
+                device_text: device.clone(),
+                batch_pages: *batch_pages,
+                batches: *batches,
+                file_bytes: *file_size,
+                updated: *updated,
+                rounds: *rounds,
+                seed: *seed,
+            })?;
+            println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+            Ok(())
+        })(),
         Command::BenchAmf {
             device,
             segment_size,

@@ -587,6 +587,47 @@ fn amf_bench_compares_append_only_volumes_with_the_page_map() {
     assert!(!ok && err.contains("emulated device"), "{err}");
 }
 
+/// `salsa bench-share` on a small file: sharing a batch home writes about half
+/// the bytes of the double write, and a compaction by share writes almost nothing; both check
+/// the data they produce (the compaction reads back every 97th page against its origin).
+#[test]
+fn share_bench_compares_double_write_and_compaction_with_their_baselines() {
+    let dir = std::env::temp_dir().join(format!("salsa-bench-share-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let device = format!("{}:256M", dir.join("b.img").display());
+    let (ok, out, err) = salsa(&[
+        "bench-share",
+        "--device",
+        &device,
+        "--batches",
+        "20",
+        "--file-size",
+        "8M",
+        "--rounds",
+        "1",
+    ]);
+    assert!(ok, "{err}");
+    let j = json_of(&out);
+    let store = &j["page_store"];
+    let (dw, sh) = (
+        store["double_write"]["device_bytes_per_user_byte"].as_f64().unwrap(),
+        store["share"]["device_bytes_per_user_byte"].as_f64().unwrap(),
+    );
+    assert!((1.9..2.3).contains(&dw), "double write: {dw} device bytes per user byte");
+    assert!((0.95..1.3).contains(&sh), "share: {sh} device bytes per user byte");
+    assert_eq!(store["share"]["flushes_per_batch"].as_f64(), Some(2.0), "{store}");
+    let compaction = &j["compaction"];
+    let (copy, share) = (
+        compaction["copy"]["device_bytes_written"].as_f64().unwrap(),
+        compaction["share"]["device_bytes_written"].as_f64().unwrap(),
+    );
+    assert!(copy >= 8.0 * 1048576.0, "the copy wrote {copy} bytes for an 8 MiB file");
+    assert!(share * 20.0 < copy, "the share wrote {share} bytes against the copy's {copy}");
+    let (ok, _, err) = salsa(&["bench-share", "--device", &device, "--batch", "0"]);
+    assert!(!ok && err.contains("--batch"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `salsa bench-map-memory` on a small volume: the extent map is far smaller than the page map
 /// for sequential and video-like writes, and random 4 KiB writes cost it no more than the page
 /// map (its chunks fall back to one entry per page).

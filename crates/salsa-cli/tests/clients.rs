@@ -464,6 +464,73 @@ h.pwrite(b"\x66" * 4096, 262144 + 262144)
 }
 
 #[test]
+fn salsa_share_remaps_through_the_control_socket_and_offline() {
+    require("nbdsh");
+    let dir = test_dir("share-cli");
+    let device = dir.join("pool.img");
+    let path = format!("/usr/bin:{}", std::env::var("PATH").unwrap_or_default());
+    let nbdsh = |srv: &Server, script: &str| {
+        let script = format!("{script}\nprint(\"nbdsh ok\")\n");
+        let (ok, out) = run(Command::new("nbdsh").env("PATH", &path).args(["-u", &srv.uri(), "-c", &script]));
+        assert!(ok && out.contains("nbdsh ok"), "{out}");
+    };
+    let share = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_salsa"));
+        cmd.arg("share").arg("--device").arg(&device).args(args);
+        run(&mut cmd)
+    };
+    let srv = Server::start(&dir, "64M", &[]);
+    nbdsh(&srv, "h.pwrite(bytes(i % 251 for i in range(65536)), 0)\nh.flush()");
+    let (ok, out) = share(&["1M:0:64K", "2M:4K:4K"]);
+    assert!(ok && out.contains("shared 2 range(s)"), "{out}");
+    // Refused whole, with the reason: a partial page, overlapping destinations, no volume.
+    let (ok, out) = share(&["5M:0:5K"]);
+    assert!(!ok && out.contains("whole pages"), "{out}");
+    let (ok, out) = share(&["6M:0:8K", "6M:0:4K"]);
+    assert!(!ok && out.contains("overlapping"), "{out}");
+    let (ok, out) = share(&["--volume", "nope", "6M:0:4K"]);
+    assert!(!ok && out.contains("no volume"), "{out}");
+    let (ok, out) = share(&["6M:0"]);
+    assert!(!ok && out.contains("DST:SRC:LEN"), "{out}");
+    nbdsh(
+        &srv,
+        r#"
+data = bytes(i % 251 for i in range(65536))
+assert h.pread(65536, 1 << 20) == data
+assert h.pread(4096, 2 << 20) == data[4096:8192]
+assert h.pread(8192, 5 << 20) == bytes(8192)
+assert h.pread(8192, 6 << 20) == bytes(8192)
+h.pwrite(b"\x01" * 4096, 0)
+assert h.pread(4096, 1 << 20) == data[:4096]
+h.flush()
+"#,
+    );
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_salsa"));
+    let (ok, out) = run(cmd.args(["stats", "--json", "--device"]).arg(&device));
+    assert!(ok, "{out}");
+    let stats: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or("")).unwrap();
+    assert_eq!(
+        (stats["pages_shared"].as_u64(), stats["share_batches"].as_u64()),
+        (Some(17), Some(1)),
+        "{out}"
+    );
+    assert!(srv.stop().success());
+    // Offline, on the pool's device.
+    let (ok, out) = share(&["3M:1M:8K"]);
+    assert!(ok && out.contains("shared 1 range(s)"), "{out}");
+    let srv = Server::start(&dir, "64M", &[]);
+    nbdsh(
+        &srv,
+        r#"
+data = bytes(i % 251 for i in range(65536))
+assert h.pread(8192, 3 << 20) == data[:8192]
+assert h.pread(4096, 0) == b"\x01" * 4096
+"#,
+    );
+    assert!(srv.stop().success());
+}
+
+#[test]
 fn stale_socket_is_replaced_and_a_second_server_is_refused() {
     let dir = test_dir("lock");
     let srv = Server::start(&dir, "48M", &[]);

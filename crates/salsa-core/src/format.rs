@@ -11,8 +11,9 @@ use crate::util::{Decoder, Encoder, Truncated};
 /// Version 6 added the array layout and the member list to the superblock, the controller kind
 /// and settings to the volume table, and a copy of the pool metadata on every member. Version 7
 /// added the parity buffer's id to the pool metadata; version 8 a victim policy per volume;
-/// version 9 the members that hold log data.
-pub const FORMAT_VERSION: u32 = 10;
+/// version 9 the members that hold log data; version 10 the AMF and extent controllers;
+/// version 11 share entries in records (SHARE's remap) and the shared pages in checkpoints.
+pub const FORMAT_VERSION: u32 = 11;
 /// Oldest format version this build reads. A version-5 pool opens as it is (its superblocks
 /// decode as a linear array without member ids; its records and checkpoint are unchanged) and
 /// its pool metadata is rewritten as version 6 by the first write after it opens.
@@ -782,6 +783,20 @@ pub enum MetaEntry {
     Data { page: u64, seq: u64, crc: u32 },
     /// Pages `[page, page + count)` were trimmed at version `seq`.
     Trim { page: u64, count: u64, seq: u64 },
+    /// Pages `[page, page + count)` were remapped at version `seq` to the data already at grains
+    /// `grain`, `grain + page_grains`, ... (SHARE): the data lives in other records, or in this
+    /// record's own data pages when the GC moved a shared page. Takes two slots.
+    Share { page: u64, count: u64, grain: u64, seq: u64 },
+}
+
+impl MetaEntry {
+    /// Metadata slots the entry takes.
+    pub fn slots(&self) -> u32 {
+        match self {
+            MetaEntry::Share { .. } => 2,
+            _ => 1,
+        }
+    }
 }
 
 /// Data sequence numbers are stored in 56 bits (7 bytes per metadata entry). 15-byte entries let
@@ -793,7 +808,11 @@ pub const MAX_SEQ: u64 = (1 << SEQ_BITS) - 1;
 const SEQ_BYTES: usize = SEQ_BITS as usize / 8;
 
 /// An entry is `page u32, crc-or-count u32, seq u56`; which entries are trims is a bitmap in
-/// front of them (one bit per entry), so data and trim entries take one slot each.
+/// front of them (one bit per entry), so data and trim entries take one slot each. A share entry
+/// takes two: a trim-kind slot with sequence field 0 (no real entry has sequence number 0: they
+/// start at 1 in every epoch) holding the first page and the count less one, then a data-kind
+/// slot holding the grain (low 32 bits in the page field, high 32 in the crc field) and the
+/// sequence number.
 const ENTRY_BYTES: usize = 4 + 4 + SEQ_BYTES;
 const RECORD_HEADER_BYTES: usize = RECORD_HEADER_BYTES_V5 + 4;
 /// Version 5 had no padding field.
@@ -853,6 +872,11 @@ impl RecordMeta {
         }
     }
 
+    /// Metadata slots its entries take.
+    pub fn slots(&self) -> u32 {
+        self.entries.iter().map(|e| e.slots()).sum()
+    }
+
     /// Number of data pages the record carries.
     pub fn data_pages(&self) -> usize {
         self.entries.iter().filter(|e| matches!(e, MetaEntry::Data { .. })).count()
@@ -883,12 +907,14 @@ impl RecordMeta {
             .u32(self.page_grains)
             .u32(self.pad_grains)
             .u32(self.data_pages() as u32)
-            .u32(self.entries.len() as u32);
-        let mut trims = vec![0u8; self.entries.len().div_ceil(8)];
-        for (i, entry) in self.entries.iter().enumerate() {
-            if matches!(entry, MetaEntry::Trim { .. }) {
-                trims[i / 8] |= 1 << (i % 8);
+            .u32(self.slots());
+        let mut trims = vec![0u8; (self.slots() as usize).div_ceil(8)];
+        let mut slot = 0usize;
+        for entry in self.entries.iter() {
+            if matches!(entry, MetaEntry::Trim { .. } | MetaEntry::Share { .. }) {
+                trims[slot / 8] |= 1 << (slot % 8);
             }
+            slot += entry.slots() as usize;
         }
         e.raw(&trims);
         // Pages and trim lengths fit 32 bits: a volume has at most 2^32 pages
@@ -909,9 +935,18 @@ impl RecordMeta {
                     e.u32(narrow(page, "page")).u32(crc).raw(&seq_bytes(seq));
                 }
                 MetaEntry::Trim { page, count, seq } => {
-                    assert!(count >= 1, "empty trim entry");
+                    assert!(count >= 1 && seq > 0, "empty trim entry or sequence number 0");
                     e.u32(narrow(page, "trim start"))
                         .u32(narrow(count - 1, "trim length"))
+                        .raw(&seq_bytes(seq));
+                }
+                MetaEntry::Share { page, count, grain, seq } => {
+                    assert!(count >= 1 && seq > 0, "empty share entry or sequence number 0");
+                    e.u32(narrow(page, "share start"))
+                        .u32(narrow(count - 1, "share length"))
+                        .raw(&seq_bytes(0))
+                        .u32(grain as u32)
+                        .u32((grain >> 32) as u32)
                         .raw(&seq_bytes(seq));
                 }
             }
@@ -942,14 +977,36 @@ impl RecordMeta {
             return Err(FormatError::Invalid("entry count".into()));
         }
         let trims = d.take(count.div_ceil(8), "trim bitmap")?.to_vec();
+        let is_trim = |i: usize| trims[i / 8] & (1 << (i % 8)) != 0;
         let mut entries = Vec::with_capacity(count);
-        for i in 0..count {
-            let page = d.u32("entry page")? as u64;
+        let slot = |d: &mut Decoder<'_>| -> Result<(u32, u32, u64), FormatError> {
+            let page = d.u32("entry page")?;
             let crc_or_count = d.u32("entry crc")?;
             let mut seq_le = [0u8; 8];
             seq_le[..SEQ_BYTES].copy_from_slice(d.take(SEQ_BYTES, "entry seq")?);
-            let seq = u64::from_le_bytes(seq_le);
-            entries.push(if trims[i / 8] & (1 << (i % 8)) != 0 {
+            Ok((page, crc_or_count, u64::from_le_bytes(seq_le)))
+        };
+        let mut i = 0;
+        while i < count {
+            let (page, crc_or_count, seq) = slot(&mut d)?;
+            let page = page as u64;
+            i += 1;
+            if is_trim(i - 1) && seq == 0 {
+                // A share entry's first slot; the second holds the grain and the sequence.
+                if i >= count || is_trim(i) {
+                    return Err(FormatError::Invalid("share entry without its second slot".into()));
+                }
+                let (low, high, seq) = slot(&mut d)?;
+                i += 1;
+                entries.push(MetaEntry::Share {
+                    page,
+                    count: crc_or_count as u64 + 1,
+                    grain: (high as u64) << 32 | low as u64,
+                    seq,
+                });
+                continue;
+            }
+            entries.push(if is_trim(i - 1) {
                 MetaEntry::Trim {
                     page,
                     count: crc_or_count as u64 + 1,
@@ -1196,11 +1253,19 @@ mod tests {
                     count: 20,
                     seq: 10,
                 },
+                MetaEntry::Share {
+                    page: 7,
+                    count: 3,
+                    grain: 0x1_2345_6789,
+                    seq: 11,
+                },
+                MetaEntry::Data { page: 6, seq: 12, crc: 1 },
             ],
         };
         let mut block = vec![0u8; 4096];
         meta.encode_into(&mut block);
         assert_eq!(RecordMeta::decode(&block).unwrap(), meta);
+        assert_eq!((meta.slots(), meta.data_pages()), (5, 2));
         block[100] ^= 1;
         assert_eq!(RecordMeta::decode(&block), Err(FormatError::BadChecksum));
     }

@@ -72,7 +72,7 @@ pub use log::Geometry;
 pub use log::StorageClass;
 pub use policy::Registry;
 pub use pool::{
-    ArrayKind, ControllerKind, OpenOptions, OpenedFrom, Pool, PoolConfig, RebuildOptions, RebuildReport, ScrubReport, Stats, Volume,
-    VolumeSpec, VolumeStats,
+    ArrayKind, ControllerKind, OpenOptions, OpenedFrom, Pool, PoolConfig, RebuildOptions, RebuildReport, ScrubReport, ShareRange, Stats,
+    Volume, VolumeSpec, VolumeStats,
 };
 pub use util::AlignedBuf;

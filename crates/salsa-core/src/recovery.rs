@@ -12,6 +12,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::{decode_checkpoint_header, CheckpointRef, MetaEntry, RecordMeta, SegmentHeader, StreamKind};
 use crate::log::capacity::SegmentState;
+use crate::pool::MAX_VOLUME_PAGES;
 use crate::scan::walk_segment;
 use crate::util::{AlignedBuf, Decoder};
 use std::sync::atomic::Ordering::SeqCst;
@@ -234,7 +235,13 @@ pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
 pub fn checkpoint_bytes(eng: &Engine) -> usize {
     let header = crate::format::encode_checkpoint_header(eng.log.pool_id(), 0, 0, 0).len() + 4;
     let maps: u64 = eng.volumes.read().values().map(|v| 4 + v.image_bytes()).sum();
-    header + maps as usize + eng.log.crc_table().len() * 4 + eng.log.geo().total_segments as usize * 8
+    let shared: usize = eng
+        .volumes
+        .read()
+        .values()
+        .map(|v| 20 + v.shared_pages().iter().map(|(_, o)| 8 + 12 * o.len()).sum::<usize>())
+        .sum();
+    header + maps as usize + eng.log.crc_table().len() * 4 + eng.log.geo().total_segments as usize * 8 + 4 + shared
 }
 
 /// Serialises the state a clean shutdown leaves: every map, the crc table, segment ages.
@@ -251,6 +258,30 @@ pub fn encode_checkpoint(eng: &Engine, session_id: u64) -> Vec<u8> {
     }
     for s in eng.log.capacity().segments() {
         out.extend_from_slice(&s.sealed_seq.load(SeqCst).to_le_bytes());
+    }
+    // Version 11: the shared pages of each volume that has any (older checkpoints end above):
+    // its shared grains, then its pages mapped by a share entry in another segment, with it.
+    let shared: Vec<(u32, Vec<crate::controller::SharedGrain>)> = vols
+        .iter()
+        .map(|(id, v)| (*id, v.shared_pages()))
+        .filter(|(_, g)| !g.is_empty())
+        .collect();
+    out.extend_from_slice(&(shared.len() as u32).to_le_bytes());
+    for (id, grains) in shared {
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(&(grains.len() as u64).to_le_bytes());
+        for (g, _) in &grains {
+            out.extend_from_slice(&g.to_le_bytes());
+        }
+        let entries: Vec<(u64, u32)> = grains
+            .iter()
+            .flat_map(|(_, o)| o.iter().filter_map(|&(p, e)| e.map(|e| (p, e))))
+            .collect();
+        out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+        for (p, e) in entries {
+            out.extend_from_slice(&p.to_le_bytes());
+            out.extend_from_slice(&e.to_le_bytes());
+        }
     }
     out
 }
@@ -300,6 +331,37 @@ pub fn load_checkpoint(eng: &Engine, cp: &CheckpointRef, session_id: u64) -> Res
     let mut sealed = Vec::with_capacity(eng.log.geo().total_segments as usize);
     for _ in 0..eng.log.geo().total_segments {
         sealed.push(d.u64("age").map_err(|_| bad("truncated segment table"))?);
+    }
+    // Shared pages (absent from checkpoints older than version 11, which had none).
+    if let Ok(count) = d.u32("shared volumes") {
+        for _ in 0..count {
+            let id = d.u32("volume id").map_err(|_| bad("truncated shared pages"))?;
+            let vol = vols.get(&id).ok_or_else(|| bad("shared pages of an unknown volume"))?;
+            let n = d.u64("shared count").map_err(|_| bad("truncated shared pages"))?;
+            if n > eng.log.geo().total_grains {
+                return Err(bad("shared page count"));
+            }
+            let grains = (0..n)
+                .map(|_| d.u64("shared grain").map_err(|_| bad("truncated shared pages")))
+                .collect::<Result<Vec<u64>>>()?;
+            if grains.iter().any(|&g| g >= eng.log.geo().total_grains) {
+                return Err(bad("shared page past the end of the pool"));
+            }
+            let n = d.u64("share entry count").map_err(|_| bad("truncated shared pages"))?;
+            if n > MAX_VOLUME_PAGES {
+                return Err(bad("share entry count"));
+            }
+            let mut entries = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                let page = d.u64("shared page").map_err(|_| bad("truncated shared pages"))?;
+                let segment = d.u32("share entry segment").map_err(|_| bad("truncated shared pages"))?;
+                if segment >= eng.log.geo().total_segments {
+                    return Err(bad("share entry segment past the end of the pool"));
+                }
+                entries.push((page, segment));
+            }
+            vol.load_shared_pages(&grains, &entries);
+        }
     }
     derive_segment_state(eng, &sealed)
 }

@@ -20,12 +20,26 @@ const VOLUMES: [&str; 2] = ["v1", "v2"];
 enum Value {
     Zero,
     Version(u64),
+    /// What page `page` held at `version`, shared onto another page.
+    From {
+        page: u64,
+        version: u64,
+    },
 }
 
 fn expected_bytes(vol: u32, page: u64, v: Value) -> Vec<u8> {
     match v {
         Value::Zero => vec![0; PAGE],
         Value::Version(n) => pattern(vol, page, n),
+        Value::From { page, version } => bytes_of(vol, page, Value::Version(version)),
+    }
+}
+
+/// The value a page takes when page `src`, holding `v`, is shared onto it.
+fn shared_value(src: u64, v: Value) -> Value {
+    match v {
+        Value::Version(version) => Value::From { page: src, version },
+        other => other,
     }
 }
 
@@ -34,6 +48,9 @@ struct Oracle {
     durable: Vec<Vec<Value>>,
     /// Per volume, per page: every value written since (the latest last).
     since: Vec<Vec<Vec<Value>>>,
+    /// Share batches since the last flush: (volume, page, value before, value after), in
+    /// order; after a crash each must be all there or not at all.
+    batches: Vec<Vec<(usize, usize, Value, Value)>>,
 }
 
 impl Oracle {
@@ -41,6 +58,7 @@ impl Oracle {
         Oracle {
             durable: vec![vec![Value::Zero; pages as usize]; VOLUMES.len()],
             since: vec![vec![Vec::new(); pages as usize]; VOLUMES.len()],
+            batches: Vec::new(),
         }
     }
     fn latest(&self, v: usize, p: usize) -> Value {
@@ -50,6 +68,7 @@ impl Oracle {
         self.since[v][p].push(val);
     }
     fn flushed(&mut self) {
+        self.batches.clear();
         for v in 0..VOLUMES.len() {
             for p in 0..self.durable[v].len() {
                 self.durable[v][p] = self.latest(v, p);
@@ -136,6 +155,8 @@ struct Writes {
     dual: bool,
     /// The second volume is an extent-mapped volume (the LSA controller over runs of pages).
     extent: bool,
+    /// Share batches among the writes (on page-mapped volumes).
+    shares: bool,
 }
 
 /// Large pages of the dual-mapping volume, in the workload's 4 KiB pages.
@@ -151,6 +172,7 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
         payload_writes,
         dual,
         extent,
+        shares,
     } = writes;
     let hybrid = matches!(medium, Medium::Hybrid);
     let opts = OpenOptions {
@@ -278,6 +300,39 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
             rng.gen_range(0..pages)
         };
         let r = match rng.gen_range(0..100) {
+            0..=74 if shares && !is_dual(vi) && !(hybrid && vi == 1) && rng.gen_bool(0.15) => {
+                // A batch of one to four ranges with distinct destinations, from anywhere.
+                let mut ranges: Vec<salsa_core::ShareRange> = Vec::new();
+                let mut batch = Vec::new();
+                let mut taken: Vec<(u64, u64)> = Vec::new();
+                for _ in 0..rng.gen_range(1..=4) {
+                    let n = rng.gen_range(1..=8u64);
+                    let dst = rng.gen_range(0..pages - n);
+                    let src = rng.gen_range(0..pages - n);
+                    if taken.iter().any(|&(a, b)| dst < b && a < dst + n) {
+                        continue;
+                    }
+                    taken.push((dst, dst + n));
+                    for i in 0..n {
+                        batch.push((dst + i, shared_value(src + i, oracle.latest(vi, (src + i) as usize))));
+                    }
+                    ranges.push(salsa_core::ShareRange {
+                        dst_offset: dst * PAGE as u64,
+                        src_offset: src * PAGE as u64,
+                        len_bytes: n * PAGE as u64,
+                    });
+                }
+                let r = vol.share(&ranges);
+                if r.is_ok() {
+                    let mut record = Vec::new();
+                    for (q, value) in batch {
+                        record.push((vi, q as usize, oracle.latest(vi, q as usize), value));
+                        oracle.wrote(vi, q as usize, value);
+                    }
+                    oracle.batches.push(record);
+                }
+                r
+            }
             0..=74 if payload_writes && rng.gen_bool(0.2) => {
                 // Several pages in one write, sent the way the NBD server sends large writes.
                 version += 1;
@@ -477,6 +532,7 @@ thread_local! {
 fn bytes_of(vol: u32, page: u64, v: Value) -> Vec<u8> {
     match v {
         Value::Version(n) if n & 1 << 62 != 0 => MIXED.with(|m| m.borrow()[&(vol, page, n)].clone()),
+        Value::From { page, version } => bytes_of(vol, page, Value::Version(version)),
         other => expected_bytes(vol, page, other),
     }
 }
@@ -498,6 +554,23 @@ fn describe(vol: u32, page: u64, buf: &[u8]) -> String {
 
 fn verify(seed: u64, pool: &Pool, oracle: &Oracle, pages: u64) {
     let mut buf = vec![0u8; PAGE];
+    // Each share batch not yet flushed is all there or not at all, on the pages it was the
+    // last to change (a later write may or may not have survived on the others).
+    for (b, batch) in oracle.batches.iter().enumerate() {
+        let mut seen = Vec::new();
+        for &(vi, p, before, after) in batch {
+            let once = oracle.since[vi][p].iter().filter(|v| **v == after).count() == 1;
+            if oracle.latest(vi, p) != after || !once || bytes_of(vi as u32, p as u64, before) == bytes_of(vi as u32, p as u64, after) {
+                continue;
+            }
+            pool.volume(VOLUMES[vi]).unwrap().read(p as u64 * PAGE as u64, &mut buf).unwrap();
+            seen.push((p, buf == bytes_of(vi as u32, p as u64, after)));
+        }
+        assert!(
+            seen.iter().all(|s| s.1) || seen.iter().all(|s| !s.1),
+            "seed {seed}: share batch {b} is half there after the crash: {seen:?}"
+        );
+    }
     for (vi, name) in VOLUMES.iter().enumerate() {
         let vol = pool.volume(name).unwrap();
         for p in 0..pages {
@@ -531,6 +604,7 @@ const COPIED: Writes = Writes {
     payload_writes: false,
     dual: false,
     extent: false,
+    shares: false,
 };
 
 /// The same with sealed user records written back by threads while writers go on: what was
@@ -547,6 +621,7 @@ fn crash_at_many_points_with_write_back() {
             payload_writes: false,
             dual: false,
             extent: false,
+            shares: false,
         },
         |_| Medium::Flat,
     );
@@ -564,6 +639,7 @@ fn crash_at_many_points_with_payload_writes() {
             payload_writes: true,
             dual: false,
             extent: false,
+            shares: false,
         };
         crash_seeds(seeds, 20, writes, |seed| {
             if seed % 3 == 0 {
@@ -631,6 +707,7 @@ fn dual_mapping_crash_at_many_points() {
         payload_writes: true,
         dual: true,
         extent: false,
+        shares: false,
     };
     crash_seeds(seeds, 25, writes, |seed| {
         if seed % 4 == 3 {
@@ -652,8 +729,32 @@ fn extent_map_crash_at_many_points() {
         payload_writes: true,
         dual: false,
         extent: true,
+        shares: false,
     };
     crash_seeds(seeds, 25, writes, |seed| {
+        if seed % 4 == 3 {
+            Medium::Zoned { conventional_zones: 0 }
+        } else {
+            Medium::Flat
+        }
+    });
+}
+
+/// Share batches among the writes, on an LSA volume and an extent-mapped one (flat and zoned):
+/// after a crash anywhere (between a batch's sync of its sources and its record, while the GC
+/// moves shared pages and carries share entries), every block holds its durable value or a
+/// later one, and every batch not yet flushed is all there or not at all.
+#[test]
+fn share_crash_at_many_points() {
+    let seeds = seeds_from_env("SALSA_SHARE_CRASH_SEEDS", 24);
+    let writes = Writes {
+        write_back_threads: 0,
+        payload_writes: false,
+        dual: false,
+        extent: true,
+        shares: true,
+    };
+    crash_seeds(seeds, 40, writes, |seed| {
         if seed % 4 == 3 {
             Medium::Zoned { conventional_zones: 0 }
         } else {
@@ -673,6 +774,7 @@ fn hybrid_crash_at_many_points() {
         payload_writes: true,
         dual: false,
         extent: false,
+        shares: false,
     };
     crash_seeds(seeds, 25, writes, |_| Medium::Hybrid);
 }
@@ -689,6 +791,7 @@ fn regression_dual_trim_of_small_pages_only_seed_4843() {
         payload_writes: true,
         dual: true,
         extent: false,
+        shares: false,
     };
     run_seed(4843, Some(843), Medium::Flat, writes);
 }
@@ -753,8 +856,26 @@ fn regression_stale_tombstone_seed_37762() {
         payload_writes: true,
         dual: false,
         extent: false,
+        shares: false,
     };
     for crash_after_ops in [700, 762] {
         run_seed(37762, Some(crash_after_ops), Medium::Flat, writes);
     }
+}
+
+/// Found by the share sweep: a batch shared page 109 from a page whose data it already held
+/// (its own), and wrote a share entry for it that the shared-page index did not track. The GC
+/// later moved the page under its data entry's older sequence number, its old segment was
+/// reused, and after the crash the untracked entry, newer, won and pointed into the reused
+/// segment. A batch now writes no entry for a page that already reads what its source reads.
+#[test]
+fn regression_untracked_share_entry_seed_1421() {
+    let writes = Writes {
+        write_back_threads: 0,
+        payload_writes: false,
+        dual: false,
+        extent: false,
+        shares: true,
+    };
+    run_seed(1421, Some(421), Medium::Flat, writes);
 }

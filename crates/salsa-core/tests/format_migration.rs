@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 /// The format version this build writes (version 7 added the RAID-5 parity buffer id to the
 /// pool metadata, version 8 a victim policy per volume).
-const CURRENT_VERSION: u32 = 10;
+const CURRENT_VERSION: u32 = 11;
 
 const MEMBER_BYTES: u64 = 24 * MIB;
 /// Offsets of the two pool-metadata slots on a flat member (format constants).

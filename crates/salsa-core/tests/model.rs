@@ -66,6 +66,11 @@ enum Op {
     },
     /// The volumes' background work (merges of full sparse maps).
     Maintain,
+    /// A share batch of `(dst page, src page, pages)` ranges.
+    Share {
+        vol: usize,
+        ranges: Vec<(u64, u64, u64)>,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -84,6 +89,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..VOLS).prop_map(|vol| Op::Delete { vol }),
         1 => (0..VOLS).prop_map(|vol| Op::Grow { vol }),
         1 => Just(Op::Maintain),
+        3 => (0..VOLS, proptest::collection::vec((0..VOL_PAGES, 0..VOL_PAGES, 1..48u64), 1..4))
+            .prop_map(|(vol, ranges)| Op::Share { vol, ranges }),
     ]
 }
 
@@ -329,6 +336,51 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
             Op::Maintain => {
                 p.maintain().unwrap();
             }
+            Op::Share { vol, ranges } => {
+                let Some(m) = model[vol].as_mut() else { continue };
+                let pages = m.len() as u64 / PAGE as u64;
+                let ranges: Vec<salsa_core::ShareRange> = ranges
+                    .iter()
+                    .map(|&(dst, src, n)| {
+                        let (dst, src) = (dst.min(pages - 1), src.min(pages - 1));
+                        let n = n.min(pages - dst).min(pages - src);
+                        salsa_core::ShareRange {
+                            dst_offset: dst * PAGE as u64,
+                            src_offset: src * PAGE as u64,
+                            len_bytes: n * PAGE as u64,
+                        }
+                    })
+                    .collect();
+                let mut dsts: Vec<(u64, u64)> = ranges.iter().map(|r| (r.dst_offset, r.dst_offset + r.len_bytes)).collect();
+                dsts.sort_unstable();
+                let overlapping = dsts.windows(2).any(|w| w[1].0 < w[0].1);
+                let shares = matches!(
+                    spec(vol, mix).controller,
+                    salsa_core::ControllerKind::Lsa | salsa_core::ControllerKind::Extent
+                );
+                match p.volume(&name(vol)).unwrap().share(&ranges) {
+                    Ok(()) => {
+                        prop_assert!(
+                            shares && !overlapping,
+                            "share accepted on {:?} overlapping {}",
+                            spec(vol, mix).controller,
+                            overlapping
+                        );
+                        let before = m.clone();
+                        for r in &ranges {
+                            let (d, s, n) = (r.dst_offset as usize, r.src_offset as usize, r.len_bytes as usize);
+                            m[d..d + n].copy_from_slice(&before[s..s + n]);
+                        }
+                    }
+                    Err(Error::NoSpace(_)) => {}
+                    Err(Error::InvalidArgument(why)) => prop_assert!(
+                        !shares || overlapping || why.contains("metadata slots") || why.contains("owners"),
+                        "share refused: {}",
+                        why
+                    ),
+                    Err(e) => panic!("share failed: {e}"),
+                }
+            }
             Op::Grow { vol } => {
                 let Some(m) = model[vol].as_mut() else { continue };
                 let new = m.len() + 16 * PAGE;
@@ -366,6 +418,9 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
 pub const PLACEMENTS: [&str; 3] = ["salsa", "sepbit", "user-gc"];
 
 static GC_SEGMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Share batches the model cases applied, and the shared pages the GC moved (counted as the
+/// volumes' shared pages at each close: a GC move keeps a page shared).
+static SHARES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Bytes hybrid volumes read from their fast tier.
 static FAST_READ_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -373,6 +428,7 @@ static FAST_READ_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomic
 fn note_counts(p: &Pool) {
     let st = p.stats();
     GC_SEGMENTS.fetch_add(st.gc_segments_cleaned, std::sync::atomic::Ordering::Relaxed);
+    SHARES.fetch_add(st.share_batches, std::sync::atomic::Ordering::Relaxed);
     let fast: u64 = st.volumes.iter().map(|v| v.fast_read_bytes).sum();
     FAST_READ_BYTES.fetch_add(fast, std::sync::atomic::Ordering::Relaxed);
 }
@@ -442,16 +498,19 @@ fn model_cases_exercise_gc() {
         ..ProptestConfig::default()
     });
     GC_SEGMENTS.store(0, std::sync::atomic::Ordering::Relaxed);
+    SHARES.store(0, std::sync::atomic::Ordering::Relaxed);
     runner.run(&proptest::collection::vec(op(), 60..120), run).unwrap();
     let cleaned = GC_SEGMENTS.load(std::sync::atomic::Ordering::Relaxed);
     assert!(cleaned > 50, "GC cleaned only {cleaned} segments across the model cases");
+    let shares = SHARES.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(shares > 50, "only {shares} share batches applied across the model cases");
 }
 
 /// The hybrid model test is only meaningful if copies were made and read.
 #[test]
 fn hybrid_model_cases_read_from_the_fast_tier() {
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 16,
+        cases: 24,
         ..ProptestConfig::default()
     });
     FAST_READ_BYTES.store(0, std::sync::atomic::Ordering::Relaxed);

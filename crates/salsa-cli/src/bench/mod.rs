@@ -16,6 +16,7 @@ pub mod maps;
 pub mod plot;
 pub mod raid;
 pub mod raw;
+pub mod share;
 pub mod trace;
 pub mod workload;
 

@@ -4,9 +4,9 @@
 //!
 //! The control socket speaks lines: a client sends one request line (`stats`, `scrub`,
 //! `scrub repair`, `fail <member>`, `volume-set <volume> [placement=<policy>]
-//! [victim=<policy>]`, or `replace <member> <new device spec> [<bytes per second>]`); the server
-//! answers `stats` and `scrub` with one JSON line, `fail` and `volume-set` with `ok` or
-//! `error`, and `replace` with `progress <done> <total>` lines and a final `ok <json>` or
+//! [victim=<policy>]`, `share <volume> <dst>:<src>:<len> ...`, or `replace <member> <new device
+//! spec> [<bytes per second>]`); the server answers `stats` and `scrub` with one JSON line,
+//! `fail`, `volume-set` and `share` with `ok` or `error`, and `replace` with `progress <done> <total>` lines and a final `ok <json>` or
 //! `error <message>` line. A client that sends
 //! nothing gets the statistics (what `salsa stats` did before requests existed).
 
@@ -16,7 +16,7 @@ use std::io::{BufRead, BufReader, Write};
 
 /// The control socket of a server that answers: `control`, or the one next to the first
 /// device.
-fn running_server(devices: &[DeviceSpec], control: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
+pub(crate) fn running_server(devices: &[DeviceSpec], control: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
     control
         .map(|p| p.to_path_buf())
         .or_else(|| devices.first().map(|d| serve::control_path_for(&d.path)))
@@ -24,7 +24,7 @@ fn running_server(devices: &[DeviceSpec], control: Option<&std::path::Path>) -> 
 }
 
 /// Opens the pool on `devices` for a change, when no server has it.
-fn open_offline(devices: &[DeviceSpec], parity_buffer: Option<&DeviceSpec>) -> Result<Pool, String> {
+pub(crate) fn open_offline(devices: &[DeviceSpec], parity_buffer: Option<&DeviceSpec>) -> Result<Pool, String> {
     if devices.is_empty() {
         return Err("give the pool's devices (--device), or --control of the server that serves it".into());
     }
@@ -170,7 +170,8 @@ pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
     let _ = s.set_nonblocking(false);
     let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(200)));
     let mut line = String::new();
-    let request = match BufReader::new(&s).read_line(&mut line) {
+    // A request is one line, at most 64 KiB (a share batch of 256 ranges fits).
+    let request = match BufReader::new(std::io::Read::take(&s, 64 << 10)).read_line(&mut line) {
         Ok(_) => line.trim().to_string(),
         Err(_) => String::new(), // said nothing: the statistics
     };
@@ -234,7 +235,8 @@ pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
                 },
             }
         }
-        Some(other) => format!("error unknown request {other:?} (stats, scrub [repair], fail, replace, volume-set)"),
+        Some("share") => super::share::answer(pool, words),
+        Some(other) => format!("error unknown request {other:?} (stats, scrub [repair], fail, replace, volume-set, share)"),
     };
     let _ = writeln!(s, "{reply}");
 }

@@ -92,6 +92,13 @@ pub(crate) fn render(s: &Stats) -> String {
         s.discard_errors as f64,
     );
     e.one(
+        "pages_shared_total",
+        c,
+        "Pages remapped by share batches (SHARE).",
+        s.pages_shared as f64,
+    );
+    e.one("share_batches_total", c, "Share batches applied.", s.share_batches as f64);
+    e.one(
         "write_amplification",
         g,
         "Device bytes written per user byte.",
@@ -152,7 +159,7 @@ pub(crate) fn render(s: &Stats) -> String {
     e.metric("segments_by_state", g, "Segments per state.", &by_state);
 
     type VolumeMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::VolumeStats) -> f64);
-    let volume_metrics: [VolumeMetric; 18] = [
+    let volume_metrics: [VolumeMetric; 19] = [
         (
             "volume_gc_relocated_bytes_total",
             c,
@@ -216,6 +223,12 @@ pub(crate) fn render(s: &Stats) -> String {
             v.amf_segments_full as f64
         }),
         ("volume_map_runs", g, "AMF: runs in the volume's extent map.", |v| v.map_runs as f64),
+        (
+            "volume_shared_pages",
+            g,
+            "Physical pages with several logical owners (share).",
+            |v| v.shared_pages as f64,
+        ),
         (
             "volume_fast_tier_failed",
             g,

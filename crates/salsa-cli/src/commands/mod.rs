@@ -5,4 +5,5 @@ pub(crate) mod bench;
 pub(crate) mod device;
 pub(crate) mod metrics;
 pub(crate) mod serve;
+pub(crate) mod share;
 pub(crate) mod stats;

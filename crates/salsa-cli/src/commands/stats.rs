@@ -6,7 +6,7 @@ use crate::*;
 /// The statistics as one JSON object.
 pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
     let s = pool.stats();
-    serde_json::json!({
+    let mut j = serde_json::json!({
         "user_bytes_written": s.user_bytes_written,
         "user_bytes_read": s.user_bytes_read,
         "gc_bytes_relocated": s.gc_bytes_relocated,
@@ -53,7 +53,11 @@ pub(crate) fn stats_json(pool: &Pool) -> serde_json::Value {
             "write_errors": m.write_errors, "repaired_bytes": m.repaired_bytes,
         })).collect::<Vec<_>>(),
         "volumes": s.volumes.iter().map(volume_json).collect::<Vec<_>>(),
-    })
+    });
+    // Outside the macro, whose recursion limit the object above has reached.
+    j["pages_shared"] = s.pages_shared.into();
+    j["share_batches"] = s.share_batches.into();
+    j
 }
 
 /// One volume's statistics, controller, policies and settings as JSON (sizes in bytes), for
@@ -82,6 +86,9 @@ pub(crate) fn volume_json(v: &salsa_core::VolumeStats) -> serde_json::Value {
         j["fast_read_bytes"] = v.fast_read_bytes.into();
         j["slow_read_bytes"] = v.slow_read_bytes.into();
         j["fast_tier_failed"] = v.fast_tier_failed.into();
+    }
+    if v.controller == "lsa" || v.controller == "extent" {
+        j["shared_pages"] = v.shared_pages.into();
     }
     if v.controller == "amf" {
         j["segments"] = v.amf_segments.into();
@@ -125,6 +132,9 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
             human(n("discarded_bytes")),
             n("discard_errors")
         );
+    }
+    if n("share_batches") > 0 {
+        println!("shared            {} pages in {} batches", n("pages_shared"), n("share_batches"));
     }
     if let Some(c) = v["read_cache"].as_object() {
         let k = |key: &str| c.get(key).and_then(|x| x.as_u64()).unwrap_or(0);

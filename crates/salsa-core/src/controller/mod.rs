@@ -113,6 +113,8 @@ pub struct ControllerStats {
     pub amf_segments_full: u64,
     /// Runs in an extent map (AMF).
     pub map_runs: u64,
+    /// Physical pages with more than one logical owner (share batches).
+    pub shared_pages: u64,
 }
 
 /// What the volume handle asks of a controller: byte-addressed I/O on ranges that the handle
@@ -161,6 +163,14 @@ pub trait VolumeIo: Send + Sync {
     fn append(&self, _log: &Log, _segment: u64, _data: &[u8]) -> Result<u64> {
         Err(crate::error::Error::InvalidArgument(format!(
             "volume {:?} is not append-only",
+            self.kind().name()
+        )))
+    }
+    /// Remaps a batch of page ranges atomically without copying (SHARE); see
+    /// [`lsa::PageRemap`]. Page-mapped volumes (`lsa`, `extent`) share; the others refuse.
+    fn share(&self, _log: &Log, _remaps: &[lsa::PageRemap]) -> Result<()> {
+        Err(crate::error::Error::InvalidArgument(format!(
+            "a {} volume cannot share pages; share needs a page-mapped volume (controller lsa or extent)",
             self.kind().name()
         )))
     }
@@ -343,6 +353,10 @@ pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::
     }
 }
 
+/// A shared grain and its owners: each a page, and the segment of the share entry that maps it
+/// when that is not the grain's own segment.
+pub type SharedGrain = (u64, Vec<(u64, Option<u32>)>);
+
 /// What the engine core asks of a volume (see the module documentation).
 pub trait Controller: VolumeIo + Send + Sync + 'static {
     /// The volume's id in the volume table.
@@ -389,4 +403,13 @@ pub trait Controller: VolumeIo + Send + Sync + 'static {
     /// Loads an image written by [`Controller::encode_image`]; an error leaves the volume to a
     /// recovery scan.
     fn load_image(&self, d: &mut Decoder<'_>) -> Result<()>;
+    /// Grains with several owners (share batches), each with its owners: the page, and the
+    /// segment of the share entry that maps it when that is not the grain's own. For the
+    /// checkpoint.
+    fn shared_pages(&self) -> Vec<SharedGrain> {
+        Vec::new()
+    }
+    /// After [`Controller::load_image`]: the shared grains, and the pages mapped by a share
+    /// entry in another segment, with that segment, as [`Controller::shared_pages`] listed.
+    fn load_shared_pages(&self, _grains: &[u64], _entries: &[(u64, u32)]) {}
 }

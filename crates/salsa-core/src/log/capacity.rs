@@ -81,6 +81,10 @@ pub struct SegmentInfo {
     pub unmovable: std::sync::atomic::AtomicBool,
     /// Records of this segment not yet on the device; reads are served from them.
     pub records: Mutex<Vec<Arc<RecordBuf>>>,
+    /// Records of the segment that may not be durable yet, as (first grain in the segment,
+    /// record id), in order; pruned of durable ones as records begin. What a share of the
+    /// segment's pages asks (see [`crate::log::Log::grain_durable`]).
+    pub unsynced_records: Mutex<Vec<(u32, u64)>>,
 }
 
 impl SegmentInfo {
@@ -212,6 +216,7 @@ impl Capacity {
                 storage_type: t,
                 unmovable: std::sync::atomic::AtomicBool::new(false),
                 records: Mutex::new(Vec::new()),
+                unsynced_records: Mutex::new(Vec::new()),
             })
             .collect();
         let watermarks = Watermarks::for_segments(segments.len() as u32);

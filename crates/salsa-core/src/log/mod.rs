@@ -97,6 +97,9 @@ pub struct Counters {
     pub discarded_bytes: AtomicU64,
     /// Discards a device refused with an error (advisory: nothing is lost).
     pub discard_errors: AtomicU64,
+    /// Pages remapped by share batches (SHARE), and the batches.
+    pub pages_shared: AtomicU64,
+    pub share_batches: AtomicU64,
 }
 
 /// Where streams get new segments: the space manager above the log, which throttles writers
@@ -341,6 +344,20 @@ impl Log {
     /// The per-grain checksum table (recovery and checkpoint read and load it whole).
     pub fn crc_table(&self) -> &[AtomicU32] {
         &self.crc_table
+    }
+
+    /// Whether the data at `grain` is durable: the record that holds it is synced.
+    pub fn grain_durable(&self, grain: u64) -> bool {
+        let segment = self.geo.segment_of(grain);
+        let offset = (grain - segment as u64 * self.geo.grains_per_segment as u64) as u32;
+        let info = self.capacity.segment(segment);
+        let unsynced = info.unsynced_records.lock();
+        // The record holding it is the last one that starts at or before it; when that one was
+        // pruned, the record is older than every entry left, and durable.
+        match unsynced.iter().rev().find(|&&(start, _)| start <= offset) {
+            Some(&(_, id)) => id <= self.tracker.synced_through(),
+            None => true,
+        }
     }
 
     /// The checksum of the page written at `grain`.

@@ -157,8 +157,8 @@ impl OpenRecord {
         self.meta.entries.is_empty()
     }
     pub fn push(&mut self, e: MetaEntry) {
-        assert!(self.entries_left > 0, "metadata page overflow");
-        self.entries_left -= 1;
+        assert!(self.entries_left >= e.slots(), "metadata page overflow");
+        self.entries_left -= e.slots();
         if matches!(e, MetaEntry::Data { .. }) {
             assert!(self.pages_left > 0, "record data overflow");
             self.pages_left -= 1;

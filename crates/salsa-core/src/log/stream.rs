@@ -131,11 +131,11 @@ impl Streams {
         self.layout
     }
 
-    /// Under the stream lock: makes sure an open record of pages of `pg` grains can take one
-    /// more entry (and a data page if `need_page`).
-    fn prepare(&self, log: &Log, st: &mut Stream, need_page: bool, pg: u32) -> Prep {
+    /// Under the stream lock: makes sure an open record of pages of `pg` grains can take
+    /// `need_slots` more metadata slots (and a data page if `need_page`).
+    fn prepare(&self, log: &Log, st: &mut Stream, need_page: bool, pg: u32, need_slots: u32) -> Prep {
         if let Some(r) = &st.rec {
-            if r.meta.page_grains == pg && r.entries_left > 0 && (!need_page || r.pages_left > 0) {
+            if r.meta.page_grains == pg && r.entries_left >= need_slots && (!need_page || r.pages_left > 0) {
                 return Prep::Ready;
             }
             return match self.seal_record(log, st, None) {
@@ -174,7 +174,14 @@ impl Streams {
             )),
             recycle: log.buffers.clone(),
         });
-        log.capacity.segment(os.segment).records.lock().push(buf.clone());
+        let info = log.capacity.segment(os.segment);
+        info.records.lock().push(buf.clone());
+        {
+            let synced = log.tracker.synced_through();
+            let mut unsynced = info.unsynced_records.lock();
+            unsynced.retain(|&(_, id)| id > synced);
+            unsynced.push((os.next_grain, record_id));
+        }
         st.rec = Some(OpenRecord {
             buf,
             meta: RecordMeta {
@@ -276,7 +283,7 @@ impl Streams {
             // Between records, mid-row: open one to carry the padding (see `seal_record`).
             let mid_row = st.seg.as_ref().is_some_and(|os| align > 1 && !os.next_grain.is_multiple_of(align));
             if st.rec.is_none() && mid_row {
-                if let Prep::Write(r) = self.prepare(log, &mut st, false, self.page_grains) {
+                if let Prep::Write(r) = self.prepare(log, &mut st, false, self.page_grains, 1) {
                     out.push(r);
                 }
             }
@@ -366,6 +373,59 @@ impl Streams {
         pg: u32,
         count: usize,
         page: impl Fn(usize) -> Option<PageData<'d>>,
+        commit: impl FnMut(usize, u64, &mut OpenRecord),
+    ) -> Result<()> {
+        self.place_items(log, kind, purpose, pg, 1, count, page, commit)
+    }
+
+    /// Runs `commit` once with an open record of stream `kind` that has room for `slots`
+    /// metadata slots (and one data page when `page` is given, copied into the record's next
+    /// slot first), so that entries which must be atomic (a share batch, a shared page's
+    /// owners) land in one record. `slots` is at most a metadata page's.
+    pub fn place_group<R>(
+        &self,
+        log: &Log,
+        kind: StreamKind,
+        purpose: Purpose,
+        slots: u32,
+        page: Option<&[u8]>,
+        commit: impl FnOnce(u64, &mut OpenRecord) -> R,
+    ) -> Result<R> {
+        assert!(
+            slots >= 1 && slots <= log.geo.meta_entries,
+            "{slots} slots in one record; a metadata page has {}",
+            log.geo.meta_entries
+        );
+        let mut commit = Some(commit);
+        let mut out = None;
+        self.place_items(
+            log,
+            kind,
+            purpose,
+            self.page_grains,
+            slots,
+            1,
+            |_| page.map(PageData::copied),
+            |_, at, rec| {
+                if let Some(c) = commit.take() {
+                    out = Some(c(at, rec));
+                }
+            },
+        )?;
+        Ok(out.expect("place_items committed the item"))
+    }
+
+    /// [`Streams::place_each_sized`] of items that each need `slots` metadata slots.
+    #[allow(clippy::too_many_arguments)]
+    fn place_items<'d>(
+        &self,
+        log: &Log,
+        kind: StreamKind,
+        purpose: Purpose,
+        pg: u32,
+        slots: u32,
+        count: usize,
+        page: impl Fn(usize) -> Option<PageData<'d>>,
         mut commit: impl FnMut(usize, u64, &mut OpenRecord),
     ) -> Result<()> {
         assert!(
@@ -379,7 +439,7 @@ impl Streams {
         let mut next = 0;
         while next < count {
             let mut st = lock_stream(stream);
-            match self.prepare(log, &mut st, page(next).is_some(), pg) {
+            match self.prepare(log, &mut st, page(next).is_some(), pg, slots) {
                 Prep::Ready => {
                     let Some(rec) = st.rec.as_mut() else { continue };
                     let mut full = false;
@@ -388,7 +448,7 @@ impl Streams {
                     let buf = rec.buf.clone();
                     let mut bytes = buf.bytes.write();
                     let mut held_bytes = 0u64;
-                    while next < count && !full {
+                    while next < count && !full && rec.entries_left >= slots {
                         let at = match page(next) {
                             // A record is sealed when its last page slot is taken, so an open
                             // one always has a slot (and `OpenRecord::push` asserts it).

@@ -19,7 +19,7 @@ pub use crate::controller::dual::default_sparse_pages;
 pub use open::{device_is_blank, human_bytes, read_superblock};
 pub use rebuild::{RebuildOptions, RebuildReport};
 pub use stats::{Stats, VolumeStats};
-pub use volumes::{Volume, VolumeSpec};
+pub use volumes::{ShareRange, Volume, VolumeSpec, MAX_SHARE_OWNERS, MAX_SHARE_RANGES};
 
 use crate::device::Device;
 use crate::engine::Engine;

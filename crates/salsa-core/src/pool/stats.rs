@@ -56,6 +56,9 @@ pub struct Stats {
     pub discarded_bytes: u64,
     /// Discards a device refused (advisory; nothing lost).
     pub discard_errors: u64,
+    /// Pages remapped by share batches, and the batches (since the pool was opened).
+    pub pages_shared: u64,
+    pub share_batches: u64,
     /// Bytes written to all members (data, metadata, padding, parity and mirror copies) per
     /// user byte written; for a linear array the same as `write_amplification`.
     pub array_write_amplification: f64,
@@ -128,6 +131,8 @@ impl Pool {
             pad_bytes_written: c.pad_bytes_written.load(SeqCst),
             discarded_bytes: c.discarded_bytes.load(SeqCst),
             discard_errors: c.discard_errors.load(SeqCst),
+            pages_shared: c.pages_shared.load(SeqCst),
+            share_batches: c.share_batches.load(SeqCst),
             array_write_amplification: ratio(array_bytes),
             user_bytes_written: user,
             user_bytes_read: c.user_bytes_read.load(SeqCst),

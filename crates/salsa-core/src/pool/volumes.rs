@@ -320,6 +320,21 @@ impl Pool {
     }
 }
 
+/// One range of a share batch ([`Volume::share`]), in bytes: afterwards
+/// `[dst_offset, dst_offset + len_bytes)` reads what `[src_offset, src_offset + len_bytes)` read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareRange {
+    pub dst_offset: u64,
+    pub src_offset: u64,
+    pub len_bytes: u64,
+}
+
+/// Most ranges in one share batch.
+pub const MAX_SHARE_RANGES: usize = crate::controller::lsa::MAX_SHARE_RANGES;
+/// Most logical owners of one physical page (fewer in pools of grains under 4 KiB, whose
+/// metadata pages hold fewer entries).
+pub const MAX_SHARE_OWNERS: u32 = crate::controller::lsa::MAX_SHARE_OWNERS;
+
 /// A volume handle: byte-addressed I/O, whatever controller maps the volume.
 #[derive(Clone)]
 pub struct Volume {
@@ -452,6 +467,49 @@ impl Volume {
         zero_part(offset, first_full)?;
         self.trim(first_full, end_full - first_full)?;
         zero_part(end_full, offset + len)
+    }
+
+    /// Remaps a batch of ranges without copying data (SHARE): afterwards each destination
+    /// range reads what its source range read before the batch. Ranges are whole pages, inside
+    /// the volume, with destinations that do not overlap; sources may overlap anything. The
+    /// batch is atomic across crashes (all of it or none of it after a crash) and ordered like a
+    /// write: durable at the next flush. Limits: [`MAX_SHARE_RANGES`] ranges, and entries that
+    /// fit one record (a range whose source was written sequentially is one entry; one whose
+    /// source is scattered takes one per piece); a page has at most [`MAX_SHARE_OWNERS`]
+    /// owners. A bad batch is refused whole (`InvalidArgument`) with nothing changed. Only
+    /// page-mapped volumes (`lsa`, `extent`) share.
+    pub fn share(&self, ranges: &[ShareRange]) -> Result<()> {
+        if self.vol.is_retired() {
+            return Err(Error::VolumeNotFound(self.vol.name().to_string()));
+        }
+        self.eng.log.check_writable()?;
+        let pb = self.vol.page_bytes() as u64;
+        let mut remaps = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            if r.dst_offset % pb != 0 || r.src_offset % pb != 0 || r.len_bytes % pb != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "share of {} bytes from {} to {}: ranges must be whole pages of {pb} bytes on volume {:?}",
+                    r.len_bytes,
+                    r.src_offset,
+                    r.dst_offset,
+                    self.vol.name()
+                )));
+            }
+            self.check(r.dst_offset, r.len_bytes)?;
+            self.check(r.src_offset, r.len_bytes)?;
+            remaps.push(crate::controller::lsa::PageRemap {
+                dst: r.dst_offset / pb,
+                src: r.src_offset / pb,
+                pages: r.len_bytes / pb,
+            });
+        }
+        self.vol.share(&self.eng.log, &remaps)
+    }
+
+    /// [`Volume::share`], durable when it returns.
+    pub fn share_fua(&self, ranges: &[ShareRange]) -> Result<()> {
+        self.share(ranges)?;
+        self.eng.flush()
     }
 
     /// An append-only (AMF) volume's segment size; `None` for any other volume.

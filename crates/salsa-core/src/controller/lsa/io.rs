@@ -142,4 +142,9 @@ impl VolumeIo for LsaVolume {
     fn mapped_grains(&self) -> u64 {
         self.mapped_pages.load(SeqCst) * self.page_grains as u64
     }
+
+    fn share(&self, log: &Log, remaps: &[super::PageRemap]) -> Result<()> {
+        let _gate = self.enter()?;
+        self.share_pages(log, remaps)
+    }
 }

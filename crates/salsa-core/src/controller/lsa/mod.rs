@@ -9,6 +9,10 @@
 //! invalidated exactly once.
 
 mod io;
+mod share;
+
+use share::{Leave, SharedPages};
+pub use share::{PageRemap, MAX_SHARE_OWNERS, MAX_SHARE_RANGES};
 
 use super::map::{Entry, PageMap};
 use super::{Controller, ControllerStats, Reference, ScannedRecord};
@@ -64,6 +68,11 @@ pub struct LsaVolume {
     rmw: Box<[Mutex<()>]>,
     /// Scratch of a recovery scan in progress.
     replay: Mutex<Option<Replay>>,
+    /// Pages with several owners (share batches).
+    shared: SharedPages,
+    /// Held exclusively by a share batch and shared by the GC walking a record of the volume
+    /// (see `share.rs`).
+    share_gate: RwLock<()>,
 }
 
 /// A placement policy and the allocation streams it declared (registered with the log, which
@@ -98,6 +107,8 @@ pub struct VictimWalk {
     reclaim_told: bool,
     /// Its trim entries `(page, count, seq)`.
     trims: Vec<(u64, u64, u64)>,
+    /// Its share entries `(page, count, grain, seq)`.
+    shares: Vec<(u64, u64, u64, u64)>,
     failure: Option<Error>,
 }
 
@@ -109,6 +120,7 @@ impl VictimWalk {
             view: log.segment_view(victim),
             reclaim_told: false,
             trims: Vec::new(),
+            shares: Vec::new(),
             failure: None,
         }
     }
@@ -119,6 +131,11 @@ impl VictimWalk {
 struct Replay {
     best_seq: Vec<u64>,
     has_data: Vec<bool>,
+    /// Grains share entries named: the shared-page index is rebuilt from them.
+    shared_grains: std::collections::HashSet<u64>,
+    /// Pages whose winning entry so far is a share entry in another segment than its data:
+    /// that entry's segment.
+    share_entries: std::collections::HashMap<u64, u32>,
 }
 
 impl LsaVolume {
@@ -147,6 +164,8 @@ impl LsaVolume {
             gate: RwLock::new(()),
             rmw: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             replay: Mutex::new(None),
+            shared: SharedPages::default(),
+            share_gate: RwLock::new(()),
         }
     }
 
@@ -158,8 +177,9 @@ impl LsaVolume {
         self.map.read()
     }
 
+    /// The map's memory and the shared-page index's.
     pub fn map_memory_bytes(&self) -> u64 {
-        self.map.read().memory_bytes()
+        self.map.read().memory_bytes() + self.shared.memory_bytes()
     }
 
     /// Grows the volume (shrinking is refused: pages past the end could not be forgotten
@@ -222,13 +242,20 @@ impl LsaVolume {
         &self.stripes[(page % STRIPES as u64) as usize]
     }
 
-    /// Accounts for a map entry that record `killer` replaced.
-    fn invalidate(&self, log: &Log, old: Entry, killer: u64) {
+    /// Accounts for `page`'s map entry `old`, which record `killer` replaced. A shared page's
+    /// data dies with its last owner.
+    fn invalidate(&self, log: &Log, page: u64, old: Entry, killer: u64) {
         match old {
             Entry::Unmapped => self.count_mapped(log, true),
             Entry::Mapped(g) => {
-                log.cache_forget(g);
-                log.drop_data(log.geo().segment_of(g), self.page_grains, Some(killer))
+                let (leave, entry) = self.shared.leave(g, page);
+                if let Some(s) = entry {
+                    log.drop_tombstone(s, Some(killer));
+                }
+                if leave != Leave::OthersRemain {
+                    log.cache_forget(g);
+                    log.drop_data(log.geo().segment_of(g), self.page_grains, Some(killer))
+                }
             }
             Entry::Trimmed(s) => {
                 self.count_mapped(log, true);
@@ -346,7 +373,7 @@ impl LsaVolume {
                     // At once, not after the run: the GC cleaning the old version's segment
                     // waits for its count to reach zero, and the rest of the run may wait for
                     // the GC (a throttled allocation).
-                    self.invalidate(log, old, rec.buf.record_id);
+                    self.invalidate(log, page, old, rec.buf.record_id);
                     mapped(page, rec.buf.record_id);
                 },
             )?;
@@ -473,7 +500,7 @@ impl LsaVolume {
                             }
                             log.add_tombstone(seg);
                             if map.compare_exchange(p, cur, Entry::Trimmed(seg)) {
-                                olds.push(cur);
+                                olds.push((p, cur));
                                 break;
                             }
                             log.drop_tombstone(seg, None);
@@ -482,11 +509,11 @@ impl LsaVolume {
                     (olds, rec.buf.record_id)
                 })?;
         let (olds, killer) = olds;
-        for old in olds {
+        for (page, old) in olds {
             match old {
                 Entry::Mapped(_) => {
                     self.count_mapped(log, false);
-                    self.invalidate(log, old, killer);
+                    self.invalidate(log, page, old, killer);
                 }
                 Entry::Trimmed(s) => log.drop_tombstone(s, Some(killer)),
                 Entry::Unmapped => {}
@@ -504,6 +531,8 @@ impl LsaVolume {
         if walk.failure.is_some() || meta.page_grains != self.page_grains {
             return;
         }
+        // No page of the volume becomes shared while this record is walked (see `share.rs`).
+        let _share_gate = self.share_gate.read();
         let placing = self.placing.load();
         if !walk.reclaim_told {
             walk.reclaim_told = true;
@@ -517,6 +546,13 @@ impl LsaVolume {
                     let grain = walk.base + meta.start_grain as u64 + 1 + (slot as u64) * self.page_grains as u64;
                     let bytes = &data[slot * pb..(slot + 1) * pb];
                     slot += 1;
+                    if self.shared.holds(grain) {
+                        if let Err(err) = self.relocate_shared(log, map, victim, walk.view, grain, *e, bytes) {
+                            walk.failure = Some(err);
+                            return;
+                        }
+                        continue;
+                    }
                     if page >= map.pages() || map.load(page) != Entry::Mapped(grain) {
                         continue;
                     }
@@ -553,6 +589,7 @@ impl LsaVolume {
                     }
                 }
                 MetaEntry::Trim { page, count, seq } => walk.trims.push((page, count, seq)),
+                MetaEntry::Share { page, count, grain, seq } => walk.shares.push((page, count, grain, seq)),
             }
         }
     }
@@ -562,6 +599,7 @@ impl LsaVolume {
         if let Some(e) = walk.failure {
             return Err(e);
         }
+        self.carry_shares(log, map, walk.victim, &walk.shares)?;
         self.relocate_tombstones(log, map, walk.victim, &mut walk.trims)
     }
 
@@ -688,6 +726,7 @@ impl Controller for LsaVolume {
             gc_bytes_relocated: self.relocated_bytes.load(SeqCst),
             checkpoint_image_bytes: self.image_bytes(),
             storage: self.storage.name().to_string(),
+            shared_pages: self.shared.len(),
             ..ControllerStats::default()
         }
     }
@@ -702,7 +741,9 @@ impl Controller for LsaVolume {
     }
 
     fn clear(&self) {
-        self.map.read().clear();
+        let map = self.map.read();
+        map.clear();
+        self.shared.rebuild(&Default::default(), &Default::default(), &map);
     }
 
     fn begin_replay(&self) {
@@ -710,6 +751,8 @@ impl Controller for LsaVolume {
         *self.replay.lock() = Some(Replay {
             best_seq: vec![0; pages],
             has_data: vec![false; pages],
+            shared_grains: Default::default(),
+            share_entries: Default::default(),
         });
     }
 
@@ -724,20 +767,52 @@ impl Controller for LsaVolume {
         let Some(rs) = guard.as_mut() else { return };
         let map = self.map.read();
         let gps = log.geo().grains_per_segment as u64;
+        let pg = self.page_grains as u64;
+        let first_data = r.segment as u64 * gps + r.meta.start_grain as u64 + 1;
+        let data_end = first_data + r.meta.data_pages() as u64 * pg;
         let mut slot = 0usize;
         for e in &r.meta.entries {
             match *e {
                 MetaEntry::Data { page, seq, crc } => {
-                    let grain = r.segment as u64 * gps + r.meta.start_grain as u64 + 1 + slot as u64 * self.page_grains as u64;
+                    let grain = first_data + slot as u64 * pg;
                     let ok = r.trusted || r.intact.get(slot).copied().unwrap_or(false);
                     slot += 1;
                     if page < map.pages() {
                         rs.has_data[page as usize] = true;
                     }
+                    // Every intact page's checksum, winner or not: a share entry may name it.
+                    if ok {
+                        log.set_crc(grain, crc);
+                    }
                     if ok && page < map.pages() && seq >= rs.best_seq[page as usize] {
                         rs.best_seq[page as usize] = seq;
                         map.store(page, Entry::Mapped(grain));
-                        log.set_crc(grain, crc);
+                        rs.share_entries.remove(&page);
+                    }
+                }
+                MetaEntry::Share { page, count, grain, seq } => {
+                    let end = page.saturating_add(count).min(map.pages());
+                    for p in page..end {
+                        let g = grain + (p - page) * pg;
+                        // Data in this record (the GC moved a shared page) counts when it is
+                        // intact; data elsewhere was durable before the entry was written.
+                        let here = (first_data..data_end).contains(&g);
+                        let ok = if here {
+                            r.trusted || r.intact.get(((g - first_data) / pg) as usize).copied().unwrap_or(false)
+                        } else {
+                            g < log.geo().total_grains
+                        };
+                        rs.has_data[p as usize] = true;
+                        if ok && seq >= rs.best_seq[p as usize] {
+                            rs.best_seq[p as usize] = seq;
+                            map.store(p, Entry::Mapped(g));
+                            rs.shared_grains.insert(g);
+                            if here {
+                                rs.share_entries.remove(&p);
+                            } else {
+                                rs.share_entries.insert(p, r.segment);
+                            }
+                        }
                     }
                 }
                 MetaEntry::Trim { page, count, seq } => {
@@ -746,6 +821,7 @@ impl Controller for LsaVolume {
                         if seq >= rs.best_seq[p as usize] {
                             rs.best_seq[p as usize] = seq;
                             map.store(p, Entry::Trimmed(r.segment));
+                            rs.share_entries.remove(&p);
                         }
                     }
                 }
@@ -763,6 +839,7 @@ impl Controller for LsaVolume {
                 map.store(p as u64, Entry::Unmapped);
             }
         }
+        self.shared.rebuild(&rs.shared_grains, &rs.share_entries, &map);
     }
 
     fn account(&self, log: &Log, visit: &mut dyn FnMut(Reference) -> Result<()>) -> Result<u64> {
@@ -770,12 +847,26 @@ impl Controller for LsaVolume {
         let gps = log.geo().grains_per_segment as u64;
         let mut mapped = 0u64;
         let mut result = Ok(());
+        // A shared page's data counts once, whatever its owners; each owner mapped by a share
+        // entry elsewhere keeps that entry's segment, as a tombstone.
+        let snapshot = self.shared.snapshot();
+        for o in snapshot.iter().flat_map(|(_, owners)| owners) {
+            if let Some(segment) = o.entry {
+                visit(Reference::Tombstone { segment })?;
+            }
+        }
+        let shared: std::collections::HashSet<u64> = snapshot.iter().map(|(g, _)| *g).collect();
+        let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
         map.for_each_mapped(|_, v| {
             if result.is_err() {
                 return;
             }
             result = match map.encoding.decode(v) {
                 Entry::Unmapped => Ok(()),
+                Entry::Mapped(g) if !shared.is_empty() && shared.contains(&g) && !seen.insert(g) => {
+                    mapped += 1;
+                    Ok(())
+                }
                 Entry::Mapped(g) => {
                     mapped += 1;
                     visit(Reference::Data {
@@ -804,6 +895,22 @@ impl Controller for LsaVolume {
             .read()
             .load_image(d)
             .map_err(|what| Error::Corrupt(format!("checkpoint of volume {}: {what}", self.name)))
+    }
+
+    fn shared_pages(&self) -> Vec<super::SharedGrain> {
+        self.shared
+            .snapshot()
+            .into_iter()
+            .map(|(g, owners)| (g, owners.iter().map(|o| (o.page, o.entry)).collect()))
+            .collect()
+    }
+
+    fn load_shared_pages(&self, grains: &[u64], entries: &[(u64, u32)]) {
+        self.shared.rebuild(
+            &grains.iter().copied().collect(),
+            &entries.iter().copied().collect(),
+            &self.map.read(),
+        );
     }
 }
 
