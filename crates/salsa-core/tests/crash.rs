@@ -746,7 +746,7 @@ fn extent_map_crash_at_many_points() {
 /// later one, and every batch not yet flushed is all there or not at all.
 #[test]
 fn share_crash_at_many_points() {
-    let seeds = seeds_from_env("SALSA_SHARE_CRASH_SEEDS", 24);
+    let seeds = seeds_from_env("SALSA_SHARE_CRASH_SEEDS", 40);
     let writes = Writes {
         write_back_threads: 0,
         payload_writes: false,
@@ -754,7 +754,7 @@ fn share_crash_at_many_points() {
         extent: true,
         shares: true,
     };
-    crash_seeds(seeds, 40, writes, |seed| {
+    crash_seeds(seeds, 50, writes, |seed| {
         if seed % 4 == 3 {
             Medium::Zoned { conventional_zones: 0 }
         } else {
