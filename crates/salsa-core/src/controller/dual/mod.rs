@@ -767,4 +767,12 @@ impl Controller for DualVolume {
         *self.sparse.write() = sparse;
         Ok(())
     }
+
+    fn shared_pages(&self) -> Vec<super::SharedGrain> {
+        self.dense.shared_pages()
+    }
+
+    fn load_shared_pages(&self, grains: &[u64], entries: &[(u64, u32)]) {
+        self.dense.load_shared_pages(grains, entries)
+    }
 }
