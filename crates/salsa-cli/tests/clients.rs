@@ -518,6 +518,10 @@ h.flush()
     // Offline, on the pool's device.
     let (ok, out) = share(&["3M:1M:8K"]);
     assert!(ok && out.contains("shared 1 range(s)"), "{out}");
+    // `salsa check` reads every page of every owner and finds the checkpoint and the log agree.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_salsa"));
+    let (ok, out) = run(cmd.args(["check", "--device"]).arg(&device));
+    assert!(ok && out.contains(" 0 problems"), "{out}");
     let srv = Server::start(&dir, "64M", &[]);
     nbdsh(
         &srv,
