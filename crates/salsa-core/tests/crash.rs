@@ -892,6 +892,22 @@ fn regression_share_atomicity_check_seed_32317() {
     run_seed(32317, Some(317), Medium::Flat, writes);
 }
 
+/// Found by a 120-seed share sweep: the GC moved a shared page whose owners a batch had just
+/// made, and its record re-pointing them became durable while the batch's own record did not,
+/// so after the crash one page of the batch was there and three were not. The GC now makes
+/// the batches durable before it moves or carries what they made.
+#[test]
+fn regression_share_half_durable_through_the_gc_seed_57238() {
+    let writes = Writes {
+        write_back_threads: 0,
+        payload_writes: false,
+        dual: false,
+        extent: true,
+        shares: true,
+    };
+    run_seed(57238, Some(238), Medium::Flat, writes);
+}
+
 #[test]
 fn regression_untracked_share_entry_seed_1421() {
     let writes = Writes {

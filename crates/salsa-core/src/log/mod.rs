@@ -346,6 +346,17 @@ impl Log {
         &self.crc_table
     }
 
+    /// Whether every record begun in `segment` so far is durable.
+    pub fn segment_durable(&self, segment: u32) -> bool {
+        let synced = self.tracker.synced_through();
+        self.capacity
+            .segment(segment)
+            .unsynced_records
+            .lock()
+            .iter()
+            .all(|&(_, id)| id <= synced)
+    }
+
     /// Whether the data at `grain` is durable: the record that holds it is synced.
     pub fn grain_durable(&self, grain: u64) -> bool {
         let segment = self.geo.segment_of(grain);

@@ -214,6 +214,8 @@ enum Attempt {
     NotDurable,
     /// The batch needs more slots than were reserved (sources changed meanwhile).
     Replan(u32),
+    /// The GC is walking a record of the volume: wait for it without holding the stream.
+    Busy,
     Refused(Error),
 }
 
@@ -280,8 +282,8 @@ impl LsaVolume {
             .count() as u64;
         log.check_room(new_pages * pg)?;
         let mut slots = slots_of(&plan_entries(&targets, &map, pg)).max(1);
-        let _inflight = log.invalidation_guard();
-        for _ in 0..SHARE_ATTEMPTS {
+        let mut attempts = 0;
+        while attempts < SHARE_ATTEMPTS {
             if slots > max_slots {
                 return Err(Error::InvalidArgument(format!(
                     "share on volume {:?}: the batch needs {slots} metadata slots and one record holds {max_slots}; \
@@ -295,7 +297,12 @@ impl LsaVolume {
             let attempt = placing
                 .streams
                 .place_group(log, placing.placement.place_trim(), Purpose::User, slots, None, |seg, rec| {
-                    let _gate = self.share_gate.write();
+                    // Never wait for the gate while holding the stream: the GC, holding the
+                    // gate shared, may flush, which needs this stream.
+                    let Some(_gate) = self.share_gate.try_write() else {
+                        return Attempt::Busy;
+                    };
+                    let _inflight = log.invalidation_guard();
                     let _stripes = self.lock_all_stripes();
                     let targets = resolve(&map);
                     let runs = plan_entries(&targets, &map, pg);
@@ -399,9 +406,17 @@ impl LsaVolume {
             match attempt {
                 Attempt::Done => return Ok(()),
                 Attempt::Refused(e) => return Err(e),
-                Attempt::Replan(n) => slots = n,
+                Attempt::Replan(n) => {
+                    slots = n;
+                    attempts += 1;
+                }
+                // Waits for the GC's walk (not an attempt: the sources did not change).
+                Attempt::Busy => drop(self.share_gate.write()),
                 // The sources' records must be durable before an entry may name them.
-                Attempt::NotDurable => log.flush()?,
+                Attempt::NotDurable => {
+                    log.flush()?;
+                    attempts += 1;
+                }
             }
         }
         Err(Error::InvalidArgument(format!(
@@ -428,6 +443,17 @@ impl LsaVolume {
         let MetaEntry::Data { page, seq, crc } = entry else {
             return Ok(());
         };
+        // The copy re-points every owner in a record of its own; an owner whose share entry is
+        // not durable yet must not become durable through that record alone (its batch would
+        // be half there after a crash), so the batches go down first.
+        let pending = self
+            .shared
+            .lock()
+            .get(&grain)
+            .is_some_and(|owners| owners.iter().any(|o| o.entry.is_some_and(|s| !log.segment_durable(s))));
+        if pending {
+            log.flush()?;
+        }
         let placing = self.placing.load();
         let to = placing.placement.place_gc(&Relocation {
             page,
@@ -499,6 +525,11 @@ impl LsaVolume {
     pub(super) fn carry_shares(&self, log: &Log, map: &PageMap, victim: u32, shares: &[(u64, u64, u64, u64)]) -> Result<()> {
         let pg = self.page_grains as u64;
         let last_gc = self.placing.load().streams.layout().last_gc();
+        // A carried entry must not be durable before the batch it came from (see
+        // `relocate_shared`).
+        if !shares.is_empty() && !log.segment_durable(victim) {
+            log.flush()?;
+        }
         for &(page, count, grain, seq) in shares {
             let end = page.saturating_add(count).min(map.pages());
             for p in page..end {
