@@ -401,14 +401,13 @@ pub unsafe extern "C" fn salsa_volume_segment_bytes(volume: *const SalsaVolume) 
     unsafe { volume.as_ref() }.and_then(|v| v.volume.segment_bytes()).unwrap_or(0)
 }
 
-/// A buffer argument as a slice; `len` 0 needs no buffer.
-///
-/// SAFETY (of callers): `buf` is null or points to `len` bytes that live for the call.
-unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], Failure> {
+/// Checks a buffer argument: `len` 0 needs no buffer, otherwise it must be non-null and at
+/// most [`SALSA_MAX_IO_BYTES`]; `false` for an empty one.
+fn check_buffer(null: bool, len: usize) -> Result<bool, Failure> {
     if len == 0 {
-        return Ok(&[]);
+        return Ok(false);
     }
-    if buf.is_null() {
+    if null {
         return Err(Failure::invalid("buffer is NULL"));
     }
     if len > SALSA_MAX_IO_BYTES {
@@ -416,8 +415,30 @@ unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], Failure>
             "{len} bytes in one request; at most {SALSA_MAX_IO_BYTES}"
         )));
     }
+    Ok(true)
+}
+
+/// A buffer argument as a slice.
+///
+/// SAFETY (of callers): `buf` is null or points to `len` bytes that live for the call.
+unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], Failure> {
+    if !check_buffer(buf.is_null(), len)? {
+        return Ok(&[]);
+    }
     // SAFETY: non-null, `len` readable bytes (the contract).
     Ok(unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) })
+}
+
+/// A buffer argument to fill, as a slice.
+///
+/// SAFETY (of callers): `buf` is null or points to `len` writable bytes, not aliased during the
+/// call.
+unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], Failure> {
+    if !check_buffer(buf.is_null(), len)? {
+        return Ok(&mut []);
+    }
+    // SAFETY: non-null, `len` writable bytes not aliased during the call (the contract).
+    Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) })
 }
 
 /// Reads `len` bytes at `offset` into `buf`. Never-written and trimmed bytes read as zeros; a
@@ -429,21 +450,10 @@ unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], Failure>
 pub unsafe extern "C" fn salsa_read(volume: *const SalsaVolume, offset: u64, buf: *mut c_void, len: usize) -> c_int {
     guarded(|| {
         // SAFETY: the contract above.
-        let v = unsafe { handle(volume, "volume") }?;
-        if len == 0 {
-            return Ok(0);
+        let (v, out) = unsafe { (handle(volume, "volume")?, bytes_mut(buf, len)?) };
+        if !out.is_empty() {
+            v.volume.read(offset, out)?;
         }
-        if buf.is_null() {
-            return Err(Failure::invalid("buffer is NULL"));
-        }
-        if len > SALSA_MAX_IO_BYTES {
-            return Err(Failure::invalid(format!(
-                "{len} bytes in one request; at most {SALSA_MAX_IO_BYTES}"
-            )));
-        }
-        // SAFETY: non-null, `len` writable bytes not aliased during the call (the contract).
-        let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
-        v.volume.read(offset, out)?;
         Ok(0)
     })
 }

@@ -553,6 +553,12 @@ enum DeviceCommand {
     },
 }
 
+/// Prints a benchmark's report as pretty JSON on stdout.
+fn print_report(report: serde_json::Value) -> Result<(), String> {
+    println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+    Ok(())
+}
+
 fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "warn",
@@ -691,9 +697,7 @@ fn main() -> ExitCode {
                     new,
                 },
         } => commands::device::replace(devices, parity_buffer.as_ref(), control.as_deref(), old, new, *rate),
-        Command::BenchMapMemory { volume_size, seed } => bench::maps::run(*volume_size, *seed)
-            .and_then(|r| serde_json::to_string_pretty(&r).map_err(|e| e.to_string()))
-            .map(|s| println!("{s}")),
+        Command::BenchMapMemory { volume_size, seed } => bench::maps::run(*volume_size, *seed).and_then(print_report),
         Command::BenchShare {
             device,
             batch_pages,
@@ -702,20 +706,21 @@ fn main() -> ExitCode {
             updated,
             rounds,
             seed,
-        } => (|| {
-            let report = bench::share::run(&bench::share::Params {
-                device: device.parse()?,
-                device_text: device.clone(),
-                batch_pages: *batch_pages,
-                batches: *batches,
-                file_bytes: *file_size,
-                updated: *updated,
-                rounds: *rounds,
-                seed: *seed,
-            })?;
-            println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
-            Ok(())
-        })(),
+        } => device
+            .parse()
+            .and_then(|spec| {
+                bench::share::run(&bench::share::Params {
+                    device: spec,
+                    device_text: device.clone(),
+                    batch_pages: *batch_pages,
+                    batches: *batches,
+                    file_bytes: *file_size,
+                    updated: *updated,
+                    rounds: *rounds,
+                    seed: *seed,
+                })
+            })
+            .and_then(print_report),
         Command::BenchAmf {
             device,
             segment_size,
@@ -723,19 +728,20 @@ fn main() -> ExitCode {
             measure,
             rounds,
             seed,
-        } => (|| {
-            let report = bench::amf::run(&bench::amf::Params {
-                device: device.parse()?,
-                device_text: device.clone(),
-                segment_bytes: *segment_size,
-                fill: *fill,
-                measure_volumes: *measure,
-                rounds: *rounds,
-                seed: *seed,
-            })?;
-            println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
-            Ok(())
-        })(),
+        } => device
+            .parse()
+            .and_then(|spec| {
+                bench::amf::run(&bench::amf::Params {
+                    device: spec,
+                    device_text: device.clone(),
+                    segment_bytes: *segment_size,
+                    fill: *fill,
+                    measure_volumes: *measure,
+                    rounds: *rounds,
+                    seed: *seed,
+                })
+            })
+            .and_then(print_report),
         Command::BenchRaid {
             dir,
             members,

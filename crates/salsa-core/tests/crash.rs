@@ -606,6 +606,15 @@ fn crash_at_many_points() {
     crash_seeds(seeds, 50, COPIED, |_| Medium::Flat);
 }
 
+/// Share batches among copied writes, on an LSA volume and an extent-mapped one.
+const SHARES: Writes = Writes {
+    write_back_threads: 0,
+    payload_writes: false,
+    dual: false,
+    extent: true,
+    shares: true,
+};
+
 /// Copied writes, written by the writers themselves.
 const COPIED: Writes = Writes {
     write_back_threads: 0,
@@ -755,14 +764,7 @@ fn extent_map_crash_at_many_points() {
 #[test]
 fn share_crash_at_many_points() {
     let seeds = seeds_from_env("SALSA_SHARE_CRASH_SEEDS", 40);
-    let writes = Writes {
-        write_back_threads: 0,
-        payload_writes: false,
-        dual: false,
-        extent: true,
-        shares: true,
-    };
-    crash_seeds(seeds, 50, writes, |seed| {
+    crash_seeds(seeds, 50, SHARES, |seed| {
         if seed % 4 == 3 {
             Medium::Zoned { conventional_zones: 0 }
         } else {
@@ -882,14 +884,7 @@ fn regression_stale_tombstone_seed_37762() {
 /// being there; it now leaves out pages whose bytes were the same before the batch.
 #[test]
 fn regression_share_atomicity_check_seed_32317() {
-    let writes = Writes {
-        write_back_threads: 0,
-        payload_writes: false,
-        dual: false,
-        extent: true,
-        shares: true,
-    };
-    run_seed(32317, Some(317), Medium::Flat, writes);
+    run_seed(32317, Some(317), Medium::Flat, SHARES);
 }
 
 /// Found by a 120-seed share sweep: the GC moved a shared page whose owners a batch had just
@@ -898,24 +893,10 @@ fn regression_share_atomicity_check_seed_32317() {
 /// the batches durable before it moves or carries what they made.
 #[test]
 fn regression_share_half_durable_through_the_gc_seed_57238() {
-    let writes = Writes {
-        write_back_threads: 0,
-        payload_writes: false,
-        dual: false,
-        extent: true,
-        shares: true,
-    };
-    run_seed(57238, Some(238), Medium::Flat, writes);
+    run_seed(57238, Some(238), Medium::Flat, SHARES);
 }
 
 #[test]
 fn regression_untracked_share_entry_seed_1421() {
-    let writes = Writes {
-        write_back_threads: 0,
-        payload_writes: false,
-        dual: false,
-        extent: false,
-        shares: true,
-    };
-    run_seed(1421, Some(421), Medium::Flat, writes);
+    run_seed(1421, Some(421), Medium::Flat, Writes { extent: false, ..SHARES });
 }

@@ -63,9 +63,11 @@ fn close(p: &Params, pool: Pool) -> Result<(), String> {
     Ok(())
 }
 
-fn stamp(buf: &mut [u8], page_bytes: u64, seed: u64) {
+/// Fills pages of `page_bytes` numbered `first..`: each page's words name its number, so a
+/// page can be checked against where it came from.
+fn stamp(buf: &mut [u8], page_bytes: u64, first: u64) {
     for (i, chunk) in buf.chunks_mut(page_bytes as usize).enumerate() {
-        let word = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i as u64;
+        let word = first.wrapping_add(i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         for w in chunk.chunks_mut(8) {
             w.copy_from_slice(&word.to_le_bytes());
         }
@@ -86,7 +88,7 @@ fn page_store(p: &Params, mode: &str, round: usize) -> Result<Value, String> {
     let mut buf = vec![0u8; 1 << 20];
     for at in (0..home_pages * STORE_PAGE).step_by(buf.len()) {
         let n = (buf.len() as u64).min(home_pages * STORE_PAGE - at) as usize;
-        stamp(&mut buf[..n], STORE_PAGE, at);
+        stamp(&mut buf[..n], STORE_PAGE, at / STORE_PAGE);
         vol.write(at, &buf[..n]).map_err(|e| e.to_string())?;
     }
     vol.flush().map_err(|e| e.to_string())?;
@@ -141,17 +143,6 @@ fn page_store(p: &Params, mode: &str, round: usize) -> Result<Value, String> {
     Ok(out)
 }
 
-/// Fills file pages written at page offsets `first..`: each page's words name its offset, so a
-/// compacted page can be checked against where it came from.
-fn file_stamp(buf: &mut [u8], first: u64) {
-    for (i, chunk) in buf.chunks_mut(FILE_PAGE as usize).enumerate() {
-        let word = (first + i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        for w in chunk.chunks_mut(8) {
-            w.copy_from_slice(&word.to_le_bytes());
-        }
-    }
-}
-
 /// Where each page of the file lives: its offset in pages from the file's start.
 fn write_file(vol: &Volume, pages: u64, updated: f64, rng: &mut SmallRng) -> Result<(Vec<u64>, u64), String> {
     let mut buf = vec![0u8; 1 << 20];
@@ -159,7 +150,7 @@ fn write_file(vol: &Volume, pages: u64, updated: f64, rng: &mut SmallRng) -> Res
     let mut at = 0u64;
     while at < pages {
         let n = per.min(pages - at);
-        file_stamp(&mut buf[..(n * FILE_PAGE) as usize], at);
+        stamp(&mut buf[..(n * FILE_PAGE) as usize], FILE_PAGE, at);
         vol.write(at * FILE_PAGE, &buf[..(n * FILE_PAGE) as usize])
             .map_err(|e| e.to_string())?;
         at += n;
@@ -172,7 +163,7 @@ fn write_file(vol: &Volume, pages: u64, updated: f64, rng: &mut SmallRng) -> Res
     while done < updates {
         let run = rng.gen_range(1..=8u64).min(updates - done);
         let first = rng.gen_range(0..pages - run);
-        file_stamp(&mut buf[..(run * FILE_PAGE) as usize], end);
+        stamp(&mut buf[..(run * FILE_PAGE) as usize], FILE_PAGE, end);
         vol.write(end * FILE_PAGE, &buf[..(run * FILE_PAGE) as usize])
             .map_err(|e| e.to_string())?;
         for i in 0..run {
@@ -248,7 +239,7 @@ fn compaction(p: &Params, mode: &str, round: usize) -> Result<Value, String> {
     let mut want = vec![0u8; FILE_PAGE as usize];
     for i in (0..pages).step_by(97) {
         vol.read((new_file + i) * FILE_PAGE, &mut page).map_err(|e| e.to_string())?;
-        file_stamp(&mut want, location[i as usize]);
+        stamp(&mut want, FILE_PAGE, location[i as usize]);
         if page != want {
             return Err(format!(
                 "{mode}: compacted page {i} does not hold the live page at {}",

@@ -323,13 +323,29 @@ impl Streams {
         page: Option<&[u8]>,
         commit: impl FnOnce(u64, &mut OpenRecord) -> R,
     ) -> Result<R> {
+        self.place_one(log, kind, purpose, page_grains, 1, page, commit)
+    }
+
+    /// One item of `slots` metadata slots: [`Streams::place_sized`] and [`Streams::place_group`].
+    #[allow(clippy::too_many_arguments)]
+    fn place_one<R>(
+        &self,
+        log: &Log,
+        kind: StreamKind,
+        purpose: Purpose,
+        pg: u32,
+        slots: u32,
+        page: Option<&[u8]>,
+        commit: impl FnOnce(u64, &mut OpenRecord) -> R,
+    ) -> Result<R> {
         let mut commit = Some(commit);
         let mut out = None;
-        self.place_each_sized(
+        self.place_items(
             log,
             kind,
             purpose,
-            page_grains,
+            pg,
+            slots,
             1,
             |_| page.map(PageData::copied),
             |_, at, rec| {
@@ -338,8 +354,8 @@ impl Streams {
                 }
             },
         )?;
-        // place_each returns Ok only after committing every item, here exactly one.
-        Ok(out.expect("place_each committed the item"))
+        // place_items returns Ok only after committing every item, here exactly one.
+        Ok(out.expect("place_items committed the item"))
     }
 
     /// Places `count` items in stream `kind` (a policy's answer, clamped to the declared
@@ -396,23 +412,7 @@ impl Streams {
             "{slots} slots in one record; a metadata page has {}",
             log.geo.meta_entries
         );
-        let mut commit = Some(commit);
-        let mut out = None;
-        self.place_items(
-            log,
-            kind,
-            purpose,
-            self.page_grains,
-            slots,
-            1,
-            |_| page.map(PageData::copied),
-            |_, at, rec| {
-                if let Some(c) = commit.take() {
-                    out = Some(c(at, rec));
-                }
-            },
-        )?;
-        Ok(out.expect("place_items committed the item"))
+        self.place_one(log, kind, purpose, self.page_grains, slots, page, commit)
     }
 
     /// [`Streams::place_each_sized`] of items that each need `slots` metadata slots.

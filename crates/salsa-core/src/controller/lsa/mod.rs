@@ -510,16 +510,22 @@ impl LsaVolume {
                 })?;
         let (olds, killer) = olds;
         for (page, old) in olds {
-            match old {
-                Entry::Mapped(_) => {
-                    self.count_mapped(log, false);
-                    self.invalidate(log, page, old, killer);
-                }
-                Entry::Trimmed(s) => log.drop_tombstone(s, Some(killer)),
-                Entry::Unmapped => {}
-            }
+            self.invalidate_trimmed(log, page, old, killer);
         }
         Ok(Some(killer))
+    }
+
+    /// Accounts for `page`'s map entry `old`, which a trim (or a share of zeros) in record
+    /// `killer` replaced with a tombstone.
+    fn invalidate_trimmed(&self, log: &Log, page: u64, old: Entry, killer: u64) {
+        match old {
+            Entry::Mapped(_) => {
+                self.count_mapped(log, false);
+                self.invalidate(log, page, old, killer);
+            }
+            Entry::Trimmed(s) => log.drop_tombstone(s, Some(killer)),
+            Entry::Unmapped => {}
+        }
     }
 
     // ----- GC upcall -----
@@ -787,7 +793,10 @@ impl Controller for LsaVolume {
                     if ok && page < map.pages() && seq >= rs.best_seq[page as usize] {
                         rs.best_seq[page as usize] = seq;
                         map.store(page, Entry::Mapped(grain));
-                        rs.share_entries.remove(&page);
+                        // (Most pools share nothing: no hashing per entry then.)
+                        if !rs.share_entries.is_empty() {
+                            rs.share_entries.remove(&page);
+                        }
                     }
                 }
                 MetaEntry::Share { page, count, grain, seq } => {
@@ -821,7 +830,9 @@ impl Controller for LsaVolume {
                         if seq >= rs.best_seq[p as usize] {
                             rs.best_seq[p as usize] = seq;
                             map.store(p, Entry::Trimmed(r.segment));
-                            rs.share_entries.remove(&p);
+                            if !rs.share_entries.is_empty() {
+                                rs.share_entries.remove(&p);
+                            }
                         }
                     }
                 }

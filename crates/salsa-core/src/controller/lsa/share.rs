@@ -387,14 +387,7 @@ impl LsaVolume {
                         if mapped_now {
                             self.invalidate(log, page, old, killer);
                         } else {
-                            match old {
-                                Entry::Mapped(_) => {
-                                    self.count_mapped(log, false);
-                                    self.invalidate(log, page, old, killer);
-                                }
-                                Entry::Trimmed(s) => log.drop_tombstone(s, Some(killer)),
-                                Entry::Unmapped => {}
-                            }
+                            self.invalidate_trimmed(log, page, old, killer);
                         }
                     }
                     log.counters()
