@@ -300,15 +300,17 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
             rng.gen_range(0..pages)
         };
         let r = match rng.gen_range(0..100) {
-            0..=74 if shares && !is_dual(vi) && !(hybrid && vi == 1) && rng.gen_bool(0.15) => {
-                // A batch of one to four ranges with distinct destinations, from anywhere.
+            0..=74 if shares && !(hybrid && vi == 1) && rng.gen_bool(0.15) => {
+                // A batch of one to four ranges with distinct destinations, from anywhere (whole
+                // large pages on a dual-mapping volume).
+                let unit = if is_dual(vi) { DUAL_SUBPAGES } else { 1 };
                 let mut ranges: Vec<salsa_core::ShareRange> = Vec::new();
                 let mut batch = Vec::new();
                 let mut taken: Vec<(u64, u64)> = Vec::new();
                 for _ in 0..rng.gen_range(1..=4) {
-                    let n = rng.gen_range(1..=8u64);
-                    let dst = rng.gen_range(0..pages - n);
-                    let src = rng.gen_range(0..pages - n);
+                    let n = rng.gen_range(1..=8u64).div_ceil(unit) * unit;
+                    let dst = rng.gen_range(0..pages - n) / unit * unit;
+                    let src = rng.gen_range(0..pages - n) / unit * unit;
                     if taken.iter().any(|&(a, b)| dst < b && a < dst + n) {
                         continue;
                     }
@@ -773,6 +775,21 @@ fn share_crash_at_many_points() {
     });
 }
 
+/// Share batches on a dual-mapping volume (whole large pages, merged first when they have
+/// small pages) among small writes that fill its sparse map, beside an LSA volume that shares
+/// too: every batch is all there or not at all after a crash, and small pages written into a
+/// shared page (merged instead) survive the GC's moves of shared pages.
+#[test]
+fn dual_share_crash_at_many_points() {
+    let seeds = seeds_from_env("SALSA_DUAL_SHARE_CRASH_SEEDS", 16);
+    let writes = Writes {
+        dual: true,
+        extent: false,
+        ..SHARES
+    };
+    crash_seeds(seeds, 40, writes, |_| Medium::Flat);
+}
+
 /// The same with a hybrid volume beside an LSA one, on a disk and a flash slice: hot groups are
 /// copied to the fast tier between writes, so crashes fall while copies are written and
 /// while reads are served from them; recovery must ignore the fast tier's segments.
@@ -899,4 +916,23 @@ fn regression_share_half_durable_through_the_gc_seed_57238() {
 #[test]
 fn regression_untracked_share_entry_seed_1421() {
     run_seed(1421, Some(421), Medium::Flat, Writes { extent: false, ..SHARES });
+}
+
+/// Found by the dual-mapping share sweep: a 4 KiB write into a large page a share batch had
+/// just mapped merged the page, and the merge's record carried the batch's bytes for the
+/// page's three other small pages; it survived the crash without the batch's record, so one
+/// large page of the batch was there and the next was not. A merge of a page whose mapping
+/// is not durable yet now syncs first.
+#[test]
+fn regression_dual_merge_carried_half_a_share_batch_seed_1269() {
+    run_seed(
+        1269,
+        Some(269),
+        Medium::Flat,
+        Writes {
+            dual: true,
+            extent: false,
+            ..SHARES
+        },
+    );
 }

@@ -339,11 +339,13 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
             Op::Share { vol, ranges } => {
                 let Some(m) = model[vol].as_mut() else { continue };
                 let pages = m.len() as u64 / PAGE as u64;
+                // A dual-mapping volume shares whole large pages (of `unit` model pages).
+                let unit = spec(vol, mix).page_bytes as u64 / PAGE as u64;
                 let ranges: Vec<salsa_core::ShareRange> = ranges
                     .iter()
                     .map(|&(dst, src, n)| {
-                        let (dst, src) = (dst.min(pages - 1), src.min(pages - 1));
-                        let n = n.min(pages - dst).min(pages - src);
+                        let (dst, src) = (dst.min(pages - 1) / unit * unit, src.min(pages - 1) / unit * unit);
+                        let n = n.min(pages - dst).min(pages - src).div_ceil(unit) * unit;
                         salsa_core::ShareRange {
                             dst_offset: dst * PAGE as u64,
                             src_offset: src * PAGE as u64,
@@ -356,7 +358,7 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
                 let overlapping = dsts.windows(2).any(|w| w[1].0 < w[0].1);
                 let shares = matches!(
                     spec(vol, mix).controller,
-                    salsa_core::ControllerKind::Lsa | salsa_core::ControllerKind::Extent
+                    salsa_core::ControllerKind::Lsa | salsa_core::ControllerKind::Extent | salsa_core::ControllerKind::Dual
                 );
                 match p.volume(&name(vol)).unwrap().share(&ranges) {
                     Ok(()) => {

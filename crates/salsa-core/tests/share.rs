@@ -252,3 +252,87 @@ fn the_gc_moves_a_shared_page_once_and_every_owner_follows_it_through_recovery()
         assert_eq!(read_page(&vol, p), vec![0u8; PAGE]);
     }
 }
+
+/// A dual-mapping volume shares whole large pages: small pages in a source or a destination
+/// are merged first (the destination reads the source's small pages too), a 4 KiB write into a
+/// shared page merges instead of going to the sparse map and leaves the other owner alone, and
+/// the GC, a checkpoint and a recovery scan keep every owner.
+#[test]
+fn a_dual_mapping_volume_shares_large_pages_with_their_small_pages() {
+    const LARGE: u64 = 4 * P;
+    let dev: std::sync::Arc<dyn salsa_core::Device> = std::sync::Arc::new(salsa_core::device::MemoryDevice::new("mem0", 48 * MIB));
+    let cfg = salsa_core::PoolConfig {
+        victim_policy: "fifo".into(),
+        ..tiny_config()
+    };
+    let pool = Pool::create(vec![dev.clone()], &cfg, &inline_gc()).unwrap();
+    let vol = pool.create_volume_spec("db", 8 * MIB, &VolumeSpec::dual(LARGE as u32)).unwrap();
+    pool.create_volume("churn", 20 * MIB, PAGE as u32).unwrap();
+    let merged = |pool: &Pool| pool.stats().volumes.into_iter().find(|v| v.name == "db").unwrap().merged_pages;
+    // Large pages 0..64 written whole, then small pages into a source and a destination.
+    let all: Vec<u8> = (0..256).flat_map(|p| pattern(0, p, 1)).collect();
+    vol.write(0, &all).unwrap();
+    vol.write(5 * P, &pattern(0, 5, 2)).unwrap();
+    vol.write(161 * P, &pattern(0, 161, 2)).unwrap();
+    let merged_before = merged(&pool);
+    // Large pages 40..48 <- 0..8, in bytes.
+    let share = ShareRange {
+        dst_offset: 40 * LARGE,
+        src_offset: 0,
+        len_bytes: 8 * LARGE,
+    };
+    vol.share(&[share]).unwrap();
+    assert_eq!(
+        merged(&pool) - merged_before,
+        2,
+        "the source and the destination with small pages merged"
+    );
+    let expect = |p: u64| -> Vec<u8> {
+        match p {
+            5 | 165 => pattern(0, 5, 2),
+            169 => pattern(0, 169, 3),
+            160..=191 => pattern(0, p - 160, 1),
+            _ => pattern(0, p, 1),
+        }
+    };
+    // A 4 KiB write into a shared page merges it away from the other owner.
+    let merged_before = merged(&pool);
+    vol.write(169 * P, &pattern(0, 169, 3)).unwrap();
+    assert_eq!(merged(&pool) - merged_before, 1, "a small write into a shared page merges it");
+    // (Large page 2's grain stays in the index while page 2 owns it.)
+    assert_eq!(shared_pages(&pool, "db"), 8);
+    assert_ne!(vol.page_location(42), vol.page_location(2), "large page 42 left its grain");
+    let check = |pool: &Pool, when: &str| {
+        let vol = pool.volume("db").unwrap();
+        for p in 0..256 {
+            assert!(read_page(&vol, p) == expect(p), "{when}: page {p}");
+        }
+        for large in (0..8).filter(|&l| l != 2) {
+            assert_eq!(
+                vol.page_location(40 + large),
+                vol.page_location(large),
+                "{when}: owners of large page {large} apart"
+            );
+        }
+    };
+    check(&pool, "after the share");
+    // Partial large pages are refused whole.
+    let partial = ShareRange {
+        dst_offset: 50 * LARGE,
+        src_offset: 0,
+        len_bytes: P,
+    };
+    let e = vol.share(&[partial]).unwrap_err();
+    assert!(e.to_string().contains("whole pages of 16384"), "{e}");
+    churn(&pool, 3);
+    check(&pool, "after GC");
+    pool.close().unwrap();
+    let pool = Pool::open(vec![dev.clone()], &inline_gc()).unwrap();
+    check(&pool, "after a clean reopen");
+    churn(&pool, 2);
+    drop(pool);
+    let pool = Pool::open(vec![dev], &inline_gc()).unwrap();
+    assert_eq!(pool.opened_from(), salsa_core::OpenedFrom::RecoveryScan);
+    check(&pool, "after a recovery scan");
+    assert_eq!(shared_pages(&pool, "db"), 8);
+}

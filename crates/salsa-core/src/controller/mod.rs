@@ -167,10 +167,11 @@ pub trait VolumeIo: Send + Sync {
         )))
     }
     /// Remaps a batch of page ranges atomically without copying (SHARE); see
-    /// [`lsa::PageRemap`]. Page-mapped volumes (`lsa`, `extent`) share; the others refuse.
+    /// [`lsa::PageRemap`], in pages of the volume. Page-mapped volumes (`lsa`, `extent`, `dual`)
+    /// share; the others refuse.
     fn share(&self, _log: &Log, _remaps: &[lsa::PageRemap]) -> Result<()> {
         Err(crate::error::Error::InvalidArgument(format!(
-            "a {} volume cannot share pages; share needs a page-mapped volume (controller lsa or extent)",
+            "a {} volume cannot share pages; share needs a page-mapped volume (controller lsa, extent or dual)",
             self.kind().name()
         )))
     }

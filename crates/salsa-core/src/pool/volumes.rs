@@ -477,7 +477,7 @@ impl Volume {
     /// fit one record (a range whose source was written sequentially is one entry; one whose
     /// source is scattered takes one per piece); a page has at most [`MAX_SHARE_OWNERS`]
     /// owners. A bad batch is refused whole (`InvalidArgument`) with nothing changed. Only
-    /// page-mapped volumes (`lsa`, `extent`) share.
+    /// page-mapped volumes (`lsa`, `extent`, `dual`: whole large pages) share.
     pub fn share(&self, ranges: &[ShareRange]) -> Result<()> {
         if self.vol.is_retired() {
             return Err(Error::VolumeNotFound(self.vol.name().to_string()));

@@ -15,7 +15,14 @@
 //!   sparse entries). A maintenance pass merges the coldest large pages whenever the map is
 //!   more than seven eighths full, down to three quarters, so writers seldom have to;
 //! - a trim covers whole large pages (and their sparse entries); partial pages are left as
-//!   they are.
+//!   they are;
+//! - a share remaps whole large pages through the dense map, after merging every large page
+//!   of the batch that has small pages; a page that shares its data with others never has
+//!   small pages (a write of part of it merges), because the GC gives each owner of a shared
+//!   page it moves a new sequence number, which would outrank them at a recovery scan. A merge
+//!   of a page whose mapping (a share or a trim) is not durable yet syncs first: its record
+//!   would carry the batch's bytes for the page's other small pages and could survive a crash
+//!   without the batch (crash seed 1269).
 //!
 //! Invariants: every write, trim and merge of a large page holds that page's stripe lock, so
 //! a merge never loses a concurrent write to a neighbouring small page, and a sparse entry
@@ -150,10 +157,19 @@ impl DualVolume {
     /// Locks the stripes of large pages `pages`, in stripe order (so two writers never wait
     /// for each other's stripes crosswise).
     fn lock_pages(&self, pages: std::ops::RangeInclusive<u64>) -> Vec<MutexGuard<'_, ()>> {
-        let n = (pages.end() - pages.start() + 1).min(STRIPES as u64);
-        let mut idx: Vec<usize> = (0..n).map(|i| ((pages.start() + i) % STRIPES as u64) as usize).collect();
-        idx.sort_unstable();
-        idx.into_iter().map(|i| self.locks[i].lock()).collect()
+        self.lock_page_ranges(std::iter::once(*pages.start()..pages.end() + 1))
+    }
+
+    /// Locks the stripes of every large page in `ranges`, each stripe once, in stripe order.
+    fn lock_page_ranges(&self, ranges: impl Iterator<Item = std::ops::Range<u64>>) -> Vec<MutexGuard<'_, ()>> {
+        let mut wanted = [false; STRIPES];
+        for r in ranges {
+            let n = (r.end.saturating_sub(r.start)).min(STRIPES as u64);
+            for i in 0..n {
+                wanted[((r.start + i) % STRIPES as u64) as usize] = true;
+            }
+        }
+        (0..STRIPES).filter(|&i| wanted[i]).map(|i| self.locks[i].lock()).collect()
     }
 
     /// The sparse entries of large page `page`, as (small page, grain).
@@ -298,8 +314,12 @@ impl DualVolume {
     /// `sparse_free` entries left, which the plan takes from) and `tight` is not asked, else
     /// merged.
     fn plan_part(&self, map: &PageMap, page: u64, in_page: usize, data: &[u8], sparse_free: &mut u64, tight: bool) -> (PartPlan, u64) {
+        // A page other pages share merges: a small page over it would be older than the
+        // sequence numbers the GC gives the owners it moves, and lost at the next scan. (It is
+        // mapped, so the merge maps nothing new: space is counted per owner.)
+        let shared = self.dense.page_is_shared(map, page);
         let new = self.small_pieces(map, page, in_page, data).iter().filter(|p| !p.in_sparse).count() as u64;
-        if new == 0 || (!tight && new <= *sparse_free) {
+        if !shared && (new == 0 || (!tight && new <= *sparse_free)) {
             *sparse_free = sparse_free.saturating_sub(new);
             return (PartPlan::Sparse, new);
         }
@@ -372,6 +392,9 @@ impl DualVolume {
     /// pages laid over it, applies `write` (offset in the page, bytes) if given, and writes it
     /// whole to the dense map, which drops its sparse entries.
     fn merge(&self, log: &Log, map: &PageMap, page: u64, write: Option<(usize, &[u8])>) -> Result<()> {
+        if self.dense.mapping_pending(log, map, page) {
+            log.flush()?;
+        }
         let mut tmp = vec![0u8; self.large_bytes() as usize];
         self.read_large(log, map, page, &mut tmp)?;
         if let Some((at, data)) = write {
@@ -548,6 +571,35 @@ impl VolumeIo for DualVolume {
             self.drop_sparse(log, first * self.subpages..end * self.subpages, killer);
         }
         Ok(())
+    }
+
+    /// Shares whole large pages: every large page of the batch (destination or source) with
+    /// small pages is merged first, under the stripe locks of all of them, so the batch is the
+    /// dense map's (one record, see [`LsaVolume::share_pages`]) and a shared page never has
+    /// small pages (a write of part of it merges). A destination merged and then not shared
+    /// (a crash between) reads what it read before the batch.
+    fn share(&self, log: &Log, remaps: &[super::lsa::PageRemap]) -> Result<()> {
+        let _gate = self.dense.enter()?;
+        let map = self.dense.map();
+        self.dense.check_batch(remaps, map.pages())?;
+        let ranges = || remaps.iter().flat_map(|r| [r.dst..r.dst + r.pages, r.src..r.src + r.pages]);
+        let _locks = self.lock_page_ranges(ranges());
+        if self.sparse_len.load(SeqCst) > 0 {
+            let with_small: std::collections::BTreeSet<u64> = {
+                let sparse = self.sparse.read();
+                ranges()
+                    .flat_map(|r| {
+                        sparse
+                            .range(r.start * self.subpages..r.end * self.subpages)
+                            .map(|(&s, _)| s / self.subpages)
+                    })
+                    .collect()
+            };
+            for page in with_small {
+                self.merge(log, &map, page, None)?;
+            }
+        }
+        self.dense.share_pages(log, remaps)
     }
 
     fn page_location(&self, page: u64) -> Option<u64> {

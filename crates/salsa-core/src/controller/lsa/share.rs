@@ -226,8 +226,32 @@ impl LsaVolume {
         (0..STRIPES).map(|i| self.stripes[i].lock()).collect()
     }
 
+    /// Whether `page` maps to a grain other pages own too (a dual-mapping volume merges
+    /// instead of laying small pages over such a page, see its module documentation).
+    pub fn page_is_shared(&self, map: &PageMap, page: u64) -> bool {
+        !self.shared.is_empty() && matches!(map.load(page), Entry::Mapped(g) if self.shared.holds(g))
+    }
+
+    /// Whether the entry that maps `page` now may not be durable yet: a share entry or a trim
+    /// not yet synced. (A dual-mapping volume syncs before it merges such a page: the merge
+    /// would carry the batch's effect on the large page's other pages into a record of its
+    /// own, which could survive a crash without the rest of the batch.)
+    pub fn mapping_pending(&self, log: &Log, map: &PageMap, page: u64) -> bool {
+        match map.load(page) {
+            Entry::Trimmed(segment) => !log.segment_durable(segment),
+            Entry::Mapped(g) if !self.shared.is_empty() => self
+                .shared
+                .lock()
+                .get(&g)
+                .and_then(|owners| owners.iter().find(|o| o.page == page))
+                .and_then(|o| o.entry)
+                .is_some_and(|segment| !log.segment_durable(segment)),
+            _ => false,
+        }
+    }
+
     /// Checks a batch against the volume and the limits; refuses it whole.
-    fn check_batch(&self, remaps: &[PageRemap], pages: u64) -> Result<()> {
+    pub(crate) fn check_batch(&self, remaps: &[PageRemap], pages: u64) -> Result<()> {
         let bad = |why: String| Err(Error::InvalidArgument(format!("share on volume {:?}: {why}", self.name)));
         if remaps.is_empty() {
             return bad("empty batch".into());
