@@ -651,3 +651,56 @@ fn map_memory_of_the_extent_controller_against_the_page_map() {
     let (ok, _, err) = salsa(&["bench-map-memory", "--volume-size", "1M"]);
     assert!(!ok && err.contains("40M"), "{err}");
 }
+
+/// The traces shipped in `traces/` (recorded here with scripts/record_trace.py: ext4 and
+/// MariaDB over a SALSA volume, the kernel's block_rq_issue events) replay whole, twice with
+/// --trace-repeat: every write and read request of the trace, trims included in the replay.
+#[test]
+fn the_shipped_traces_replay_whole_and_repeated() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces");
+    for name in ["ext4-files.ftrace", "mariadb-oltp.ftrace"] {
+        let path = root.join(name);
+        let text = std::fs::read_to_string(&path).unwrap();
+        // The trace's own totals, read here independently of the parser under test.
+        let (mut written, mut read, mut trims) = (0u64, 0u64, 0u64);
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((_, ev)) = line.split_once("block_rq_issue: ") else {
+                continue;
+            };
+            let f: Vec<&str> = ev.split_whitespace().collect();
+            let plus = f.iter().position(|t| *t == "+").unwrap();
+            let bytes = f[plus + 1].parse::<u64>().unwrap() * 512;
+            match f[1] {
+                k if k.contains('D') => trims += 1,
+                k if k.contains('W') => written += bytes,
+                k if k.contains('R') => read += bytes,
+                _ => {}
+            }
+        }
+        assert!(written > 0 && trims > 0, "{name}: the trace holds writes and trims");
+        let dir = scratch(&format!("shipped-{name}"));
+        let (ok, stdout, stderr) = salsa(&[
+            "bench",
+            "--memory",
+            "640M",
+            "--workload",
+            &format!("trace:{}", path.display()),
+            "--trace-repeat",
+            "2",
+            "--no-precondition",
+            "--queue-depth",
+            "1",
+            "--json",
+            "--out",
+            dir.join("report").to_str().unwrap(),
+        ]);
+        assert!(ok, "{name}: {stderr}");
+        let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(
+            v[0]["measured_user_bytes_written"].as_f64().unwrap(),
+            (2 * written) as f64,
+            "{name}"
+        );
+        assert_eq!(v[0]["measured_user_bytes_read"].as_f64().unwrap(), (2 * read) as f64, "{name}");
+    }
+}

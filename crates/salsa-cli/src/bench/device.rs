@@ -8,6 +8,7 @@
 //! one random pass, as the paper), the sampler of device counters, and the report and charts.
 
 use super::plot;
+use super::trace::OpKind;
 use super::workload::{Generator, Request, Spec};
 use crate::spec::DeviceSpec;
 use parking_lot::Mutex;
@@ -65,6 +66,13 @@ impl Target {
         match self {
             Target::Raw { dev, .. } => dev.read_at(buf, offset).map_err(|e| e.to_string()),
             Target::Salsa { vol, .. } => vol.read(offset, buf).map_err(|e| e.to_string()),
+        }
+    }
+    /// A trace's discard: the raw device's discard (a TRIM on an SSD model), SALSA's trim.
+    fn trim(&self, offset: u64, len: u64) -> Result<(), String> {
+        match self {
+            Target::Raw { dev, .. } => dev.discard(offset, len).map_err(|e| e.to_string()),
+            Target::Salsa { vol, .. } => vol.trim(offset, len).map_err(|e| e.to_string()),
         }
     }
     fn devices(&self) -> Vec<Arc<dyn Device>> {
@@ -135,14 +143,22 @@ fn run_workload(
                 let mut buf = aligned(p.block_bytes as usize);
                 let mut stamp = (p.seed << 20) ^ (worker as u64) << 48;
                 while !failed.load(Relaxed) && done.load(Relaxed) < bytes {
-                    let Some(Request { write, offset, len, .. }) = gen.lock().next_request() else {
+                    let Some(Request { kind, offset, len, .. }) = gen.lock().next_request() else {
                         break;
                     };
                     let len = len.min(t.size().saturating_sub(offset)) as usize;
                     if len == 0 {
                         continue;
                     }
-                    let r = if write {
+                    if kind == OpKind::Trim {
+                        if let Err(e) = t.trim(offset, len as u64) {
+                            failed.store(true, Relaxed);
+                            *error.lock() = Some(e);
+                            break;
+                        }
+                        continue;
+                    }
+                    let r = if kind == OpKind::Write {
                         stamp += 1;
                         for chunk in buf[..len].chunks_mut(4096) {
                             let n = chunk.len().min(8);

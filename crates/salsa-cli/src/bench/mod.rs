@@ -29,6 +29,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use trace::OpKind;
 use workload::{Generator, Request, Spec};
 
 /// Where the pool lives.
@@ -70,6 +71,8 @@ pub struct Params {
     pub inline_gc: bool,
     pub trace_format: Option<trace::Format>,
     pub trace_volume: Option<String>,
+    /// Times a trace is replayed in a row (a short trace run often enough to keep the GC busy).
+    pub trace_repeat: u32,
     /// Record what SALSA sends to its devices in this file (one per policy pair).
     pub device_trace: Option<(PathBuf, trace::Format)>,
     /// Where the charts and `results.json` go.
@@ -151,7 +154,10 @@ pub fn run(p: &Params, quiet: bool) -> Result<Vec<Outcome>, String> {
         return Err("read percentage must be 0 to 100".into());
     }
     let trace_ops = match &p.workload {
-        Spec::Trace(path) => Some(trace::read(path, p.trace_format, p.trace_volume.as_deref())?),
+        Spec::Trace(path) => Some(trace::repeat(
+            trace::read(path, p.trace_format, p.trace_volume.as_deref())?,
+            p.trace_repeat,
+        )?),
         _ => None,
     };
     let mut outcomes = Vec::new();
@@ -575,11 +581,21 @@ fn drive(
                                 std::thread::sleep(wait);
                             }
                         }
-                        let Request { write, offset, len, .. } = req;
+                        let Request { kind, offset, len, .. } = req;
                         let len = len.min(vol.size_bytes().saturating_sub(offset));
                         if len == 0 {
                             continue;
                         }
+                        // A trace's discards trim (not timed: the histograms are of reads and
+                        // writes).
+                        if kind == OpKind::Trim {
+                            if let Err(e) = vol.trim(offset, len) {
+                                *failed.lock() = Some(format!("trim at {offset} ({len} bytes): {e}"));
+                                break;
+                            }
+                            continue;
+                        }
+                        let write = kind == OpKind::Write;
                         buf.resize(len as usize, 0);
                         let t = Instant::now();
                         let res = if write {

@@ -2,7 +2,7 @@
 //! Zipf, SepBIT's dynamic Zipf, and trace replay (see [`super::trace`]). A generator yields
 //! requests in blocks of the benchmark's block size; it is deterministic for a seed.
 
-use super::trace::TraceOp;
+use super::trace::{OpKind, TraceOp};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -11,7 +11,7 @@ use rand_distr::{Distribution, Zipf};
 /// One request, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
-    pub write: bool,
+    pub kind: OpKind,
     pub offset: u64,
     pub len: u64,
     /// Microseconds since the start of the trace (replay at recorded time); 0 for synthetic.
@@ -219,7 +219,7 @@ impl Generator {
                 let op = ops.get(*next)?;
                 *next += 1;
                 return Some(Request {
-                    write: op.write,
+                    kind: op.kind,
                     offset: op.offset,
                     len: op.len,
                     at_us: op.at_us,
@@ -262,7 +262,7 @@ impl Generator {
         };
         let write = self.read_fraction <= 0.0 || !self.rng.gen_bool(self.read_fraction.min(1.0));
         Some(Request {
-            write,
+            kind: if write { OpKind::Write } else { OpKind::Read },
             offset: block * self.block_bytes,
             len: self.block_bytes,
             at_us: 0,

@@ -8,7 +8,8 @@ use crate::*;
 pub(crate) struct LoadArgs {
     /// Workload: seq, uniform, hotcold:W/S (W% of writes to S% of the space), zipf:SKEW,
     /// dynzipf:SKEW[:INTERVAL] (SepBIT's: the hottest 20% of ranks move every INTERVAL
-    /// written), trace:PATH (MSR, Alibaba or fio iolog).
+    /// written), trace:PATH (MSR, Alibaba, fio iolog, blkparse
+    /// output or the kernel's block_rq_issue events from tracefs).
     #[arg(long, default_value = "uniform")]
     workload: workload::Spec,
     /// Percentage of requests that are reads.
@@ -108,16 +109,21 @@ pub(crate) struct BenchArgs {
     /// Replay a trace at its recorded times (default: as fast as possible).
     #[arg(long)]
     realtime: bool,
-    /// Trace format (default: guessed from the first line): msr, alibaba, fio.
+    /// Trace format (default: guessed from the first line): msr, alibaba, fio, blkparse, ftrace.
     #[arg(long)]
     trace_format: Option<bench::trace::Format>,
-    /// Volume (Alibaba) or disk number (MSR) of the trace to replay.
+    /// Volume (Alibaba), disk number (MSR) or device MAJ,MIN (blkparse, ftrace) of the trace to
+    /// replay.
     #[arg(long)]
     trace_volume: Option<String>,
+    /// Replay the trace this many times in a row (a short trace, repeated, keeps the GC busy
+    /// for a cleaning study).
+    #[arg(long, default_value_t = 1)]
+    trace_repeat: u32,
     /// Record every device request SALSA issues in this file.
     #[arg(long)]
     device_trace: Option<PathBuf>,
-    /// Format of --device-trace: msr, alibaba, fio.
+    /// Format of --device-trace: msr, alibaba, fio (the kernel's formats are read only).
     #[arg(long, default_value = "alibaba")]
     device_trace_format: bench::trace::Format,
     /// Writers run the GC themselves: deterministic for a seed at queue depth 1.
@@ -199,6 +205,7 @@ pub(crate) fn run_workload_bench(a: &BenchArgs) -> Result<(), String> {
         inline_gc: a.inline_gc,
         trace_format: a.trace_format,
         trace_volume: a.trace_volume.clone(),
+        trace_repeat: a.trace_repeat,
         device_trace: a.device_trace.clone().map(|p| (p, a.device_trace_format)),
         out_dir: Some(a.out.clone()),
         sample_ms: a.sample_ms,
