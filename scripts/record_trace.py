@@ -25,6 +25,7 @@ Needs root (loop devices, mounts, tracefs), nbdfuse, and for mariadb MariaDB and
 import argparse
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -163,7 +164,7 @@ def main():
             raise SystemExit("no requests were recorded")
     finally:
         t.close()
-        os.rmdir(work) if os.path.isdir(work) and not os.listdir(work) else None
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

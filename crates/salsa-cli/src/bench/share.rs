@@ -312,7 +312,8 @@ pub fn run(p: &Params) -> Result<Value, String> {
     }
     let med =
         |runs: &[Value], mode: &str, key: &str| median(runs.iter().filter(|r| r["mode"] == mode).filter_map(|r| r[key].as_f64()).collect());
-    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+    // The median of `key` in mode `a`'s runs over mode `b`'s.
+    let ratio = |runs: &[Value], a: &str, b: &str, key: &str| match (med(runs, a, key), med(runs, b, key)) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
     };
@@ -342,11 +343,8 @@ pub fn run(p: &Params) -> Result<Value, String> {
             "double_write": store("double-write"),
             "share": store("share"),
             "ratios": {
-                "throughput_share_over_double_write": ratio(med(&store_runs, "share", "pages_per_s"), med(&store_runs, "double-write", "pages_per_s")),
-                "device_bytes_share_over_double_write": ratio(
-                    med(&store_runs, "share", "device_bytes_per_user_byte"),
-                    med(&store_runs, "double-write", "device_bytes_per_user_byte")
-                ),
+                "throughput_share_over_double_write": ratio(&store_runs, "share", "double-write", "pages_per_s"),
+                "device_bytes_share_over_double_write": ratio(&store_runs, "share", "double-write", "device_bytes_per_user_byte"),
             },
             "runs": store_runs,
         },
@@ -356,11 +354,8 @@ pub fn run(p: &Params) -> Result<Value, String> {
             "copy": compact("copy"),
             "share": compact("share"),
             "ratios": {
-                "time_share_over_copy": ratio(med(&compaction_runs, "share", "seconds"), med(&compaction_runs, "copy", "seconds")),
-                "device_bytes_share_over_copy": ratio(
-                    med(&compaction_runs, "share", "device_bytes_written"),
-                    med(&compaction_runs, "copy", "device_bytes_written")
-                ),
+                "time_share_over_copy": ratio(&compaction_runs, "share", "copy", "seconds"),
+                "device_bytes_share_over_copy": ratio(&compaction_runs, "share", "copy", "device_bytes_written"),
             },
             "runs": compaction_runs,
         },

@@ -129,8 +129,8 @@ type BlockEvent<'a> = (&'a str, char, OpKind, u64, u64, u64);
 /// Parses a blkparse or ftrace line; `Ok(None)` for lines that carry no replayable request.
 fn block_event(line: &str, format: Format) -> Result<Option<BlockEvent<'_>>, String> {
     let f: Vec<&str> = line.split_whitespace().collect();
-    let num = |s: &str, what: &str| s.parse::<u64>().map_err(|_| format!("{what} is not a number"));
-    let (dev, class, rwbs, at_us, plus) = match format {
+    // Where `SECTOR + SECTORS` starts: blkparse prints it after RWBS, ftrace after the command.
+    let (dev, class, rwbs, at_us, sector_at) = match format {
         Format::Blkparse => {
             // The summary at the end ("CPU0 (8,0):", "Total (8,0):", " Reads Queued: ...").
             if !f.first().is_some_and(|d| is_device_number(d)) {
@@ -162,29 +162,25 @@ fn block_event(line: &str, format: Format) -> Result<Option<BlockEvent<'_>>, Str
                 // A request with no sectors (a flush).
                 return Ok(None);
             };
-            (f[ev + 1], 'D', f[ev + 2], at, ev + plus)
+            (f[ev + 1], 'D', f[ev + 2], at, ev + plus - 1)
         }
     };
     if !is_device_number(dev) {
         return Err(format!("{dev:?} is not a device number MAJOR,MINOR"));
     }
     let Some(kind) = rwbs_kind(rwbs) else { return Ok(None) };
-    // `SECTOR + SECTORS` (blkparse prints it after RWBS; ftrace after the command).
-    let (sector, sectors) = match format {
-        Format::Blkparse => {
-            if f.len() < 10 || f[8] != "+" {
-                return Err("a request carries SECTOR + SECTORS".into());
-            }
-            (num(f[7], "sector")?, num(f[9], "sector count")?)
-        }
-        _ => {
-            if plus == 0 || f.len() <= plus + 1 {
-                return Err("a request carries SECTOR + SECTORS".into());
-            }
-            (num(f[plus - 1], "sector")?, num(f[plus + 1], "sector count")?)
-        }
+    let (Some(sector), Some(&"+"), Some(sectors)) = (f.get(sector_at), f.get(sector_at + 1), f.get(sector_at + 2)) else {
+        return Err("a request carries SECTOR + SECTORS".into());
     };
-    Ok(Some((dev, class, kind, sector, sectors, at_us)))
+    let num = |s: &str, what: &str| s.parse::<u64>().map_err(|_| format!("{what} is not a number"));
+    Ok(Some((
+        dev,
+        class,
+        kind,
+        num(sector, "sector")?,
+        num(sectors, "sector count")?,
+        at_us,
+    )))
 }
 
 /// Reads a trace. `volume` picks one volume of an Alibaba trace (default: the first one seen),
@@ -198,10 +194,10 @@ pub fn read(path: &Path, format: Option<Format>, volume: Option<&str>) -> Result
         None => return Err(format!("{}: empty trace", path.display())),
     };
     let format = format.unwrap_or_else(|| sniff(&first));
+    // Times are absolute until the end, where they become relative to the first request.
     let mut ops = Vec::new();
     // Requests blkparse printed as queued, replayed when the trace has no issued ones.
     let mut queued = Vec::new();
-    let mut t0: Option<u64> = None;
     let mut chosen: Option<String> = volume.map(str::to_string);
     let mut fio_version = 0;
     for (i, line) in lines {
@@ -212,6 +208,7 @@ pub fn read(path: &Path, format: Option<Format>, volume: Option<&str>) -> Result
         }
         let bad = |why: &str| format!("{}:{}: {why}: {line:?}", path.display(), i + 1);
         let num = |s: &str, what: &str| s.trim().parse::<u64>().map_err(|_| bad(&format!("{what} is not a number")));
+        let mut is_queued = false;
         let (kind, offset, len, ts) = match format {
             Format::Msr => {
                 let f: Vec<&str> = line.split(',').collect();
@@ -289,13 +286,7 @@ pub fn read(path: &Path, format: Option<Format>, volume: Option<&str>) -> Result
                 }
                 let offset = sector.checked_mul(512).ok_or_else(|| bad("sector overflows"))?;
                 let len = sectors.checked_mul(512).ok_or_else(|| bad("sector count overflows"))?;
-                if class == 'Q' {
-                    if len > 0 {
-                        offset.checked_add(len).ok_or_else(|| bad("offset + length overflows"))?;
-                        queued.push((kind, offset, len, at));
-                    }
-                    continue;
-                }
+                is_queued = class == 'Q';
                 (kind, offset, len, at)
             }
         };
@@ -303,29 +294,26 @@ pub fn read(path: &Path, format: Option<Format>, volume: Option<&str>) -> Result
             continue;
         }
         offset.checked_add(len).ok_or_else(|| bad("offset + length overflows"))?;
-        let base = *t0.get_or_insert(ts);
-        ops.push(TraceOp {
+        let op = TraceOp {
             kind,
             offset,
             len,
-            at_us: ts.saturating_sub(base),
-        });
-    }
-    if ops.is_empty() {
-        if let Some(&(_, _, _, base)) = queued.first() {
-            ops = queued
-                .into_iter()
-                .map(|(kind, offset, len, at)| TraceOp {
-                    kind,
-                    offset,
-                    len,
-                    at_us: at.saturating_sub(base),
-                })
-                .collect();
+            at_us: ts,
+        };
+        if is_queued {
+            queued.push(op);
+        } else {
+            ops.push(op);
         }
     }
     if ops.is_empty() {
+        ops = queued;
+    }
+    let Some(base) = ops.first().map(|o| o.at_us) else {
         return Err(format!("{}: no read, write or trim requests in the trace", path.display()));
+    };
+    for op in &mut ops {
+        op.at_us = op.at_us.saturating_sub(base);
     }
     Ok(ops)
 }

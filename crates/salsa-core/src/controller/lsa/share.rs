@@ -229,7 +229,7 @@ impl LsaVolume {
     /// Whether `page` maps to a grain other pages own too (a dual-mapping volume merges
     /// instead of laying small pages over such a page, see its module documentation).
     pub fn page_is_shared(&self, map: &PageMap, page: u64) -> bool {
-        !self.shared.is_empty() && matches!(map.load(page), Entry::Mapped(g) if self.shared.holds(g))
+        matches!(map.load(page), Entry::Mapped(g) if self.shared.holds(g))
     }
 
     /// Whether the entry that maps `page` now may not be durable yet: a share entry or a trim
