@@ -1,8 +1,7 @@
 //! `salsa`: format, inspect, check and benchmark SALSA pools.
 
-mod bench;
 mod commands;
-use salsa_core::spec;
+use salsa_cli::{bench, progress_bar, spec};
 
 use bench::workload;
 use clap::{Parser, Subcommand};
@@ -830,23 +829,3 @@ fn main() -> ExitCode {
 }
 
 const DEFAULT_DEVICE: &str = "salsa-data/pool.img";
-
-/// A progress reporter for long operations: a bar on a terminal, silence otherwise.
-fn progress_bar(what: &'static str) -> impl Fn(u64, u64) {
-    use std::io::IsTerminal;
-    let tty = std::io::stderr().is_terminal();
-    move |done: u64, total: u64| {
-        if tty && total > 0 {
-            let width = 40;
-            let filled = (done * width / total) as usize;
-            eprint!(
-                "\r{what} [{}{}] {done}/{total}",
-                "#".repeat(filled),
-                " ".repeat(width as usize - filled)
-            );
-            if done >= total {
-                eprintln!();
-            }
-        }
-    }
-}

@@ -70,6 +70,74 @@ fn policies_side_by_side_with_json_and_charts() {
 }
 
 #[test]
+fn compare_runs_every_named_pair_and_writes_one_report() {
+    let dir = scratch("compare");
+    let out = dir.join("report");
+    let (ok, stdout, stderr) = salsa(&[
+        "bench",
+        "--memory",
+        "64M",
+        "--segment-size",
+        "1M",
+        "--workload",
+        "zipf:1.0",
+        "--compare",
+        "user-gc+*,sepbit+fifo,user-gc+greedy",
+        "--inline-gc",
+        "--queue-depth",
+        "1",
+        "--warmup",
+        "1",
+        "--measure",
+        "0.5",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let results: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let runs = results.as_array().unwrap();
+    // Every victim policy with user-gc (greedy named twice runs once), then sepbit+fifo.
+    let (ok, victims, _) = salsa(&["policies"]);
+    assert!(ok);
+    let victim_count = victims
+        .lines()
+        .skip_while(|l| !l.starts_with("victim"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .count();
+    assert!(victim_count >= 6, "{victims}");
+    assert_eq!(runs.len(), victim_count + 1);
+    assert_eq!(runs.last().unwrap()["victim"], "fifo");
+    let lowest = runs.iter().map(|r| r["wa"].as_f64().unwrap()).fold(f64::INFINITY, f64::min);
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("| ")).count(), runs.len() + 1, "{stdout}");
+    for r in runs {
+        let label = format!("| {}+{} |", r["placement"].as_str().unwrap(), r["victim"].as_str().unwrap());
+        let row = report
+            .lines()
+            .find(|l| l.starts_with(&label))
+            .unwrap_or_else(|| panic!("{label} in {report}"));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let wa = r["wa"].as_f64().unwrap();
+        assert_eq!(cells[2], format!("{wa:.3}"));
+        assert_eq!(cells[3], format!("{:.3}", wa / lowest), "relative to the lowest WA of the run");
+        assert_eq!(cells[7], "-", "no reads were sent");
+    }
+    for f in ["wa.svg", "throughput.svg", "latency_cdf.svg"] {
+        assert!(std::fs::read_to_string(out.join(f)).unwrap().contains("sepbit+fifo"));
+    }
+    for (bad, says) in [
+        ("nope+greedy", "unknown placement policy \"nope\""),
+        ("salsa+nope", "unknown victim policy \"nope\""),
+        ("salsa", "give PLACEMENT+VICTIM"),
+    ] {
+        let (ok, _, stderr) = salsa(&["bench", "--memory", "16M", "--compare", bad, "--out", out.to_str().unwrap()]);
+        assert!(!ok && stderr.contains(says), "{bad}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn trace_replay_and_device_trace() {
     let dir = scratch("trace");
     // An Alibaba-format trace: volume 3 writes 16 MiB twice with 64 KiB requests and reads

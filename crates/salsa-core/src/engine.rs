@@ -52,8 +52,6 @@ pub struct Engine {
 
 /// One victim policy's view of its segments during a victim choice.
 struct Ranking {
-    /// The volume whose own policy this is; `None` for the pool's.
-    owner: Option<u32>,
     /// Its best candidate: (score, segment, valid grains).
     best: (f64, u32, u32),
     /// Garbage grains in all its candidates.
@@ -296,8 +294,12 @@ impl Engine {
                 oldest = oldest.min(sealed);
                 cands.push((i as u32, valid, sealed, s.stream_kind(), s.owner_volume.load(SeqCst)));
             }
+            // Candidates grouped by the policy that ranks them, each group scored in one call
+            // (a policy written in Python pays its call overhead once per choice, not per
+            // segment).
             let policies = self.volume_policies.read();
             let mut rankings: Vec<Ranking> = Vec::new();
+            let mut groups: Vec<(Option<u32>, Vec<Candidate>)> = Vec::new();
             for &(segment, valid_grains, sealed_seq, stream, owner) in &cands {
                 let c = Candidate {
                     segment,
@@ -308,25 +310,34 @@ impl Engine {
                     oldest_sealed_seq: oldest,
                     stream,
                 };
-                let (ranking, policy) = match policies.get(&owner) {
-                    Some(p) => (Some(owner), p.as_ref()),
-                    None => (None, self.policy.as_ref()),
-                };
-                let scored = (policy.score(&c), segment, valid_grains);
-                let garbage = gps.saturating_sub(valid_grains) as u64;
-                match rankings.iter_mut().find(|r| r.owner == ranking) {
-                    Some(r) => {
-                        r.garbage_grains += garbage;
-                        if scored.0.total_cmp(&r.best.0).is_lt() {
-                            r.best = scored;
-                        }
-                    }
-                    None => rankings.push(Ranking {
-                        owner: ranking,
-                        best: scored,
-                        garbage_grains: garbage,
-                    }),
+                let ranking = policies.contains_key(&owner).then_some(owner);
+                match groups.iter_mut().find(|g| g.0 == ranking) {
+                    Some(g) => g.1.push(c),
+                    None => groups.push((ranking, vec![c])),
                 }
+            }
+            let mut scores = Vec::new();
+            for (ranking, group) in &groups {
+                let policy = match ranking {
+                    Some(owner) => policies[owner].as_ref(),
+                    None => self.policy.as_ref(),
+                };
+                scores.clear();
+                policy.score_batch(group, &mut scores);
+                assert_eq!(scores.len(), group.len(), "a victim policy must score every candidate");
+                let mut r = Ranking {
+                    best: (f64::INFINITY, u32::MAX, u32::MAX),
+                    garbage_grains: 0,
+                };
+                for (c, &score) in group.iter().zip(&scores) {
+                    r.garbage_grains += gps.saturating_sub(c.valid_grains) as u64;
+                    // A NaN (a policy's bug) ranks last rather than first.
+                    let score = if score.is_nan() { f64::INFINITY } else { score };
+                    if r.best.1 == u32::MAX || score.total_cmp(&r.best.0).is_lt() {
+                        r.best = (score, c.segment, c.valid_grains);
+                    }
+                }
+                rankings.push(r);
             }
             drop(policies);
             let best = rankings

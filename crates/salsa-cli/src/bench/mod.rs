@@ -65,6 +65,9 @@ pub struct Params {
     pub realtime: bool,
     /// `(placement, victim)` pairs to run, each on a fresh pool.
     pub policies: Vec<(String, String)>,
+    /// Where the policies' names are looked up: the built-ins, plus any a caller registered
+    /// (the Python bindings register policies written in Python here).
+    pub registry: salsa_core::Registry,
     pub gc_aging: f64,
     pub seed: u64,
     /// Writers run the GC themselves (deterministic for a seed at queue depth 1).
@@ -298,6 +301,7 @@ fn pool_settings(p: &Params, placement: &str, victim: &str) -> (PoolConfig, Open
             OpenOptions::default().write_back_threads
         },
         gc_garbage_percent: p.gc_garbage_percent,
+        policies: p.registry.clone(),
         ..OpenOptions::default()
     };
     (cfg, opts)
@@ -656,8 +660,84 @@ fn chart_series<T>(runs: &[T], label: impl Fn(&T) -> &str, points: impl Fn(&T) -
         .collect()
 }
 
+/// The policy pairs `salsa bench --compare` names: `all` (every placement with every victim
+/// policy), or `PLACEMENT+VICTIM` items where `*` stands for every policy of its kind
+/// (`salsa+*`, `*+greedy`). Every name is checked against `registry`; a pair named twice runs
+/// once.
+pub fn compare_pairs(items: &[String], registry: &salsa_core::Registry) -> Result<Vec<(String, String)>, String> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for item in items.iter().map(|i| i.trim()) {
+        let (placement, victim) = match item {
+            "all" => ("*", "*"),
+            _ => item
+                .split_once('+')
+                .ok_or_else(|| format!("--compare {item:?}: give PLACEMENT+VICTIM (or all; * for every policy of a kind)"))?,
+        };
+        let expand = |name: &str, all: Vec<&'static str>, check: &dyn Fn(&str) -> Result<(), String>| {
+            if name == "*" {
+                Ok(all.into_iter().map(String::from).collect::<Vec<_>>())
+            } else {
+                check(name).map(|_| vec![name.to_string()])
+            }
+        };
+        let placements = expand(placement, registry.placement_names(), &|n| registry.check_placement(n))?;
+        let victims = expand(victim, registry.victim_names(), &|n| registry.check_victim(n))?;
+        for pl in &placements {
+            for v in &victims {
+                if !pairs.iter().any(|(a, b)| a == pl && b == v) {
+                    pairs.push((pl.clone(), v.clone()));
+                }
+            }
+        }
+    }
+    if pairs.is_empty() {
+        return Err("--compare names no policy pair".into());
+    }
+    Ok(pairs)
+}
+
+/// The side-by-side table of a run, as Markdown: one row per policy pair, with its write
+/// amplification relative to the lowest of the run.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let best = outcomes.iter().map(|o| o.wa).filter(|w| *w > 0.0).fold(f64::INFINITY, f64::min);
+    let mut t = String::from(
+        "| policy (placement+victim) | WA | WA / lowest | device WA | MB/s median | write p99 us | read p99 us |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for o in outcomes {
+        let relative = if best.is_finite() && best > 0.0 { o.wa / best } else { 0.0 };
+        // A kind of request the workload never sent has no percentile.
+        let p99 = |kind: &str| match o.json[kind]["count"].as_u64() {
+            Some(n) if n > 0 => o.json[kind]["p99_us"].to_string(),
+            _ => "-".to_string(),
+        };
+        t.push_str(&format!(
+            "| {} | {:.3} | {:.3} | {:.3} | {:.1} | {} | {} |\n",
+            o.label,
+            o.wa,
+            relative,
+            o.json["device_wa"].as_f64().unwrap_or(0.0),
+            o.json["throughput_mbps_median"].as_f64().unwrap_or(0.0),
+            p99("latency_write"),
+            p99("latency_read"),
+        ));
+    }
+    t
+}
+
 fn write_report(p: &Params, dir: &std::path::Path, outcomes: &[Outcome]) -> Result<(), String> {
     let put = report_writer(dir)?;
+    put(
+        "report.md",
+        format!(
+            "# salsa bench: {}, {}% spare, seed {}\n\n{}\nCharts: wa.svg (write amplification over time), throughput.svg, \
+             latency_cdf.svg, compare.svg; every figure in results.json.\n",
+            p.workload,
+            p.spare_percent,
+            p.seed,
+            table(outcomes)
+        ),
+    )?;
     let series = |f: fn(&Outcome) -> &Vec<(f64, f64)>| chart_series(outcomes, |o| &o.label, f);
     let w = &p.workload;
     put(

@@ -94,6 +94,12 @@ pub(crate) struct BenchArgs {
     /// Victim-selection policies, comma-separated.
     #[arg(long, alias = "gc-policy", default_value = "aging-greedy", value_delimiter = ',')]
     victim: Vec<String>,
+    /// Compare policies side by side in one report (report.md, wa.svg, throughput.svg,
+    /// latency_cdf.svg): `all` (every placement with every victim policy), or
+    /// comma-separated PLACEMENT+VICTIM pairs, `*` standing for every policy of its kind
+    /// (`salsa+*`, `*+fifo`). Replaces --placement and --victim.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["placement", "victim"])]
+    compare: Vec<String>,
     /// Aging factor of aging-greedy.
     #[arg(long, default_value_t = 0.1)]
     aging: f64,
@@ -176,11 +182,14 @@ pub(crate) fn run_workload_bench(a: &BenchArgs) -> Result<(), String> {
     for v in &a.victim {
         registry.check_victim(v)?;
     }
-    let policies = a
-        .placement
-        .iter()
-        .flat_map(|pl| a.victim.iter().map(move |v| (pl.clone(), v.clone())))
-        .collect();
+    let policies = if a.compare.is_empty() {
+        a.placement
+            .iter()
+            .flat_map(|pl| a.victim.iter().map(move |v| (pl.clone(), v.clone())))
+            .collect()
+    } else {
+        bench::compare_pairs(&a.compare, &registry)?
+    };
     let p = bench::Params {
         backing: if a.device.is_empty() {
             bench::Backing::Memory(a.memory)
@@ -200,6 +209,7 @@ pub(crate) fn run_workload_bench(a: &BenchArgs) -> Result<(), String> {
         measure_volumes: a.measure,
         realtime: a.realtime,
         policies,
+        registry,
         gc_aging: a.aging,
         seed: a.seed,
         inline_gc: a.inline_gc,
@@ -215,21 +225,8 @@ pub(crate) fn run_workload_bench(a: &BenchArgs) -> Result<(), String> {
         let all: Vec<&serde_json::Value> = outcomes.iter().map(|o| &o.json).collect();
         println!("{}", serde_json::to_string(&all).map_err(|e| e.to_string())?);
     } else {
-        println!(
-            "{:<28} {:>8} {:>10} {:>12} {:>12}",
-            "policy", "WA", "device WA", "MB/s median", "write p99 us"
-        );
-        for o in &outcomes {
-            println!(
-                "{:<28} {:>8.3} {:>10.3} {:>12.1} {:>12}",
-                o.label,
-                o.wa,
-                o.json["device_wa"].as_f64().unwrap_or(0.0),
-                o.json["throughput_mbps_median"].as_f64().unwrap_or(0.0),
-                o.json["latency_write"]["p99_us"]
-            );
-        }
-        println!("report: {}", a.out.display());
+        print!("{}", bench::table(&outcomes));
+        println!("report: {}", a.out.join("report.md").display());
     }
     Ok(())
 }

@@ -35,11 +35,19 @@ impl Candidate {
 }
 
 /// Chooses GC victims: one instance for the pool, and one for each volume that names its own.
-/// Implementations must be cheap: `score` runs for every candidate on every victim choice,
-/// from GC workers in parallel.
+/// Implementations must be cheap: every candidate is scored on every victim choice, from GC
+/// workers in parallel.
 pub trait VictimPolicy: Send + Sync {
     /// Lower is cleaned first. Only segments that would free space are offered.
     fn score(&self, c: &Candidate) -> f64;
+
+    /// Scores every candidate of one victim choice, appending one score per candidate, in
+    /// order, to `scores` (which arrives empty). The engine calls this once per choice; the
+    /// default scores one by one. A policy with a per-call cost (one written in Python) scores
+    /// the batch at once. A NaN ranks last.
+    fn score_batch(&self, candidates: &[Candidate], scores: &mut Vec<f64>) {
+        scores.extend(candidates.iter().map(|c| self.score(c)));
+    }
 }
 
 /// Greedy: the segment with the fewest valid grains.
