@@ -6,6 +6,8 @@ scripts/install-deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --release
+# The Python bindings: built with maturin, tested with pytest (Python policies among them).
+scripts/python-tests.sh
 # A short fuzzing run of the NBD codec (libFuzzer with AddressSanitizer). cargo fuzz passes
 # unstable compiler flags (-Zsanitizer): a nightly toolchain is used when there is one, else the
 # stable compiler with RUSTC_BOOTSTRAP=1, which accepts them (the stable toolchain ships the

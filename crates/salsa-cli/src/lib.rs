@@ -3,6 +3,7 @@
 //! the same workloads, traces and policy comparisons in-process.
 
 pub mod bench;
+pub mod stats_json;
 pub use salsa_core::spec;
 
 /// A progress reporter for long operations: a bar on a terminal, silence otherwise.

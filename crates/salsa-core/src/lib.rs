@@ -65,7 +65,7 @@ pub use controller::hybrid::HybridSpec;
 pub use controller::ControllerStats;
 pub use device::{Device, StorageType};
 pub use error::{Error, ErrorKind, Result};
-pub use format::StreamKind;
+pub use format::{StreamKind, MAX_POLICY_NAME_BYTES};
 pub use log::payload::WriteBuffer;
 pub use log::read_cache::ReadCacheStats;
 pub use log::Geometry;

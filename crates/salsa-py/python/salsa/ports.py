@@ -1,0 +1,57 @@
+"""Python ports of built-in policies: examples to start a new policy from, and the check that
+the engine calls Python policies faithfully (each gives the same write amplification as the
+Rust policy it ports, on the same seed; ``tests/test_policies.py``)."""
+
+from __future__ import annotations
+
+import math
+
+from . import PlacementPolicy, VictimPolicy
+
+
+class Greedy(VictimPolicy):
+    """``greedy``: the segment with the fewest valid grains."""
+
+    def score(self, c):
+        cap = float(c.capacity_grains)
+        return [v / cap for v in c.valid_grains]
+
+
+class SqrtCostBenefit(VictimPolicy):
+    """``sqrt-cost-benefit``: ``(1 - u) sqrt(age) / (1 + u)``, highest cleaned first."""
+
+    def score(self, c):
+        cap = float(c.capacity_grains)
+        now = c.now_seq
+        out = []
+        for valid, sealed in zip(c.valid_grains, c.sealed_seq):
+            u = valid / cap
+            age = float(max(now - sealed, 0)) + 1.0
+            out.append(-((1.0 - u) * math.sqrt(age) / (1.0 + u)))
+        return out
+
+
+class Fifo(VictimPolicy):
+    """``fifo``: the segment sealed longest ago."""
+
+    def score(self, c):
+        return [float(s) for s in c.sealed_seq]
+
+
+class SalsaHeat(PlacementPolicy):
+    """``salsa``: a write is hot (user stream 0) when the version it replaces is younger than
+    half the volume's mapped pages in clock ticks, judged by its segment's seal time; first
+    writes are cold (stream 1); relocations go to the one GC stream."""
+
+    user_streams = 2
+    gc_streams = 1
+
+    def place_user(self, w):
+        prev = w.previous
+        if prev is None:
+            return 1
+        age = 0 if prev.sealed_seq == 0 else max(w.now - prev.sealed_seq, 0)
+        return 0 if age < max(w.mapped_pages // 2, 1) else 1
+
+    def place_gc(self, r):
+        return 0

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds the `salsa` Python package (crates/salsa-py, with maturin, into a virtualenv under the
+# cargo target directory) and runs its tests with pytest. scripts/test.sh calls it; run it
+# alone to work on the bindings.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target=${CARGO_TARGET_DIR:-target}
+mkdir -p "$target"
+venv=$(cd "$target" && pwd)/py-venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2" "pytest>=7"
+(cd crates/salsa-py && VIRTUAL_ENV="$venv" "$venv/bin/maturin" develop --release -q)
+"$venv/bin/pytest" -q crates/salsa-py/tests "$@"
