@@ -328,7 +328,7 @@ fn volume_bytes(p: &Params, pool: &Pool, trace_ops: Option<&[trace::TraceOp]>) -
         let need = trace::extent(ops).div_ceil(p.block_bytes) * p.block_bytes;
         if need > vol_bytes {
             return Err(format!(
-                "the trace touches {} MiB but the pool offers {} MiB at {}% spare; give a bigger --size",
+                "the trace touches {} MiB but the pool offers {} MiB at {}% spare; give the pool more room (--memory, larger --device files, or less --spare)",
                 need >> 20,
                 vol_bytes >> 20,
                 p.spare_percent
