@@ -196,16 +196,14 @@ pub unsafe extern "C" fn salsa_pool_create(
     guarded(|| {
         // SAFETY: forwarded from this function's contract.
         let devs = unsafe { open_devices(devices, n_devices, true) }?;
-        for d in &devs {
-            if !salsa_core::pool::device_is_blank(d.as_ref())? {
-                return Err(Failure::new(
-                    libc::EEXIST,
-                    format!(
-                        "device {} already holds data or a pool; salsa_pool_create formats only blank devices",
-                        d.name()
-                    ),
-                ));
-            }
+        if let Some(d) = salsa_core::pool::first_non_blank(&devs)? {
+            return Err(Failure::new(
+                libc::EEXIST,
+                format!(
+                    "device {} already holds data or a pool; salsa_pool_create formats only blank devices",
+                    d.name()
+                ),
+            ));
         }
         let cfg = PoolConfig {
             segment_bytes: (segment_bytes != 0).then_some(segment_bytes),

@@ -101,8 +101,6 @@ pub fn bench(
         .map_err(pyo3::exceptions::PyRuntimeError::new_err)?;
     policy::raise_if_errors_since(errors_before)?;
     let all: Vec<&serde_json::Value> = outcomes.iter().map(|o| &o.json).collect();
-    Ok((
-        serde_json::Value::from(all.into_iter().cloned().collect::<Vec<_>>()).to_string(),
-        runner::table(&outcomes),
-    ))
+    let results = serde_json::to_string(&all).map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+    Ok((results, runner::table(&outcomes)))
 }

@@ -51,17 +51,6 @@ pub(crate) fn errors_logged() -> u64 {
     ERRORS.lock().total
 }
 
-/// The first error logged after `since` errors, if any.
-pub(crate) fn first_error_since(since: u64) -> Option<String> {
-    let log = ERRORS.lock();
-    (log.total > since).then(|| {
-        log.kept
-            .get(since as usize)
-            .cloned()
-            .unwrap_or_else(|| format!("{} errors in Python policies", log.total - since))
-    })
-}
-
 thread_local! {
     /// Whether this thread has a Python thread state of its own (see [`attach`]).
     static HAS_THREAD_STATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -474,12 +463,19 @@ pub fn policy_errors() -> Vec<String> {
     out
 }
 
-/// A bench run's result when a Python policy raised during it.
+/// A bench run's result when a Python policy raised during it: the first error logged after
+/// `since` errors (as [`errors_logged`] counted before the run).
 pub(crate) fn raise_if_errors_since(since: u64) -> PyResult<()> {
-    match first_error_since(since) {
-        Some(first) => Err(PyRuntimeError::new_err(format!(
-            "a Python policy failed during the run (fell back to a safe answer, so the figures are not the policy's): {first}"
-        ))),
-        None => Ok(()),
+    let log = ERRORS.lock();
+    if log.total <= since {
+        return Ok(());
     }
+    let first = log
+        .kept
+        .get(since as usize)
+        .cloned()
+        .unwrap_or_else(|| format!("{} errors in Python policies", log.total - since));
+    Err(PyRuntimeError::new_err(format!(
+        "a Python policy failed during the run (fell back to a safe answer, so the figures are not the policy's): {first}"
+    )))
 }

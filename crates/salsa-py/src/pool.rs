@@ -146,13 +146,11 @@ impl Pool {
         let devs = open_devices(&devices, true)?;
         let opts = open_options(background_gc);
         let pool = py.detach(|| {
-            for d in &devs {
-                if !salsa_core::pool::device_is_blank(d.as_ref()).map_err(to_py)? {
-                    return Err(PyFileExistsError::new_err(format!(
-                        "device {} already holds data or a pool; Pool.create formats only blank devices",
-                        d.name()
-                    )));
-                }
+            if let Some(d) = salsa_core::pool::first_non_blank(&devs).map_err(to_py)? {
+                return Err(PyFileExistsError::new_err(format!(
+                    "device {} already holds data or a pool; Pool.create formats only blank devices",
+                    d.name()
+                )));
             }
             salsa_core::Pool::create(devs, &cfg, &opts).map_err(to_py)
         })?;

@@ -176,20 +176,16 @@ pub(crate) fn run_device_bench(a: &BenchDeviceArgs) -> Result<(), String> {
 
 pub(crate) fn run_workload_bench(a: &BenchArgs) -> Result<(), String> {
     let registry = salsa_core::Registry::builtin();
-    for pl in &a.placement {
-        registry.check_placement(pl)?;
-    }
-    for v in &a.victim {
-        registry.check_victim(v)?;
-    }
-    let policies = if a.compare.is_empty() {
+    // --placement x --victim is the comparison of every placement with every victim policy.
+    let pairs: Vec<String> = if a.compare.is_empty() {
         a.placement
             .iter()
-            .flat_map(|pl| a.victim.iter().map(move |v| (pl.clone(), v.clone())))
+            .flat_map(|pl| a.victim.iter().map(move |v| format!("{pl}+{v}")))
             .collect()
     } else {
-        bench::compare_pairs(&a.compare, &registry)?
+        a.compare.clone()
     };
+    let policies = bench::compare_pairs(&pairs, &registry)?;
     let p = bench::Params {
         backing: if a.device.is_empty() {
             bench::Backing::Memory(a.memory)

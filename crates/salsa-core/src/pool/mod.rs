@@ -16,7 +16,7 @@ mod volumes;
 
 pub use crate::controller::amf::default_segment_bytes as default_amf_segment_bytes;
 pub use crate::controller::dual::default_sparse_pages;
-pub use open::{device_is_blank, human_bytes, read_superblock};
+pub use open::{device_is_blank, first_non_blank, human_bytes, read_superblock};
 pub use rebuild::{RebuildOptions, RebuildReport};
 pub use stats::{Stats, VolumeStats};
 pub use volumes::{ShareRange, Volume, VolumeSpec, MAX_SHARE_OWNERS, MAX_SHARE_RANGES};

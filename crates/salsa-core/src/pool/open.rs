@@ -70,6 +70,17 @@ pub fn device_is_blank(dev: &dyn Device) -> Result<bool> {
     Ok(b.iter().all(|&x| x == 0))
 }
 
+/// The first of `devices` that is not blank (holds a pool or other data), if any: what the
+/// embedding APIs, which format only blank devices, refuse.
+pub fn first_non_blank(devices: &[Arc<dyn Device>]) -> Result<Option<&Arc<dyn Device>>> {
+    for d in devices {
+        if !device_is_blank(d.as_ref())? {
+            return Ok(Some(d));
+        }
+    }
+    Ok(None)
+}
+
 /// Formats the head of a device: the superblock, and zeros over the metadata slots so nothing
 /// of an earlier pool survives in them. Sequential zones are reset first.
 pub(super) fn write_superblock(d: &dyn Device, sb: &Superblock) -> Result<()> {
