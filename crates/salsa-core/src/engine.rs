@@ -298,6 +298,8 @@ impl Engine {
             // (a policy written in Python pays its call overhead once per choice, not per
             // segment).
             let policies = self.volume_policies.read();
+            let bands =
+                (self.policy.counts_live_bands() || policies.values().any(|p| p.counts_live_bands())).then(|| self.live_band_census());
             let mut rankings: Vec<Ranking> = Vec::new();
             let mut groups: Vec<(Option<u32>, Vec<Candidate>)> = Vec::new();
             for &(segment, valid_grains, sealed_seq, stream, owner) in &cands {
@@ -309,6 +311,7 @@ impl Engine {
                     now_seq: now,
                     oldest_sealed_seq: oldest,
                     stream,
+                    live_bands: bands.as_ref().map_or(0, |b| b[segment as usize]),
                 };
                 let ranking = policies.contains_key(&owner).then_some(owner);
                 match groups.iter_mut().find(|g| g.0 == ranking) {
@@ -353,6 +356,33 @@ impl Engine {
                 return Some(best.1);
             }
         }
+    }
+
+    /// Per segment, the distinct logical bands its live pages belong to (see
+    /// [`Candidate::live_bands`]), from a walk of every volume's map. Pages are visited in
+    /// address order, so a segment meets each band in one run: remembering the last band
+    /// counted per segment is enough to count distinct ones. Writers may move pages during
+    /// the walk; a policy gets a count that was true during the walk, not at its end.
+    pub fn live_band_census(&self) -> Vec<u32> {
+        let geo = self.log.geo();
+        let segments = self.log.capacity().segments().len();
+        let segment_bytes = geo.grains_per_segment as u64 * geo.grain_bytes as u64;
+        let mut bands = vec![0u32; segments];
+        let mut last: Vec<(u32, u64)> = vec![(u32::MAX, u64::MAX); segments];
+        for (&volume, controller) in self.volumes.read().iter() {
+            let page_bytes = controller.page_bytes() as u64;
+            let band_pages = (segment_bytes / page_bytes).max(1);
+            for page in 0..controller.size_bytes() / page_bytes {
+                let Some(grain) = controller.page_location(page) else { continue };
+                let s = geo.segment_of(grain) as usize;
+                let key = (volume, page / band_pages);
+                if s < segments && last[s] != key {
+                    last[s] = key;
+                    bands[s] += 1;
+                }
+            }
+        }
+        bands
     }
 
     /// Cleans one victim (or releases segments waiting for a sync). Returns whether space was

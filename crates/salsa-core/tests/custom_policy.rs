@@ -138,3 +138,101 @@ fn a_registered_policy_runs_and_is_found_again_at_open() {
     }
     pool.close().unwrap();
 }
+
+/// Greedy that asks for live-band counts and checks each one it is handed against a count
+/// of its own, made from the volumes' maps at the same moment (the GC is inline, so nothing
+/// moves while it scores).
+struct BandChecker {
+    volumes: Arc<std::sync::OnceLock<(salsa_core::Geometry, Vec<salsa_core::Volume>)>>,
+    /// Candidates checked, those whose count differed, and the most bands seen.
+    checked: Arc<AtomicU64>,
+    wrong: Arc<AtomicU64>,
+    most: Arc<AtomicU64>,
+}
+
+impl VictimPolicy for BandChecker {
+    fn score(&self, c: &Candidate) -> f64 {
+        c.utilization()
+    }
+
+    fn score_batch(&self, candidates: &[Candidate], scores: &mut Vec<f64>) {
+        if let Some((geo, volumes)) = self.volumes.get() {
+            let segment_bytes = geo.grains_per_segment as u64 * geo.grain_bytes as u64;
+            let mut bands: std::collections::HashMap<u32, std::collections::HashSet<(usize, u64)>> = Default::default();
+            for (i, v) in volumes.iter().enumerate() {
+                let band_pages = segment_bytes / v.page_bytes() as u64;
+                for page in 0..v.pages() {
+                    if let Some(g) = v.page_location(page) {
+                        bands.entry(geo.segment_of(g)).or_default().insert((i, page / band_pages));
+                    }
+                }
+            }
+            for c in candidates {
+                let want = bands.get(&c.segment).map_or(0, |b| b.len()) as u32;
+                self.checked.fetch_add(1, Relaxed);
+                self.most.fetch_max(c.live_bands as u64, Relaxed);
+                if c.live_bands != want {
+                    self.wrong.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        scores.extend(candidates.iter().map(|c| self.score(c)));
+    }
+
+    fn counts_live_bands(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_policy_that_counts_live_bands_gets_the_counts_the_maps_hold() {
+    let volumes = Arc::new(std::sync::OnceLock::new());
+    let (checked, wrong, most) = (Arc::default(), Arc::<AtomicU64>::default(), Arc::<AtomicU64>::default());
+    let mut policies = Registry::builtin();
+    {
+        let (volumes, checked, wrong, most) = (volumes.clone(), Arc::clone(&checked), wrong.clone(), most.clone());
+        policies.add_victim("band-checker", "greedy that checks its live-band counts", move |_| {
+            Box::new(BandChecker {
+                volumes: volumes.clone(),
+                checked: Arc::clone(&checked),
+                wrong: wrong.clone(),
+                most: most.clone(),
+            })
+        });
+    }
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 64 << 20));
+    let opts = OpenOptions {
+        background_gc: false,
+        policies,
+        ..OpenOptions::default()
+    };
+    let cfg = PoolConfig {
+        segment_bytes: Some(1 << 20),
+        victim_policy: "band-checker".into(),
+        ..PoolConfig::default()
+    };
+    let pool = Pool::create(vec![dev], &cfg, &opts).unwrap();
+    // Two volumes of different page sizes: bands are counted per volume, in its own pages.
+    let size = pool.logical_capacity_bytes() / 3 / (1 << 20) * (1 << 20);
+    let small = pool.create_volume("small", size, 4096).unwrap();
+    let large = pool.create_volume("large", size, 16384).unwrap();
+    volumes.set((pool.geometry(), vec![small.clone(), large.clone()])).ok().unwrap();
+    small.write(0, &vec![1u8; size as usize]).unwrap();
+    large.write(0, &vec![2u8; size as usize]).unwrap();
+    // Random overwrites scatter the pages of each band over many segments.
+    let mut x = 99u64;
+    for i in 0..(size / 4096) * 3 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let (vol, page_bytes) = if i % 2 == 0 { (&small, 4096) } else { (&large, 16384) };
+        let page = (x >> 33) % (size / page_bytes);
+        vol.write(page * page_bytes, &vec![i as u8; page_bytes as usize]).unwrap();
+    }
+    assert!(pool.stats().gc_segments_cleaned > 10, "the GC ran");
+    let (checked, wrong, most) = (checked.load(Relaxed), wrong.load(Relaxed), most.load(Relaxed));
+    assert!(checked > 1000, "{checked} candidates checked");
+    assert_eq!(wrong, 0, "{wrong} of {checked} candidates had a wrong band count");
+    assert!(
+        most > 4,
+        "random writes leave segments with live pages of many bands (most: {most})"
+    );
+}

@@ -126,6 +126,9 @@ pub struct Candidates {
     oldest_sealed_seq: u64,
     /// The stream that wrote each segment: `"user:K"` or `"gc:K"`.
     stream: Vec<String>,
+    /// Distinct logical bands (a segment's worth of one volume's addresses) each segment's
+    /// live pages belong to: counted when the policy's `counts_live_bands` is true, else 0.
+    live_bands: Vec<u32>,
 }
 
 #[pymethods]
@@ -191,6 +194,8 @@ pub struct Relocation {
 struct PyVictim {
     name: &'static str,
     object: Py<PyAny>,
+    /// The object's `counts_live_bands` attribute, read once when it was built.
+    counts_live_bands: bool,
 }
 
 impl VictimPolicy for PyVictim {
@@ -210,6 +215,7 @@ impl VictimPolicy for PyVictim {
             now_seq: first.now_seq,
             oldest_sealed_seq: first.oldest_sealed_seq,
             stream: candidates.iter().map(|c| stream_name(c.stream)).collect(),
+            live_bands: candidates.iter().map(|c| c.live_bands).collect(),
         };
         let answer = attach(|py| {
             self.object
@@ -233,6 +239,10 @@ impl VictimPolicy for PyVictim {
                 victim::Greedy.score_batch(candidates, scores);
             }
         }
+    }
+
+    fn counts_live_bands(&self) -> bool {
+        self.counts_live_bands
     }
 }
 
@@ -405,6 +415,11 @@ pub fn register_victim(py: Python<'_>, name: &str, factory: Py<PyAny>, about: &s
         attach(|py| match factory.bind(py).call1((params.aging,)) {
             Ok(object) => Box::new(PyVictim {
                 name,
+                // Absent or not a bool: the policy does not read the counts.
+                counts_live_bands: object
+                    .getattr("counts_live_bands")
+                    .and_then(|a| a.extract::<bool>())
+                    .unwrap_or(false),
                 object: object.unbind(),
             }) as Box<dyn VictimPolicy>,
             Err(e) => {

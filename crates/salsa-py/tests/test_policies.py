@@ -15,6 +15,7 @@ def setup_module():
     salsa.register_victim("py-greedy", ports.Greedy, "greedy, in Python")
     salsa.register_victim("py-sqrt-cost-benefit", ports.SqrtCostBenefit)
     salsa.register_victim("py-fifo", ports.Fifo)
+    salsa.register_victim("py-min-assoc", ports.MinAssoc)
     salsa.register_placement("py-salsa", ports.SalsaHeat, "SALSA's heat separation, in Python")
 
 
@@ -32,6 +33,7 @@ def test_registered_policies_are_listed_beside_the_built_ins():
         (("salsa", "greedy"), ("salsa", "py-greedy")),
         (("salsa", "sqrt-cost-benefit"), ("salsa", "py-sqrt-cost-benefit")),
         (("salsa", "fifo"), ("salsa", "py-fifo")),
+        (("salsa", "min-assoc"), ("salsa", "py-min-assoc")),
         (("salsa", "greedy"), ("py-salsa", "greedy")),
     ],
 )
@@ -43,6 +45,31 @@ def test_a_python_port_gives_the_built_in_write_amplification(builtin, port):
     assert theirs.wa == ours.wa
     assert theirs.raw["gc_segments_cleaned"] == ours.raw["gc_segments_cleaned"]
     assert "| " + "+".join(port) + " |" in run.table
+
+
+def test_live_bands_are_counted_only_for_a_policy_that_asks():
+    seen = {"asked": [], "not_asked": []}
+
+    class Asks(ports.Greedy):
+        counts_live_bands = True
+
+        def score(self, c):
+            seen["asked"].extend(c.live_bands)
+            return super().score(c)
+
+    class DoesNotAsk(ports.Greedy):
+        def score(self, c):
+            seen["not_asked"].extend(c.live_bands)
+            return super().score(c)
+
+    salsa.register_victim("py-asks-bands", Asks)
+    salsa.register_victim("py-no-bands", DoesNotAsk)
+    asked, not_asked = salsa.bench("zipf:1.0", [("salsa", "py-asks-bands"), ("salsa", "py-no-bands")], **RUN)
+    # Same decisions (both greedy), but only one was handed the counts.
+    assert asked.wa == not_asked.wa
+    assert seen["not_asked"] and set(seen["not_asked"]) == {0}
+    # Zipf writes scatter: candidates hold live pages of many bands.
+    assert seen["asked"] and min(seen["asked"]) >= 1 and max(seen["asked"]) > 10
 
 
 def test_a_different_python_policy_changes_the_outcome():

@@ -74,6 +74,11 @@ impl Registry {
         let mut r = Registry::empty();
         r.add_victim("greedy", "the segment with the fewest valid grains", |_| Box::new(victim::Greedy));
         r.add_victim("min-valid", "greedy under the name FSTL gives it", |_| Box::new(victim::Greedy));
+        r.add_victim(
+            "min-assoc",
+            "FSTL's min_assoc: live pages in the fewest logical bands, then the emptiest",
+            |_| Box::new(victim::MinAssoc),
+        );
         r.add_victim("fifo", "the segment sealed longest ago (FSTL's TL1, Skylight's SMR disks)", |_| {
             Box::new(victim::Fifo)
         });

@@ -20,6 +20,12 @@ pub struct Candidate {
     pub oldest_sealed_seq: u64,
     /// The stream the segment was written by.
     pub stream: StreamKind,
+    /// Distinct logical bands its live pages belong to: a band is a segment's worth of one
+    /// volume's addresses (`[k * S, (k + 1) * S)` for segments of `S` bytes), what FSTL's TL1
+    /// calls the data zones a cache zone's extents go home to. Counted only when the policy's
+    /// [`VictimPolicy::counts_live_bands`] says so (it costs a walk of every volume's map per
+    /// victim choice); 0 otherwise.
+    pub live_bands: u32,
 }
 
 impl Candidate {
@@ -48,6 +54,13 @@ pub trait VictimPolicy: Send + Sync {
     fn score_batch(&self, candidates: &[Candidate], scores: &mut Vec<f64>) {
         scores.extend(candidates.iter().map(|c| self.score(c)));
     }
+
+    /// Whether the policy reads [`Candidate::live_bands`]. The engine then walks every
+    /// volume's map at each victim choice to count them: O(pages of all volumes) per choice,
+    /// a fraction of a millisecond per GiB of volume; meant for studies, not TiB pools.
+    fn counts_live_bands(&self) -> bool {
+        false
+    }
 }
 
 /// Greedy: the segment with the fewest valid grains.
@@ -67,6 +80,28 @@ pub struct Fifo;
 impl VictimPolicy for Fifo {
     fn score(&self, c: &Candidate) -> f64 {
         c.sealed_seq as f64
+    }
+}
+
+/// FSTL's `min_assoc`: the segment whose live pages belong to the fewest logical bands, and
+/// among those the emptiest. In FSTL's TL1 (a media cache in front of shingled bands) a cache
+/// zone is cleaned by merging each of its extents into its home band, so the bands it touches
+/// set the cost of cleaning it. SALSA has no home locations and moves live pages to its log
+/// head, so here the count measures how scattered a segment's live data is, and the policy
+/// exists to compare against FSTL's study (`docs/BENCHMARKS.md`). A segment with live grains
+/// but none found in a map (a hybrid volume's fast-tier copies, a dual volume's sparse pages
+/// past the first) counts one band.
+pub struct MinAssoc;
+
+impl VictimPolicy for MinAssoc {
+    fn score(&self, c: &Candidate) -> f64 {
+        let bands = if c.valid_grains > 0 { c.live_bands.max(1) } else { 0 };
+        // Utilisation breaks ties: it stays below 1, so it never outweighs one band.
+        bands as f64 + c.utilization() * 0.999
+    }
+
+    fn counts_live_bands(&self) -> bool {
+        true
     }
 }
 
@@ -124,6 +159,7 @@ mod tests {
             now_seq: 1000,
             oldest_sealed_seq: 0,
             stream: StreamKind::User(0),
+            live_bands: 0,
         }
     }
 
@@ -136,6 +172,21 @@ mod tests {
         assert!(a.score(&cand(50, 0)) < a.score(&cand(50, 900)));
         assert!(CostBenefit.score(&cand(50, 0)) < CostBenefit.score(&cand(50, 900)));
         assert!(SqrtAgeCostBenefit.score(&cand(50, 0)) < SqrtAgeCostBenefit.score(&cand(50, 900)));
+    }
+
+    #[test]
+    fn min_assoc_takes_the_fewest_bands_then_the_emptiest() {
+        let with_bands = |valid, bands| Candidate {
+            live_bands: bands,
+            ..cand(valid, 0)
+        };
+        // One band nearly full beats two bands nearly empty.
+        assert!(MinAssoc.score(&with_bands(99, 1)) < MinAssoc.score(&with_bands(1, 2)));
+        assert!(MinAssoc.score(&with_bands(10, 3)) < MinAssoc.score(&with_bands(20, 3)));
+        // A segment with live data found in no map ranks as one band, never before an empty one.
+        assert!(MinAssoc.score(&with_bands(0, 0)) < MinAssoc.score(&with_bands(5, 0)));
+        assert_eq!(MinAssoc.score(&with_bands(5, 0)), MinAssoc.score(&with_bands(5, 1)));
+        assert!(MinAssoc.counts_live_bands() && !Greedy.counts_live_bands());
     }
 
     #[test]

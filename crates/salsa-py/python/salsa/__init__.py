@@ -178,7 +178,10 @@ class VictimPolicy:
     """Base of victim-selection policies written in Python. The engine builds one per pool
     (and per volume that names it) by calling the class with the pool's aging factor, and
     calls ``score`` once per victim choice with every candidate segment; the lowest score is
-    cleaned first. Override ``score``."""
+    cleaned first. Override ``score``. Set ``counts_live_bands = True`` to have
+    ``candidates.live_bands`` counted (a walk of every volume's map per choice)."""
+
+    counts_live_bands = False
 
     def __init__(self, aging: float = 0.0) -> None:
         self.aging = aging

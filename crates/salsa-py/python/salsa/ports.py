@@ -38,6 +38,21 @@ class Fifo(VictimPolicy):
         return [float(s) for s in c.sealed_seq]
 
 
+class MinAssoc(VictimPolicy):
+    """``min-assoc`` (FSTL's min_assoc): the segment whose live pages belong to the fewest
+    logical bands, then the emptiest. Asks the engine to count the bands."""
+
+    counts_live_bands = True
+
+    def score(self, c):
+        cap = float(c.capacity_grains)
+        out = []
+        for valid, bands in zip(c.valid_grains, c.live_bands):
+            b = max(bands, 1) if valid > 0 else 0
+            out.append(float(b) + (valid / cap) * 0.999)
+        return out
+
+
 class SalsaHeat(PlacementPolicy):
     """``salsa``: a write is hot (user stream 0) when the version it replaces is younger than
     half the volume's mapped pages in clock ticks, judged by its segment's seal time; first
