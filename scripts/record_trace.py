@@ -23,6 +23,7 @@ Needs root (loop devices, mounts, tracefs), nbdfuse, and for mariadb MariaDB and
 """
 
 import argparse
+import gzip
 import os
 import random
 import shutil
@@ -79,7 +80,12 @@ class Recording:
                 kept, written = line.split(":")[1].split()[0].split("/")
                 if kept != written:
                     raise SystemExit("the trace buffer overflowed: %s of %s events kept" % (kept, written))
-        write(out, text)
+        if out.endswith(".gz"):
+            # ftrace text compresses about tenfold; salsa bench reads gzip as it comes.
+            with gzip.open(out, "wt") as f:
+                f.write(text)
+        else:
+            write(out, text)
         return sum(1 for line in text.splitlines() if "block_rq_issue:" in line)
 
 
@@ -115,7 +121,7 @@ def ext4_files(mnt, args):
 
 def mariadb_oltp(mnt, args, d):
     db = MariaDB(os.path.join(mnt, "data"), d)
-    db.start("32M")
+    db.start(args.buffer_pool)
     try:
         prep = sysbench(db.sock, args, "prepare")
         out, _ = prep.communicate()
@@ -133,7 +139,7 @@ def mariadb_oltp(mnt, args, d):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workload", choices=["ext4", "mariadb"])
-    ap.add_argument("out", help="the trace file to write")
+    ap.add_argument("out", help="the trace file to write (gzip-compressed when it ends in .gz)")
     ap.add_argument("--size", default="512M", help="the SALSA volume's pool file")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dirs", type=int, default=8, help="ext4: directories")
@@ -142,6 +148,7 @@ def main():
     ap.add_argument("--tables", type=int, default=2)
     ap.add_argument("--table-size", type=int, default=5000)
     ap.add_argument("--db-threads", type=int, default=4)
+    ap.add_argument("--buffer-pool", default="32M", help="mariadb: InnoDB buffer pool size")
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one in /var/tmp)")
     args = ap.parse_args()
     tracefs()

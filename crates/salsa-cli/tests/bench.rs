@@ -720,15 +720,27 @@ fn map_memory_of_the_extent_controller_against_the_page_map() {
     assert!(!ok && err.contains("40M"), "{err}");
 }
 
+fn shipped_trace(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces").join(name)
+}
+
 /// The traces shipped in `traces/` (recorded here with scripts/record_trace.py: ext4 and
-/// MariaDB over a SALSA volume, the kernel's block_rq_issue events) replay whole, twice with
-/// --trace-repeat: every write and read request of the trace, trims included in the replay.
+/// MariaDB over a SALSA volume, the kernel's block_rq_issue events; one gzip-compressed)
+/// replay whole, twice with --trace-repeat: every write and read request of the trace, trims
+/// included in the replay.
 #[test]
 fn the_shipped_traces_replay_whole_and_repeated() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces");
-    for name in ["ext4-files.ftrace", "mariadb-oltp.ftrace"] {
-        let path = root.join(name);
-        let text = std::fs::read_to_string(&path).unwrap();
+    for name in ["ext4-files.ftrace", "mariadb-oltp.ftrace", "mariadb-oltp-30s.ftrace.gz"] {
+        let path = shipped_trace(name);
+        let mut text = String::new();
+        if name.ends_with(".gz") {
+            use std::io::Read;
+            flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap())
+                .read_to_string(&mut text)
+                .unwrap();
+        } else {
+            text = std::fs::read_to_string(&path).unwrap();
+        }
         // The trace's own totals, read here independently of the parser under test.
         let (mut written, mut read, mut trims) = (0u64, 0u64, 0u64);
         for line in text.lines().filter(|l| !l.starts_with('#')) {
@@ -771,4 +783,38 @@ fn the_shipped_traces_replay_whole_and_repeated() {
         );
         assert_eq!(v[0]["measured_user_bytes_read"].as_f64().unwrap(), (2 * read) as f64, "{name}");
     }
+}
+
+/// The 30 s MariaDB trace overwrites its pages scattered enough that, replayed once on a
+/// preconditioned volume with 10% spare, the GC moves live data, and the cleaners part: FIFO
+/// moves more than greedy (the trace half of the cleaning study in docs/BENCHMARKS.md).
+#[test]
+fn the_long_database_trace_makes_the_cleaners_differ() {
+    let dir = scratch("trace-cleaning");
+    let (ok, stdout, stderr) = salsa(&[
+        "bench",
+        "--memory",
+        "455M",
+        "--spare",
+        "5",
+        "--segment-size",
+        "1M",
+        "--workload",
+        &format!("trace:{}", shipped_trace("mariadb-oltp-30s.ftrace.gz").display()),
+        "--compare",
+        "salsa+greedy,salsa+fifo",
+        "--inline-gc",
+        "--queue-depth",
+        "1",
+        "--json",
+        "--out",
+        dir.join("report").to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let run = |i: usize| (v[i]["wa"].as_f64().unwrap(), v[i]["gc_segments_cleaned"].as_u64().unwrap());
+    let ((greedy_wa, greedy_cleaned), (fifo_wa, fifo_cleaned)) = (run(0), run(1));
+    assert!(greedy_cleaned > 100 && fifo_cleaned > 100, "{stdout}");
+    assert!(greedy_wa > 1.05, "the GC moved live data: {stdout}");
+    assert!(fifo_wa > greedy_wa * 1.1, "FIFO moves more than greedy: {stdout}");
 }

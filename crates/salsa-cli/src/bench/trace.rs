@@ -183,11 +183,22 @@ fn block_event(line: &str, format: Format) -> Result<Option<BlockEvent<'_>>, Str
     )))
 }
 
-/// Reads a trace. `volume` picks one volume of an Alibaba trace (default: the first one seen),
-/// one disk number of an MSR trace, or one device `MAJ,MIN` of a block-layer trace.
+/// Reads a trace, plain or gzip-compressed (told by its first two bytes, whatever its name).
+/// `volume` picks one volume of an Alibaba trace (default: the first one seen), one disk
+/// number of an MSR trace, or one device `MAJ,MIN` of a block-layer trace.
 pub fn read(path: &Path, format: Option<Format>, volume: Option<&str>) -> Result<Vec<TraceOp>, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut lines = std::io::BufReader::new(file).lines().enumerate().peekable();
+    let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?);
+    let gzip = file
+        .fill_buf()
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .starts_with(&[0x1f, 0x8b]);
+    let text: Box<dyn BufRead> = if gzip {
+        // A corrupt or truncated stream surfaces as a read error on the line it cuts.
+        Box::new(std::io::BufReader::new(flate2::bufread::MultiGzDecoder::new(file)))
+    } else {
+        Box::new(file)
+    };
+    let mut lines = text.lines().enumerate().peekable();
     let first = match lines.peek() {
         Some((_, Ok(l))) => l.clone(),
         Some((_, Err(e))) => return Err(format!("{}: {e}", path.display())),
@@ -581,6 +592,22 @@ Throughput (R/W): 0KiB/s / 0KiB/s
             ]
         );
         assert_eq!(read(&p, Some(Format::Ftrace), Some("7,0")).unwrap().len(), 1);
+        // The same text gzip-compressed reads the same; cut short, it is an error.
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(text.as_bytes()).unwrap();
+        let gz = gz.finish().unwrap();
+        let z = write_tmp("ftrace.txt.gz", "");
+        std::fs::write(&z, &gz).unwrap();
+        let again: Vec<(OpKind, u64, u64, u64)> = read(&z, None, None)
+            .unwrap()
+            .iter()
+            .map(|o| (o.kind, o.offset, o.len, o.at_us))
+            .collect();
+        assert_eq!(again, got);
+        std::fs::write(&z, &gz[..gz.len() / 2]).unwrap();
+        let e = read(&z, None, None).unwrap_err();
+        assert!(e.contains("ftrace.txt.gz"), "{e}");
+        let _ = std::fs::remove_file(z);
         let bad = write_tmp(
             "ftrace-bad.txt",
             "  bash-1 [000] ..... 5.000001: block_rq_issue: 254,0 W 8192 () xyz + 16 be,0,4 [bash]\n",
