@@ -41,6 +41,22 @@ struct Devices {
     parity_buffer: Option<DeviceSpec>,
 }
 
+/// Where a command that changes a pool finds it: the running server (its control socket, or
+/// the socket next to the first device), or, when none answers, the pool itself offline.
+#[derive(clap::Args, Clone)]
+struct ServerOrDevices {
+    /// The pool's devices (offline), or its first device (to find the running server's control
+    /// socket).
+    #[arg(long = "device", short = 'd', value_name = "PATH[:SIZE]")]
+    devices: Vec<DeviceSpec>,
+    /// A RAID-5 pool's parity buffer (offline only).
+    #[arg(long, value_name = "PATH")]
+    parity_buffer: Option<DeviceSpec>,
+    /// The running server's control socket.
+    #[arg(long)]
+    control: Option<PathBuf>,
+}
+
 impl Devices {
     /// Opens (creating missing files at the sizes given): for `format`.
     fn open(&self, read_only: bool) -> Result<Vec<Arc<dyn salsa_core::Device>>, String> {
@@ -316,15 +332,8 @@ enum Command {
     /// when the command returns. Through the running server when one answers, else offline.
     /// Ranges are whole pages; at most 256, with destinations that do not overlap.
     Share {
-        /// The pool's devices (offline), or its first device (to find the server).
-        #[arg(long = "device", short = 'd', value_name = "PATH[:SIZE]")]
-        devices: Vec<DeviceSpec>,
-        /// A RAID-5 pool's parity buffer (offline only).
-        #[arg(long, value_name = "PATH")]
-        parity_buffer: Option<DeviceSpec>,
-        /// The running server's control socket.
-        #[arg(long)]
-        control: Option<PathBuf>,
+        #[command(flatten)]
+        target: ServerOrDevices,
         /// The volume (default: the one `salsa serve` creates).
         #[arg(long, default_value = "default")]
         volume: String,
@@ -519,29 +528,16 @@ enum DeviceCommand {
     /// Mark member MEMBER (its path or slot number) failed, as a dying disk would be; a
     /// redundant pool keeps serving without it. Through the running server when one answers.
     Fail {
-        #[arg(long = "device", short = 'd', value_name = "PATH[:SIZE]")]
-        devices: Vec<DeviceSpec>,
-        /// A RAID-5 pool's parity buffer (offline only).
-        #[arg(long, value_name = "PATH")]
-        parity_buffer: Option<DeviceSpec>,
-        #[arg(long)]
-        control: Option<PathBuf>,
+        #[command(flatten)]
+        target: ServerOrDevices,
         member: String,
     },
     /// Replace member OLD (its path or slot number) with NEW and rebuild it from the others,
     /// only the segments that hold data. Through the running server's control socket when one
     /// answers (the pool keeps serving), else offline on --device.
     Replace {
-        /// The pool's members (offline), or its first member (to find the server's control
-        /// socket).
-        #[arg(long = "device", short = 'd', value_name = "PATH[:SIZE]")]
-        devices: Vec<DeviceSpec>,
-        /// A RAID-5 pool's parity buffer (offline only).
-        #[arg(long, value_name = "PATH")]
-        parity_buffer: Option<DeviceSpec>,
-        /// The running server's control socket.
-        #[arg(long)]
-        control: Option<PathBuf>,
+        #[command(flatten)]
+        target: ServerOrDevices,
         /// Most bytes per second written to the new member (e.g. 200M); default: no limit.
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
@@ -664,9 +660,11 @@ fn main() -> ExitCode {
         ),
         Command::Stats { control, device, json } => stats(control.clone(), device.as_ref(), *json),
         Command::Share {
-            devices,
-            parity_buffer,
-            control,
+            target: ServerOrDevices {
+                devices,
+                parity_buffer,
+                control,
+            },
             volume,
             ranges,
         } => commands::share::share(devices, parity_buffer.as_ref(), control.as_deref(), volume, ranges),
@@ -688,9 +686,12 @@ fn main() -> ExitCode {
         Command::Device {
             command:
                 DeviceCommand::Replace {
-                    devices,
-                    parity_buffer,
-                    control,
+                    target:
+                        ServerOrDevices {
+                            devices,
+                            parity_buffer,
+                            control,
+                        },
                     rate,
                     old,
                     new,
@@ -768,9 +769,12 @@ fn main() -> ExitCode {
         Command::Device {
             command:
                 DeviceCommand::Fail {
-                    devices,
-                    parity_buffer,
-                    control,
+                    target:
+                        ServerOrDevices {
+                            devices,
+                            parity_buffer,
+                            control,
+                        },
                     member,
                 },
         } => commands::device::fail(devices, parity_buffer.as_ref(), control.as_deref(), member),
