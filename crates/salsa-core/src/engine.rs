@@ -298,8 +298,10 @@ impl Engine {
             // (a policy written in Python pays its call overhead once per choice, not per
             // segment).
             let policies = self.volume_policies.read();
-            let bands =
-                (self.policy.counts_live_bands() || policies.values().any(|p| p.counts_live_bands())).then(|| self.live_band_census());
+            let policy_of = |ranking: &Option<u32>| match ranking {
+                Some(owner) => policies[owner].as_ref(),
+                None => self.policy.as_ref(),
+            };
             let mut rankings: Vec<Ranking> = Vec::new();
             let mut groups: Vec<(Option<u32>, Vec<Candidate>)> = Vec::new();
             for &(segment, valid_grains, sealed_seq, stream, owner) in &cands {
@@ -311,7 +313,7 @@ impl Engine {
                     now_seq: now,
                     oldest_sealed_seq: oldest,
                     stream,
-                    live_bands: bands.as_ref().map_or(0, |b| b[segment as usize]),
+                    live_bands: 0,
                 };
                 let ranking = policies.contains_key(&owner).then_some(owner);
                 match groups.iter_mut().find(|g| g.0 == ranking) {
@@ -319,12 +321,21 @@ impl Engine {
                     None => groups.push((ranking, vec![c])),
                 }
             }
+            // The map walk only when a policy that ranks candidates of this choice asks for it,
+            // and only its candidates get the counts.
+            if groups.iter().any(|(ranking, _)| policy_of(ranking).counts_live_bands()) {
+                let census = self.live_band_census();
+                for (ranking, group) in &mut groups {
+                    if policy_of(ranking).counts_live_bands() {
+                        for c in group.iter_mut() {
+                            c.live_bands = census[c.segment as usize];
+                        }
+                    }
+                }
+            }
             let mut scores = Vec::new();
             for (ranking, group) in &groups {
-                let policy = match ranking {
-                    Some(owner) => policies[owner].as_ref(),
-                    None => self.policy.as_ref(),
-                };
+                let policy = policy_of(ranking);
                 scores.clear();
                 policy.score_batch(group, &mut scores);
                 assert_eq!(scores.len(), group.len(), "a victim policy must score every candidate");

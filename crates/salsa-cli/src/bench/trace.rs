@@ -187,11 +187,9 @@ fn block_event(line: &str, format: Format) -> Result<Option<BlockEvent<'_>>, Str
 /// `volume` picks one volume of an Alibaba trace (default: the first one seen), one disk
 /// number of an MSR trace, or one device `MAJ,MIN` of a block-layer trace.
 pub fn read(path: &Path, format: Option<Format>, volume: Option<&str>) -> Result<Vec<TraceOp>, String> {
-    let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?);
-    let gzip = file
-        .fill_buf()
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .starts_with(&[0x1f, 0x8b]);
+    let failed = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(failed)?);
+    let gzip = file.fill_buf().map_err(failed)?.starts_with(&[0x1f, 0x8b]);
     let text: Box<dyn BufRead> = if gzip {
         // A corrupt or truncated stream surfaces as a read error on the line it cuts.
         Box::new(std::io::BufReader::new(flate2::bufread::MultiGzDecoder::new(file)))
@@ -212,7 +210,7 @@ pub fn read(path: &Path, format: Option<Format>, volume: Option<&str>) -> Result
     let mut chosen: Option<String> = volume.map(str::to_string);
     let mut fio_version = 0;
     for (i, line) in lines {
-        let line = line.map_err(|e| format!("{}: {e}", path.display()))?;
+        let line = line.map_err(failed)?;
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
