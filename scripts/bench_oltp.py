@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
-"""A database as users run it: MariaDB under sysbench OLTP (read/write) on ext4, over SALSA and
-over nbdkit, each served as it comes (issue 20's application pairing).
+"""Databases as users run them: MariaDB under sysbench OLTP (read/write) and PostgreSQL under
+pgbench (TPC-B-like), each on ext4, over SALSA and over nbdkit, each server as it comes (issue
+20's application pairing).
 
 Each target is a file of the same size in the same directory, served on a Unix socket
 (`salsa serve` with its defaults: O_DIRECT and its DRAM read cache; `nbdkit file`: the page
-cache), attached with nbdfuse and a loop device (direct I/O), formatted ext4 and mounted; MariaDB
+cache), attached with nbdfuse and a loop device (direct I/O), formatted ext4 and mounted. MariaDB
 keeps its data there (O_DIRECT, a small buffer pool so that reads reach the device), sysbench
-prepares the tables and runs for the given time. Rounds alternate between the targets; every
-round starts from a fresh file. Reports transactions per second per round, the medians and the
-ratio SALSA / nbdkit.
+prepares the tables and runs for the given time. PostgreSQL keeps its cluster there as it comes
+(buffered I/O, fsync at every commit, a small shared_buffers), pgbench initialises its tables
+and runs its default transaction from several clients. Rounds alternate between the targets;
+every round of every database starts from a fresh file. Reports transactions per second per
+round, the medians and the ratio SALSA / nbdkit, per database.
 
-    python3 scripts/bench_oltp.py                       # 3 rounds of 60 s
-    python3 scripts/bench_oltp.py --quick               # 1 round of 8 s, 2 small tables (the test suite's)
+    python3 scripts/bench_oltp.py                       # both databases, 3 rounds of 60 s each
+    python3 scripts/bench_oltp.py --db postgres         # pgbench only
+    python3 scripts/bench_oltp.py --quick               # 1 round of 8 s, small tables (the test suite's)
 
-Prints one JSON object; needs root (loop devices, mounts), nbdkit, MariaDB and sysbench
-(scripts/install-deps.sh installs them).
+Prints one JSON object; needs root (loop devices, mounts), nbdkit, MariaDB, sysbench and
+PostgreSQL (scripts/install-deps.sh installs them).
 """
 
 import argparse
@@ -26,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -88,29 +93,104 @@ def parse_bytes(s):
     return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
 
 
-def one_round(kind, work, args):
-    t = Target(kind, work, args)
-    db = None
+def postgres_bin(tool):
+    """A PostgreSQL server tool: Debian keeps them in /usr/lib/postgresql/VERSION/bin (the
+    newest version wins), elsewhere they are on PATH."""
+    versions = sorted((d for d in os.listdir("/usr/lib/postgresql") if d.isdigit()), key=int) if os.path.isdir("/usr/lib/postgresql") else []
+    for v in reversed(versions):
+        path = os.path.join("/usr/lib/postgresql", v, "bin", tool)
+        if os.path.exists(path):
+            return path
+    return shutil.which(tool)
+
+
+class Postgres:
+    """A PostgreSQL cluster in `datadir`, run as the `postgres` user (initdb refuses root),
+    listening only on a Unix socket in its own directory."""
+
+    def __init__(self, datadir, d):
+        self.datadir = datadir
+        self.sockdir = os.path.join(d, "pgsock")
+        self.log = os.path.join(d, "postgres.log")
+        self.started = False
+
+    def as_postgres(self, cmd):
+        r = subprocess.run(["runuser", "-u", "postgres", "--"] + cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            log = open(self.log).read()[-2000:] if os.path.exists(self.log) else ""
+            raise SystemExit("%s failed: %s%s\nserver log:\n%s" % (" ".join(cmd), r.stdout, r.stderr[-2000:], log))
+        return r.stdout
+
+    def start(self, shared_buffers):
+        for path in (self.datadir, self.sockdir):
+            os.makedirs(path)
+            shutil.chown(path, "postgres", "postgres")
+        open(self.log, "w").close()
+        shutil.chown(self.log, "postgres", "postgres")
+        # --no-sync: only initdb's own files skip their fsync; the server syncs as it comes.
+        self.as_postgres([postgres_bin("initdb"), "--no-sync", "-U", "postgres", "-D", self.datadir])
+        opts = "-k %s -c listen_addresses='' -c shared_buffers=%s -c max_connections=64" % (self.sockdir, shared_buffers)
+        self.as_postgres([postgres_bin("pg_ctl"), "-D", self.datadir, "-l", self.log, "-w", "-t", "120", "-o", opts, "start"])
+        self.started = True
+
+    def pgbench(self, *args):
+        return self.as_postgres([postgres_bin("pgbench"), "-h", self.sockdir, "-U", "postgres"] + list(args) + ["postgres"])
+
+    def stop(self):
+        if self.started:
+            subprocess.run(["runuser", "-u", "postgres", "--", postgres_bin("pg_ctl"), "-D", self.datadir, "-m", "fast", "-w", "stop"],
+                           capture_output=True)
+            self.started = False
+
+
+def postgres_round(mnt, d, args):
+    db = Postgres(os.path.join(mnt, "pgdata"), d)
     try:
-        mnt = t.start()
-        db = MariaDB(os.path.join(mnt, "data"), t.d)
+        db.start(args.shared_buffers)
+        db.pgbench("-i", "-q", "-s", str(args.pg_scale))
+        t = time.monotonic()
+        out = db.pgbench("-c", str(args.db_threads), "-j", "2", "-T", str(args.seconds))
+        took = time.monotonic() - t
+        tps = re.search(r"tps = ([\d.]+)", out)
+        lat = re.search(r"latency average = ([\d.]+) ms", out)
+        if tps is None:
+            raise SystemExit("pgbench printed no tps: " + out[-2000:])
+        return {"tps": float(tps.group(1)), "latency_ms_avg": float(lat.group(1)) if lat else None, "seconds": round(took, 1)}
+    finally:
+        db.stop()
+
+
+def mariadb_round(mnt, d, args):
+    db = MariaDB(os.path.join(mnt, "data"), d)
+    try:
         db.start(args.buffer_pool)
         prep = sysbench(db.sock, args, "prepare")
         out, _ = prep.communicate()
         if prep.returncode != 0:
-            raise SystemExit("sysbench prepare failed on %s: %s" % (kind, out[-2000:]))
+            raise SystemExit("sysbench prepare failed: " + out[-2000:])
         bench = sysbench(db.sock, args, "run", args.seconds)
         out, _ = bench.communicate()
         if bench.returncode != 0:
-            raise SystemExit("sysbench run failed on %s: %s" % (kind, out[-2000:]))
+            raise SystemExit("sysbench run failed: " + out[-2000:])
         tps = float(re.search(r"transactions:\s+\d+\s+\(([\d.]+) per sec", out).group(1))
         p95 = re.search(r"95th percentile:\s+([\d.]+)", out)
-        db.stop()
-        db = None
         return {"tps": tps, "latency_ms_p95": float(p95.group(1)) if p95 else None}
     finally:
-        if db is not None:
-            db.stop()
+        db.stop()
+
+
+def one_round(kind, work, args, database="mariadb"):
+    """One database's run on a fresh target of `kind` (salsa or nbdkit)."""
+    t = Target(kind, work, args)
+    try:
+        mnt = t.start()
+        if database == "postgres":
+            # The postgres user must reach its cluster and socket below these directories.
+            for path in (work, t.d):
+                os.chmod(path, 0o755)
+            return postgres_round(mnt, t.d, args)
+        return mariadb_round(mnt, t.d, args)
+    finally:
         t.close()
 
 
@@ -122,35 +202,45 @@ def main():
     ap.add_argument("--tables", type=int, default=8)
     ap.add_argument("--table-size", type=int, default=50000)
     ap.add_argument("--db-threads", type=int, default=8)
-    ap.add_argument("--buffer-pool", default="64M")
+    ap.add_argument("--buffer-pool", default="64M", help="MariaDB's InnoDB buffer pool")
+    ap.add_argument("--db", choices=("mariadb", "postgres", "both"), default="both")
+    ap.add_argument("--pg-scale", type=int, default=20,
+                    help="pgbench's scale factor (about 15 MiB of tables per unit, and as much WAL while loading)")
+    ap.add_argument("--shared-buffers", default="32MB", help="PostgreSQL's shared_buffers")
     ap.add_argument("--dir", default=None, help="where the files go (default: a temporary directory in /var/tmp)")
-    ap.add_argument("--quick", action="store_true", help="1 round of 8 s on 1 GiB, 2 tables of 5000 rows")
+    ap.add_argument("--quick", action="store_true", help="1 round of 8 s on 1 GiB: 2 tables of 5000 rows, pgbench scale 2")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.quick:
-        args.size, args.seconds, args.rounds, args.tables, args.table_size = "1G", 8, 1, 2, 5000
-    for tool in ("mariadbd", "sysbench", "nbdkit", "nbdfuse", "mkfs.ext4"):
+        args.size, args.seconds, args.rounds, args.tables, args.table_size, args.pg_scale = "1G", 8, 1, 2, 5000, 2
+    databases = ["mariadb", "postgres"] if args.db == "both" else [args.db]
+    tools = ["nbdkit", "nbdfuse", "mkfs.ext4"]
+    tools += ["mariadbd", "sysbench"] if "mariadb" in databases else []
+    for tool in tools:
         if shutil.which(tool) is None:
             raise SystemExit("%s is not installed; run scripts/install-deps.sh" % tool)
+    if "postgres" in databases and not all(postgres_bin(t) for t in ("initdb", "pg_ctl", "pgbench")):
+        raise SystemExit("PostgreSQL (initdb, pg_ctl, pgbench) is not installed; run scripts/install-deps.sh")
     work = tempfile.mkdtemp(prefix="salsa-oltp-", dir=args.dir or "/var/tmp")
-    rounds = {"salsa": [], "nbdkit": []}
+    report = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "databases": {}}
     try:
-        for r in range(args.rounds):
-            for kind in (("salsa", "nbdkit") if r % 2 == 0 else ("nbdkit", "salsa")):
-                res = one_round(kind, work, args)
-                rounds[kind].append(res)
-                print("[oltp] round %d %s: %.1f tps, p95 %s ms" % (r, kind, res["tps"], res["latency_ms_p95"]), file=sys.stderr)
+        for database in databases:
+            rounds = {"salsa": [], "nbdkit": []}
+            for r in range(args.rounds):
+                for kind in (("salsa", "nbdkit") if r % 2 == 0 else ("nbdkit", "salsa")):
+                    res = one_round(kind, work, args, database)
+                    rounds[kind].append(res)
+                    print("[oltp] %s round %d %s: %s" % (database, r, kind, res), file=sys.stderr)
+            med = {k: statistics.median(x["tps"] for x in v) for k, v in rounds.items()}
+            report["databases"][database] = {
+                "rounds": rounds,
+                "tps_median": med,
+                "salsa_vs_nbdkit": med["salsa"] / med["nbdkit"] if med["nbdkit"] else None,
+            }
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    med = {k: statistics.median(x["tps"] for x in v) for k, v in rounds.items()}
-    report = {
-        "config": {k: v for k, v in vars(args).items() if k != "out"},
-        "rounds": rounds,
-        "tps_median": med,
-        "salsa_vs_nbdkit": med["salsa"] / med["nbdkit"] if med["nbdkit"] else None,
-    }
     save_report(report, args.out, None, None)
-    print(json.dumps({"tps_median": med, "salsa_vs_nbdkit": report["salsa_vs_nbdkit"]}))
+    print(json.dumps({db: {k: v for k, v in r.items() if k != "rounds"} for db, r in report["databases"].items()}))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ for pair in fio:fio qemu-io:qemu-utils qemu-img:qemu-utils nbdinfo:libnbd-bin nb
   tool=${pair%%:*}; pkg=${pair##*:}
   command -v "$tool" >/dev/null 2>&1 || need+=("$pkg")
 done
+# PostgreSQL (pgbench in the database benchmark): Debian keeps its server tools off PATH.
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null 2>&1 || need+=(postgresql)
 # Libraries the build links (NBD over TLS uses the system's OpenSSL).
 for pkg in libssl-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
