@@ -16,6 +16,8 @@ def setup_module():
     salsa.register_victim("py-sqrt-cost-benefit", ports.SqrtCostBenefit)
     salsa.register_victim("py-fifo", ports.Fifo)
     salsa.register_victim("py-min-assoc", ports.MinAssoc)
+    salsa.register_victim("py-age^1", lambda aging: ports.PowerCostBenefit(aging, 1.0))
+    salsa.register_victim("py-age^0.5", lambda aging: ports.PowerCostBenefit(aging, 0.5))
     salsa.register_placement("py-salsa", ports.SalsaHeat, "SALSA's heat separation, in Python")
 
 
@@ -34,6 +36,8 @@ def test_registered_policies_are_listed_beside_the_built_ins():
         (("salsa", "sqrt-cost-benefit"), ("salsa", "py-sqrt-cost-benefit")),
         (("salsa", "fifo"), ("salsa", "py-fifo")),
         (("salsa", "min-assoc"), ("salsa", "py-min-assoc")),
+        (("salsa", "cost-benefit"), ("salsa", "py-age^1")),
+        (("salsa", "sqrt-cost-benefit"), ("salsa", "py-age^0.5")),
         (("salsa", "greedy"), ("py-salsa", "greedy")),
     ],
 )

@@ -31,6 +31,26 @@ class SqrtCostBenefit(VictimPolicy):
         return out
 
 
+class PowerCostBenefit(VictimPolicy):
+    """Cost-benefit with the age raised to ``exponent``: ``(1 - u) age^exponent / (1 + u)``.
+    At 1 it is ``cost-benefit``, at 0.5 ``sqrt-cost-benefit``, exactly (same scores, so the
+    same decisions); ``scripts/study_age_exponent.py`` sweeps the exponent."""
+
+    def __init__(self, aging: float = 0.0, exponent: float = 1.0) -> None:
+        super().__init__(aging)
+        self.exponent = exponent
+
+    def score(self, c):
+        cap = float(c.capacity_grains)
+        now, e = c.now_seq, self.exponent
+        out = []
+        for valid, sealed in zip(c.valid_grains, c.sealed_seq):
+            u = valid / cap
+            age = float(max(now - sealed, 0)) + 1.0
+            out.append(-((1.0 - u) * age**e / (1.0 + u)))
+        return out
+
+
 class Fifo(VictimPolicy):
     """``fifo``: the segment sealed longest ago."""
 
