@@ -35,6 +35,7 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
         "pad_bytes_written": s.pad_bytes_written,
         "discarded_bytes": s.discarded_bytes,
         "discard_errors": s.discard_errors,
+        "discards_skipped": s.discards_skipped,
         "parity_buffer": s.parity_buffer.as_ref().map(|b| serde_json::json!({
             "name": b.name, "size_bytes": b.size_bytes, "rows_per_bank": b.rows_per_bank,
             "banks_written": b.banks_written, "bytes_written": b.bytes_written, "banks_skipped": b.banks_skipped,

@@ -264,6 +264,113 @@ fn a_pool_discards_the_segments_it_frees_and_its_data_survives() {
     assert_eq!(run(false), (0, 0), "--no-discard discards nothing");
 }
 
+/// On an image file a discard is a punched hole that the file system must allocate again when
+/// the segment is reused: while free space is short (overwrites keep the GC busy) the pool
+/// leaves freed segments alone, and once it has space to spare (the volume trimmed) it
+/// punches them, and the file gives its space back. Data survives both.
+#[test]
+fn a_pool_on_a_file_punches_holes_only_while_free_space_is_plentiful() {
+    use salsa_core::device::file::{FileDevice, FileOpenOptions};
+    use salsa_core::{OpenOptions, Pool, PoolConfig};
+    use std::os::unix::fs::MetadataExt;
+    assert!(FileDevice::open(
+        &std::env::temp_dir().join(format!("salsa-realloc-{}", std::process::id())),
+        FileOpenOptions {
+            create_size_bytes: Some(MIB),
+            direct: false,
+            ..FileOpenOptions::default()
+        }
+    )
+    .unwrap()
+    .discard_reallocates());
+    let _ = std::fs::remove_file(std::env::temp_dir().join(format!("salsa-realloc-{}", std::process::id())));
+    let path = std::env::temp_dir().join(format!("salsa-plentiful-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let dev = Arc::new(
+        FileDevice::open(
+            &path,
+            FileOpenOptions {
+                create_size_bytes: Some(64 * MIB),
+                direct: false,
+                ..FileOpenOptions::default()
+            },
+        )
+        .unwrap(),
+    );
+    let opts = OpenOptions {
+        read_cache_bytes: 0,
+        ..OpenOptions::default()
+    };
+    assert!(opts.discard_freed_segments, "discards are on by default");
+    let cfg = PoolConfig {
+        segment_bytes: Some(MIB),
+        ..PoolConfig::default()
+    };
+    let pool = Pool::create(vec![dev.clone() as Arc<dyn Device>], &cfg, &opts).unwrap();
+    let vol = pool.create_volume("v", 48 * MIB, 4096).unwrap();
+    let pages = 48 * MIB / 4096;
+    let mut rng = SmallRng::seed_from_u64(5);
+    let mut model: HashMap<u64, u8> = HashMap::new();
+    for i in 0..pages * 3 {
+        let page = if i < pages { i } else { rng.gen_range(0..pages) };
+        let v = (i % 251) as u8 + 1;
+        vol.write(page * 4096, &[v; 4096]).unwrap();
+        model.insert(page, v);
+        if i % 2048 == 0 {
+            vol.flush().unwrap();
+        }
+    }
+    vol.flush().unwrap();
+    let busy = pool.stats();
+    assert!(busy.gc_segments_cleaned > 0, "the GC freed segments");
+    assert!(
+        busy.discards_skipped > 0,
+        "segments freed while space was short are not punched: {busy:?}"
+    );
+    assert_eq!(busy.discarded_bytes, 0, "nothing was punched while space was short");
+    // Rewrite the last three quarters in one run, so that their segments hold nothing else,
+    // then trim them: those segments empty out at once.
+    for page in 12 * MIB / 4096..pages {
+        vol.write(page * 4096, &[7u8; 4096]).unwrap();
+    }
+    vol.flush().unwrap();
+    let blocks = || std::fs::metadata(&path).unwrap().blocks() * 512;
+    let before_trim = blocks();
+    vol.trim(12 * MIB, 36 * MIB).unwrap();
+    model.retain(|&page, _| page < 12 * MIB / 4096);
+    // The emptied segments are released by the syncs that follow (a flush's, the GC
+    // worker's): give them a few.
+    let mut relaxed = pool.stats();
+    for _ in 0..100 {
+        vol.flush().unwrap();
+        relaxed = pool.stats();
+        if relaxed.discarded_bytes >= 16 * MIB {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        relaxed.discarded_bytes >= 16 * MIB,
+        "segments freed with space to spare are punched: {} bytes",
+        relaxed.discarded_bytes
+    );
+    assert!(
+        blocks() + 12 * MIB <= before_trim,
+        "the file gave the space back: {before_trim} -> {}",
+        blocks()
+    );
+    assert_eq!(relaxed.discard_errors, 0);
+    let mut buf = vec![0u8; 4096];
+    for page in 0..pages {
+        vol.read(page * 4096, &mut buf).unwrap();
+        let want = model.get(&page).copied().unwrap_or(0);
+        assert!(buf.iter().all(|&b| b == want), "page {page}");
+    }
+    drop(vol);
+    pool.close().unwrap();
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn a_discard_punches_a_hole_in_an_image_file() {
     use salsa_core::device::file::{FileDevice, FileOpenOptions};

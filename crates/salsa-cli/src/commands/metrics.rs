@@ -92,6 +92,12 @@ pub(crate) fn render(s: &Stats) -> String {
         s.discard_errors as f64,
     );
     e.one(
+        "discards_skipped_total",
+        c,
+        "Freed segments not discarded: a punched hole would be allocated again at their imminent reuse.",
+        s.discards_skipped as f64,
+    );
+    e.one(
         "pages_shared_total",
         c,
         "Pages remapped by share batches (SHARE).",

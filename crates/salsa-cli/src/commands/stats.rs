@@ -32,11 +32,12 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     println!("write amp.        {:.3}", v["write_amplification"].as_f64().unwrap_or(0.0));
     println!("free segments     {} of {}", n("free_segments"), n("total_segments"));
     println!("map memory        {}", human(n("map_memory_bytes")));
-    if n("discarded_bytes") > 0 || n("discard_errors") > 0 {
+    if n("discarded_bytes") > 0 || n("discard_errors") > 0 || n("discards_skipped") > 0 {
         println!(
-            "discarded         {} of freed segments ({} refused)",
+            "discarded         {} of freed segments ({} refused, {} segments skipped: reused too soon)",
             human(n("discarded_bytes")),
-            n("discard_errors")
+            n("discard_errors"),
+            n("discards_skipped")
         );
     }
     if n("share_batches") > 0 {

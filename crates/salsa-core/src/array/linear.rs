@@ -235,6 +235,10 @@ impl Array for LinearArray {
         Ok(())
     }
 
+    fn discard_reallocates(&self, segment: u32) -> bool {
+        self.segment_offset(segment).0.device.discard_reallocates()
+    }
+
     fn discard_segment(&self, segment: u32) -> Result<()> {
         let (m, offset) = self.segment_offset(segment);
         if m.device.zones().is_some() || self.is_segment_offline(segment) {

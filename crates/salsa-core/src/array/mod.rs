@@ -97,6 +97,9 @@ pub trait Array: Send + Sync {
     /// collection stops moving them. Advisory: an error costs the device's efficiency, never
     /// data. Zoned members are skipped (a zone is emptied by its reset when it is reused).
     fn discard_segment(&self, segment: u32) -> Result<()>;
+    /// Whether discarding `segment` costs work when it is written next on any of its members
+    /// ([`Device::discard_reallocates`]).
+    fn discard_reallocates(&self, segment: u32) -> bool;
     /// Reads whole grains starting at a physical grain address.
     fn read(&self, grain: u64, buf: &mut [u8]) -> Result<()>;
     /// Writes the concatenation of `bufs` (whole grains in all) at a physical grain address, as

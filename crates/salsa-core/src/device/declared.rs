@@ -62,6 +62,9 @@ impl Device for Declared {
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.inner.discard(offset, len)
     }
+    fn discard_reallocates(&self) -> bool {
+        self.inner.discard_reallocates()
+    }
     fn counters(&self) -> Vec<(String, u64)> {
         self.inner.counters()
     }

@@ -112,6 +112,9 @@ impl Device for FaultDevice {
         }
         self.inner.discard(offset, len)
     }
+    fn discard_reallocates(&self) -> bool {
+        self.inner.discard_reallocates()
+    }
     fn counters(&self) -> Vec<(String, u64)> {
         self.inner.counters()
     }

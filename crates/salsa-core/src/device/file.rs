@@ -314,6 +314,11 @@ impl Device for FileDevice {
             _ => Err(e),
         }
     }
+    /// A punched hole is allocated again by the file system when the segment is reused; a
+    /// block device's discard is the drive's own business.
+    fn discard_reallocates(&self) -> bool {
+        !self.is_block_device
+    }
 }
 
 /// `_IO(0x12, 119)`: discard a byte range of a block device.

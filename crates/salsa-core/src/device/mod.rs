@@ -147,6 +147,14 @@ pub trait Device: Send + Sync {
     fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
+    /// Whether a discarded range costs work when it is written next: a hole punched in a
+    /// regular file is allocated anew by the file system (an `O_DIRECT` write into it also
+    /// converts an unwritten extent), so a discard pays off only for space that stays free a
+    /// while; the pool then discards such segments only while free space is plentiful (see
+    /// `Log::discard_released`). A drive's TRIM or a model's unmap costs nothing on reuse.
+    fn discard_reallocates(&self) -> bool {
+        false
+    }
     /// Zone management, for zoned devices (host-managed SMR, ZNS); `None` for flat devices.
     fn zones(&self) -> Option<&dyn Zoned> {
         None

@@ -66,4 +66,7 @@ impl Device for SliceDevice {
         check_range(self.size_bytes, offset, usize::try_from(len).map_err(io::Error::other)?)?;
         self.inner.discard(self.offset + offset, len)
     }
+    fn discard_reallocates(&self) -> bool {
+        self.inner.discard_reallocates()
+    }
 }

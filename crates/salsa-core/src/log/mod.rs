@@ -97,6 +97,9 @@ pub struct Counters {
     pub discarded_bytes: AtomicU64,
     /// Discards a device refused with an error (advisory: nothing is lost).
     pub discard_errors: AtomicU64,
+    /// Freed segments not discarded because the discard would cost an allocation at their
+    /// imminent reuse (see `Log::discard_released`).
+    pub discards_skipped: AtomicU64,
     /// Pages remapped by share batches (SHARE), and the batches.
     pub pages_shared: AtomicU64,
     pub share_batches: AtomicU64,
@@ -713,9 +716,22 @@ impl Log {
     /// Discards the released segments waiting for it and frees them. A device's error is
     /// counted and logged, and the segment freed all the same: a discard only helps the
     /// device, the data it covers is dead.
+    ///
+    /// Where a discard makes the next write of the segment allocate again (a hole punched in
+    /// a regular file), it is done only while at least one [`PLENTIFUL_FREE_DIVISOR`]th of the
+    /// segments are free with this batch: otherwise the segment is reused within moments and the discard buys
+    /// nothing but that allocation (on this machine's ext4 it halved the throughput of
+    /// sequential overwrites; docs/BENCHMARKS.md).
     fn discard_released(&self) {
         let segments = self.capacity.take_to_discard();
+        // Free once this batch is: a large release (a volume trimmed) is itself plenty.
+        let free_after = self.capacity.free_segments() as u64 + segments.len() as u64;
+        let plentiful = free_after * PLENTIFUL_FREE_DIVISOR >= self.geo.total_segments as u64;
         for &s in &segments {
+            if !plentiful && self.array.discard_reallocates(s) {
+                self.counters.discards_skipped.fetch_add(1, SeqCst);
+                continue;
+            }
             match self.array.discard_segment(s) {
                 Ok(()) => {
                     self.counters.discarded_bytes.fetch_add(self.geo.segment_bytes, SeqCst);
@@ -1094,6 +1110,10 @@ pub fn write_meta_slot(devices: &[(Arc<dyn crate::device::Device>, DeviceLayout)
     }
     Ok(())
 }
+
+/// A discard that makes the next write allocate again is done only while at least one
+/// segment in this many is free (see `Log::discard_released`).
+pub const PLENTIFUL_FREE_DIVISOR: u64 = 8;
 
 #[cfg(test)]
 mod tests {

@@ -56,6 +56,9 @@ pub struct Stats {
     pub discarded_bytes: u64,
     /// Discards a device refused (advisory; nothing lost).
     pub discard_errors: u64,
+    /// Freed segments left undiscarded on devices where a discard costs an allocation at
+    /// reuse (punched holes in files) while free space was short.
+    pub discards_skipped: u64,
     /// Pages remapped by share batches, and the batches (since the pool was opened).
     pub pages_shared: u64,
     pub share_batches: u64,
@@ -131,6 +134,7 @@ impl Pool {
             pad_bytes_written: c.pad_bytes_written.load(SeqCst),
             discarded_bytes: c.discarded_bytes.load(SeqCst),
             discard_errors: c.discard_errors.load(SeqCst),
+            discards_skipped: c.discards_skipped.load(SeqCst),
             pages_shared: c.pages_shared.load(SeqCst),
             share_batches: c.share_batches.load(SeqCst),
             array_write_amplification: ratio(array_bytes),
