@@ -719,9 +719,9 @@ impl Log {
     ///
     /// Where a discard makes the next write of the segment allocate again (a hole punched in
     /// a regular file), it is done only while at least one [`PLENTIFUL_FREE_DIVISOR`]th of the
-    /// segments are free with this batch: otherwise the segment is reused within moments and the discard buys
-    /// nothing but that allocation (on this machine's ext4 it halved the throughput of
-    /// sequential overwrites; docs/BENCHMARKS.md).
+    /// segments are free counting this batch: otherwise the segment is reused within moments
+    /// and the discard buys nothing but that allocation (on this machine's ext4 it halved the
+    /// throughput of sequential overwrites; docs/BENCHMARKS.md).
     fn discard_released(&self) {
         let segments = self.capacity.take_to_discard();
         // Free once this batch is: a large release (a volume trimmed) is itself plenty.

@@ -646,11 +646,11 @@ impl Array for RaidArray {
         Ok(())
     }
 
-    /// Every member's share of the segment, parity included, except failed members'.
     fn discard_reallocates(&self, _segment: u32) -> bool {
         (0..self.members.len() as u32).any(|m| self.device(m).discard_reallocates())
     }
 
+    /// Every member's share of the segment, parity included, except failed members'.
     fn discard_segment(&self, segment: u32) -> Result<()> {
         for m in 0..self.members.len() as u32 {
             if self.health[m as usize].failed.load(SeqCst) {
