@@ -24,6 +24,39 @@ fn ssd(capacity: u64) -> SsdModel {
     SsdModel::new(Arc::new(MemoryDevice::new("mem", capacity)), p).unwrap()
 }
 
+/// A pool of 1 MiB segments on `device`, without a read cache, discarding freed segments or not.
+fn pool_of_1mib_segments(device: Arc<dyn Device>, discard: bool) -> salsa_core::Pool {
+    let opts = salsa_core::OpenOptions {
+        discard_freed_segments: discard,
+        read_cache_bytes: 0,
+        ..salsa_core::OpenOptions::default()
+    };
+    let cfg = salsa_core::PoolConfig {
+        segment_bytes: Some(MIB),
+        ..salsa_core::PoolConfig::default()
+    };
+    salsa_core::Pool::create(vec![device], &cfg, &opts).unwrap()
+}
+
+/// Writes the volume's first `pages` 4 KiB pages once in order, then `passes - 1` times as
+/// many at random (seed `seed`), flushing every `flush_every` writes and at the end; returns
+/// the byte each page holds.
+fn fill_then_overwrite(vol: &salsa_core::Volume, pages: u64, passes: u64, flush_every: u64, seed: u64) -> HashMap<u64, u8> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut model = HashMap::new();
+    for i in 0..pages * passes {
+        let page = if i < pages { i } else { rng.gen_range(0..pages) };
+        let v = (i % 253) as u8 + 1;
+        vol.write(page * 4096, &[v; 4096]).unwrap();
+        model.insert(page, v);
+        if i % flush_every == 0 {
+            vol.flush().unwrap();
+        }
+    }
+    vol.flush().unwrap();
+    model
+}
+
 #[test]
 fn ssd_keeps_data_and_random_small_writes_amplify() {
     let cap = 64 * MIB;
@@ -204,36 +237,20 @@ fn a_discarded_range_is_never_moved_by_the_ssd_gc() {
 
 #[test]
 fn a_pool_discards_the_segments_it_frees_and_its_data_survives() {
-    use salsa_core::{OpenOptions, Pool, PoolConfig};
+    use salsa_core::{OpenOptions, Pool};
     let run = |discard: bool| {
         let cap = 64 * MIB;
         let mut p = SsdParams::commodity(cap);
         p.erase_block_bytes = 256 << 10;
         let model = Arc::new(SsdModel::new(Arc::new(MemoryDevice::new("mem", cap)), p).unwrap());
+        let pool = pool_of_1mib_segments(model.clone(), discard);
         let opts = OpenOptions {
             discard_freed_segments: discard,
             read_cache_bytes: 0,
             ..OpenOptions::default()
         };
-        let cfg = PoolConfig {
-            segment_bytes: Some(MIB),
-            ..PoolConfig::default()
-        };
-        let pool = Pool::create(vec![model.clone() as Arc<dyn Device>], &cfg, &opts).unwrap();
         let vol = pool.create_volume("v", 40 * MIB, 4096).unwrap();
-        let pages = 40 * MIB / 4096;
-        let mut rng = SmallRng::seed_from_u64(3);
-        let mut model_data: HashMap<u64, u8> = HashMap::new();
-        for i in 0..pages * 4 {
-            let page = if i < pages { i } else { rng.gen_range(0..pages) };
-            let v = (i % 253) as u8 + 1;
-            vol.write(page * 4096, &[v; 4096]).unwrap();
-            model_data.insert(page, v);
-            if i % 1024 == 0 {
-                vol.flush().unwrap();
-            }
-        }
-        vol.flush().unwrap();
+        let model_data = fill_then_overwrite(&vol, 40 * MIB / 4096, 4, 1024, 3);
         let mut buf = vec![0u8; 4096];
         for (page, v) in &model_data {
             vol.read(page * 4096, &mut buf).unwrap();
@@ -271,19 +288,11 @@ fn a_pool_discards_the_segments_it_frees_and_its_data_survives() {
 #[test]
 fn a_pool_on_a_file_punches_holes_only_while_free_space_is_plentiful() {
     use salsa_core::device::file::{FileDevice, FileOpenOptions};
-    use salsa_core::{OpenOptions, Pool, PoolConfig};
     use std::os::unix::fs::MetadataExt;
-    assert!(FileDevice::open(
-        &std::env::temp_dir().join(format!("salsa-realloc-{}", std::process::id())),
-        FileOpenOptions {
-            create_size_bytes: Some(MIB),
-            direct: false,
-            ..FileOpenOptions::default()
-        }
-    )
-    .unwrap()
-    .discard_reallocates());
-    let _ = std::fs::remove_file(std::env::temp_dir().join(format!("salsa-realloc-{}", std::process::id())));
+    assert!(
+        salsa_core::OpenOptions::default().discard_freed_segments,
+        "discards are on by default"
+    );
     let path = std::env::temp_dir().join(format!("salsa-plentiful-{}", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let dev = Arc::new(
@@ -297,30 +306,11 @@ fn a_pool_on_a_file_punches_holes_only_while_free_space_is_plentiful() {
         )
         .unwrap(),
     );
-    let opts = OpenOptions {
-        read_cache_bytes: 0,
-        ..OpenOptions::default()
-    };
-    assert!(opts.discard_freed_segments, "discards are on by default");
-    let cfg = PoolConfig {
-        segment_bytes: Some(MIB),
-        ..PoolConfig::default()
-    };
-    let pool = Pool::create(vec![dev.clone() as Arc<dyn Device>], &cfg, &opts).unwrap();
+    assert!(dev.discard_reallocates(), "a punched hole is allocated again");
+    let pool = pool_of_1mib_segments(dev, true);
     let vol = pool.create_volume("v", 48 * MIB, 4096).unwrap();
     let pages = 48 * MIB / 4096;
-    let mut rng = SmallRng::seed_from_u64(5);
-    let mut model: HashMap<u64, u8> = HashMap::new();
-    for i in 0..pages * 3 {
-        let page = if i < pages { i } else { rng.gen_range(0..pages) };
-        let v = (i % 251) as u8 + 1;
-        vol.write(page * 4096, &[v; 4096]).unwrap();
-        model.insert(page, v);
-        if i % 2048 == 0 {
-            vol.flush().unwrap();
-        }
-    }
-    vol.flush().unwrap();
+    let mut model = fill_then_overwrite(&vol, pages, 3, 2048, 5);
     let busy = pool.stats();
     assert!(busy.gc_segments_cleaned > 0, "the GC freed segments");
     assert!(

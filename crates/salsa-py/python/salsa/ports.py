@@ -17,20 +17,6 @@ class Greedy(VictimPolicy):
         return [v / cap for v in c.valid_grains]
 
 
-class SqrtCostBenefit(VictimPolicy):
-    """``sqrt-cost-benefit``: ``(1 - u) sqrt(age) / (1 + u)``, highest cleaned first."""
-
-    def score(self, c):
-        cap = float(c.capacity_grains)
-        now = c.now_seq
-        out = []
-        for valid, sealed in zip(c.valid_grains, c.sealed_seq):
-            u = valid / cap
-            age = float(max(now - sealed, 0)) + 1.0
-            out.append(-((1.0 - u) * math.sqrt(age) / (1.0 + u)))
-        return out
-
-
 class PowerCostBenefit(VictimPolicy):
     """Cost-benefit with the age raised to ``exponent``: ``(1 - u) age^exponent / (1 + u)``.
     At 1 it is ``cost-benefit``, at 0.5 ``sqrt-cost-benefit``, exactly (same scores, so the
@@ -43,12 +29,21 @@ class PowerCostBenefit(VictimPolicy):
     def score(self, c):
         cap = float(c.capacity_grains)
         now, e = c.now_seq, self.exponent
+        # The square root as the built-in takes it, so that 0.5 gives its scores to the bit.
+        weight = math.sqrt if e == 0.5 else (lambda age: age**e)
         out = []
         for valid, sealed in zip(c.valid_grains, c.sealed_seq):
             u = valid / cap
             age = float(max(now - sealed, 0)) + 1.0
-            out.append(-((1.0 - u) * age**e / (1.0 + u)))
+            out.append(-((1.0 - u) * weight(age) / (1.0 + u)))
         return out
+
+
+class SqrtCostBenefit(PowerCostBenefit):
+    """``sqrt-cost-benefit``: ``(1 - u) sqrt(age) / (1 + u)``, highest cleaned first."""
+
+    def __init__(self, aging: float = 0.0) -> None:
+        super().__init__(aging, 0.5)
 
 
 class Fifo(VictimPolicy):
