@@ -291,9 +291,9 @@ enum Command {
         /// Do not discard freed segments on the devices. By default a segment the GC or
         /// overwrites emptied is discarded before reuse (TRIM on an SSD or a block device, a
         /// hole punched in an image file), so that an SSD does not move dead data in its own
-        /// garbage collection and an image file gives the space back. An image file is
-        /// punched only while an eighth of the pool is free: a segment reused at once would
-        /// only make the file system allocate it again.
+        /// garbage collection and an image file gives the space back. On an image file an eighth
+        /// of the pool stays free without holes (a segment reused at once would only make the
+        /// file system allocate it again); only free segments beyond that are punched.
         #[arg(long)]
         no_discard: bool,
         /// TLS for clients (NBD STARTTLS): off, on (clients may start it) or require

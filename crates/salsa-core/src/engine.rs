@@ -15,7 +15,7 @@
 use crate::controller::Controller;
 use crate::device::StorageType;
 use crate::error::{Error, Result};
-use crate::log::capacity::{Purpose, SegmentState};
+use crate::log::capacity::{PendingCounts, Purpose, SegmentState};
 use crate::log::{Log, SegmentSource, ANY_TYPE};
 use crate::policy::victim::{Candidate, VictimPolicy};
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -189,8 +189,11 @@ impl Engine {
             }
             match purpose {
                 Purpose::Gc => {
-                    if self.log.capacity().pending_segments() > 0 {
+                    let pending = self.log.capacity().pending_counts();
+                    if pending.gc + pending.awaiting_sync > 0 {
                         self.log.flush()?;
+                    }
+                    if pending != PendingCounts::default() {
                         // Released segments may be on their way through another thread's
                         // discard: wait for them rather than spin.
                         self.log.capacity().wait_for_free(types, 0, Duration::from_millis(5));
@@ -403,20 +406,31 @@ impl Engine {
         self.log.check_writable()?;
         // Victims wait for one sync to become free; syncing per victim would cost a device
         // cache flush each. Release them in batches, or at once when the GC itself runs dry.
-        let (gc_pending, other_pending) = self.log.capacity().pending_counts();
+        let pending = self.log.capacity().pending_counts();
         let free = self.log.capacity().free_segments();
-        if gc_pending > 0 && (gc_pending >= self.gc_release_batch() || free <= 1) {
+        if pending.gc > 0 && (pending.gc >= self.gc_release_batch() || free <= 1) {
             self.gc_release()?;
             return Ok(true);
         }
-        if other_pending > 0 && free <= self.log.capacity().watermarks.low {
-            self.log.flush()?;
-            return Ok(true);
-        }
-        let pending = gc_pending + other_pending;
-        let Some(victim) = self.choose_victim(self.gc_focus()) else {
-            if pending > 0 {
+        if free <= self.log.capacity().watermarks.low {
+            if pending.awaiting_sync > 0 {
                 self.log.flush()?;
+                return Ok(true);
+            }
+            if pending.discarding > 0 {
+                // Released segments are on their way through another thread's discard,
+                // which frees them a few at a time: cheaper to wait than to clean a victim.
+                self.wait_for_discards(free);
+                return Ok(true);
+            }
+        }
+        let Some(victim) = self.choose_victim(self.gc_focus()) else {
+            if pending.gc + pending.awaiting_sync > 0 {
+                self.log.flush()?;
+                return Ok(true);
+            }
+            if pending.discarding > 0 {
+                self.wait_for_discards(free);
                 return Ok(true);
             }
             return Ok(false);
@@ -534,6 +548,12 @@ impl Engine {
         Ok(n)
     }
 
+    /// Waits a bounded time for segments another thread is discarding to come free (more than
+    /// `free`). A flush would free none of them, only cut every stream's open record short.
+    fn wait_for_discards(&self, free: u32) {
+        self.log.capacity().wait_for_free(&StorageType::ALL, free, Duration::from_millis(5));
+    }
+
     /// How many cleaned segments the GC lets wait for one shared sync.
     fn gc_release_batch(&self) -> u32 {
         (self.log.geo().total_segments / 512).clamp(2, 16)
@@ -618,7 +638,8 @@ impl Engine {
     /// Whether free segments are down to the release watermark while segments emptied by
     /// overwrites wait for a sync.
     fn release_due(&self) -> bool {
-        self.log.capacity().free_segments() <= self.log.capacity().watermarks.release && self.log.capacity().pending_counts().1 > 0
+        self.log.capacity().free_segments() <= self.log.capacity().watermarks.release
+            && self.log.capacity().pending_counts().awaiting_sync > 0
     }
 
     /// One round of the background worker: release what a sync releases, then clean until the

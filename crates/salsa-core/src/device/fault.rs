@@ -1,5 +1,6 @@
 //! Fault injection for tests: wraps a device and fails chosen writes or syncs, flips a bit in
-//! data returned by reads of a chosen range, or dies (fails everything).
+//! data returned by reads of a chosen range, slows its discards down, or dies (fails
+//! everything).
 
 use super::Device;
 use parking_lot::Mutex;
@@ -21,6 +22,9 @@ pub struct FaultPlan {
     pub dead: bool,
     /// Every read fails (a device whose media went bad; writes and syncs still succeed).
     pub fail_reads: bool,
+    /// Every discard takes this long (an SSD whose TRIM is slow, a file system punching holes
+    /// under load).
+    pub discard_delay: Option<std::time::Duration>,
 }
 
 struct Counters {
@@ -107,8 +111,15 @@ impl Device for FaultDevice {
         self.inner.sync()
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        if self.plan.lock().dead {
-            return Err(injected("discard"));
+        let delay = {
+            let plan = self.plan.lock();
+            if plan.dead {
+                return Err(injected("discard"));
+            }
+            plan.discard_delay
+        };
+        if let Some(delay) = delay {
+            std::thread::sleep(delay);
         }
         self.inner.discard(offset, len)
     }

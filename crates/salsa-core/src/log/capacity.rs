@@ -186,6 +186,18 @@ fn free_of(q: &Queues, types: &[StorageType]) -> u32 {
     types.iter().map(|t| q.free[*t as usize].len() as u32).sum()
 }
 
+/// Segments retired but not yet free, by what frees them ([`Capacity::pending_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingCounts {
+    /// Emptied by the GC: free after a GC release (a sync covering their moves).
+    pub gc: u32,
+    /// Emptied by overwrites or trims: free after any sync covering their last record.
+    pub awaiting_sync: u32,
+    /// Released, and being discarded by another thread: free once that is done; a flush
+    /// does nothing for them.
+    pub discarding: u32,
+}
+
 /// The capacity manager.
 pub struct Capacity {
     segments: Box<[SegmentInfo]>,
@@ -249,7 +261,8 @@ impl Capacity {
         std::mem::take(&mut self.queues.lock().to_discard)
     }
 
-    /// Frees segments taken by [`Capacity::take_to_discard`], whether or not their discard
+    /// Frees segments taken by [`Capacity::take_to_discard`] (all of them or some: the rest
+    /// stay counted as discarding until they are given back in turn), whether or not their discard
     /// succeeded (it is advisory).
     pub fn finish_discard(&self, segments: &[u32]) {
         if segments.is_empty() {
@@ -300,13 +313,15 @@ impl Capacity {
         q.pending.len() + q.discarding
     }
 
-    /// Pending segments emptied by the GC, and the others.
-    /// (Segments waiting for their discard count among the others: they are free once it is
-    /// done, which the GC must wait for rather than call the pool full.)
-    pub fn pending_counts(&self) -> (u32, u32) {
+    /// Segments retired but not yet free, by what frees them.
+    pub fn pending_counts(&self) -> PendingCounts {
         let q = self.queues.lock();
         let gc = q.pending.iter().filter(|p| p.gc_moves).count() as u32;
-        (gc, q.pending.len() as u32 - gc + q.discarding as u32)
+        PendingCounts {
+            gc,
+            awaiting_sync: q.pending.len() as u32 - gc,
+            discarding: q.discarding as u32,
+        }
     }
 
     /// The pending segments emptied by the GC, as of now.

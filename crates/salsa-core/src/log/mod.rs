@@ -718,32 +718,44 @@ impl Log {
     /// device, the data it covers is dead.
     ///
     /// Where a discard makes the next write of the segment allocate again (a hole punched in
-    /// a regular file), it is done only while at least one [`PLENTIFUL_FREE_DIVISOR`]th of the
-    /// segments are free counting this batch: otherwise the segment is reused within moments
-    /// and the discard buys nothing but that allocation (on this machine's ext4 it halved the
-    /// throughput of sequential overwrites; docs/BENCHMARKS.md).
+    /// a regular file), the pool keeps one [`PLENTIFUL_FREE_DIVISOR`]th of its segments free
+    /// without discarding them, and discards only the free segments beyond that: those below
+    /// it are reused within moments, and the discard would buy nothing but that allocation
+    /// (on this machine's ext4 it halved the throughput of sequential overwrites;
+    /// docs/BENCHMARKS.md). A large release (a volume trimmed) still gives most of its
+    /// space back.
+    ///
+    /// Segments kept are freed at once, the others a few at a time as their discards finish,
+    /// so that writers waiting for space never wait for a whole batch of discards.
     fn discard_released(&self) {
         let segments = self.capacity.take_to_discard();
-        // Free once this batch is: a large release (a volume trimmed) is itself plenty.
-        let free_after = self.capacity.free_segments() as u64 + segments.len() as u64;
-        let plentiful = free_after * PLENTIFUL_FREE_DIVISOR >= self.geo.total_segments as u64;
-        for &s in &segments {
-            if !plentiful && self.array.discard_reallocates(s) {
-                self.counters.discards_skipped.fetch_add(1, SeqCst);
-                continue;
-            }
-            match self.array.discard_segment(s) {
-                Ok(()) => {
-                    self.counters.discarded_bytes.fetch_add(self.geo.segment_bytes, SeqCst);
-                }
-                Err(e) => {
-                    if self.counters.discard_errors.fetch_add(1, SeqCst) == 0 {
-                        tracing::warn!("discard of segment {s} failed (further failures are only counted): {e}");
+        if segments.is_empty() {
+            return;
+        }
+        let keep_free = self.geo.total_segments.div_ceil(PLENTIFUL_FREE_DIVISOR);
+        let mut to_keep = keep_free.saturating_sub(self.capacity.free_segments());
+        let (kept, to_discard): (Vec<u32>, Vec<u32>) = segments.iter().partition(|&&s| {
+            let keep = to_keep > 0 && self.array.discard_reallocates(s);
+            to_keep -= keep as u32;
+            keep
+        });
+        self.counters.discards_skipped.fetch_add(kept.len() as u64, SeqCst);
+        self.capacity.finish_discard(&kept);
+        for chunk in to_discard.chunks(DISCARDS_PER_RELEASE) {
+            for &s in chunk {
+                match self.array.discard_segment(s) {
+                    Ok(()) => {
+                        self.counters.discarded_bytes.fetch_add(self.geo.segment_bytes, SeqCst);
+                    }
+                    Err(e) => {
+                        if self.counters.discard_errors.fetch_add(1, SeqCst) == 0 {
+                            tracing::warn!("discard of segment {s} failed (further failures are only counted): {e}");
+                        }
                     }
                 }
             }
+            self.capacity.finish_discard(chunk);
         }
-        self.capacity.finish_discard(&segments);
     }
 
     /// The id of the last record begun (every record with a lower id came before it).
@@ -1111,9 +1123,13 @@ pub fn write_meta_slot(devices: &[(Arc<dyn crate::device::Device>, DeviceLayout)
     Ok(())
 }
 
-/// A discard that makes the next write allocate again is done only while at least one
-/// segment in this many is free (see `Log::discard_released`).
-pub const PLENTIFUL_FREE_DIVISOR: u64 = 8;
+/// A discard that makes the next write allocate again is done only on free segments beyond
+/// one in this many (see `Log::discard_released`).
+pub const PLENTIFUL_FREE_DIVISOR: u32 = 8;
+
+/// Segments discarded before they are handed to the free queues together (a discard takes
+/// a millisecond or more; writers short of space wait for at most this many).
+const DISCARDS_PER_RELEASE: usize = 4;
 
 #[cfg(test)]
 mod tests {
