@@ -159,6 +159,8 @@ fn stats_json_carries_the_device_models_counters() {
             .all(|c| c["device"].is_string() && c["counter"].is_string() && c["value"].is_u64()),
         "{v}"
     );
+    // So do the times the metrics endpoint gives (syncs, GC work), in microseconds.
+    assert!(v["sync_micros"].is_u64() && v["gc_micros"].is_u64(), "{v}");
     // SAFETY: kill only sends a signal to our own child's pid.
     unsafe { libc::kill(srv.id() as i32, libc::SIGTERM) };
     assert!(srv.wait().unwrap().success());
