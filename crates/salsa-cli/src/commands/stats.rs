@@ -31,6 +31,7 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     println!("device written    {}", human(n("device_bytes_written")));
     println!("write amp.        {:.3}", v["write_amplification"].as_f64().unwrap_or(0.0));
     println!("free segments     {} of {}", n("free_segments"), n("total_segments"));
+    println!("syncs             {} for {} flushes", n("syncs"), n("flushes"));
     println!("map memory        {}", human(n("map_memory_bytes")));
     if n("discarded_bytes") > 0 || n("discard_errors") > 0 || n("discards_skipped") > 0 {
         println!(
