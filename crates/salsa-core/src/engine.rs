@@ -190,7 +190,7 @@ impl Engine {
             match purpose {
                 Purpose::Gc => {
                     let pending = self.log.capacity().pending_counts();
-                    if pending.gc + pending.awaiting_sync > 0 {
+                    if pending.freed_by_flush() {
                         self.log.flush()?;
                     }
                     if pending != PendingCounts::default() {
@@ -425,7 +425,7 @@ impl Engine {
             }
         }
         let Some(victim) = self.choose_victim(self.gc_focus()) else {
-            if pending.gc + pending.awaiting_sync > 0 {
+            if pending.freed_by_flush() {
                 self.log.flush()?;
                 return Ok(true);
             }

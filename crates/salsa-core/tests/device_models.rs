@@ -24,18 +24,22 @@ fn ssd(capacity: u64) -> SsdModel {
     SsdModel::new(Arc::new(MemoryDevice::new("mem", capacity)), p).unwrap()
 }
 
-/// A pool of 1 MiB segments on `device`, without a read cache, discarding freed segments or not.
-fn pool_of_1mib_segments(device: Arc<dyn Device>, discard: bool) -> salsa_core::Pool {
-    let opts = salsa_core::OpenOptions {
+/// Options without a read cache, discarding freed segments or not.
+fn discard_options(discard: bool) -> salsa_core::OpenOptions {
+    salsa_core::OpenOptions {
         discard_freed_segments: discard,
         read_cache_bytes: 0,
         ..salsa_core::OpenOptions::default()
-    };
+    }
+}
+
+/// A pool of 1 MiB segments on `device`, opened with [`discard_options`].
+fn pool_of_1mib_segments(device: Arc<dyn Device>, discard: bool) -> salsa_core::Pool {
     let cfg = salsa_core::PoolConfig {
         segment_bytes: Some(MIB),
         ..salsa_core::PoolConfig::default()
     };
-    salsa_core::Pool::create(vec![device], &cfg, &opts).unwrap()
+    salsa_core::Pool::create(vec![device], &cfg, &discard_options(discard)).unwrap()
 }
 
 /// Writes the volume's first `pages` 4 KiB pages once in order, then `passes - 1` times as
@@ -237,18 +241,13 @@ fn a_discarded_range_is_never_moved_by_the_ssd_gc() {
 
 #[test]
 fn a_pool_discards_the_segments_it_frees_and_its_data_survives() {
-    use salsa_core::{OpenOptions, Pool};
+    use salsa_core::Pool;
     let run = |discard: bool| {
         let cap = 64 * MIB;
         let mut p = SsdParams::commodity(cap);
         p.erase_block_bytes = 256 << 10;
         let model = Arc::new(SsdModel::new(Arc::new(MemoryDevice::new("mem", cap)), p).unwrap());
         let pool = pool_of_1mib_segments(model.clone(), discard);
-        let opts = OpenOptions {
-            discard_freed_segments: discard,
-            read_cache_bytes: 0,
-            ..OpenOptions::default()
-        };
         let vol = pool.create_volume("v", 40 * MIB, 4096).unwrap();
         let model_data = fill_then_overwrite(&vol, 40 * MIB / 4096, 4, 1024, 3);
         let mut buf = vec![0u8; 4096];
@@ -265,7 +264,7 @@ fn a_pool_discards_the_segments_it_frees_and_its_data_survives() {
         drop(vol);
         pool.close().unwrap();
         // Reopened, the pool's pages are all there (free segments read zeros or old bytes).
-        let pool = Pool::open(vec![model.clone() as Arc<dyn Device>], &opts).unwrap();
+        let pool = Pool::open(vec![model.clone() as Arc<dyn Device>], &discard_options(discard)).unwrap();
         let vol = pool.volume("v").unwrap();
         for (page, v) in &model_data {
             vol.read(page * 4096, &mut buf).unwrap();

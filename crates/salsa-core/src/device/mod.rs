@@ -150,8 +150,9 @@ pub trait Device: Send + Sync {
     /// Whether a discarded range costs work when it is written next: a hole punched in a
     /// regular file is allocated anew by the file system (an `O_DIRECT` write into it also
     /// converts an unwritten extent), so a discard pays off only for space that stays free a
-    /// while; the pool then discards such segments only while free space is plentiful (see
-    /// `Log::discard_released`). A drive's TRIM or a model's unmap costs nothing on reuse.
+    /// while; the pool then keeps an eighth of its segments free undiscarded and discards only
+    /// the free segments beyond that (see `Log::discard_released`). A drive's TRIM or a model's
+    /// unmap costs nothing on reuse.
     fn discard_reallocates(&self) -> bool {
         false
     }

@@ -198,6 +198,13 @@ pub struct PendingCounts {
     pub discarding: u32,
 }
 
+impl PendingCounts {
+    /// Whether a flush (its sync) can free any of them: not the ones being discarded.
+    pub fn freed_by_flush(&self) -> bool {
+        self.gc + self.awaiting_sync > 0
+    }
+}
+
 /// The capacity manager.
 pub struct Capacity {
     segments: Box<[SegmentInfo]>,

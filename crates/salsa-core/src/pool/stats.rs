@@ -57,7 +57,7 @@ pub struct Stats {
     /// Discards a device refused (advisory; nothing lost).
     pub discard_errors: u64,
     /// Freed segments left undiscarded on devices where a discard costs an allocation at
-    /// reuse (punched holes in files) while free space was short.
+    /// reuse (punched holes in files): those within the eighth of the pool kept free.
     pub discards_skipped: u64,
     /// Pages remapped by share batches, and the batches (since the pool was opened).
     pub pages_shared: u64,
