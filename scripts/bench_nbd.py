@@ -5,8 +5,9 @@ would compare it with, each on a backing file of the same size on the same disk.
 Pairings:
   default  every server as it comes: `salsa serve` (O_DIRECT and its DRAM read cache),
            `nbdkit file` and `qemu-nbd` (both through the kernel's page cache);
-  direct   no cache on either side: `salsa serve --read-cache 0` against
-           `nbdkit file cache=none`.
+  direct   no cache on either side: `salsa serve --read-cache 0 --write-buffer 0` against
+           `nbdkit file cache=none` (which still writes through the page cache, evicting
+           behind, and never syncs unless the client flushes).
 
 Workloads, in this order within a round: 4 KiB random reads at queue depth 32 (after a fill),
 4 KiB random writes at queue depth 32 (long enough that SALSA's GC runs), 1 MiB sequential
@@ -64,7 +65,7 @@ def start_servers(pairing, a, d):
     port = free_port()
     salsa_cmd = [a.salsa, "serve", "--device", f"{d}/pool.img:{size}", "--listen", f"127.0.0.1:{port}"]
     if pairing == "direct":
-        salsa_cmd += ["--read-cache", "0"]
+        salsa_cmd += ["--read-cache", "0", "--write-buffer", "0"]
     servers["salsa"] = (subprocess.Popen(salsa_cmd, stderr=open(f"{d}/salsa.log", "w")), port, "/default")
     zero_file(f"{d}/nbdkit.img", a.size_mib)
     port = free_port()

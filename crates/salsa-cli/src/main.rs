@@ -239,6 +239,9 @@ impl FormatArgs {
     }
 }
 
+// One value per process, parsed once: the size of its largest variant (serve's options) costs
+// nothing worth an indirection.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve the pool's volumes over NBD (one export per volume). Without --device, uses (and
@@ -275,6 +278,15 @@ enum Command {
         /// turns it off). Default: an eighth of the machine's memory, 64 MiB to 4 GiB.
         #[arg(long, value_parser = parse_size)]
         read_cache: Option<u64>,
+        /// DRAM kept for pages written and not yet flushed (e.g. 1G; 0 turns it off): a page
+        /// overwritten before the next flush never reaches the disk, as with a server on the
+        /// kernel's page cache, and flushes make every write before them durable as always.
+        /// Default: an eighth of the machine's memory, 64 MiB to 4 GiB.
+        #[arg(long, value_parser = parse_size)]
+        write_buffer: Option<u64>,
+        /// Write buffered pages down once the oldest has waited this long, flush or not.
+        #[arg(long, value_name = "MS", default_value_t = 5000)]
+        write_buffer_expire_ms: u64,
         /// Serve the statistics for Prometheus at http://HOST:PORT/metrics (pool, volumes,
         /// members, read cache, device counters).
         #[arg(long, value_name = "HOST:PORT")]
@@ -626,6 +638,8 @@ fn main() -> ExitCode {
             page_cache,
             parity_buffer,
             read_cache,
+            write_buffer,
+            write_buffer_expire_ms,
             metrics,
             raw,
             no_discard,
@@ -645,6 +659,8 @@ fn main() -> ExitCode {
                 page_cache: *page_cache,
                 parity_buffer: parity_buffer.clone(),
                 read_cache_bytes: *read_cache,
+                write_buffer_bytes: *write_buffer,
+                write_buffer_expire: std::time::Duration::from_millis(*write_buffer_expire_ms),
                 metrics: *metrics,
                 raw: *raw,
                 discard: !*no_discard,

@@ -58,6 +58,16 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
     j["share_batches"] = s.share_batches.into();
     j["sync_micros"] = s.sync_micros.into();
     j["gc_micros"] = s.gc_micros.into();
+    j["write_buffer"] = s
+        .write_buffer
+        .map(|w| {
+            serde_json::json!({
+                "capacity_bytes": w.capacity_bytes, "dirty_bytes": w.dirty_bytes, "dirty_pages": w.dirty_pages,
+                "pages_written": w.pages_written, "pages_absorbed": w.pages_absorbed, "destages": w.destages,
+                "pages_destaged": w.pages_destaged, "writer_waits": w.writer_waits,
+            })
+        })
+        .unwrap_or(serde_json::Value::Null);
     j
 }
 

@@ -48,6 +48,8 @@ pub struct Engine {
     /// Victims being cleaned and the free segments promised to them (see [`Engine::gc_admit`]).
     gc_budget: Mutex<GcBudget>,
     gc_budget_changed: Condvar,
+    /// The write buffer above the volumes' controllers (off unless the pool enables it).
+    pub dirty: crate::dirty::DirtyPages,
 }
 
 /// One victim policy's view of its segments during a victim choice.
@@ -101,6 +103,7 @@ impl Engine {
             gc_wake: (Mutex::new(false), Condvar::new()),
             gc_budget: Mutex::new(GcBudget::default()),
             gc_budget_changed: Condvar::new(),
+            dirty: crate::dirty::DirtyPages::default(),
         }
     }
 
@@ -151,8 +154,10 @@ impl Engine {
         Ok(busy)
     }
 
-    /// Makes every write that returned before this call durable (the log's flush).
+    /// Makes every write that returned before this call durable: the write buffer's pages go
+    /// down to their controllers, then the log flushes.
     pub fn flush(&self) -> Result<()> {
+        self.dirty.destage_all(self)?;
         self.log.flush()
     }
 

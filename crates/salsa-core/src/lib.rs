@@ -48,6 +48,7 @@
 pub(crate) mod array;
 pub(crate) mod controller;
 pub mod device;
+pub(crate) mod dirty;
 pub(crate) mod engine;
 pub mod error;
 pub(crate) mod format;

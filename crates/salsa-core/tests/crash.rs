@@ -67,6 +67,11 @@ impl Oracle {
     fn wrote(&mut self, v: usize, p: usize, val: Value) {
         self.since[v][p].push(val);
     }
+    /// One page's latest value became durable by itself (a FUA write past a write buffer).
+    fn made_durable(&mut self, v: usize, p: usize) {
+        self.durable[v][p] = self.latest(v, p);
+        self.since[v][p].clear();
+    }
     fn flushed(&mut self) {
         self.batches.clear();
         for v in 0..VOLUMES.len() {
@@ -157,7 +162,13 @@ struct Writes {
     extent: bool,
     /// Share batches among the writes (on page-mapped volumes).
     shares: bool,
+    /// Writes go through a write buffer of [`CRASH_WRITE_BUFFER_BYTES`], destaged by flushes
+    /// and by writers that find it full.
+    write_buffer: bool,
 }
+
+/// A write buffer of a few hundred pages: full often, so destages fall among the crash points.
+const CRASH_WRITE_BUFFER_BYTES: u64 = MIB;
 
 /// Large pages of the dual-mapping volume, in the workload's 4 KiB pages.
 const DUAL_SUBPAGES: u64 = 4;
@@ -173,10 +184,12 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
         dual,
         extent,
         shares,
+        write_buffer,
     } = writes;
     let hybrid = matches!(medium, Medium::Hybrid);
     let opts = OpenOptions {
         write_back_threads,
+        write_buffer_bytes: if write_buffer { CRASH_WRITE_BUFFER_BYTES } else { 0 },
         ..inline_gc()
     };
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -409,8 +422,14 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
             98 => {
                 version += 1;
                 oracle.wrote(vi, page as usize, Value::Version(version));
-                vol.write_fua(page * PAGE as u64, &pattern(vi as u32, page, version))
-                    .map(|_| oracle.flushed())
+                vol.write_fua(page * PAGE as u64, &pattern(vi as u32, page, version)).map(|_| {
+                    if write_buffer {
+                        // Past the buffer: this page is durable, what the buffer holds is not.
+                        oracle.made_durable(vi, page as usize)
+                    } else {
+                        oracle.flushed()
+                    }
+                })
             }
             // (On a hybrid pool, in place of nothing: no draw of the generator changes, so
             // every other medium's seeds replay as they did.)
@@ -615,6 +634,7 @@ const SHARES: Writes = Writes {
     dual: false,
     extent: true,
     shares: true,
+    write_buffer: false,
 };
 
 /// Copied writes, written by the writers themselves.
@@ -624,6 +644,7 @@ const COPIED: Writes = Writes {
     dual: false,
     extent: false,
     shares: false,
+    write_buffer: false,
 };
 
 /// The same with sealed user records written back by threads while writers go on: what was
@@ -641,6 +662,7 @@ fn crash_at_many_points_with_write_back() {
             dual: false,
             extent: false,
             shares: false,
+            write_buffer: false,
         },
         |_| Medium::Flat,
     );
@@ -659,6 +681,7 @@ fn crash_at_many_points_with_payload_writes() {
             dual: false,
             extent: false,
             shares: false,
+            write_buffer: false,
         };
         crash_seeds(seeds, 20, writes, |seed| {
             if seed % 3 == 0 {
@@ -668,6 +691,24 @@ fn crash_at_many_points_with_payload_writes() {
             }
         });
     }
+}
+
+/// The same with a write buffer above the volumes (an LSA volume and an extent-mapped one,
+/// with share batches): what was flushed survives wherever the crash falls in a destage, a
+/// trim or a share never comes back undone by a destage of older pages, and FUA writes
+/// bypass the buffer durably.
+#[test]
+fn crash_at_many_points_with_a_write_buffer() {
+    let seeds = seeds_from_env("SALSA_WRITE_BUFFER_CRASH_SEEDS", 24);
+    crash_seeds(
+        seeds,
+        30,
+        Writes {
+            write_buffer: true,
+            ..SHARES
+        },
+        |_| Medium::Flat,
+    );
 }
 
 /// The same on an emulated zoned drive, with and without conventional zones for the metadata.
@@ -727,6 +768,7 @@ fn dual_mapping_crash_at_many_points() {
         dual: true,
         extent: false,
         shares: false,
+        write_buffer: false,
     };
     crash_seeds(seeds, 25, writes, |seed| {
         if seed % 4 == 3 {
@@ -749,6 +791,7 @@ fn extent_map_crash_at_many_points() {
         dual: false,
         extent: true,
         shares: false,
+        write_buffer: false,
     };
     crash_seeds(seeds, 25, writes, |seed| {
         if seed % 4 == 3 {
@@ -802,6 +845,7 @@ fn hybrid_crash_at_many_points() {
         dual: false,
         extent: false,
         shares: false,
+        write_buffer: false,
     };
     crash_seeds(seeds, 25, writes, |_| Medium::Hybrid);
 }
@@ -819,6 +863,7 @@ fn regression_dual_trim_of_small_pages_only_seed_4843() {
         dual: true,
         extent: false,
         shares: false,
+        write_buffer: false,
     };
     run_seed(4843, Some(843), Medium::Flat, writes);
 }
@@ -884,6 +929,7 @@ fn regression_stale_tombstone_seed_37762() {
         dual: false,
         extent: false,
         shares: false,
+        write_buffer: false,
     };
     for crash_after_ops in [700, 762] {
         run_seed(37762, Some(crash_after_ops), Medium::Flat, writes);
@@ -934,5 +980,25 @@ fn regression_dual_merge_carried_half_a_share_batch_seed_1269() {
             extent: false,
             ..SHARES
         },
+    );
+}
+
+/// Found when the close path changed the seeds' device operations (so new crash points came
+/// up): on RAID-5 without a parity buffer, a GC record that filled up ended inside a row, and
+/// the release sync covered it without completing the row, so its parity was never written.
+/// The victim it emptied was reused; after the crash, with a member gone, the moved copy of a
+/// page flushed long before could not be rebuilt, and recovery brought back an older value.
+/// A release now completes every row that a record of its streams shares with earlier ones.
+#[test]
+fn regression_release_left_moved_pages_in_a_row_without_parity_seed_9931() {
+    run_seed(
+        9931,
+        Some(1931),
+        Medium::Raid {
+            kind: ArrayKind::Raid5,
+            members: 3,
+            parity_buffer: false,
+        },
+        COPIED,
     );
 }

@@ -203,7 +203,35 @@ fn run_raid(kind: ArrayKind, members: u64, ops: Vec<Op>) -> Result<(), TestCaseE
 }
 
 fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>, mix: Mix) -> Result<(), TestCaseError> {
-    let mut pool = Some(Pool::create(devs.clone(), cfg, &inline_gc()).unwrap());
+    run_with(devs, cfg, ops, mix, &inline_gc())
+}
+
+/// The model with a write buffer of 4 MiB (a quarter of a volume) above LSA volumes and an
+/// extent-mapped one: overwrites, partial pages, trims, zeroes and shares meet buffered pages,
+/// writers find the buffer full and destage it themselves, flushes and reopens destage it. The
+/// device is large enough that three volumes always fit (a destage cannot hit a full pool).
+fn run_buffered(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let opts = salsa_core::OpenOptions {
+        write_buffer_bytes: 4 * MIB,
+        ..inline_gc()
+    };
+    run_with(
+        vec![Arc::new(MemoryDevice::new("mem", 96 * MIB))],
+        &tiny_config(),
+        ops,
+        Mix::Extent,
+        &opts,
+    )
+}
+
+fn run_with(
+    devs: Vec<Arc<dyn Device>>,
+    cfg: &salsa_core::PoolConfig,
+    ops: Vec<Op>,
+    mix: Mix,
+    opts: &salsa_core::OpenOptions,
+) -> Result<(), TestCaseError> {
+    let mut pool = Some(Pool::create(devs.clone(), cfg, opts).unwrap());
     let mut model: Vec<Option<Vec<u8>>> = vec![None; VOLS];
     for (v, m) in model.iter_mut().enumerate().take(2) {
         let vol = pool
@@ -314,7 +342,7 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
                 } else {
                     drop(p);
                 }
-                pool = Some(Pool::open(devs.clone(), &inline_gc()).unwrap());
+                pool = Some(Pool::open(devs.clone(), opts).unwrap());
             }
             Op::Create { vol } => {
                 let r = p.create_volume_spec(&name(vol), VOL_PAGES * PAGE as u64, &spec(vol, mix));
@@ -394,7 +422,7 @@ fn run_on(devs: Vec<Arc<dyn Device>>, cfg: &salsa_core::PoolConfig, ops: Vec<Op>
     // Final full comparison, after one more unclean reopen (scan).
     note_counts(pool.as_ref().unwrap());
     drop(pool.take());
-    let p = Pool::open(devs, &inline_gc()).unwrap();
+    let p = Pool::open(devs, opts).unwrap();
     for (v, m) in model.iter().enumerate() {
         let Some(m) = m else { continue };
         let mut buf = vec![0u8; m.len()];
@@ -433,6 +461,14 @@ fn note_counts(p: &Pool) {
     SHARES.fetch_add(st.share_batches, std::sync::atomic::Ordering::Relaxed);
     let fast: u64 = st.volumes.iter().map(|v| v.fast_read_bytes).sum();
     FAST_READ_BYTES.fetch_add(fast, std::sync::atomic::Ordering::Relaxed);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn engine_matches_model_through_a_write_buffer(ops in proptest::collection::vec(op(), 1..120)) {
+        run_buffered(ops)?;
+    }
 }
 
 proptest! {

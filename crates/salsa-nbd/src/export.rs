@@ -76,7 +76,8 @@ impl Export for Volume {
         Volume::write_zeroes(self, offset, len)
     }
     fn page_mapped(&self, page: u64) -> bool {
-        self.page_location(page).is_some()
+        // Mapped in the log or written into the write buffer.
+        self.is_mapped(page * Volume::page_bytes(self) as u64)
     }
     fn description(&self) -> String {
         format!("SALSA {} volume ({} KiB pages)", self.controller(), self.page_bytes() / 1024)

@@ -322,6 +322,39 @@ pub(crate) fn render(s: &Stats) -> String {
         e.one("read_cache_hits_total", c, "Reads served from the read cache.", r.hits as f64);
         e.one("read_cache_misses_total", c, "Reads that went to the devices.", r.misses as f64);
     }
+    if let Some(w) = &s.write_buffer {
+        e.one("write_buffer_capacity_bytes", g, "Write buffer size.", w.capacity_bytes as f64);
+        e.one(
+            "write_buffer_dirty_bytes",
+            g,
+            "Bytes of written pages not yet given to the log.",
+            w.dirty_bytes as f64,
+        );
+        e.one(
+            "write_buffer_pages_written_total",
+            c,
+            "Pages written into the write buffer.",
+            w.pages_written as f64,
+        );
+        e.one(
+            "write_buffer_pages_absorbed_total",
+            c,
+            "Buffered pages overwritten before they reached the log.",
+            w.pages_absorbed as f64,
+        );
+        e.one(
+            "write_buffer_pages_destaged_total",
+            c,
+            "Pages the write buffer gave to the log.",
+            w.pages_destaged as f64,
+        );
+        e.one(
+            "write_buffer_writer_waits_total",
+            c,
+            "Writes that waited for room in the write buffer.",
+            w.writer_waits as f64,
+        );
+    }
     let counters: Vec<(String, f64)> = s
         .device_counters
         .iter()

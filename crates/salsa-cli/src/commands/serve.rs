@@ -13,6 +13,9 @@ pub(crate) struct ServeArgs {
     pub(crate) parity_buffer: Option<DeviceSpec>,
     /// Bytes of DRAM for pages read (`None`: an eighth of the machine's memory, 64 MiB to 4 GiB).
     pub(crate) read_cache_bytes: Option<u64>,
+    /// Bytes of DRAM for pages written and not yet flushed (`None`: as the read cache's).
+    pub(crate) write_buffer_bytes: Option<u64>,
+    pub(crate) write_buffer_expire: std::time::Duration,
     /// Serve Prometheus metrics at `http://ADDR/metrics`.
     pub(crate) metrics: Option<std::net::SocketAddr>,
     /// Serve the device raw, without a pool (a baseline).
@@ -137,6 +140,10 @@ pub(crate) fn open_or_create(specs: &[DeviceSpec], args: &ServeArgs, format: &Fo
             .read_cache_bytes
             .unwrap_or_else(salsa_core::pool::default_server_read_cache_bytes),
         discard_freed_segments: args.discard,
+        write_buffer_bytes: args
+            .write_buffer_bytes
+            .unwrap_or_else(salsa_core::pool::default_server_write_buffer_bytes),
+        write_buffer_expire: args.write_buffer_expire,
         ..OpenOptions::default()
     };
     if members == devs.len() {

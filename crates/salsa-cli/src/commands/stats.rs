@@ -57,6 +57,19 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
             100.0 * k("hits") as f64 / lookups as f64
         );
     }
+    if let Some(w) = v["write_buffer"].as_object() {
+        let k = |key: &str| w.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
+        println!(
+            "write buffer      {} of {} dirty ({} pages); {} pages written, {} absorbed by later writes, {} destaged in {} destages",
+            human(k("dirty_bytes")),
+            human(k("capacity_bytes")),
+            k("dirty_pages"),
+            k("pages_written"),
+            k("pages_absorbed"),
+            k("pages_destaged"),
+            k("destages")
+        );
+    }
     if v["array"].as_str().is_some_and(|a| a != "linear") {
         println!(
             "array             {} (all members written per user byte: {:.3}; padding {})",

@@ -688,8 +688,15 @@ impl Log {
     /// flush would cut their records short for nothing). `false` when the log was poisoned
     /// meanwhile.
     pub fn sync_for_release(&self, kill_through: u64) -> Result<bool> {
+        // On a parity array without a parity buffer, a record that starts inside a row shares
+        // it with records before it, which may hold moves or kills: the row is completed
+        // (the record sealed and padded to the row's end) so that they are redundant once
+        // durable. Otherwise a member lost after the crash would take the only copy of data
+        // flushed long before, moved into a row that never got its parity.
+        let align = self.flush_alignment_grains;
+        let mid_row = |r: &record::OpenRecord| align > 1 && !r.meta.start_grain.is_multiple_of(align);
         for s in self.streams_snapshot() {
-            for r in s.seal_matching(self, |r| r.gc_moves || r.buf.record_id <= kill_through) {
+            for r in s.seal_matching(self, |r| r.gc_moves || r.buf.record_id <= kill_through || mid_row(r)) {
                 self.write_record(r)?;
             }
         }

@@ -139,7 +139,21 @@ pub struct OpenOptions {
     /// TRIM on an SSD, a hole punched in a file), so that an SSD's own garbage collection
     /// stops moving data the pool has freed.
     pub discard_freed_segments: bool,
+    /// Bytes of DRAM for pages written and not yet flushed (see [`crate::dirty`]): overwrites
+    /// before a flush never reach the log, and a destage writes pages in logical order. 0:
+    /// every write goes to the log at once. Writes are durable after a flush either way.
+    pub write_buffer_bytes: u64,
+    /// With a background GC, buffered pages are written down once the oldest is this old.
+    pub write_buffer_expire: std::time::Duration,
 }
+
+/// A write buffer for a server on this machine: as [`default_server_read_cache_bytes`], an
+/// eighth of its memory between 64 MiB and 4 GiB (the kernel lets a fifth of it be dirty).
+pub fn default_server_write_buffer_bytes() -> u64 {
+    default_server_read_cache_bytes()
+}
+
+pub use crate::dirty::{WriteBufferStats, DEFAULT_EXPIRE as DEFAULT_WRITE_BUFFER_EXPIRE};
 
 /// Read cache of [`OpenOptions::default`].
 pub const DEFAULT_READ_CACHE_BYTES: u64 = 64 << 20;
@@ -172,6 +186,8 @@ impl Default for OpenOptions {
             parity_buffer: None,
             read_cache_bytes: DEFAULT_READ_CACHE_BYTES,
             discard_freed_segments: true,
+            write_buffer_bytes: 0,
+            write_buffer_expire: DEFAULT_WRITE_BUFFER_EXPIRE,
         }
     }
 }
@@ -333,7 +349,15 @@ impl Pool {
     /// of every map so that the next open needs no scan.
     pub fn close(mut self) -> Result<()> {
         self.closed = true;
+        // The write buffer goes down first, while the GC can still make room for it.
+        self.eng.dirty.stop_destager();
+        let destaged = if self.eng.log.is_read_only() {
+            Ok(())
+        } else {
+            self.eng.dirty.destage_all(&self.eng)
+        };
         self.stop_gc();
+        destaged?;
         if self.eng.log.is_read_only() {
             return Ok(());
         }
@@ -409,6 +433,10 @@ impl Drop for Pool {
         if !self.closed {
             // Not a clean shutdown (no checkpoint): make what was written durable if the
             // devices still answer, and leave the rest to recovery.
+            self.eng.dirty.stop_destager();
+            if !self.eng.log.is_read_only() && !self.eng.log.is_poisoned() {
+                let _ = self.eng.dirty.destage_all(&self.eng);
+            }
             self.stop_gc();
             if !self.eng.log.is_read_only() && !self.eng.log.is_poisoned() {
                 let _ = self.eng.flush();

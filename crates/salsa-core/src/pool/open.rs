@@ -332,6 +332,9 @@ impl Pool {
             eng.add_volume(c);
         }
         let opened_from = load_state(&eng, &old_meta, opts, progress)?;
+        if !opts.read_only {
+            eng.dirty.enable(opts.write_buffer_bytes, opts.write_buffer_expire);
+        }
         let eng = Arc::new(eng);
         Engine::attach(&eng);
         let pool = Pool {
@@ -358,6 +361,7 @@ impl Pool {
             pool.resume_rebuild()?;
         }
         if opts.background_gc && !opts.read_only {
+            crate::dirty::DirtyPages::start_destager(&eng)?;
             for i in 0..opts.gc_workers.clamp(1, 16) {
                 let e = eng.clone();
                 let h = std::thread::Builder::new()

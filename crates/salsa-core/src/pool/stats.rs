@@ -72,6 +72,8 @@ pub struct Stats {
     pub parity_buffer: Option<crate::array::ParityBufferStatus>,
     /// The DRAM read cache, when the pool has one.
     pub read_cache: Option<crate::log::read_cache::ReadCacheStats>,
+    /// The DRAM write buffer, when the pool has one.
+    pub write_buffer: Option<crate::dirty::WriteBufferStats>,
 }
 
 /// A volume's statistics, as its controller reports them.
@@ -129,6 +131,7 @@ impl Pool {
             rebuild,
             parity_buffer: self.eng.log.array().parity_buffer_status(),
             read_cache: self.eng.log.read_cache_stats(),
+            write_buffer: self.eng.dirty.stats(),
             array: self.eng.log.array().kind().name().to_string(),
             members,
             pad_bytes_written: c.pad_bytes_written.load(SeqCst),

@@ -298,6 +298,9 @@ impl Pool {
         self.eng.log.check_writable()?;
         let vol = self.volume(name)?.vol;
         // No GC victim of this volume may be in progress.
+        // Its buffered pages die with it (before the GC is held: a destage in progress may
+        // be waiting for the GC to make room).
+        self.eng.dirty.forget_volume(vol.id());
         let _gc = self.eng.gc_lock.write();
         vol.retire();
         {
@@ -384,7 +387,11 @@ impl Volume {
     /// checksum mismatch is an error, never wrong data.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
-        self.vol.read(&self.eng.log, offset, buf)?;
+        if self.buffered() {
+            self.eng.dirty.read(&self.eng, &self.vol, offset, buf)?;
+        } else {
+            self.vol.read(&self.eng.log, offset, buf)?;
+        }
         self.eng.log.counters().user_bytes_read.fetch_add(buf.len() as u64, SeqCst);
         Ok(())
     }
@@ -406,6 +413,10 @@ impl Volume {
     /// pages go to hold them in the payload rather than copying them (zero-copy). The buffer
     /// goes back to its pool once no record holds it.
     pub fn write_payload(&self, offset: u64, payload: WriteBuffer) -> Result<()> {
+        if self.buffered() {
+            // The write buffer keeps its own copies of the pages.
+            return self.write_from(offset, &payload, None);
+        }
         let payload = Arc::new(payload);
         self.write_from(offset, &payload, Some(&payload))
     }
@@ -414,15 +425,32 @@ impl Volume {
     fn write_from(&self, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
         self.check(offset, data.len() as u64)?;
         self.eng.log.check_writable()?;
-        self.vol.write(&self.eng.log, offset, data, payload)?;
+        if self.buffered() {
+            self.eng.dirty.write(&self.eng, &self.vol, offset, data)?;
+        } else {
+            self.vol.write(&self.eng.log, offset, data, payload)?;
+        }
         self.eng.log.counters().user_bytes_written.fetch_add(data.len() as u64, SeqCst);
         Ok(())
     }
 
     /// Writes and makes the write durable before returning (FUA).
     pub fn write_fua(&self, offset: u64, data: &[u8]) -> Result<()> {
+        if self.buffered() {
+            // Past the buffer, and only this write's log records made durable.
+            self.check(offset, data.len() as u64)?;
+            self.eng.log.check_writable()?;
+            self.eng.dirty.write_through(&self.eng, &self.vol, offset, data)?;
+            self.eng.log.counters().user_bytes_written.fetch_add(data.len() as u64, SeqCst);
+            return self.eng.log.flush();
+        }
         self.write(offset, data)?;
         self.eng.flush()
+    }
+
+    /// Whether this volume's writes go through the pool's write buffer.
+    fn buffered(&self) -> bool {
+        self.eng.dirty.buffers(&*self.vol)
     }
 
     /// Discards whole pages inside the range (they read as zeros); partial pages at the edges
@@ -430,6 +458,12 @@ impl Volume {
     pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
         self.check(offset, len)?;
         self.eng.log.check_writable()?;
+        if self.buffered() {
+            return self
+                .eng
+                .dirty
+                .trim(&self.vol, offset, len, || self.vol.trim(&self.eng.log, offset, len));
+        }
         self.vol.trim(&self.eng.log, offset, len)
     }
 
@@ -503,6 +537,13 @@ impl Volume {
                 pages: r.len_bytes / pb,
             });
         }
+        if self.buffered() {
+            // Every write that returned before the batch reaches the map first.
+            return self
+                .eng
+                .dirty
+                .write_down_volume(&self.eng, &self.vol, || self.vol.share(&self.eng.log, &remaps));
+        }
         self.vol.share(&self.eng.log, &remaps)
     }
 
@@ -553,6 +594,7 @@ impl Volume {
 
     /// Whether the page holding `offset` is mapped to data (for block-status queries).
     pub fn is_mapped(&self, offset: u64) -> bool {
-        self.page_location(offset / self.vol.page_bytes() as u64).is_some()
+        let page = offset / self.vol.page_bytes() as u64;
+        self.page_location(page).is_some() || (self.buffered() && self.eng.dirty.holds(self.vol.id(), page))
     }
 }

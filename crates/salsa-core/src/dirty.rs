@@ -1,0 +1,571 @@
+//! The write buffer: pages written to a volume but not yet given to its controller, held in
+//! DRAM until a flush, the buffer's size or their age sends them down, as a file server's
+//! writes wait in the kernel's page cache.
+//!
+//! Why: a write that is not flushed need not be durable (the NBD contract, and every block
+//! device's), so a page overwritten before the next flush need never reach the log. Without
+//! the buffer each overwrite costs a log write, its share of the GC's work and, when its
+//! segment is reused, a device sync; with it, a client that rewrites a region (a sequential
+//! pass over a volume, a database's hot pages) costs one log write per page per destage. A
+//! destage writes each volume's pages in logical order, so a region rewritten between two
+//! destages lands sequentially and the segments of its old copy empty whole.
+//!
+//! Owns: the dirty pages of every buffered volume (page-mapped ones: `lsa` and `extent`; the
+//! others write straight to their controller), in two sets per volume: `open`, which takes
+//! writes, and `frozen`, which a destage is writing down; the destager thread; the counters.
+//!
+//! Invariants:
+//! - a page's newest data is in `open`, else in `frozen`, else in the controller; reads look
+//!   in that order, and take their copies of buffered pages before they read the controller,
+//!   so a destage finishing meanwhile cannot hand them an older copy;
+//! - [`crate::engine::Engine::flush`] destages every page before it flushes the log, so every
+//!   write that returned before a flush is durable when the flush returns (the crash contract
+//!   is the controllers', unchanged); a clean close destages before its checkpoint;
+//! - `frozen` changes only under `order`, and every change of a volume that bypasses the
+//!   buffer (trim, FUA and large writes, share, deletion) holds `order` while it writes down
+//!   or drops the buffered pages it covers: so a destage never writes a page over a later
+//!   trim, write or remap;
+//! - the bytes held (pages and a fixed overhead each) never exceed the capacity: a writer
+//!   that finds it full waits for the destager (or, without one, destages itself), and a write
+//!   of more than a quarter of the capacity goes to the controller directly.
+//!
+//! Lock order: `destaging`, then `partial`, then `order`, then `state`.
+
+use crate::controller::Controller;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::format::ControllerKind;
+use parking_lot::{Condvar, Mutex};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Most bytes one destage write hands a controller.
+const MAX_RUN_BYTES: u64 = 1 << 20;
+/// Bytes counted per page on top of its data (map entry, reference count, allocation header).
+pub const PAGE_OVERHEAD_BYTES: u64 = 64;
+/// Smallest capacity the buffer accepts: room for a few large writes.
+pub const MIN_CAPACITY_BYTES: u64 = 1 << 20;
+/// How often the destager looks at the age of the buffer when nothing wakes it.
+const DESTAGER_TICK: Duration = Duration::from_millis(100);
+/// After a failed destage the destager waits this long before it tries again; writers that
+/// find the buffer full meanwhile destage themselves and get the error.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How long a page may stay buffered before the destager writes it down (ZFS commits its
+/// transaction groups every 5 s; the kernel's page cache waits 30 s).
+pub const DEFAULT_EXPIRE: Duration = Duration::from_secs(5);
+
+/// What the write buffer did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteBufferStats {
+    pub capacity_bytes: u64,
+    /// Bytes held now (pages and per-page overhead).
+    pub dirty_bytes: u64,
+    pub dirty_pages: u64,
+    /// Pages written into the buffer.
+    pub pages_written: u64,
+    /// Of those, pages that replaced a buffered copy: writes that never reached the log.
+    pub pages_absorbed: u64,
+    /// Destages (each writes down every page buffered when it starts).
+    pub destages: u64,
+    pub pages_destaged: u64,
+    /// Writes that found the buffer full and waited for room.
+    pub writer_waits: u64,
+}
+
+type Page = Arc<[u8]>;
+
+struct VolumePages {
+    vol: Arc<dyn Controller>,
+    open: BTreeMap<u64, Page>,
+    frozen: BTreeMap<u64, Page>,
+}
+
+#[derive(Default)]
+struct State {
+    volumes: HashMap<u32, VolumePages>,
+    bytes: u64,
+    pages: u64,
+    /// When the oldest page of the open sets was written (`None`: they are empty).
+    oldest: Option<Instant>,
+    /// Writers waiting for room.
+    waiting: u32,
+    /// The destager's last destage failed.
+    failed: bool,
+    stop: bool,
+}
+
+impl State {
+    fn forget(&mut self, page: &Page) {
+        self.bytes -= cost(page);
+        self.pages -= 1;
+    }
+}
+
+fn cost(page: &Page) -> u64 {
+    page.len() as u64 + PAGE_OVERHEAD_BYTES
+}
+
+/// The buffer of a pool (disabled until [`DirtyPages::enable`]).
+#[derive(Default)]
+pub struct DirtyPages {
+    capacity_bytes: AtomicU64,
+    expire_ms: AtomicU64,
+    state: Mutex<State>,
+    /// Room made, a destage wanted, or the destager told to stop.
+    changed: Condvar,
+    /// One destage at a time.
+    destaging: Mutex<()>,
+    /// Serialises partial-page writes, which read the page they merge into.
+    partial: Mutex<()>,
+    /// Orders destage writes against changes that bypass the buffer (see the invariants).
+    order: Mutex<()>,
+    destager: Mutex<Option<JoinHandle<()>>>,
+    pages_written: AtomicU64,
+    pages_absorbed: AtomicU64,
+    destages: AtomicU64,
+    pages_destaged: AtomicU64,
+    writer_waits: AtomicU64,
+}
+
+impl DirtyPages {
+    /// Buffers up to `capacity_bytes` (at least [`MIN_CAPACITY_BYTES`]; 0 leaves the buffer
+    /// off) and, with a destager running, writes pages down once the oldest is `expire` old.
+    pub fn enable(&self, capacity_bytes: u64, expire: Duration) {
+        let capacity = if capacity_bytes == 0 {
+            0
+        } else {
+            capacity_bytes.max(MIN_CAPACITY_BYTES)
+        };
+        self.capacity_bytes.store(capacity, Relaxed);
+        self.expire_ms.store(expire.as_millis().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity_bytes.load(Relaxed)
+    }
+
+    /// Whether writes to `vol` go through the buffer.
+    pub fn buffers(&self, vol: &dyn Controller) -> bool {
+        self.capacity() > 0 && matches!(vol.kind(), ControllerKind::Lsa | ControllerKind::Extent)
+    }
+
+    /// Whether page `page` of volume `id` is buffered.
+    pub fn holds(&self, id: u32, page: u64) -> bool {
+        let st = self.state.lock();
+        st.volumes
+            .get(&id)
+            .is_some_and(|v| v.open.contains_key(&page) || v.frozen.contains_key(&page))
+    }
+
+    pub fn stats(&self) -> Option<WriteBufferStats> {
+        let capacity_bytes = self.capacity();
+        if capacity_bytes == 0 {
+            return None;
+        }
+        let st = self.state.lock();
+        Some(WriteBufferStats {
+            capacity_bytes,
+            dirty_bytes: st.bytes,
+            dirty_pages: st.pages,
+            pages_written: self.pages_written.load(Relaxed),
+            pages_absorbed: self.pages_absorbed.load(Relaxed),
+            destages: self.destages.load(Relaxed),
+            pages_destaged: self.pages_destaged.load(Relaxed),
+            writer_waits: self.writer_waits.load(Relaxed),
+        })
+    }
+
+    // ----- writes -----
+
+    /// Writes `data` at byte `offset` of `vol` (a buffered volume, range checked).
+    pub fn write(&self, eng: &Engine, vol: &Arc<dyn Controller>, offset: u64, data: &[u8]) -> Result<()> {
+        if data.len() as u64 > self.capacity() / 4 {
+            return self.write_through(eng, vol, offset, data);
+        }
+        let pb = vol.page_bytes() as u64;
+        let end = offset + data.len() as u64;
+        let (first_full, end_full) = (offset.div_ceil(pb) * pb, end / pb * pb);
+        if end_full <= first_full {
+            // Within one page, or the ends of two.
+            let mid = ((offset / pb + 1) * pb).min(end);
+            self.write_partial(eng, vol, offset, &data[..(mid - offset) as usize])?;
+            if mid < end {
+                self.write_partial(eng, vol, mid, &data[(mid - offset) as usize..])?;
+            }
+            return Ok(());
+        }
+        if offset < first_full {
+            self.write_partial(eng, vol, offset, &data[..(first_full - offset) as usize])?;
+        }
+        let whole = &data[(first_full - offset) as usize..(end_full - offset) as usize];
+        let pages = whole
+            .chunks(pb as usize)
+            .enumerate()
+            .map(|(i, c)| (first_full / pb + i as u64, Page::from(c)))
+            .collect();
+        self.insert(eng, vol, pages)?;
+        if end_full < end {
+            self.write_partial(eng, vol, end_full, &data[(end_full - offset) as usize..])?;
+        }
+        Ok(())
+    }
+
+    /// A piece of one page: merged into the page's newest copy, which is then buffered.
+    fn write_partial(&self, eng: &Engine, vol: &Arc<dyn Controller>, at: u64, piece: &[u8]) -> Result<()> {
+        let pb = vol.page_bytes() as u64;
+        let page = at / pb;
+        let _p = self.partial.lock();
+        let mut buf = vec![0u8; pb as usize];
+        self.read(eng, vol, page * pb, &mut buf)?;
+        let from = (at - page * pb) as usize;
+        buf[from..from + piece.len()].copy_from_slice(piece);
+        self.insert(eng, vol, vec![(page, Page::from(buf))])
+    }
+
+    /// Puts whole pages into the volume's open set, waiting for room first.
+    fn insert(&self, eng: &Engine, vol: &Arc<dyn Controller>, pages: Vec<(u64, Page)>) -> Result<()> {
+        let need: u64 = pages.iter().map(|(_, p)| cost(p)).sum();
+        let capacity = self.capacity();
+        let mut st = self.state.lock();
+        let mut waited = false;
+        while st.bytes + need > capacity {
+            if !waited {
+                waited = true;
+                self.writer_waits.fetch_add(1, Relaxed);
+            }
+            if self.destager.lock().is_some() && !st.failed && !st.stop {
+                st.waiting += 1;
+                self.changed.notify_all();
+                self.changed.wait_for(&mut st, DESTAGER_TICK);
+                st.waiting -= 1;
+            } else {
+                drop(st);
+                self.destage_all(eng)?;
+                st = self.state.lock();
+            }
+        }
+        let (mut added_bytes, mut added_pages, mut absorbed) = (0u64, 0u64, 0u64);
+        let n = pages.len() as u64;
+        let entry = st.volumes.entry(vol.id()).or_insert_with(|| VolumePages {
+            vol: vol.clone(),
+            open: BTreeMap::new(),
+            frozen: BTreeMap::new(),
+        });
+        for (p, page) in pages {
+            added_bytes += cost(&page);
+            added_pages += 1;
+            if let Some(old) = entry.open.insert(p, page) {
+                added_bytes -= cost(&old);
+                added_pages -= 1;
+                absorbed += 1;
+            }
+        }
+        st.bytes += added_bytes;
+        st.pages += added_pages;
+        if st.oldest.is_none() {
+            st.oldest = Some(Instant::now());
+        }
+        if st.bytes >= capacity / 2 {
+            self.changed.notify_all();
+        }
+        drop(st);
+        self.pages_written.fetch_add(n, Relaxed);
+        self.pages_absorbed.fetch_add(absorbed, Relaxed);
+        Ok(())
+    }
+
+    /// Writes `data` to the controller itself (a large write, or one that must be durable at
+    /// once): buffered pages it covers partly are written down first, so the controller's
+    /// read-modify-write merges into their newest copy; those it covers whole are dropped
+    /// once it is written (not before: a read meanwhile must not find an older copy).
+    pub fn write_through(&self, eng: &Engine, vol: &Arc<dyn Controller>, offset: u64, data: &[u8]) -> Result<()> {
+        let pb = vol.page_bytes() as u64;
+        let end = offset + data.len() as u64;
+        let (first, last) = (offset / pb, end.div_ceil(pb));
+        let _o = self.order.lock();
+        let covered = self.snapshot(vol.id(), first..last);
+        if covered.is_empty() {
+            return vol.write(&eng.log, offset, data, None);
+        }
+        let edges: Vec<(u64, Page)> = covered
+            .iter()
+            .filter(|(p, _)| (*p == first && !offset.is_multiple_of(pb)) || (*p == last - 1 && !end.is_multiple_of(pb)))
+            .cloned()
+            .collect();
+        self.write_down(eng, vol, &edges)?;
+        vol.write(&eng.log, offset, data, None)?;
+        self.drop_superseded(vol.id(), first..last, &covered);
+        Ok(())
+    }
+
+    /// Drops the buffered whole pages of `[offset, offset + len)` of `vol` after `trim` has
+    /// discarded them below.
+    pub fn trim(&self, vol: &Arc<dyn Controller>, offset: u64, len: u64, trim: impl FnOnce() -> Result<()>) -> Result<()> {
+        let pb = vol.page_bytes() as u64;
+        let pages = offset.div_ceil(pb)..(offset + len) / pb;
+        let _o = self.order.lock();
+        let covered = self.snapshot(vol.id(), pages.clone());
+        trim()?;
+        self.drop_superseded(vol.id(), pages, &covered);
+        Ok(())
+    }
+
+    /// Writes every buffered page of `vol` down, then runs `then` while nothing else reaches
+    /// the volume's controller through the buffer (a share, which must see every write that
+    /// returned before it).
+    pub fn write_down_volume<T>(&self, eng: &Engine, vol: &Arc<dyn Controller>, then: impl FnOnce() -> Result<T>) -> Result<T> {
+        let _o = self.order.lock();
+        let all = self.snapshot(vol.id(), 0..u64::MAX);
+        self.write_down(eng, vol, &all)?;
+        self.drop_superseded(vol.id(), 0..u64::MAX, &all);
+        then()
+    }
+
+    /// Forgets every buffered page of a volume being deleted.
+    pub fn forget_volume(&self, id: u32) {
+        let _o = self.order.lock();
+        let mut st = self.state.lock();
+        if let Some(v) = st.volumes.remove(&id) {
+            for p in v.open.values().chain(v.frozen.values()) {
+                st.forget(p);
+            }
+        }
+        self.changed.notify_all();
+    }
+
+    /// The newest buffered copy of every page in `pages` that has one.
+    fn snapshot(&self, id: u32, pages: std::ops::Range<u64>) -> Vec<(u64, Page)> {
+        if pages.is_empty() {
+            // (A trim inside one page covers no whole page.)
+            return Vec::new();
+        }
+        let st = self.state.lock();
+        let Some(v) = st.volumes.get(&id) else { return Vec::new() };
+        let mut out: BTreeMap<u64, Page> = v.frozen.range(pages.clone()).map(|(k, p)| (*k, p.clone())).collect();
+        out.extend(v.open.range(pages).map(|(k, p)| (*k, p.clone())));
+        out.into_iter().collect()
+    }
+
+    /// After `pages` were written down or superseded below: drops every frozen page of the
+    /// range (older than what went down; only holders of `order` change `frozen`) and every
+    /// open page still holding the copy `covered` saw (one written since is newer: it stays).
+    fn drop_superseded(&self, id: u32, pages: std::ops::Range<u64>, covered: &[(u64, Page)]) {
+        if pages.is_empty() {
+            return;
+        }
+        let mut st = self.state.lock();
+        let Some(v) = st.volumes.get_mut(&id) else { return };
+        let mut gone = Vec::new();
+        let frozen: Vec<u64> = v.frozen.range(pages).map(|(k, _)| *k).collect();
+        for k in frozen {
+            gone.extend(v.frozen.remove(&k));
+        }
+        for (k, page) in covered {
+            if v.open.get(k).is_some_and(|p| Arc::ptr_eq(p, page)) {
+                gone.extend(v.open.remove(k));
+            }
+        }
+        for p in &gone {
+            st.forget(p);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Writes `pages` (sorted, of one volume) to its controller, consecutive pages together.
+    /// The caller holds `order`.
+    fn write_down(&self, eng: &Engine, vol: &Arc<dyn Controller>, pages: &[(u64, Page)]) -> Result<()> {
+        let pb = vol.page_bytes() as u64;
+        let per_run = (MAX_RUN_BYTES / pb).max(1) as usize;
+        let mut i = 0;
+        while i < pages.len() {
+            let mut j = i + 1;
+            while j < pages.len() && j - i < per_run && pages[j].0 == pages[j - 1].0 + 1 {
+                j += 1;
+            }
+            let mut buf = Vec::with_capacity((j - i) * pb as usize);
+            for (_, p) in &pages[i..j] {
+                buf.extend_from_slice(p);
+            }
+            vol.write(&eng.log, pages[i].0 * pb, &buf, None)?;
+            self.pages_destaged.fetch_add((j - i) as u64, Relaxed);
+            i = j;
+        }
+        Ok(())
+    }
+
+    // ----- reads -----
+
+    /// Reads `buf.len()` bytes at `offset` of `vol`: buffered pages from memory, the rest from
+    /// the controller.
+    pub fn read(&self, eng: &Engine, vol: &Arc<dyn Controller>, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let pb = vol.page_bytes() as u64;
+        let end = offset + buf.len() as u64;
+        let (first, last) = (offset / pb, end.div_ceil(pb));
+        let copies: Vec<Option<Page>> = {
+            let st = self.state.lock();
+            match st.volumes.get(&vol.id()) {
+                Some(v) if !(v.open.is_empty() && v.frozen.is_empty()) => (first..last)
+                    .map(|p| v.open.get(&p).or_else(|| v.frozen.get(&p)).cloned())
+                    .collect(),
+                _ => Vec::new(),
+            }
+        };
+        if copies.is_empty() {
+            return vol.read(&eng.log, offset, buf);
+        }
+        let span = |from_page: u64, to_page: u64| (offset.max(from_page * pb), end.min(to_page * pb));
+        let mut i = 0;
+        while i < copies.len() {
+            if copies[i].is_some() {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < copies.len() && copies[j].is_none() {
+                j += 1;
+            }
+            let (from, to) = span(first + i as u64, first + j as u64);
+            vol.read(&eng.log, from, &mut buf[(from - offset) as usize..(to - offset) as usize])?;
+            i = j;
+        }
+        for (i, copy) in copies.iter().enumerate() {
+            if let Some(page) = copy {
+                let p = first + i as u64;
+                let (from, to) = span(p, p + 1);
+                let at = (from - p * pb) as usize;
+                buf[(from - offset) as usize..(to - offset) as usize].copy_from_slice(&page[at..at + (to - from) as usize]);
+            }
+        }
+        Ok(())
+    }
+
+    // ----- destage -----
+
+    /// Writes down every page buffered when it starts: the open sets are frozen, then each
+    /// volume's frozen pages go to its controller in logical order, in runs of consecutive
+    /// pages. On an error the pages not written stay buffered (and are retried by the next
+    /// destage or flush).
+    pub fn destage_all(&self, eng: &Engine) -> Result<()> {
+        if self.capacity() == 0 {
+            return Ok(());
+        }
+        let _d = self.destaging.lock();
+        let ids: Vec<u32> = {
+            let _o = self.order.lock();
+            let mut st = self.state.lock();
+            st.oldest = None;
+            let mut replaced = Vec::new();
+            for v in st.volumes.values_mut() {
+                if v.frozen.is_empty() {
+                    std::mem::swap(&mut v.frozen, &mut v.open);
+                } else {
+                    // A destage that failed left pages: the open copies are newer.
+                    for (k, p) in std::mem::take(&mut v.open) {
+                        replaced.extend(v.frozen.insert(k, p));
+                    }
+                }
+            }
+            for p in &replaced {
+                st.forget(p);
+            }
+            st.volumes.iter().filter(|(_, v)| !v.frozen.is_empty()).map(|(id, _)| *id).collect()
+        };
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.destages.fetch_add(1, Relaxed);
+        for id in ids {
+            loop {
+                let _o = self.order.lock();
+                let (vol, run) = {
+                    let st = self.state.lock();
+                    let Some(v) = st.volumes.get(&id) else { break };
+                    let per_run = (MAX_RUN_BYTES / v.vol.page_bytes() as u64).max(1);
+                    let mut run: Vec<(u64, Page)> = Vec::new();
+                    for (k, p) in v.frozen.iter() {
+                        if run.last().is_some_and(|(last, _)| *last + 1 != *k) || run.len() as u64 >= per_run {
+                            break;
+                        }
+                        run.push((*k, p.clone()));
+                    }
+                    (v.vol.clone(), run)
+                };
+                if run.is_empty() {
+                    break;
+                }
+                if vol.is_retired() {
+                    drop(_o);
+                    self.forget_volume(id);
+                    break;
+                }
+                self.write_down(eng, &vol, &run)?;
+                let mut st = self.state.lock();
+                if let Some(v) = st.volumes.get_mut(&id) {
+                    let gone: Vec<Page> = run.iter().filter_map(|(k, _)| v.frozen.remove(k)).collect();
+                    for p in &gone {
+                        st.forget(p);
+                    }
+                }
+                self.changed.notify_all();
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the thread that destages when the buffer is half full, a writer waits for
+    /// room, or the oldest page is older than the expiry.
+    pub fn start_destager(eng: &Arc<Engine>) -> Result<()> {
+        if eng.dirty.capacity() == 0 {
+            return Ok(());
+        }
+        let e = eng.clone();
+        let h = std::thread::Builder::new()
+            .name("salsa-destage".into())
+            .spawn(move || destager(e))
+            .map_err(|e| crate::error::Error::InvalidConfig(format!("cannot start the write buffer's destager: {e}")))?;
+        *eng.dirty.destager.lock() = Some(h);
+        Ok(())
+    }
+
+    /// Stops the destager (the buffer keeps its pages: close and flush destage them).
+    pub fn stop_destager(&self) {
+        self.state.lock().stop = true;
+        self.changed.notify_all();
+        let h = self.destager.lock().take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+    }
+}
+
+fn destager(eng: Arc<Engine>) {
+    let d = &eng.dirty;
+    let capacity = d.capacity();
+    let expire = Duration::from_millis(d.expire_ms.load(Relaxed));
+    loop {
+        {
+            let mut st = d.state.lock();
+            loop {
+                if st.stop {
+                    return;
+                }
+                let due = st.waiting > 0 || st.bytes >= capacity / 2 || st.oldest.is_some_and(|t| t.elapsed() >= expire);
+                if due {
+                    break;
+                }
+                d.changed.wait_for(&mut st, DESTAGER_TICK);
+            }
+        }
+        let r = d.destage_all(&eng);
+        let mut st = d.state.lock();
+        st.failed = r.is_err();
+        d.changed.notify_all();
+        if let Err(e) = r {
+            tracing::warn!("write buffer: destage failed, {} bytes stay buffered: {e}", st.bytes);
+            d.changed.wait_for(&mut st, RETRY_AFTER);
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! The write buffer (`OpenOptions::write_buffer_bytes`): overwrites before a flush stay in
+//! memory, the buffer keeps its bound, reads always see the newest write, trims and FUA
+//! writes meet buffered pages in order, the destager writes pages down by age, and a flush or
+//! a FUA write is as durable as without the buffer.
+
+mod common;
+use common::*;
+use salsa_core::device::{CrashDevice, CrashPlan};
+use salsa_core::{Device, OpenOptions, Pool};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn buffered(capacity_bytes: u64) -> OpenOptions {
+    OpenOptions {
+        write_buffer_bytes: capacity_bytes,
+        ..inline_gc()
+    }
+}
+
+fn page(tag: u64) -> Vec<u8> {
+    (0..PAGE as u64).map(|i| (i * 31 + tag * 7 + tag / 251) as u8).collect()
+}
+
+/// Writes pages `0..pages` of `vol` with version `v`, one page per write.
+fn write_pages(vol: &salsa_core::Volume, pages: u64, v: u64) {
+    for p in 0..pages {
+        vol.write(p * PAGE as u64, &page(p * 1000 + v)).unwrap();
+    }
+}
+
+fn check_pages(vol: &salsa_core::Volume, pages: u64, v: u64) {
+    let mut buf = vec![0u8; PAGE];
+    for p in 0..pages {
+        vol.read(p * PAGE as u64, &mut buf).unwrap();
+        assert!(buf == page(p * 1000 + v), "page {p} does not hold version {v}");
+    }
+}
+
+/// Ten rewrites of 1 MiB before a flush: with the buffer the members take about one copy,
+/// without it ten (the same workload, so the comparison can fail either way).
+#[test]
+fn overwrites_before_a_flush_never_reach_the_log() {
+    let mut written = Vec::new();
+    for capacity in [0, 16 * MIB] {
+        let (pool, _) = memory_pool(64, &buffered(capacity));
+        let vol = pool.create_volume("v", 16 * MIB, PAGE as u32).unwrap();
+        let before = pool.stats().device_bytes_written;
+        for v in 1..=10 {
+            write_pages(&vol, 256, v);
+        }
+        check_pages(&vol, 256, 10);
+        pool.flush().unwrap();
+        let st = pool.stats();
+        written.push(st.device_bytes_written - before);
+        if capacity > 0 {
+            let w = st.write_buffer.expect("a buffered pool reports its buffer");
+            assert_eq!(w.pages_written, 2560);
+            assert_eq!(w.pages_absorbed, 2304, "nine of every ten writes replace a buffered copy");
+            assert_eq!(w.pages_destaged, 256);
+            assert_eq!((w.dirty_pages, w.dirty_bytes), (0, 0), "a flush leaves nothing buffered");
+        } else {
+            assert!(st.write_buffer.is_none());
+        }
+        pool.close().unwrap();
+    }
+    assert!(written[0] >= 10 * MIB, "unbuffered: {} bytes", written[0]);
+    assert!(written[1] < 2 * MIB, "buffered: {} bytes for 1 MiB of pages", written[1]);
+}
+
+/// A buffer of 1 MiB under 32 MiB of distinct pages: it never holds more than its capacity,
+/// writers destage it themselves when it is full, and every page reads back before and after
+/// a reopen.
+#[test]
+fn the_buffer_keeps_its_bound_and_loses_nothing() {
+    let (pool, dev) = memory_pool(96, &buffered(MIB));
+    let vol = pool.create_volume("v", 32 * MIB, PAGE as u32).unwrap();
+    let pages = 32 * MIB / PAGE as u64;
+    for p in 0..pages {
+        vol.write(p * PAGE as u64, &page(p * 1000 + 1)).unwrap();
+        let w = pool.stats().write_buffer.unwrap();
+        assert!(w.dirty_bytes <= MIB, "{} bytes buffered, capacity 1 MiB", w.dirty_bytes);
+    }
+    let w = pool.stats().write_buffer.unwrap();
+    assert!(w.writer_waits > 0 && w.destages > 10, "{w:?}");
+    check_pages(&vol, pages, 1);
+    pool.close().unwrap();
+    let pool = Pool::open(vec![dev], &buffered(MIB)).unwrap();
+    check_pages(&pool.volume("v").unwrap(), pages, 1);
+}
+
+/// Partial pages merge into the buffered copy; a trim drops buffered pages (and stays
+/// trimmed after the buffer is written down and the pool reopened); write-zeroes and reads
+/// spanning buffered and unbuffered pages see the newest bytes.
+#[test]
+fn reads_trims_and_partial_writes_see_the_newest_bytes() {
+    let (pool, dev) = memory_pool(64, &buffered(8 * MIB));
+    let vol = pool.create_volume("v", 8 * MIB, PAGE as u32).unwrap();
+    write_pages(&vol, 64, 1);
+    pool.flush().unwrap();
+    // Pages 8..16 buffered anew; a read across 4..20 mixes both.
+    for p in 8..16 {
+        vol.write(p * PAGE as u64, &page(p * 1000 + 2)).unwrap();
+    }
+    let mut model: Vec<u8> = (0..64)
+        .flat_map(|p| page(p * 1000 + if (8..16).contains(&p) { 2 } else { 1 }))
+        .collect();
+    // A piece across the end of page 9 and the start of page 10, and one inside page 30
+    // (not buffered: merged with what the log holds).
+    vol.write(10 * PAGE as u64 - 100, &[0xAB; 300]).unwrap();
+    model[10 * PAGE - 100..10 * PAGE + 200].fill(0xAB);
+    vol.write(30 * PAGE as u64 + 5, &[0xCD; 10]).unwrap();
+    model[30 * PAGE + 5..30 * PAGE + 15].fill(0xCD);
+    // Trim pages 12..14 and zero a range inside page 20 and across 21.
+    vol.trim(12 * PAGE as u64, 2 * PAGE as u64).unwrap();
+    model[12 * PAGE..14 * PAGE].fill(0);
+    // A trim inside one page (buffered or not) covers no whole page: nothing changes.
+    vol.trim(9 * PAGE as u64 + 100, 200).unwrap();
+    vol.trim(40 * PAGE as u64 + 100, 200).unwrap();
+    vol.write_zeroes(20 * PAGE as u64 + 7, PAGE as u64 + 9).unwrap();
+    model[20 * PAGE + 7..21 * PAGE + 16].fill(0);
+    let mut buf = vec![0u8; 64 * PAGE];
+    vol.read(0, &mut buf).unwrap();
+    assert!(buf == model, "buffered view differs");
+    let mut piece = vec![0u8; 777];
+    vol.read(9 * PAGE as u64 + 4000, &mut piece).unwrap();
+    assert!(piece[..] == model[9 * PAGE + 4000..9 * PAGE + 4777]);
+    assert!(vol.is_mapped(8 * PAGE as u64));
+    // Without a flush: drop writes it down; the reopened pool holds the same bytes.
+    drop(vol);
+    drop(pool);
+    let pool = Pool::open(vec![dev], &buffered(8 * MIB)).unwrap();
+    let vol = pool.volume("v").unwrap();
+    vol.read(0, &mut buf).unwrap();
+    assert!(buf == model, "after reopen");
+}
+
+/// A FUA write is durable at once although the pages buffered before it are not flushed;
+/// when it covers part of a buffered page, the durable page merges the buffered bytes.
+#[test]
+fn a_fua_write_is_durable_without_a_flush() {
+    let dev = Arc::new(CrashDevice::new("crash0", 64 * MIB, CrashPlan::default()));
+    let devs = || vec![dev.clone() as Arc<dyn Device>];
+    let pool = Pool::create(devs(), &tiny_config(), &buffered(8 * MIB)).unwrap();
+    let vol = pool.create_volume("v", 8 * MIB, PAGE as u32).unwrap();
+    write_pages(&vol, 16, 1);
+    pool.flush().unwrap();
+    // Buffered, never flushed.
+    write_pages(&vol, 8, 2);
+    // FUA: the whole of page 12, and a piece of buffered page 3.
+    vol.write_fua(12 * PAGE as u64, &page(12_000 + 3)).unwrap();
+    vol.write_fua(3 * PAGE as u64 + 512, &[0xEE; 1024]).unwrap();
+    dev.crash_now();
+    drop(vol);
+    drop(pool);
+    dev.restart(CrashPlan::default());
+    let pool = Pool::open(devs(), &buffered(8 * MIB)).unwrap();
+    let vol = pool.volume("v").unwrap();
+    let mut buf = vec![0u8; PAGE];
+    vol.read(12 * PAGE as u64, &mut buf).unwrap();
+    assert!(buf == page(12_000 + 3), "the FUA page was lost");
+    vol.read(3 * PAGE as u64, &mut buf).unwrap();
+    let mut want = page(3000 + 2);
+    want[512..1536].fill(0xEE);
+    assert!(buf == want, "the FUA piece did not merge into the buffered page");
+    // Pages flushed before and not rewritten by FUA hold their flushed or newer version.
+    for p in [0u64, 5, 14] {
+        vol.read(p * PAGE as u64, &mut buf).unwrap();
+        assert!(
+            buf == page(p * 1000 + 1) || buf == page(p * 1000 + 2),
+            "page {p} lost its flushed data"
+        );
+    }
+}
+
+/// With a background GC the destager writes pages down once the oldest has waited the
+/// expiry, with no flush.
+#[test]
+fn the_destager_writes_old_pages_down_without_a_flush() {
+    let opts = OpenOptions {
+        write_buffer_bytes: 64 * MIB,
+        write_buffer_expire: Duration::from_millis(200),
+        ..OpenOptions::default()
+    };
+    let (pool, _) = memory_pool(64, &opts);
+    let vol = pool.create_volume("v", 8 * MIB, PAGE as u32).unwrap();
+    write_pages(&vol, 100, 1);
+    assert_eq!(pool.stats().write_buffer.unwrap().dirty_pages, 100);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while pool.stats().write_buffer.unwrap().dirty_pages > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing destaged: {:?}",
+            pool.stats().write_buffer
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let w = pool.stats().write_buffer.unwrap();
+    assert_eq!(w.pages_destaged, 100);
+    assert!(pool.stats().user_bytes_written >= 100 * PAGE as u64);
+    check_pages(&vol, 100, 1);
+    pool.close().unwrap();
+}
+
+/// Writers and readers on their own pages, a small buffer, the destager and the GC running:
+/// every read returns the reader's own last write while destages come and go.
+#[test]
+fn concurrent_writers_read_their_own_writes_through_destages() {
+    let opts = OpenOptions {
+        write_buffer_bytes: MIB,
+        write_buffer_expire: Duration::from_millis(20),
+        ..OpenOptions::default()
+    };
+    let (pool, dev) = memory_pool(64, &opts);
+    let vol = pool.create_volume("v", 16 * MIB, PAGE as u32).unwrap();
+    let per_thread = 16 * MIB / PAGE as u64 / 4;
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let vol = vol.clone();
+            s.spawn(move || {
+                let mut last = vec![0u64; per_thread as usize];
+                let mut buf = vec![0u8; PAGE];
+                for i in 0..6000u64 {
+                    let p = (i * 7919 + t) % per_thread;
+                    let at = (t * per_thread + p) * PAGE as u64;
+                    if i % 3 == 2 && last[p as usize] > 0 {
+                        vol.read(at, &mut buf).unwrap();
+                        assert!(buf == page(at + last[p as usize]), "thread {t} page {p}: stale read");
+                    } else {
+                        last[p as usize] = i + 1;
+                        vol.write(at, &page(at + i + 1)).unwrap();
+                    }
+                    if i % 1000 == 999 && t == 0 {
+                        vol.flush().unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let w = pool.stats().write_buffer.unwrap();
+    assert!(w.destages > 0, "{w:?}");
+    pool.close().unwrap();
+    let pool = Pool::open(vec![dev], &opts).unwrap();
+    assert!(pool.volume("v").unwrap().mapped_bytes() > 0);
+}
