@@ -114,8 +114,12 @@ pub struct DirtyPages {
     capacity_bytes: AtomicU64,
     expire_ms: AtomicU64,
     state: Mutex<State>,
-    /// Room made, a destage wanted, or the destager told to stop.
-    changed: Condvar,
+    /// Room made (writers wait on it).
+    room: Condvar,
+    /// A destage wanted (a writer waits, the buffer is half full) or the destager told to
+    /// stop: the destager waits on it alone, so that the writes and flushes of a busy pool do
+    /// not wake it for nothing (at queue depth 1 that cost a tenth of the flush rate).
+    wake: Condvar,
     /// One destage at a time.
     destaging: Mutex<()>,
     /// Serialises partial-page writes, which read the page they merge into.
@@ -238,8 +242,8 @@ impl DirtyPages {
             }
             if self.destager.lock().is_some() && !st.failed && !st.stop {
                 st.waiting += 1;
-                self.changed.notify_all();
-                self.changed.wait_for(&mut st, DESTAGER_TICK);
+                self.wake.notify_one();
+                self.room.wait_for(&mut st, DESTAGER_TICK);
                 st.waiting -= 1;
             } else {
                 drop(st);
@@ -269,7 +273,7 @@ impl DirtyPages {
             st.oldest = Some(Instant::now());
         }
         if st.bytes >= capacity / 2 {
-            self.changed.notify_all();
+            self.wake.notify_one();
         }
         drop(st);
         self.pages_written.fetch_add(n, Relaxed);
@@ -333,7 +337,7 @@ impl DirtyPages {
                 st.forget(p);
             }
         }
-        self.changed.notify_all();
+        self.room.notify_all();
     }
 
     /// The newest buffered copy of every page in `pages` that has one.
@@ -371,7 +375,7 @@ impl DirtyPages {
         for p in &gone {
             st.forget(p);
         }
-        self.changed.notify_all();
+        self.room.notify_all();
     }
 
     /// Writes `pages` (sorted, of one volume) to its controller, consecutive pages together.
@@ -509,7 +513,7 @@ impl DirtyPages {
                         st.forget(p);
                     }
                 }
-                self.changed.notify_all();
+                self.room.notify_all();
             }
         }
         Ok(())
@@ -533,7 +537,8 @@ impl DirtyPages {
     /// Stops the destager (the buffer keeps its pages: close and flush destage them).
     pub fn stop_destager(&self) {
         self.state.lock().stop = true;
-        self.changed.notify_all();
+        self.wake.notify_one();
+        self.room.notify_all();
         let h = self.destager.lock().take();
         if let Some(h) = h {
             let _ = h.join();
@@ -556,16 +561,16 @@ fn destager(eng: Arc<Engine>) {
                 if due {
                     break;
                 }
-                d.changed.wait_for(&mut st, DESTAGER_TICK);
+                d.wake.wait_for(&mut st, DESTAGER_TICK);
             }
         }
         let r = d.destage_all(&eng);
         let mut st = d.state.lock();
         st.failed = r.is_err();
-        d.changed.notify_all();
+        d.room.notify_all();
         if let Err(e) = r {
             tracing::warn!("write buffer: destage failed, {} bytes stay buffered: {e}", st.bytes);
-            d.changed.wait_for(&mut st, RETRY_AFTER);
+            d.wake.wait_for(&mut st, RETRY_AFTER);
         }
     }
 }
