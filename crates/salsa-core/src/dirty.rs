@@ -186,6 +186,11 @@ impl DirtyPages {
 
     /// Writes `data` at byte `offset` of `vol` (a buffered volume, range checked).
     pub fn write(&self, eng: &Engine, vol: &Arc<dyn Controller>, offset: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            // (It would otherwise read and buffer the page at `offset`, which may be past the
+            // end of the volume.)
+            return Ok(());
+        }
         if data.len() as u64 > self.capacity() / 4 {
             return self.write_through(eng, vol, offset, data);
         }

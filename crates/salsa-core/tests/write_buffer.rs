@@ -125,6 +125,9 @@ fn reads_trims_and_partial_writes_see_the_newest_bytes() {
     vol.read(9 * PAGE as u64 + 4000, &mut piece).unwrap();
     assert!(piece[..] == model[9 * PAGE + 4000..9 * PAGE + 4777]);
     assert!(vol.is_mapped(8 * PAGE as u64));
+    // An empty write, even at the end of the volume, changes nothing.
+    vol.write(8 * MIB, &[]).unwrap();
+    vol.write(3 * PAGE as u64 + 5, &[]).unwrap();
     // Without a flush: drop writes it down; the reopened pool holds the same bytes.
     drop(vol);
     drop(pool);
