@@ -489,36 +489,27 @@ impl DirtyPages {
         for id in ids {
             loop {
                 let _o = self.order.lock();
-                let (vol, run) = {
+                // A chunk of at most a run's bytes, under `order`; `write_down` splits it
+                // into runs of consecutive pages.
+                let (vol, chunk) = {
                     let st = self.state.lock();
                     let Some(v) = st.volumes.get(&id) else { break };
-                    let per_run = (MAX_RUN_BYTES / v.vol.page_bytes() as u64).max(1);
-                    let mut run: Vec<(u64, Page)> = Vec::new();
-                    for (k, p) in v.frozen.iter() {
-                        if run.last().is_some_and(|(last, _)| *last + 1 != *k) || run.len() as u64 >= per_run {
-                            break;
-                        }
-                        run.push((*k, p.clone()));
-                    }
-                    (v.vol.clone(), run)
+                    let per_chunk = (MAX_RUN_BYTES / v.vol.page_bytes() as u64).max(1) as usize;
+                    let chunk: Vec<(u64, Page)> = v.frozen.iter().take(per_chunk).map(|(k, p)| (*k, p.clone())).collect();
+                    (v.vol.clone(), chunk)
                 };
-                if run.is_empty() {
+                let (Some((first, _)), Some((last, _))) = (chunk.first(), chunk.last()) else {
                     break;
-                }
+                };
                 if vol.is_retired() {
                     drop(_o);
                     self.forget_volume(id);
                     break;
                 }
-                self.write_down(eng, &vol, &run)?;
-                let mut st = self.state.lock();
-                if let Some(v) = st.volumes.get_mut(&id) {
-                    let gone: Vec<Page> = run.iter().filter_map(|(k, _)| v.frozen.remove(k)).collect();
-                    for p in &gone {
-                        st.forget(p);
-                    }
-                }
-                self.room.notify_all();
+                self.write_down(eng, &vol, &chunk)?;
+                // The chunk is every frozen page of its range (`frozen` changes only under
+                // `order`, held since it was taken).
+                self.drop_superseded(id, *first..last + 1, &[]);
             }
         }
         Ok(())

@@ -297,10 +297,10 @@ impl Pool {
     pub fn delete_volume(&self, name: &str) -> Result<()> {
         self.eng.log.check_writable()?;
         let vol = self.volume(name)?.vol;
-        // No GC victim of this volume may be in progress.
         // Its buffered pages die with it (before the GC is held: a destage in progress may
         // be waiting for the GC to make room).
         self.eng.dirty.forget_volume(vol.id());
+        // No GC victim of this volume may be in progress.
         let _gc = self.eng.gc_lock.write();
         vol.retire();
         {
@@ -423,14 +423,22 @@ impl Volume {
 
     /// [`Volume::write`] of `data`, which is all of `payload` when one is given.
     fn write_from(&self, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
-        self.check(offset, data.len() as u64)?;
+        self.checked_write(offset, data.len(), || {
+            if self.buffered() {
+                self.eng.dirty.write(&self.eng, &self.vol, offset, data)
+            } else {
+                self.vol.write(&self.eng.log, offset, data, payload)
+            }
+        })
+    }
+
+    /// Runs `write` of `len` bytes at `offset` once the range and the pool are checked, and
+    /// counts its bytes.
+    fn checked_write(&self, offset: u64, len: usize, write: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.check(offset, len as u64)?;
         self.eng.log.check_writable()?;
-        if self.buffered() {
-            self.eng.dirty.write(&self.eng, &self.vol, offset, data)?;
-        } else {
-            self.vol.write(&self.eng.log, offset, data, payload)?;
-        }
-        self.eng.log.counters().user_bytes_written.fetch_add(data.len() as u64, SeqCst);
+        write()?;
+        self.eng.log.counters().user_bytes_written.fetch_add(len as u64, SeqCst);
         Ok(())
     }
 
@@ -438,10 +446,9 @@ impl Volume {
     pub fn write_fua(&self, offset: u64, data: &[u8]) -> Result<()> {
         if self.buffered() {
             // Past the buffer, and only this write's log records made durable.
-            self.check(offset, data.len() as u64)?;
-            self.eng.log.check_writable()?;
-            self.eng.dirty.write_through(&self.eng, &self.vol, offset, data)?;
-            self.eng.log.counters().user_bytes_written.fetch_add(data.len() as u64, SeqCst);
+            self.checked_write(offset, data.len(), || {
+                self.eng.dirty.write_through(&self.eng, &self.vol, offset, data)
+            })?;
             return self.eng.log.flush();
         }
         self.write(offset, data)?;
