@@ -128,13 +128,19 @@ class MariaDB:
     def __init__(self, datadir, d):
         self.datadir, self.sock = datadir, os.path.join(d, "mysql.sock")
         self.log = os.path.join(d, "mariadb.err")
+        # A temporary directory of its own: with the shared /tmp, mariadb-install-db once
+        # aborted in CI on a temporary table someone else had removed ("Could not remove
+        # temporary table '/tmp/#sql-temptable-...', error: 2"), another run's or a cleaner's.
+        self.tmpdir = os.path.join(d, "mariadb-tmp")
         self.proc = None
 
     def start(self, buffer_pool):
+        os.makedirs(self.tmpdir, exist_ok=True)
         run(["mariadb-install-db", "--no-defaults", "--user=root", "--datadir=" + self.datadir,
-             "--auth-root-authentication-method=normal", "--skip-test-db"])
+             "--tmpdir=" + self.tmpdir, "--auth-root-authentication-method=normal", "--skip-test-db"])
         self.proc = subprocess.Popen([
             "mariadbd", "--no-defaults", "--user=root", "--datadir=" + self.datadir, "--socket=" + self.sock,
+            "--tmpdir=" + self.tmpdir,
             "--pid-file=" + self.sock + ".pid", "--skip-networking", "--log-error=" + self.log,
             "--innodb-buffer-pool-size=" + buffer_pool, "--innodb-log-file-size=64M", "--innodb-flush-method=O_DIRECT",
         ])

@@ -1002,3 +1002,24 @@ fn regression_release_left_moved_pages_in_a_row_without_parity_seed_9931() {
         COPIED,
     );
 }
+
+/// Found by a longer sweep of the write-buffer crash test: page 120 of the extent volume owned
+/// a shared grain through a flushed share entry and was then overwritten; the GC moved the grain
+/// for its one other owner and released its segment once the move was durable, but not the
+/// record that took page 120 off the grain, which the crash lost. Recovery mapped the page by
+/// its share entry to a grain already rewritten (a checksum error). A page leaving a shared
+/// grain now makes the grain's segment wait for that record, as a page leaving its own data
+/// does. (The seed's destages run partly on the buffer's own thread, so a change of timing
+/// can move its crash point; it failed on every run before the fix.)
+#[test]
+fn regression_shared_grain_released_before_its_leaving_owner_was_durable_seed_45594() {
+    run_seed(
+        45594,
+        Some(594),
+        Medium::Flat,
+        Writes {
+            write_buffer: true,
+            ..SHARES
+        },
+    );
+}

@@ -813,13 +813,20 @@ impl Log {
     /// `grains` grains of live data in `segment` died; record `killer` (when given) made them
     /// dead, so a GC release of the segment waits for it. An emptied sealed segment is retired.
     pub fn drop_data(&self, segment: u32, grains: u32, killer: Option<u64>) {
-        let info = self.capacity.segment(segment);
         if let Some(k) = killer {
-            info.last_kill_record.fetch_max(k, SeqCst);
+            self.note_killer(segment, k);
         }
         if self.capacity.sub_valid(segment, grains) {
             self.segment_emptied(segment);
         }
+    }
+
+    /// Record `killer` made an entry that maps into `segment` dead, though the data it named
+    /// stays live for other owners (a page leaving a shared grain): the segment's release
+    /// waits for the record, as for [`Log::drop_data`], or a crash that lost the record would
+    /// leave the page's old entry naming a grain already rewritten.
+    pub fn note_killer(&self, segment: u32, killer: u64) {
+        self.capacity.segment(segment).last_kill_record.fetch_max(killer, SeqCst);
     }
 
     /// A tombstone in `segment` became live.
@@ -829,9 +836,8 @@ impl Log {
 
     /// A live tombstone in `segment` died, as [`Log::drop_data`].
     pub fn drop_tombstone(&self, segment: u32, killer: Option<u64>) {
-        let info = self.capacity.segment(segment);
         if let Some(k) = killer {
-            info.last_kill_record.fetch_max(k, SeqCst);
+            self.note_killer(segment, k);
         }
         if self.capacity.sub_tombstone(segment) {
             self.segment_emptied(segment);

@@ -252,7 +252,13 @@ impl LsaVolume {
                 if let Some(s) = entry {
                     log.drop_tombstone(s, Some(killer));
                 }
-                if leave != Leave::OthersRemain {
+                if leave == Leave::OthersRemain {
+                    // The page's entry naming `g` (a share entry elsewhere, or one in g's own
+                    // segment) stays on the device until `killer` is durable: g's segment must
+                    // not be rewritten before then, though g itself is moved for its other
+                    // owners (found by the write-buffer crash sweep, seed 45594).
+                    log.note_killer(log.geo().segment_of(g), killer);
+                } else {
                     log.cache_forget(g);
                     log.drop_data(log.geo().segment_of(g), self.page_grains, Some(killer))
                 }
