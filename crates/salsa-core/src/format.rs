@@ -45,7 +45,14 @@ const POOL_META_MAGIC: &[u8; 8] = b"SALSAPM1";
 const RECORD_MAGIC: &[u8; 8] = b"SALSARC1";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"SALSACP1";
 const PARITY_BUFFER_MAGIC: &[u8; 8] = b"SALSAPB1";
+/// A bank whose entries are each a whole-block descriptor and a parity unit (the first layout,
+/// still read).
 const PARITY_BANK_MAGIC: &[u8; 8] = b"SALSAPK1";
+/// A bank whose descriptors are packed, first into its header block, then into a table
+/// before the parity units (written now).
+const PARITY_BANK_MAGIC_PACKED: &[u8; 8] = b"SALSAPK2";
+/// Where a packed bank's header block holds its first descriptors.
+pub const PARITY_BANK_DESCRIPTORS_AT: usize = 64;
 
 /// Why bytes failed to decode.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -1138,7 +1145,7 @@ impl ParityBufferHeader {
             return Err(FormatError::Invalid(format!("parity buffer row of {} grains", h.row_grains)));
         }
         if !h.bank_bytes.is_multiple_of(PARITY_BLOCK_BYTES as u64)
-            || h.bank_bytes < PARITY_BLOCK_BYTES as u64 + h.entry_bytes()
+            || h.bank_bytes < PARITY_BLOCK_BYTES as u64 + h.bank_body_bytes(1, true)
             || h.bank_bytes > MAX_PARITY_BANK_BYTES
         {
             return Err(FormatError::Invalid(format!("parity buffer bank of {} bytes", h.bank_bytes)));
@@ -1146,19 +1153,42 @@ impl ParityBufferHeader {
         Ok(h)
     }
 
-    /// Bytes of an entry's descriptor (segment, row, coverage map), whole blocks.
+    /// Bytes of an entry's descriptor (segment, row, coverage map).
     pub fn descriptor_bytes(&self) -> u64 {
-        (12 + self.row_grains.div_ceil(8) as u64).next_multiple_of(PARITY_BLOCK_BYTES as u64)
+        12 + self.row_grains.div_ceil(8) as u64
     }
 
-    /// Bytes of one entry: its descriptor and one stripe unit of parity.
-    pub fn entry_bytes(&self) -> u64 {
-        self.descriptor_bytes() + self.unit_bytes as u64
+    /// Descriptors a packed bank keeps in its header block (after its fields, before its crc).
+    pub fn descriptors_in_header(&self) -> u64 {
+        (PARITY_BLOCK_BYTES - PARITY_BANK_DESCRIPTORS_AT - 4) as u64 / self.descriptor_bytes()
     }
 
-    /// Entries a bank holds.
+    /// Bytes of the entries of a bank of `count` entries, after its header block. Packed (the
+    /// layout written now): the descriptors past those the header block holds, one after
+    /// another, padded to whole blocks, then the parity units. Not packed (the first layout,
+    /// which a buffer written by an older build may hold): per entry its descriptor padded to
+    /// a whole block, then its unit.
+    pub fn bank_body_bytes(&self, count: u64, packed: bool) -> u64 {
+        let block = PARITY_BLOCK_BYTES as u64;
+        if packed {
+            let table = count.saturating_sub(self.descriptors_in_header()) * self.descriptor_bytes();
+            table.next_multiple_of(block) + count * self.unit_bytes as u64
+        } else {
+            count * (self.descriptor_bytes().next_multiple_of(block) + self.unit_bytes as u64)
+        }
+    }
+
+    /// Entries a bank holds (in the packed layout; never fewer than in the first).
     pub fn entries_per_bank(&self) -> u64 {
-        (self.bank_bytes - PARITY_BLOCK_BYTES as u64) / self.entry_bytes()
+        let room = self.bank_bytes.saturating_sub(PARITY_BLOCK_BYTES as u64);
+        let (unit, desc) = (self.unit_bytes as u64, self.descriptor_bytes());
+        // Without the table's padding: n units and the descriptors past the header's.
+        let mut n = (room / unit).min((room + self.descriptors_in_header() * desc) / (unit + desc));
+        // The padding takes less than a block: at most a few entries fewer.
+        while n > 0 && self.bank_body_bytes(n, true) > room {
+            n -= 1;
+        }
+        n
     }
 
     /// Byte offset of bank 0 or 1.
@@ -1176,27 +1206,38 @@ pub struct ParityBankHeader {
     pub seq: u64,
     pub count: u32,
     pub body_crc: u32,
+    /// The entries' layout (told by the magic): packed descriptors, or one block each.
+    pub packed: bool,
 }
 
 impl ParityBankHeader {
-    pub fn encode_into(&self, block: &mut [u8]) {
+    /// Seals the header into `block`, with `descriptors` (a packed bank's first ones, at
+    /// [`PARITY_BANK_DESCRIPTORS_AT`]) under its crc.
+    pub fn encode_into(&self, block: &mut [u8], descriptors: &[u8]) {
         let mut e = Encoder::default();
-        e.raw(PARITY_BANK_MAGIC)
+        e.raw(if self.packed { PARITY_BANK_MAGIC_PACKED } else { PARITY_BANK_MAGIC })
             .u32(FORMAT_VERSION)
             .u64(self.buffer_id)
             .u64(self.seq)
             .u32(self.count)
             .u32(self.body_crc);
+        if !descriptors.is_empty() {
+            assert!(self.packed, "descriptors in the header block of a bank of the first layout");
+            e.bytes.resize(PARITY_BANK_DESCRIPTORS_AT, 0);
+            e.raw(descriptors);
+        }
         seal_block(&e.bytes, block);
     }
 
     pub fn decode(block: &[u8]) -> Result<ParityBankHeader, FormatError> {
-        let (mut d, _) = open_block(block, PARITY_BANK_MAGIC)?;
+        let packed = block.starts_with(PARITY_BANK_MAGIC_PACKED);
+        let (mut d, _) = open_block(block, if packed { PARITY_BANK_MAGIC_PACKED } else { PARITY_BANK_MAGIC })?;
         Ok(ParityBankHeader {
             buffer_id: d.u64("buffer id")?,
             seq: d.u64("bank sequence")?,
             count: d.u32("entry count")?,
             body_crc: d.u32("entries crc")?,
+            packed,
         })
     }
 }
@@ -1352,19 +1393,29 @@ mod tests {
             bank_bytes: 1 << 20,
         };
         assert_eq!(ParityBufferHeader::decode(&h.encode()).unwrap(), h);
-        assert_eq!(h.descriptor_bytes(), 4096);
-        assert_eq!(h.entries_per_bank(), (1_048_576 - 4096) / (4096 + 16384));
-        let b = ParityBankHeader {
-            buffer_id: 77,
-            seq: 5,
-            count: 3,
-            body_crc: 0xABCD,
-        };
-        let mut block = vec![0u8; PARITY_BLOCK_BYTES];
-        b.encode_into(&mut block);
-        assert_eq!(ParityBankHeader::decode(&block).unwrap(), b);
+        assert_eq!(h.descriptor_bytes(), 12 + 2);
+        // Packed: the units alone, the descriptors fitting the header block (the first
+        // layout held 51: a block per descriptor).
+        assert_eq!(h.entries_per_bank(), (1_048_576 - 4096) / 16384);
+        assert_eq!(h.bank_body_bytes(51, false), 51 * (4096 + 16384));
+        for packed in [false, true] {
+            let b = ParityBankHeader {
+                buffer_id: 77,
+                seq: 5,
+                count: 3,
+                body_crc: 0xABCD,
+                packed,
+            };
+            let mut block = vec![0u8; PARITY_BLOCK_BYTES];
+            b.encode_into(&mut block, if packed { &[1, 2, 3] } else { &[] });
+            assert_eq!(ParityBankHeader::decode(&block).unwrap(), b);
+            assert_eq!(
+                block[PARITY_BANK_DESCRIPTORS_AT..PARITY_BANK_DESCRIPTORS_AT + 3] == [1, 2, 3],
+                packed
+            );
+        }
         let covered: Vec<bool> = (0..12).map(|i| i % 3 == 0).collect();
-        let mut d = vec![0u8; 4096];
+        let mut d = vec![0u8; 14];
         encode_parity_descriptor(4, 9, &covered, &mut d);
         assert_eq!(decode_parity_descriptor(&d, 12).unwrap(), (4, 9, covered));
         // A header whose bank cannot hold one entry is refused.

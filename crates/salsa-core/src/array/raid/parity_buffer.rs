@@ -17,7 +17,10 @@
 use super::rows::LandedRow;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::format::{decode_parity_descriptor, encode_parity_descriptor, ParityBankHeader, ParityBufferHeader, PARITY_BLOCK_BYTES};
+use crate::format::{
+    decode_parity_descriptor, encode_parity_descriptor, ParityBankHeader, ParityBufferHeader, PARITY_BANK_DESCRIPTORS_AT,
+    PARITY_BLOCK_BYTES,
+};
 use crate::util::AlignedBuf;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -39,7 +42,7 @@ pub fn buffer_bytes_for(unit_bytes: u32, row_grains: u32, entries: u64) -> u64 {
         row_grains,
         bank_bytes: 0,
     };
-    PARITY_BLOCK_BYTES as u64 + 2 * (PARITY_BLOCK_BYTES as u64 + entries * h.entry_bytes())
+    PARITY_BLOCK_BYTES as u64 + 2 * (PARITY_BLOCK_BYTES as u64 + h.bank_body_bytes(entries, true))
 }
 
 /// What the parity buffer has written.
@@ -182,8 +185,12 @@ impl ParityBuffer {
         if bank_header.buffer_id != header.buffer_id || bank_header.count as u64 > header.entries_per_bank() {
             return Ok(None);
         }
-        let entry = header.entry_bytes() as usize;
-        let body_len = bank_header.count as usize * entry;
+        let count = bank_header.count as usize;
+        let body_len = header.bank_body_bytes(count as u64, bank_header.packed);
+        if PARITY_BLOCK_BYTES as u64 + body_len > header.bank_bytes {
+            return Ok(None);
+        }
+        let body_len = body_len as usize;
         let mut body = AlignedBuf::zeroed(body_len.max(PARITY_BLOCK_BYTES));
         if body_len > 0 {
             let from = at + PARITY_BLOCK_BYTES as u64;
@@ -194,17 +201,33 @@ impl ParityBuffer {
         if crc32c::crc32c(&body[..body_len]) != bank_header.body_crc {
             return Ok(None);
         }
-        let desc = header.descriptor_bytes() as usize;
-        let mut rows = Vec::with_capacity(bank_header.count as usize);
-        for e in body[..body_len].chunks(entry) {
-            let Ok((segment, row, covered)) = decode_parity_descriptor(&e[..desc], header.row_grains) else {
+        let (desc, unit) = (header.descriptor_bytes() as usize, header.unit_bytes as usize);
+        let in_header = header.descriptors_in_header() as usize;
+        let mut rows = Vec::with_capacity(count);
+        for i in 0..count {
+            // Where entry i's descriptor and parity lie in either layout.
+            let (descriptor, parity_at) = if bank_header.packed {
+                let table = body_len - count * unit;
+                let descriptor = if i < in_header {
+                    let at = PARITY_BANK_DESCRIPTORS_AT + i * desc;
+                    &block[at..at + desc]
+                } else {
+                    let at = (i - in_header) * desc;
+                    &body[at..at + desc]
+                };
+                (descriptor, table + i * unit)
+            } else {
+                let entry = body_len / count;
+                (&body[i * entry..i * entry + desc], i * entry + entry - unit)
+            };
+            let Ok((segment, row, covered)) = decode_parity_descriptor(descriptor, header.row_grains) else {
                 return Ok(None);
             };
             rows.push(LandedRow {
                 segment,
                 row,
                 covered,
-                parity: e[desc..].to_vec(),
+                parity: body[parity_at..parity_at + unit].to_vec(),
             });
         }
         Ok(Some((bank_header.seq, rows)))
@@ -249,12 +272,22 @@ impl ParityBuffer {
                 ))
             )));
         }
-        let entry = self.header.entry_bytes() as usize;
-        let desc = self.header.descriptor_bytes() as usize;
-        let mut buf = AlignedBuf::zeroed(PARITY_BLOCK_BYTES + rows.len() * entry);
-        for (r, e) in rows.iter().zip(buf[PARITY_BLOCK_BYTES..].chunks_mut(entry)) {
-            encode_parity_descriptor(r.segment, r.row, &r.covered, &mut e[..desc]);
-            e[desc..].copy_from_slice(&r.parity);
+        // Packed: the descriptors in the header block as far as they fit (the rest in a table
+        // after it), then the parity units, so a flush that leaves one row open writes a
+        // header block and one unit (a block per descriptor had added a fifth to the bytes).
+        let (desc, unit) = (self.header.descriptor_bytes() as usize, self.header.unit_bytes as usize);
+        let mut descriptors = vec![0u8; rows.len() * desc];
+        for (r, d) in rows.iter().zip(descriptors.chunks_mut(desc)) {
+            encode_parity_descriptor(r.segment, r.row, &r.covered, d);
+        }
+        let (first, rest) = descriptors.split_at((self.header.descriptors_in_header() as usize * desc).min(descriptors.len()));
+        let body = self.header.bank_body_bytes(rows.len() as u64, true) as usize;
+        let table = body - rows.len() * unit;
+        let mut buf = AlignedBuf::zeroed(PARITY_BLOCK_BYTES + body);
+        let (table_bytes, parity) = buf[PARITY_BLOCK_BYTES..].split_at_mut(table);
+        table_bytes[..rest.len()].copy_from_slice(rest);
+        for (r, p) in rows.iter().zip(parity.chunks_mut(unit)) {
+            p.copy_from_slice(&r.parity);
         }
         let seq = state.seq + 1;
         let bank_header = ParityBankHeader {
@@ -262,8 +295,9 @@ impl ParityBuffer {
             seq,
             count: rows.len() as u32,
             body_crc: crc32c::crc32c(&buf[PARITY_BLOCK_BYTES..]),
+            packed: true,
         };
-        bank_header.encode_into(&mut buf[..PARITY_BLOCK_BYTES]);
+        bank_header.encode_into(&mut buf[..PARITY_BLOCK_BYTES], first);
         // Banks alternate: odd sequence numbers go to bank 1, even ones to bank 0.
         let at = self.header.bank_offset((seq % 2) as usize);
         self.device
@@ -275,5 +309,103 @@ impl ParityBuffer {
         self.banks_written.fetch_add(1, SeqCst);
         self.bytes_written.fetch_add(buf.len() as u64, SeqCst);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemoryDevice;
+
+    const UNIT: u32 = 16 * 1024;
+    const ROW_GRAINS: u32 = 12;
+
+    fn rows(n: usize) -> Vec<LandedRow> {
+        (0..n)
+            .map(|i| LandedRow {
+                segment: i as u32 * 7 + 1,
+                row: i as u64 * 3 + 2,
+                covered: (0..ROW_GRAINS as usize).map(|g| (g + i) % 3 == 0).collect(),
+                parity: (0..UNIT as usize).map(|b| (b * 31 + i * 17) as u8).collect(),
+            })
+            .collect()
+    }
+
+    fn buffer() -> (Arc<dyn Device>, ParityBuffer) {
+        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("pb", buffer_bytes_for(UNIT, ROW_GRAINS, 1024)));
+        let pb = ParityBuffer::format(dev.clone(), 5, 9, UNIT, ROW_GRAINS).unwrap();
+        (dev, pb)
+    }
+
+    #[test]
+    fn a_packed_bank_holds_its_descriptors_in_the_header_then_in_a_table() {
+        let (dev, pb) = buffer();
+        // One open row: the header block and one parity unit, nothing else.
+        pb.persist(&rows(1), 1).unwrap();
+        assert_eq!(pb.counters().bytes_written, PARITY_BLOCK_BYTES as u64 + UNIT as u64);
+        let (_, read) = ParityBuffer::open(dev.clone(), 5, 9, UNIT, ROW_GRAINS).unwrap();
+        assert_eq!(read, rows(1));
+        // More rows than the header block has room for: the rest go to the table.
+        let many = pb.header().descriptors_in_header() as usize + 40;
+        assert!(many as u64 <= pb.header().entries_per_bank());
+        pb.persist(&rows(many), 2).unwrap();
+        let (_, read) = ParityBuffer::open(dev.clone(), 5, 9, UNIT, ROW_GRAINS).unwrap();
+        assert_eq!(read, rows(many));
+        // A flipped bit in a header block's descriptor fails that bank; the other one stands.
+        let at = pb.header().bank_offset(0) + PARITY_BANK_DESCRIPTORS_AT as u64 + 3;
+        let mut b = [0u8; 1];
+        dev.read_at(&mut b, at).unwrap();
+        dev.write_at(&[b[0] ^ 0x10], at).unwrap();
+        let (_, read) = ParityBuffer::open(dev, 5, 9, UNIT, ROW_GRAINS).unwrap();
+        assert_eq!(read, rows(1), "bank 0 (seq 2) is damaged: bank 1 (seq 1) is the newest valid");
+    }
+
+    #[test]
+    fn a_bank_in_the_first_layout_is_still_read() {
+        let (dev, pb) = buffer();
+        pb.persist(&rows(2), 1).unwrap();
+        // What an older build wrote at the next sync: a whole block per descriptor.
+        let h = pb.header().clone();
+        let (desc_block, unit) = (PARITY_BLOCK_BYTES, UNIT as usize);
+        let old = rows(3);
+        let mut bank = vec![0u8; PARITY_BLOCK_BYTES + old.len() * (desc_block + unit)];
+        for (r, e) in old.iter().zip(bank[PARITY_BLOCK_BYTES..].chunks_mut(desc_block + unit)) {
+            encode_parity_descriptor(r.segment, r.row, &r.covered, &mut e[..h.descriptor_bytes() as usize]);
+            e[desc_block..].copy_from_slice(&r.parity);
+        }
+        assert_eq!(bank.len() as u64 - PARITY_BLOCK_BYTES as u64, h.bank_body_bytes(3, false));
+        let bank_header = ParityBankHeader {
+            buffer_id: h.buffer_id,
+            seq: 2,
+            count: old.len() as u32,
+            body_crc: crc32c::crc32c(&bank[PARITY_BLOCK_BYTES..]),
+            packed: false,
+        };
+        bank_header.encode_into(&mut bank[..PARITY_BLOCK_BYTES], &[]);
+        dev.write_at(&bank, h.bank_offset(0)).unwrap();
+        let (reopened, read) = ParityBuffer::open(dev.clone(), 5, 9, UNIT, ROW_GRAINS).unwrap();
+        assert_eq!(read, old);
+        // The next bank is written packed, and read back.
+        reopened.persist(&rows(4), 3).unwrap();
+        let (_, read) = ParityBuffer::open(dev, 5, 9, UNIT, ROW_GRAINS).unwrap();
+        assert_eq!(read, rows(4));
+    }
+
+    #[test]
+    fn a_bank_holds_at_least_as_many_rows_packed_as_in_the_first_layout() {
+        for (unit, row_grains, entries) in [(4096, 2, 64), (16384, 12, 256), (65536, 4096, 64), (4096, 1 << 16, 64)] {
+            let bytes = buffer_bytes_for(unit, row_grains, entries);
+            let h = ParityBufferHeader {
+                pool_id: 0,
+                buffer_id: 0,
+                unit_bytes: unit,
+                row_grains,
+                bank_bytes: (bytes - PARITY_BLOCK_BYTES as u64) / 2,
+            };
+            assert!(h.entries_per_bank() >= entries, "{unit} {row_grains}");
+            assert!(PARITY_BLOCK_BYTES as u64 + h.bank_body_bytes(h.entries_per_bank(), true) <= h.bank_bytes);
+            let first_layout = (h.bank_bytes - PARITY_BLOCK_BYTES as u64) / h.bank_body_bytes(1, false);
+            assert!(h.entries_per_bank() >= first_layout);
+        }
     }
 }
