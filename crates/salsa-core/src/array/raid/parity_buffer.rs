@@ -391,6 +391,57 @@ mod tests {
         assert_eq!(read, rows(4));
     }
 
+    proptest::proptest! {
+        /// Whatever a bank holds (a header sealed with good crcs over a body of the length its
+        /// count and layout imply, with any descriptors, or random damage to the banks),
+        /// opening the buffer never panics and returns only well-formed rows.
+        #[test]
+        fn any_bank_contents_open_without_panicking(
+            count in proptest::prop_oneof![3 => 0u32..600, 1 => proptest::prelude::any::<u32>()],
+            packed in proptest::prelude::any::<bool>(),
+            fill in proptest::prelude::any::<u64>(),
+            flips in proptest::option::weighted(0.3, proptest::collection::vec((proptest::prelude::any::<u64>(), proptest::prelude::any::<u8>()), 1..4)),
+        ) {
+            let (dev, pb) = buffer();
+            pb.persist(&rows(3), 1).unwrap();
+            let h = pb.header().clone();
+            // A forged bank 0 of seq 2 whose crcs are right: its count, layout and descriptors
+            // are what is tested.
+            let body_len = h.bank_body_bytes(count as u64, packed).min(1 << 24) as usize;
+            let mut x = fill | 1;
+            let mut bank: Vec<u8> = (0..PARITY_BLOCK_BYTES + body_len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let forged = ParityBankHeader {
+                buffer_id: h.buffer_id,
+                seq: 2,
+                count,
+                body_crc: crc32c::crc32c(&bank[PARITY_BLOCK_BYTES..]),
+                packed,
+            };
+            let in_header = if packed { (h.descriptors_in_header() * h.descriptor_bytes()) as usize } else { 0 };
+            let descriptors = bank[PARITY_BLOCK_BYTES..].iter().copied().take(in_header).collect::<Vec<u8>>();
+            forged.encode_into(&mut bank[..PARITY_BLOCK_BYTES], &descriptors);
+            let end = (PARITY_BLOCK_BYTES as u64 + h.bank_bytes).min(bank.len() as u64) as usize;
+            dev.write_at(&bank[..end], h.bank_offset(0)).unwrap();
+            for (at, b) in flips.unwrap_or_default() {
+                dev.write_at(&[b], h.bank_offset(0) + at % (2 * h.bank_bytes)).unwrap();
+            }
+            if let Ok((_, rows)) = ParityBuffer::open(dev, 5, 9, UNIT, ROW_GRAINS) {
+                proptest::prop_assert!(rows.len() as u64 <= h.entries_per_bank());
+                for r in rows {
+                    proptest::prop_assert_eq!(r.parity.len(), UNIT as usize);
+                    proptest::prop_assert_eq!(r.covered.len(), ROW_GRAINS as usize);
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_bank_holds_at_least_as_many_rows_packed_as_in_the_first_layout() {
         for (unit, row_grains, entries) in [(4096, 2, 64), (16384, 12, 256), (65536, 4096, 64), (4096, 1 << 16, 64)] {
