@@ -711,6 +711,42 @@ fn crash_at_many_points_with_a_write_buffer() {
     );
 }
 
+/// The write buffer's workload (an LSA and an extent volume, share batches, FUA writes) on
+/// the media whose writes have rules of their own: RAID-5 with and without a parity buffer
+/// (destages fill rows that flushes leave open), RAID-1, and a zoned drive (destaged runs
+/// land in sequential zones). After recovery the oracle holds and, on the arrays, every
+/// row's redundancy agrees with its data, also with a member gone.
+#[test]
+fn crash_at_many_points_with_a_write_buffer_on_arrays_and_zones() {
+    let seeds = seeds_from_env("SALSA_WRITE_BUFFER_MEDIA_CRASH_SEEDS", 12);
+    crash_seeds(
+        seeds,
+        20,
+        Writes {
+            write_buffer: true,
+            ..SHARES
+        },
+        |seed| match seed % 4 {
+            0 => Medium::Raid {
+                kind: ArrayKind::Raid5,
+                members: 3,
+                parity_buffer: true,
+            },
+            1 => Medium::Raid {
+                kind: ArrayKind::Raid5,
+                members: 5,
+                parity_buffer: false,
+            },
+            2 => Medium::Raid {
+                kind: ArrayKind::Raid1,
+                members: 2,
+                parity_buffer: false,
+            },
+            _ => Medium::Zoned { conventional_zones: 2 },
+        },
+    );
+}
+
 /// The same on an emulated zoned drive, with and without conventional zones for the metadata.
 #[test]
 fn zoned_crash_at_many_points() {
