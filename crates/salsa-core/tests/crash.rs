@@ -909,7 +909,10 @@ fn seeds_from_env(var: &str, default: u64) -> u64 {
     std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
+/// Runs `seeds` seeds from `SALSA_CRASH_FIRST_SEED` (default 0, so that a longer sweep can go
+/// on where an earlier one stopped), each crashed at `points_per_seed` points.
 fn crash_seeds(seeds: u64, points_per_seed: u64, writes: Writes, medium: impl Fn(u64) -> Medium + Sync) {
+    let first = seeds_from_env("SALSA_CRASH_FIRST_SEED", 0);
     let medium = &medium;
     let gc_cleaned = std::sync::atomic::AtomicU64::new(0);
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) as u64;
@@ -918,7 +921,7 @@ fn crash_seeds(seeds: u64, points_per_seed: u64, writes: Writes, medium: impl Fn
         for t in 0..threads {
             let (crashes, gc_cleaned) = (&crashes, &gc_cleaned);
             s.spawn(move || {
-                for seed in (t..seeds).step_by(threads as usize) {
+                for seed in (first + t..first + seeds).step_by(threads as usize) {
                     let (total, _) = run_seed(seed, None, medium(seed), writes);
                     let mut rng = SmallRng::seed_from_u64(seed ^ 0xC0FFEE);
                     for _ in 0..points_per_seed {
