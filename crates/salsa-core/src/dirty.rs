@@ -36,7 +36,7 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::format::ControllerKind;
 use parking_lot::{Condvar, Mutex};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -73,6 +73,9 @@ pub struct WriteBufferStats {
     pub pages_destaged: u64,
     /// Writes that found the buffer full and waited for room.
     pub writer_waits: u64,
+    /// Room held in the pool for buffered pages that no controller maps yet (counted as taken
+    /// by the thin-provisioning limit, so a write the buffer acknowledged can be destaged).
+    pub reserved_bytes: u64,
 }
 
 type Page = Arc<[u8]>;
@@ -81,6 +84,31 @@ struct VolumePages {
     vol: Arc<dyn Controller>,
     open: BTreeMap<u64, Page>,
     frozen: BTreeMap<u64, Page>,
+    /// Buffered pages that held room in the pool ([`crate::log::Log::add_reserved_grains`])
+    /// because the controller did not map them when they were buffered: until one is written
+    /// down or leaves the buffer.
+    reserved: BTreeSet<u64>,
+}
+
+impl VolumePages {
+    /// Room for `page`'s grains, when neither the buffer nor the controller holds it yet.
+    fn reserve(&mut self, eng: &Engine, page: u64) {
+        if !self.reserved.contains(&page) && self.vol.page_location(page).is_none() {
+            self.reserved.insert(page);
+            eng.log.add_reserved_grains(self.page_grains(eng) as i64);
+        }
+    }
+
+    /// Gives `page`'s room back (written down, trimmed, or its volume deleted).
+    fn release(&mut self, eng: &Engine, page: u64) {
+        if self.reserved.remove(&page) {
+            eng.log.add_reserved_grains(-(self.page_grains(eng) as i64));
+        }
+    }
+
+    fn page_grains(&self, eng: &Engine) -> u64 {
+        self.vol.page_bytes() as u64 / eng.log.geo().grain_bytes as u64
+    }
 }
 
 #[derive(Default)]
@@ -179,6 +207,11 @@ impl DirtyPages {
             destages: self.destages.load(Relaxed),
             pages_destaged: self.pages_destaged.load(Relaxed),
             writer_waits: self.writer_waits.load(Relaxed),
+            reserved_bytes: st
+                .volumes
+                .values()
+                .map(|v| v.reserved.len() as u64 * v.vol.page_bytes() as u64)
+                .sum(),
         })
     }
 
@@ -196,6 +229,7 @@ impl DirtyPages {
         }
         let pb = vol.page_bytes() as u64;
         let end = offset + data.len() as u64;
+        self.check_room(eng, vol, offset / pb..end.div_ceil(pb))?;
         let (first_full, end_full) = (offset.div_ceil(pb) * pb, end / pb * pb);
         if end_full <= first_full {
             // Within one page, or the ends of two.
@@ -220,6 +254,19 @@ impl DirtyPages {
             self.write_partial(eng, vol, end_full, &data[(end_full - offset) as usize..])?;
         }
         Ok(())
+    }
+
+    /// Refuses a write of `pages` when the pool has no room for those of them that neither the
+    /// buffer nor the controller holds yet (what the controller itself would refuse), so the
+    /// buffer never acknowledges a write it cannot destage for want of space.
+    fn check_room(&self, eng: &Engine, vol: &Arc<dyn Controller>, pages: std::ops::Range<u64>) -> Result<()> {
+        let st = self.state.lock();
+        let held = st.volumes.get(&vol.id()).map(|v| &v.reserved);
+        let fresh = pages
+            .filter(|p| !held.is_some_and(|r| r.contains(p)) && vol.page_location(*p).is_none())
+            .count() as u64;
+        drop(st);
+        eng.log.check_room(fresh * (vol.page_bytes() / eng.log.geo().grain_bytes) as u64)
     }
 
     /// A piece of one page: merged into the page's newest copy, which is then buffered.
@@ -262,8 +309,10 @@ impl DirtyPages {
             vol: vol.clone(),
             open: BTreeMap::new(),
             frozen: BTreeMap::new(),
+            reserved: BTreeSet::new(),
         });
         for (p, page) in pages {
+            entry.reserve(eng, p);
             added_bytes += cost(&page);
             added_pages += 1;
             if let Some(old) = entry.open.insert(p, page) {
@@ -305,20 +354,25 @@ impl DirtyPages {
             .cloned()
             .collect();
         self.write_down(eng, vol, &edges)?;
-        vol.write(&eng.log, offset, data, None)?;
-        self.drop_superseded(vol.id(), first..last, &covered);
+        // The controller counts the pages it maps as new itself.
+        let gave = self.give_room(eng, vol.id(), covered.iter().map(|(p, _)| *p));
+        if let Err(e) = vol.write(&eng.log, offset, data, None) {
+            self.hold_room(eng, vol.id(), &gave);
+            return Err(e);
+        }
+        self.drop_superseded(eng, vol.id(), first..last, &covered);
         Ok(())
     }
 
     /// Drops the buffered whole pages of `[offset, offset + len)` of `vol` after `trim` has
     /// discarded them below.
-    pub fn trim(&self, vol: &Arc<dyn Controller>, offset: u64, len: u64, trim: impl FnOnce() -> Result<()>) -> Result<()> {
+    pub fn trim(&self, eng: &Engine, vol: &Arc<dyn Controller>, offset: u64, len: u64, trim: impl FnOnce() -> Result<()>) -> Result<()> {
         let pb = vol.page_bytes() as u64;
         let pages = offset.div_ceil(pb)..(offset + len) / pb;
         let _o = self.order.lock();
         let covered = self.snapshot(vol.id(), pages.clone());
         trim()?;
-        self.drop_superseded(vol.id(), pages, &covered);
+        self.drop_superseded(eng, vol.id(), pages, &covered);
         Ok(())
     }
 
@@ -329,20 +383,49 @@ impl DirtyPages {
         let _o = self.order.lock();
         let all = self.snapshot(vol.id(), 0..u64::MAX);
         self.write_down(eng, vol, &all)?;
-        self.drop_superseded(vol.id(), 0..u64::MAX, &all);
+        self.drop_superseded(eng, vol.id(), 0..u64::MAX, &all);
         then()
     }
 
     /// Forgets every buffered page of a volume being deleted.
-    pub fn forget_volume(&self, id: u32) {
+    pub fn forget_volume(&self, eng: &Engine, id: u32) {
         let _o = self.order.lock();
         let mut st = self.state.lock();
-        if let Some(v) = st.volumes.remove(&id) {
+        if let Some(mut v) = st.volumes.remove(&id) {
             for p in v.open.values().chain(v.frozen.values()) {
                 st.forget(p);
             }
+            let pages: Vec<u64> = v.reserved.iter().copied().collect();
+            for p in pages {
+                v.release(eng, p);
+            }
         }
         self.room.notify_all();
+    }
+
+    /// Gives back the room of those of `pages` of volume `id` that hold it, before they go to
+    /// the controller, which counts them as new itself (and maps them, or fails: then
+    /// [`DirtyPages::hold_room`] takes it again for those still buffered).
+    fn give_room(&self, eng: &Engine, id: u32, pages: impl Iterator<Item = u64>) -> Vec<u64> {
+        let mut st = self.state.lock();
+        let Some(v) = st.volumes.get_mut(&id) else { return Vec::new() };
+        let held: Vec<u64> = pages.filter(|p| v.reserved.contains(p)).collect();
+        for &p in &held {
+            v.release(eng, p);
+        }
+        held
+    }
+
+    /// Takes room again for `pages` of volume `id` still buffered and unmapped (a write to
+    /// the controller failed after [`DirtyPages::give_room`]).
+    fn hold_room(&self, eng: &Engine, id: u32, pages: &[u64]) {
+        let mut st = self.state.lock();
+        let Some(v) = st.volumes.get_mut(&id) else { return };
+        for &p in pages {
+            if v.open.contains_key(&p) || v.frozen.contains_key(&p) {
+                v.reserve(eng, p);
+            }
+        }
     }
 
     /// The newest buffered copy of every page in `pages` that has one.
@@ -361,20 +444,29 @@ impl DirtyPages {
     /// After `pages` were written down or superseded below: drops every frozen page of the
     /// range (older than what went down; only holders of `order` change `frozen`) and every
     /// open page still holding the copy `covered` saw (one written since is newer: it stays).
-    fn drop_superseded(&self, id: u32, pages: std::ops::Range<u64>, covered: &[(u64, Page)]) {
+    fn drop_superseded(&self, eng: &Engine, id: u32, pages: std::ops::Range<u64>, covered: &[(u64, Page)]) {
         if pages.is_empty() {
             return;
         }
         let mut st = self.state.lock();
         let Some(v) = st.volumes.get_mut(&id) else { return };
         let mut gone = Vec::new();
+        let mut left = Vec::new();
         let frozen: Vec<u64> = v.frozen.range(pages).map(|(k, _)| *k).collect();
         for k in frozen {
             gone.extend(v.frozen.remove(&k));
+            left.push(k);
         }
         for (k, page) in covered {
             if v.open.get(k).is_some_and(|p| Arc::ptr_eq(p, page)) {
                 gone.extend(v.open.remove(k));
+                left.push(*k);
+            }
+        }
+        // A page with no copy left gives its room back (it is mapped below now, or trimmed).
+        for k in left {
+            if !v.open.contains_key(&k) && !v.frozen.contains_key(&k) {
+                v.release(eng, k);
             }
         }
         for p in &gone {
@@ -398,7 +490,12 @@ impl DirtyPages {
             for (_, p) in &pages[i..j] {
                 buf.extend_from_slice(p);
             }
-            vol.write(&eng.log, pages[i].0 * pb, &buf, None)?;
+            // The controller counts the pages it maps as new itself.
+            let gave = self.give_room(eng, vol.id(), pages[i..j].iter().map(|(p, _)| *p));
+            if let Err(e) = vol.write(&eng.log, pages[i].0 * pb, &buf, None) {
+                self.hold_room(eng, vol.id(), &gave);
+                return Err(e);
+            }
             self.pages_destaged.fetch_add((j - i) as u64, Relaxed);
             i = j;
         }
@@ -503,13 +600,13 @@ impl DirtyPages {
                 };
                 if vol.is_retired() {
                     drop(_o);
-                    self.forget_volume(id);
+                    self.forget_volume(eng, id);
                     break;
                 }
                 self.write_down(eng, &vol, &chunk)?;
                 // The chunk is every frozen page of its range (`frozen` changes only under
                 // `order`, held since it was taken).
-                self.drop_superseded(id, *first..last + 1, &[]);
+                self.drop_superseded(eng, id, *first..last + 1, &[]);
             }
         }
         Ok(())

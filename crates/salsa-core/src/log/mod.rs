@@ -221,6 +221,9 @@ pub struct Log {
     write_back: write_back::WriteBack,
     /// Grains held by mapped pages across all volumes (for the thin-provisioning limit).
     mapped_grains: AtomicU64,
+    /// Grains the write buffer holds for pages no controller maps yet: room promised to
+    /// writes it acknowledged, which the limit counts as taken.
+    reserved_grains: AtomicU64,
     /// Writes and trims between replacing a map entry and accounting for the place it left;
     /// the GC waits for them before it judges a cleaned victim.
     invalidations_in_flight: AtomicU64,
@@ -288,6 +291,7 @@ impl Log {
             streams: RwLock::new(BTreeMap::new()),
             write_back: Default::default(),
             mapped_grains: AtomicU64::new(0),
+            reserved_grains: AtomicU64::new(0),
             invalidations_in_flight: AtomicU64::new(0),
             buffers: Arc::new(crate::util::BufferPool::new(64 << 20)),
             payloads: payload::PayloadPool::new(PAYLOAD_BUDGET_BYTES, PAYLOAD_BUDGET_BYTES / 2),
@@ -857,6 +861,22 @@ impl Log {
         self.mapped_grains.load(SeqCst)
     }
 
+    /// The write buffer took (`delta > 0`) or gave back room for pages it holds that no
+    /// controller maps yet (see [`Log::check_room`]).
+    pub fn add_reserved_grains(&self, delta: i64) {
+        if delta >= 0 {
+            self.reserved_grains.fetch_add(delta as u64, SeqCst);
+        } else {
+            let prev = self.reserved_grains.fetch_sub(delta.unsigned_abs(), SeqCst);
+            assert!(prev >= delta.unsigned_abs(), "the write buffer gave back more room than it took");
+        }
+    }
+
+    /// Grains the write buffer holds room for.
+    pub fn reserved_grains(&self) -> u64 {
+        self.reserved_grains.load(SeqCst)
+    }
+
     /// Sets the mapped grains (recovery, after deriving them from the maps).
     pub fn set_mapped_grains(&self, grains: u64) {
         self.mapped_grains.store(grains, SeqCst);
@@ -1073,10 +1093,11 @@ impl Log {
 
     /// Refuses, before anything is written, a request that would map `new_grains` more grains
     /// than the pool can hold, so an ENOSPC never leaves a request half applied. Concurrent
-    /// requests may overshoot by a few pages, which the usable-space margin absorbs.
+    /// requests may overshoot by a few pages, which the usable-space margin absorbs. Room the
+    /// write buffer holds for pages it acknowledged counts as taken.
     pub fn check_room(&self, new_grains: u64) -> Result<()> {
         let usable = self.usable_grains();
-        let mapped = self.mapped_grains();
+        let mapped = self.mapped_grains() + self.reserved_grains();
         if new_grains > 0 && mapped + new_grains > usable {
             return Err(Error::NoSpace(format!(
                 "pool is full: {} of {} usable bytes hold data; trim or delete data, or add a device",

@@ -299,7 +299,7 @@ impl Pool {
         let vol = self.volume(name)?.vol;
         // Its buffered pages die with it (before the GC is held: a destage in progress may
         // be waiting for the GC to make room).
-        self.eng.dirty.forget_volume(vol.id());
+        self.eng.dirty.forget_volume(&self.eng, vol.id());
         // No GC victim of this volume may be in progress.
         let _gc = self.eng.gc_lock.write();
         vol.retire();
@@ -316,7 +316,9 @@ impl Pool {
         self.eng.volumes.write().remove(&vol.id());
         self.eng.protect_restricted_classes();
         vol.release(&self.eng.log);
-        self.eng.flush()?;
+        // The log only, not the write buffer: a destage of another volume's pages may need
+        // the GC, which waits for the lock held here (a hang, before).
+        self.eng.log.flush()?;
         self.eng.log.add_mapped_grains(-(vol.mapped_grains() as i64));
         self.eng.log.capacity().free_owned_by(vol.id());
         Ok(())
@@ -469,7 +471,7 @@ impl Volume {
             return self
                 .eng
                 .dirty
-                .trim(&self.vol, offset, len, || self.vol.trim(&self.eng.log, offset, len));
+                .trim(&self.eng, &self.vol, offset, len, || self.vol.trim(&self.eng.log, offset, len));
         }
         self.vol.trim(&self.eng.log, offset, len)
     }
