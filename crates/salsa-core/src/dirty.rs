@@ -95,20 +95,24 @@ impl VolumePages {
     fn reserve(&mut self, eng: &Engine, page: u64) {
         if !self.reserved.contains(&page) && self.vol.page_location(page).is_none() {
             self.reserved.insert(page);
-            eng.log.add_reserved_grains(self.page_grains(eng) as i64);
+            eng.log.add_reserved_grains(page_grains(eng, &*self.vol) as i64);
         }
     }
 
-    /// Gives `page`'s room back (written down, trimmed, or its volume deleted).
-    fn release(&mut self, eng: &Engine, page: u64) {
-        if self.reserved.remove(&page) {
-            eng.log.add_reserved_grains(-(self.page_grains(eng) as i64));
+    /// Gives `page`'s room back (written down, trimmed, or its volume deleted); whether it
+    /// held any.
+    fn release(&mut self, eng: &Engine, page: u64) -> bool {
+        let held = self.reserved.remove(&page);
+        if held {
+            eng.log.add_reserved_grains(-(page_grains(eng, &*self.vol) as i64));
         }
+        held
     }
+}
 
-    fn page_grains(&self, eng: &Engine) -> u64 {
-        self.vol.page_bytes() as u64 / eng.log.geo().grain_bytes as u64
-    }
+/// Grains one page of `vol` takes in the pool.
+fn page_grains(eng: &Engine, vol: &dyn Controller) -> u64 {
+    vol.page_bytes() as u64 / eng.log.geo().grain_bytes as u64
 }
 
 #[derive(Default)]
@@ -266,7 +270,7 @@ impl DirtyPages {
             .filter(|p| !held.is_some_and(|r| r.contains(p)) && vol.page_location(*p).is_none())
             .count() as u64;
         drop(st);
-        eng.log.check_room(fresh * (vol.page_bytes() / eng.log.geo().grain_bytes) as u64)
+        eng.log.check_room(fresh * page_grains(eng, &**vol))
     }
 
     /// A piece of one page: merged into the page's newest copy, which is then buffered.
@@ -354,12 +358,7 @@ impl DirtyPages {
             .cloned()
             .collect();
         self.write_down(eng, vol, &edges)?;
-        // The controller counts the pages it maps as new itself.
-        let gave = self.give_room(eng, vol.id(), covered.iter().map(|(p, _)| *p));
-        if let Err(e) = vol.write(&eng.log, offset, data, None) {
-            self.hold_room(eng, vol.id(), &gave);
-            return Err(e);
-        }
+        self.write_below(eng, vol, covered.iter().map(|(p, _)| *p), offset, data)?;
         self.drop_superseded(eng, vol.id(), first..last, &covered);
         Ok(())
     }
@@ -391,41 +390,46 @@ impl DirtyPages {
     pub fn forget_volume(&self, eng: &Engine, id: u32) {
         let _o = self.order.lock();
         let mut st = self.state.lock();
-        if let Some(mut v) = st.volumes.remove(&id) {
+        if let Some(v) = st.volumes.remove(&id) {
             for p in v.open.values().chain(v.frozen.values()) {
                 st.forget(p);
             }
-            let pages: Vec<u64> = v.reserved.iter().copied().collect();
-            for p in pages {
-                v.release(eng, p);
-            }
+            eng.log
+                .add_reserved_grains(-((v.reserved.len() as u64 * page_grains(eng, &*v.vol)) as i64));
         }
         self.room.notify_all();
     }
 
-    /// Gives back the room of those of `pages` of volume `id` that hold it, before they go to
-    /// the controller, which counts them as new itself (and maps them, or fails: then
-    /// [`DirtyPages::hold_room`] takes it again for those still buffered).
-    fn give_room(&self, eng: &Engine, id: u32, pages: impl Iterator<Item = u64>) -> Vec<u64> {
-        let mut st = self.state.lock();
-        let Some(v) = st.volumes.get_mut(&id) else { return Vec::new() };
-        let held: Vec<u64> = pages.filter(|p| v.reserved.contains(p)).collect();
-        for &p in &held {
-            v.release(eng, p);
-        }
-        held
-    }
-
-    /// Takes room again for `pages` of volume `id` still buffered and unmapped (a write to
-    /// the controller failed after [`DirtyPages::give_room`]).
-    fn hold_room(&self, eng: &Engine, id: u32, pages: &[u64]) {
-        let mut st = self.state.lock();
-        let Some(v) = st.volumes.get_mut(&id) else { return };
-        for &p in pages {
-            if v.open.contains_key(&p) || v.frozen.contains_key(&p) {
-                v.reserve(eng, p);
+    /// Writes `data` at `offset` to `vol`'s controller, which counts the pages it maps as new
+    /// itself: the room those of `pages` hold is given back first, and taken again for the
+    /// ones still buffered and unmapped if the write fails.
+    fn write_below(
+        &self,
+        eng: &Engine,
+        vol: &Arc<dyn Controller>,
+        pages: impl Iterator<Item = u64>,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        let gave: Vec<u64> = {
+            let mut st = self.state.lock();
+            match st.volumes.get_mut(&vol.id()) {
+                Some(v) => pages.filter(|p| v.release(eng, *p)).collect(),
+                None => Vec::new(),
+            }
+        };
+        let r = vol.write(&eng.log, offset, data, None);
+        if r.is_err() && !gave.is_empty() {
+            let mut st = self.state.lock();
+            if let Some(v) = st.volumes.get_mut(&vol.id()) {
+                for p in gave {
+                    if v.open.contains_key(&p) || v.frozen.contains_key(&p) {
+                        v.reserve(eng, p);
+                    }
+                }
             }
         }
+        r
     }
 
     /// The newest buffered copy of every page in `pages` that has one.
@@ -490,12 +494,7 @@ impl DirtyPages {
             for (_, p) in &pages[i..j] {
                 buf.extend_from_slice(p);
             }
-            // The controller counts the pages it maps as new itself.
-            let gave = self.give_room(eng, vol.id(), pages[i..j].iter().map(|(p, _)| *p));
-            if let Err(e) = vol.write(&eng.log, pages[i].0 * pb, &buf, None) {
-                self.hold_room(eng, vol.id(), &gave);
-                return Err(e);
-            }
+            self.write_below(eng, vol, pages[i..j].iter().map(|(p, _)| *p), pages[i].0 * pb, &buf)?;
             self.pages_destaged.fetch_add((j - i) as u64, Relaxed);
             i = j;
         }

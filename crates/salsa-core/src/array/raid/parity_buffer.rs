@@ -203,11 +203,12 @@ impl ParityBuffer {
         }
         let (desc, unit) = (header.descriptor_bytes() as usize, header.unit_bytes as usize);
         let in_header = header.descriptors_in_header() as usize;
+        // Packed: the descriptors' table, then the units; the first layout: entries of equal size.
+        let (table, entry) = (body_len - count * unit, body_len.checked_div(count).unwrap_or(0));
         let mut rows = Vec::with_capacity(count);
         for i in 0..count {
             // Where entry i's descriptor and parity lie in either layout.
             let (descriptor, parity_at) = if bank_header.packed {
-                let table = body_len - count * unit;
                 let descriptor = if i < in_header {
                     let at = PARITY_BANK_DESCRIPTORS_AT + i * desc;
                     &block[at..at + desc]
@@ -217,7 +218,6 @@ impl ParityBuffer {
                 };
                 (descriptor, table + i * unit)
             } else {
-                let entry = body_len / count;
                 (&body[i * entry..i * entry + desc], i * entry + entry - unit)
             };
             let Ok((segment, row, covered)) = decode_parity_descriptor(descriptor, header.row_grains) else {
