@@ -131,11 +131,12 @@ impl VictimWalk {
 struct Replay {
     best_seq: Vec<u64>,
     has_data: Vec<bool>,
-    /// Grains share entries named: the shared-page index is rebuilt from them.
-    shared_grains: std::collections::HashSet<u64>,
-    /// Pages whose winning entry so far is a share entry in another segment than its data:
-    /// that entry's segment.
-    share_entries: std::collections::HashMap<u64, u32>,
+    /// Pages whose winning entry so far is a share entry, with that entry's segment when it
+    /// is not the grain's own (a GC move writes its owners' entries next to the data). Only
+    /// the final winners' grains are shared: a grain a share entry named before a later entry
+    /// of the page won may since hold another page's data alone (crash seed
+    /// `regression_dual_share_batches_then_unclean_reopen`).
+    share_winners: std::collections::HashMap<u64, Option<u32>>,
 }
 
 impl LsaVolume {
@@ -763,8 +764,7 @@ impl Controller for LsaVolume {
         *self.replay.lock() = Some(Replay {
             best_seq: vec![0; pages],
             has_data: vec![false; pages],
-            shared_grains: Default::default(),
-            share_entries: Default::default(),
+            share_winners: Default::default(),
         });
     }
 
@@ -800,8 +800,8 @@ impl Controller for LsaVolume {
                         rs.best_seq[page as usize] = seq;
                         map.store(page, Entry::Mapped(grain));
                         // (Most pools share nothing: no hashing per entry then.)
-                        if !rs.share_entries.is_empty() {
-                            rs.share_entries.remove(&page);
+                        if !rs.share_winners.is_empty() {
+                            rs.share_winners.remove(&page);
                         }
                     }
                 }
@@ -821,12 +821,7 @@ impl Controller for LsaVolume {
                         if ok && seq >= rs.best_seq[p as usize] {
                             rs.best_seq[p as usize] = seq;
                             map.store(p, Entry::Mapped(g));
-                            rs.shared_grains.insert(g);
-                            if here {
-                                rs.share_entries.remove(&p);
-                            } else {
-                                rs.share_entries.insert(p, r.segment);
-                            }
+                            rs.share_winners.insert(p, (!here).then_some(r.segment));
                         }
                     }
                 }
@@ -836,8 +831,8 @@ impl Controller for LsaVolume {
                         if seq >= rs.best_seq[p as usize] {
                             rs.best_seq[p as usize] = seq;
                             map.store(p, Entry::Trimmed(r.segment));
-                            if !rs.share_entries.is_empty() {
-                                rs.share_entries.remove(&p);
+                            if !rs.share_winners.is_empty() {
+                                rs.share_winners.remove(&p);
                             }
                         }
                     }
@@ -856,7 +851,16 @@ impl Controller for LsaVolume {
                 map.store(p as u64, Entry::Unmapped);
             }
         }
-        self.shared.rebuild(&rs.shared_grains, &rs.share_entries, &map);
+        let grains = rs
+            .share_winners
+            .keys()
+            .filter_map(|&p| match map.load(p) {
+                Entry::Mapped(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let entries = rs.share_winners.iter().filter_map(|(&p, e)| e.map(|s| (p, s))).collect();
+        self.shared.rebuild(&grains, &entries, &map);
     }
 
     fn account(&self, log: &Log, visit: &mut dyn FnMut(Reference) -> Result<()>) -> Result<u64> {

@@ -140,8 +140,8 @@ impl SharedPages {
         m.values().map(|v| 16 * v.capacity() as u64 + 48).sum()
     }
 
-    /// Rebuilds the index from the map for `grains`, the grains that share entries named (after
-    /// a scan) or the checkpoint listed: each gets the pages that map to it, with the segment
+    /// Rebuilds the index from the map for `grains`, the grains of the pages whose winning
+    /// entry is a share entry (after a scan) or the grains the checkpoint listed: each gets the pages that map to it, with the segment
     /// of their share entry from `entries` (pages absent from it are mapped by an entry in the
     /// grain's own segment).
     pub fn rebuild(&self, grains: &HashSet<u64>, entries: &HashMap<u64, u32>, map: &PageMap) {
