@@ -65,6 +65,7 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
                 "capacity_bytes": w.capacity_bytes, "dirty_bytes": w.dirty_bytes, "dirty_pages": w.dirty_pages,
                 "pages_written": w.pages_written, "pages_absorbed": w.pages_absorbed, "destages": w.destages,
                 "pages_destaged": w.pages_destaged, "writer_waits": w.writer_waits, "reserved_bytes": w.reserved_bytes,
+                "spare_bytes": w.spare_bytes,
             })
         })
         .unwrap_or(serde_json::Value::Null);

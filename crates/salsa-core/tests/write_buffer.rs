@@ -79,6 +79,12 @@ fn the_buffer_keeps_its_bound_and_loses_nothing() {
         vol.write(p * PAGE as u64, &page(p * 1000 + 1)).unwrap();
         let w = pool.stats().write_buffer.unwrap();
         assert!(w.dirty_bytes <= MIB, "{} bytes buffered, capacity 1 MiB", w.dirty_bytes);
+        assert!(
+            w.dirty_bytes + w.spare_bytes <= MIB,
+            "{} bytes buffered and {} spare, capacity 1 MiB",
+            w.dirty_bytes,
+            w.spare_bytes
+        );
     }
     let w = pool.stats().write_buffer.unwrap();
     assert!(w.writer_waits > 0 && w.destages > 10, "{w:?}");
@@ -201,6 +207,43 @@ fn the_destager_writes_old_pages_down_without_a_flush() {
     assert_eq!(w.pages_destaged, 100);
     assert!(pool.stats().user_bytes_written >= 100 * PAGE as u64);
     check_pages(&vol, 100, 1);
+    pool.close().unwrap();
+}
+
+/// Pages written down are kept for the next writes (no allocation, no page faults), within
+/// the capacity, and given back to the system once the buffer has stayed empty for its expiry.
+#[test]
+fn destaged_pages_are_reused_and_given_back_when_idle() {
+    let opts = OpenOptions {
+        write_buffer_bytes: 64 * MIB,
+        write_buffer_expire: Duration::from_millis(300),
+        ..OpenOptions::default()
+    };
+    let (pool, _) = memory_pool(64, &opts);
+    let vol = pool.create_volume("v", 8 * MIB, PAGE as u32).unwrap();
+    write_pages(&vol, 200, 1);
+    pool.flush().unwrap();
+    let w = pool.stats().write_buffer.unwrap();
+    assert_eq!(w.dirty_pages, 0);
+    // Each page counted as a buffered one is: its bytes and 64 of overhead.
+    let cost = PAGE as u64 + 64;
+    assert_eq!(w.spare_bytes, 200 * cost, "every page written down is kept: {w:?}");
+    write_pages(&vol, 150, 2);
+    let w = pool.stats().write_buffer.unwrap();
+    assert_eq!(w.dirty_pages, 150);
+    assert_eq!(w.spare_bytes, 50 * cost, "new writes took spare pages: {w:?}");
+    check_pages(&vol, 150, 2);
+    // Destaged by age, then idle for an expiry: the spare pages go.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let w = pool.stats().write_buffer.unwrap();
+        if w.dirty_pages == 0 && w.spare_bytes == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "spare pages kept while idle: {w:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    check_pages(&vol, 150, 2);
     pool.close().unwrap();
 }
 
