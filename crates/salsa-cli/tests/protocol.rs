@@ -245,6 +245,12 @@ fn the_server_exports_prometheus_metrics() {
         value(&after, "salsa_user_written_bytes_total") - value(&before, "salsa_user_written_bytes_total"),
         65536.0
     );
+    // A flush writes the buffered pages down; their buffers are kept for the next writes.
+    let (err, _) = c.call(0, CMD_FLUSH, 0, 0, &[]);
+    assert_eq!(err, 0);
+    let flushed = get("/metrics");
+    assert_eq!(value(&flushed, "salsa_write_buffer_dirty_bytes"), 0.0);
+    assert_eq!(value(&flushed, "salsa_write_buffer_spare_bytes"), 16.0 * (4096.0 + 64.0));
     assert!(get("/other").starts_with("HTTP/1.0 404"));
     drop(c);
     server.stop();

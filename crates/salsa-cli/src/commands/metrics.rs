@@ -354,6 +354,12 @@ pub(crate) fn render(s: &Stats) -> String {
             "Writes that waited for room in the write buffer.",
             w.writer_waits as f64,
         );
+        e.one(
+            "write_buffer_spare_bytes",
+            g,
+            "Page buffers the write buffer keeps for reuse.",
+            w.spare_bytes as f64,
+        );
     }
     let counters: Vec<(String, f64)> = s
         .device_counters

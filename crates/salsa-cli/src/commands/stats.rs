@@ -60,10 +60,11 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     if let Some(w) = v["write_buffer"].as_object() {
         let k = |key: &str| w.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
         println!(
-            "write buffer      {} of {} dirty ({} pages); {} pages written, {} absorbed by later writes, {} destaged in {} destages",
+            "write buffer      {} of {} dirty ({} pages, {} spare); {} pages written, {} absorbed by later writes, {} destaged in {} destages",
             human(k("dirty_bytes")),
             human(k("capacity_bytes")),
             k("dirty_pages"),
+            human(k("spare_bytes")),
             k("pages_written"),
             k("pages_absorbed"),
             k("pages_destaged"),
