@@ -89,7 +89,7 @@ type Page = Arc<PageBuf>;
 /// rather than to the allocator: a sequential writer frees and takes gigabytes of pages a
 /// second, and glibc's malloc hands freed arenas back to the kernel, which zeroes them again
 /// at their next use (a fifth of the server's time on 1 MiB sequential writes).
-pub(crate) struct PageBuf {
+struct PageBuf {
     bytes: Box<[u8]>,
     spares: Arc<SparePages>,
 }
@@ -116,7 +116,7 @@ impl Drop for PageBuf {
 /// capacity. The destager frees them all once the buffer has stayed empty for its expiry. Its
 /// lock is a leaf: nothing else is taken under it (a page may be dropped under any lock).
 #[derive(Default)]
-pub(crate) struct SparePages {
+struct SparePages {
     pages: Mutex<HashMap<usize, Vec<Box<[u8]>>>>,
     /// Spare pages, at [`page_cost`] each.
     spare_bytes: AtomicU64,

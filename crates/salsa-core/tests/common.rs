@@ -8,6 +8,12 @@ use std::sync::Arc;
 pub const MIB: u64 = 1 << 20;
 pub const PAGE: usize = 4096;
 
+/// A count a test runs (seeds, cases): `default`, or the value of the environment variable
+/// `var` for a longer sweep.
+pub fn count_from_env<T: std::str::FromStr>(var: &str, default: T) -> T {
+    std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
 /// A small pool config: 1 MiB segments, so a few MiB of writes keep the GC busy.
 pub fn tiny_config() -> PoolConfig {
     PoolConfig {

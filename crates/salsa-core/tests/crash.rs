@@ -623,7 +623,7 @@ fn verify(seed: u64, pool: &Pool, oracle: &Oracle, pages: u64) {
 /// points spread over that range. Seeds run on every core.
 #[test]
 fn crash_at_many_points() {
-    let seeds = seeds_from_env("SALSA_CRASH_SEEDS", 48);
+    let seeds = count_from_env("SALSA_CRASH_SEEDS", 48);
     crash_seeds(seeds, 50, COPIED, |_| Medium::Flat);
 }
 
@@ -652,7 +652,7 @@ const COPIED: Writes = Writes {
 /// crash points, so a failing seed here may not replay; rerun it in the test above.)
 #[test]
 fn crash_at_many_points_with_write_back() {
-    let seeds = seeds_from_env("SALSA_WRITE_BACK_CRASH_SEEDS", 16);
+    let seeds = count_from_env("SALSA_WRITE_BACK_CRASH_SEEDS", 16);
     crash_seeds(
         seeds,
         30,
@@ -673,7 +673,7 @@ fn crash_at_many_points_with_write_back() {
 /// of what was flushed, and every page recovers whole.
 #[test]
 fn crash_at_many_points_with_payload_writes() {
-    let seeds = seeds_from_env("SALSA_PAYLOAD_CRASH_SEEDS", 16);
+    let seeds = count_from_env("SALSA_PAYLOAD_CRASH_SEEDS", 16);
     for write_back_threads in [0, 4] {
         let writes = Writes {
             write_back_threads,
@@ -699,7 +699,7 @@ fn crash_at_many_points_with_payload_writes() {
 /// bypass the buffer durably.
 #[test]
 fn crash_at_many_points_with_a_write_buffer() {
-    let seeds = seeds_from_env("SALSA_WRITE_BUFFER_CRASH_SEEDS", 24);
+    let seeds = count_from_env("SALSA_WRITE_BUFFER_CRASH_SEEDS", 24);
     crash_seeds(
         seeds,
         30,
@@ -718,7 +718,7 @@ fn crash_at_many_points_with_a_write_buffer() {
 /// row's redundancy agrees with its data, also with a member gone.
 #[test]
 fn crash_at_many_points_with_a_write_buffer_on_arrays_and_zones() {
-    let seeds = seeds_from_env("SALSA_WRITE_BUFFER_MEDIA_CRASH_SEEDS", 12);
+    let seeds = count_from_env("SALSA_WRITE_BUFFER_MEDIA_CRASH_SEEDS", 12);
     crash_seeds(
         seeds,
         20,
@@ -750,7 +750,7 @@ fn crash_at_many_points_with_a_write_buffer_on_arrays_and_zones() {
 /// The same on an emulated zoned drive, with and without conventional zones for the metadata.
 #[test]
 fn zoned_crash_at_many_points() {
-    let seeds = seeds_from_env("SALSA_ZONED_CRASH_SEEDS", 16);
+    let seeds = count_from_env("SALSA_ZONED_CRASH_SEEDS", 16);
     crash_seeds(seeds, 30, COPIED, |seed| Medium::Zoned {
         conventional_zones: if seed % 2 == 0 { 2 } else { 0 },
     });
@@ -761,7 +761,7 @@ fn zoned_crash_at_many_points() {
 /// recovery the oracle holds and every row's redundancy agrees with its data.
 #[test]
 fn raid_crash_at_many_points() {
-    let seeds = seeds_from_env("SALSA_RAID_CRASH_SEEDS", 12);
+    let seeds = count_from_env("SALSA_RAID_CRASH_SEEDS", 12);
     crash_seeds(seeds, 20, COPIED, |seed| {
         let (kind, members) = [
             (ArrayKind::Raid5, 3),
@@ -783,7 +783,7 @@ fn raid_crash_at_many_points() {
 /// them gone.
 #[test]
 fn raid5_parity_buffer_crash_at_many_points() {
-    let seeds = seeds_from_env("SALSA_RAID_CRASH_SEEDS", 12);
+    let seeds = count_from_env("SALSA_RAID_CRASH_SEEDS", 12);
     crash_seeds(seeds, 20, COPIED, |seed| Medium::Raid {
         kind: ArrayKind::Raid5,
         members: 3 + (seed % 2) * 2,
@@ -797,7 +797,7 @@ fn raid5_parity_buffer_crash_at_many_points() {
 /// and no sparse page older than its large page comes back.
 #[test]
 fn dual_mapping_crash_at_many_points() {
-    let seeds = seeds_from_env("SALSA_DUAL_CRASH_SEEDS", 16);
+    let seeds = count_from_env("SALSA_DUAL_CRASH_SEEDS", 16);
     let writes = Writes {
         write_back_threads: 0,
         payload_writes: true,
@@ -820,7 +820,7 @@ fn dual_mapping_crash_at_many_points() {
 /// them, and recovery rebuilds the runs from the log or the checkpoint.
 #[test]
 fn extent_map_crash_at_many_points() {
-    let seeds = seeds_from_env("SALSA_EXTENT_CRASH_SEEDS", 12);
+    let seeds = count_from_env("SALSA_EXTENT_CRASH_SEEDS", 12);
     let writes = Writes {
         write_back_threads: 0,
         payload_writes: true,
@@ -844,7 +844,7 @@ fn extent_map_crash_at_many_points() {
 /// later one, and every batch not yet flushed is all there or not at all.
 #[test]
 fn share_crash_at_many_points() {
-    let seeds = seeds_from_env("SALSA_SHARE_CRASH_SEEDS", 40);
+    let seeds = count_from_env("SALSA_SHARE_CRASH_SEEDS", 40);
     crash_seeds(seeds, 50, SHARES, |seed| {
         if seed % 4 == 3 {
             Medium::Zoned { conventional_zones: 0 }
@@ -860,7 +860,7 @@ fn share_crash_at_many_points() {
 /// shared page (merged instead) survive the GC's moves of shared pages.
 #[test]
 fn dual_share_crash_at_many_points() {
-    let seeds = seeds_from_env("SALSA_DUAL_SHARE_CRASH_SEEDS", 16);
+    let seeds = count_from_env("SALSA_DUAL_SHARE_CRASH_SEEDS", 16);
     let writes = Writes {
         dual: true,
         extent: false,
@@ -874,7 +874,7 @@ fn dual_share_crash_at_many_points() {
 /// while reads are served from them; recovery must ignore the fast tier's segments.
 #[test]
 fn hybrid_crash_at_many_points() {
-    let seeds = seeds_from_env("SALSA_HYBRID_CRASH_SEEDS", 8);
+    let seeds = count_from_env("SALSA_HYBRID_CRASH_SEEDS", 8);
     let writes = Writes {
         write_back_threads: 0,
         payload_writes: true,
@@ -904,15 +904,10 @@ fn regression_dual_trim_of_small_pages_only_seed_4843() {
     run_seed(4843, Some(843), Medium::Flat, writes);
 }
 
-/// How many seeds a sweep runs: `var` from the environment, or `default`.
-fn seeds_from_env(var: &str, default: u64) -> u64 {
-    std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
-}
-
 /// Runs `seeds` seeds from `SALSA_CRASH_FIRST_SEED` (default 0, so that a longer sweep can go
 /// on where an earlier one stopped), each crashed at `points_per_seed` points.
 fn crash_seeds(seeds: u64, points_per_seed: u64, writes: Writes, medium: impl Fn(u64) -> Medium + Sync) {
-    let first = seeds_from_env("SALSA_CRASH_FIRST_SEED", 0);
+    let first = count_from_env("SALSA_CRASH_FIRST_SEED", 0);
     let medium = &medium;
     let gc_cleaned = std::sync::atomic::AtomicU64::new(0);
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) as u64;

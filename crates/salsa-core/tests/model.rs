@@ -446,12 +446,9 @@ fn run_with(
 }
 
 /// Cases of a model property test: `default`, or `SALSA_MODEL_CASES` for a longer sweep (the
-/// README's "Crash sweeps").
+/// README's Tests section).
 fn cases(default: u32) -> u32 {
-    std::env::var("SALSA_MODEL_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    count_from_env("SALSA_MODEL_CASES", default)
 }
 
 pub const PLACEMENTS: [&str; 3] = ["salsa", "sepbit", "user-gc"];

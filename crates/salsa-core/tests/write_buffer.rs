@@ -17,6 +17,33 @@ fn buffered(capacity_bytes: u64) -> OpenOptions {
     }
 }
 
+/// A pool on a 64 MiB memory device with a 64 MiB buffer whose destager writes pages down
+/// once the oldest is `expire_ms` old, and a volume `v` of 8 MiB.
+fn pool_with_destager(expire_ms: u64) -> (Pool, salsa_core::Volume) {
+    let opts = OpenOptions {
+        write_buffer_bytes: 64 * MIB,
+        write_buffer_expire: Duration::from_millis(expire_ms),
+        ..OpenOptions::default()
+    };
+    let (pool, _) = memory_pool(64, &opts);
+    let vol = pool.create_volume("v", 8 * MIB, PAGE as u32).unwrap();
+    (pool, vol)
+}
+
+/// Waits up to 20 s for the buffer's statistics to satisfy `done` (the destager works in the
+/// background); fails with `what` and the statistics if they never do.
+fn wait_for_buffer(pool: &Pool, what: &str, done: impl Fn(&salsa_core::pool::WriteBufferStats) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let w = pool.stats().write_buffer.unwrap();
+        if done(&w) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {w:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn page(tag: u64) -> Vec<u8> {
     (0..PAGE as u64).map(|i| (i * 31 + tag * 7 + tag / 251) as u8).collect()
 }
@@ -185,24 +212,10 @@ fn a_fua_write_is_durable_without_a_flush() {
 /// expiry, with no flush.
 #[test]
 fn the_destager_writes_old_pages_down_without_a_flush() {
-    let opts = OpenOptions {
-        write_buffer_bytes: 64 * MIB,
-        write_buffer_expire: Duration::from_millis(200),
-        ..OpenOptions::default()
-    };
-    let (pool, _) = memory_pool(64, &opts);
-    let vol = pool.create_volume("v", 8 * MIB, PAGE as u32).unwrap();
+    let (pool, vol) = pool_with_destager(200);
     write_pages(&vol, 100, 1);
     assert_eq!(pool.stats().write_buffer.unwrap().dirty_pages, 100);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while pool.stats().write_buffer.unwrap().dirty_pages > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "nothing destaged: {:?}",
-            pool.stats().write_buffer
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_buffer(&pool, "nothing destaged", |w| w.dirty_pages == 0);
     let w = pool.stats().write_buffer.unwrap();
     assert_eq!(w.pages_destaged, 100);
     assert!(pool.stats().user_bytes_written >= 100 * PAGE as u64);
@@ -214,13 +227,7 @@ fn the_destager_writes_old_pages_down_without_a_flush() {
 /// the capacity, and given back to the system once the buffer has stayed empty for its expiry.
 #[test]
 fn destaged_pages_are_reused_and_given_back_when_idle() {
-    let opts = OpenOptions {
-        write_buffer_bytes: 64 * MIB,
-        write_buffer_expire: Duration::from_millis(300),
-        ..OpenOptions::default()
-    };
-    let (pool, _) = memory_pool(64, &opts);
-    let vol = pool.create_volume("v", 8 * MIB, PAGE as u32).unwrap();
+    let (pool, vol) = pool_with_destager(300);
     write_pages(&vol, 200, 1);
     pool.flush().unwrap();
     let w = pool.stats().write_buffer.unwrap();
@@ -234,15 +241,7 @@ fn destaged_pages_are_reused_and_given_back_when_idle() {
     assert_eq!(w.spare_bytes, 50 * cost, "new writes took spare pages: {w:?}");
     check_pages(&vol, 150, 2);
     // Destaged by age, then idle for an expiry: the spare pages go.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let w = pool.stats().write_buffer.unwrap();
-        if w.dirty_pages == 0 && w.spare_bytes == 0 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "spare pages kept while idle: {w:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_buffer(&pool, "spare pages kept while idle", |w| w.dirty_pages == 0 && w.spare_bytes == 0);
     check_pages(&vol, 150, 2);
     pool.close().unwrap();
 }

@@ -141,9 +141,9 @@ impl SharedPages {
     }
 
     /// Rebuilds the index from the map for `grains`, the grains of the pages whose winning
-    /// entry is a share entry (after a scan) or the grains the checkpoint listed: each gets the pages that map to it, with the segment
-    /// of their share entry from `entries` (pages absent from it are mapped by an entry in the
-    /// grain's own segment).
+    /// entry is a share entry (after a scan) or the grains the checkpoint listed: each gets the
+    /// pages that map to it, with the segment of their share entry from `entries` (pages absent
+    /// from it are mapped by an entry in the grain's own segment).
     pub fn rebuild(&self, grains: &HashSet<u64>, entries: &HashMap<u64, u32>, map: &PageMap) {
         let mut m = self.lock();
         m.clear();
