@@ -7,8 +7,8 @@
 # --read-cache 0` and, over NBD with fio's nbd engine: fills the volume with 1 MiB writes,
 # writes 4 KiB random blocks at queue depth 32 for 10 s, then makes three 5 s passes of 1 MiB
 # sequential writes at queue depth 8. After each phase it prints fio's MB/s and the change in
-# the pool's counters (flushes, syncs, time in syncs, GC relocations and cleaned segments,
-# metadata bytes, discards). Single runs: a tool for finding where time goes, not for ratios
+# the pool's counters (bytes written to the devices, flushes, syncs, time in syncs, GC
+# relocations and cleaned segments, metadata bytes, discards). Single runs: a tool for finding where time goes, not for ratios
 # (scripts/bench_nbd.py measures those, alternating servers, with medians).
 set -euo pipefail
 
@@ -53,7 +53,7 @@ phase() {
 import json, sys
 name, mbps, a, b = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 d = lambda k: b.get(k, 0) - a.get(k, 0)
-print(f"{name:<8} {mbps:>8} MB/s  flushes {d('flushes'):>7}  syncs {d('syncs'):>6} "
+print(f"{name:<8} {mbps:>8} MB/s  device {d('device_bytes_written') / 1e6:7.0f} MB  flushes {d('flushes'):>7}  syncs {d('syncs'):>6} "
       f"({d('sync_micros') / 1e3:8.0f} ms)  GC moved {d('gc_bytes_relocated') / 1e6:7.0f} MB "
       f"({d('gc_segments_cleaned'):>5} segments)  metadata {d('metadata_bytes_written') / 1e6:5.1f} MB  "
       f"discarded {d('discarded_bytes') / 1e6:6.0f} MB (skipped {d('discards_skipped')})")

@@ -245,6 +245,23 @@ fn page_cost(len: usize) -> u64 {
     len as u64 + PAGE_OVERHEAD_BYTES
 }
 
+/// What a destage does with a frozen page that was rewritten since the destage froze it (its
+/// newer copy is open).
+#[derive(Clone, Copy)]
+enum Rewritten {
+    /// Write the newer copy in its place. A flush or a close waits on the destage: it then
+    /// finds the page at least as new as it promised, and the log takes one copy where it
+    /// would take two.
+    WriteNewest,
+    /// Write neither: the newer copy goes down with a later destage, or with the flush that
+    /// makes it durable (which destages everything open), and until then neither copy was
+    /// promised to last. For destages nothing waits on (by age, by fill, for room): a region
+    /// rewritten over and over (a sequential writer's working set) reaches the log once per
+    /// flush or expiry, as the page cache writes it, not once per destage it meets, and its
+    /// older copies free their memory at once.
+    Skip,
+}
+
 /// The buffer of a pool (disabled until [`DirtyPages::enable`]).
 #[derive(Default)]
 pub struct DirtyPages {
@@ -414,7 +431,7 @@ impl DirtyPages {
                 st.waiting -= 1;
             } else {
                 drop(st);
-                self.destage_all(eng)?;
+                self.destage(eng, Rewritten::Skip)?;
                 st = self.state.lock();
             }
         }
@@ -665,6 +682,12 @@ impl DirtyPages {
     /// pages. On an error the pages not written stay buffered (and are retried by the next
     /// destage or flush).
     pub fn destage_all(&self, eng: &Engine) -> Result<()> {
+        self.destage(eng, Rewritten::WriteNewest)
+    }
+
+    /// [`DirtyPages::destage_all`], with frozen pages rewritten since they were frozen
+    /// handled as `rewritten` says.
+    fn destage(&self, eng: &Engine, rewritten: Rewritten) -> Result<()> {
         if self.capacity() == 0 {
             return Ok(());
         }
@@ -696,27 +719,43 @@ impl DirtyPages {
         for id in ids {
             loop {
                 let _o = self.order.lock();
-                // A chunk of at most a run's bytes, under `order`; `write_down` splits it
-                // into runs of consecutive pages.
-                let (vol, chunk) = {
+                // A range of at most a run's frozen pages, under `order`; `write_down` splits
+                // the chunk into runs of consecutive pages. A frozen page rewritten since it
+                // was frozen is written as its newer, open copy or not at all (`rewritten`).
+                let (vol, range, chunk, newer, skipped) = {
                     let st = self.state.lock();
                     let Some(v) = st.volumes.get(&id) else { break };
                     let per_chunk = (MAX_RUN_BYTES / v.vol.page_bytes() as u64).max(1) as usize;
-                    let chunk: Vec<(u64, Page)> = v.frozen.iter().take(per_chunk).map(|(k, p)| (*k, p.clone())).collect();
-                    (v.vol.clone(), chunk)
+                    let mut range = None;
+                    let mut chunk: Vec<(u64, Page)> = Vec::new();
+                    let mut newer: Vec<(u64, Page)> = Vec::new();
+                    let mut skipped = 0u64;
+                    for (k, p) in v.frozen.iter().take(per_chunk) {
+                        let r = range.get_or_insert(*k..*k);
+                        r.end = k + 1;
+                        match (v.open.get(k), rewritten) {
+                            (Some(open), Rewritten::WriteNewest) => {
+                                chunk.push((*k, open.clone()));
+                                newer.push((*k, open.clone()));
+                            }
+                            (Some(_), Rewritten::Skip) => skipped += 1,
+                            (None, _) => chunk.push((*k, p.clone())),
+                        }
+                    }
+                    (v.vol.clone(), range, chunk, newer, skipped)
                 };
-                let (Some((first, _)), Some((last, _))) = (chunk.first(), chunk.last()) else {
-                    break;
-                };
+                let Some(range) = range else { break };
                 if vol.is_retired() {
                     drop(_o);
                     self.forget_volume(eng, id);
                     break;
                 }
                 self.write_down(eng, &vol, &chunk)?;
-                // The chunk is every frozen page of its range (`frozen` changes only under
-                // `order`, held since it was taken).
-                self.drop_superseded(eng, id, *first..last + 1, &[]);
+                self.pages_absorbed.fetch_add(newer.len() as u64 + skipped, Relaxed);
+                // The range's frozen pages are all written down or superseded (`frozen`
+                // changes only under `order`, held since they were taken), and so are the
+                // open copies written in their place unless rewritten again meanwhile.
+                self.drop_superseded(eng, id, range, &newer);
             }
         }
         Ok(())
@@ -775,7 +814,7 @@ fn destager(eng: Arc<Engine>) {
                 d.wake.wait_for(&mut st, DESTAGER_TICK);
             }
         }
-        let r = d.destage_all(&eng);
+        let r = d.destage(&eng, Rewritten::Skip);
         let mut st = d.state.lock();
         st.failed = r.is_err();
         d.room.notify_all();

@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use salsa_core::device::{CrashDevice, CrashPlan};
+use salsa_core::device::{CrashDevice, CrashPlan, FaultDevice, FaultPlan};
 use salsa_core::{Device, OpenOptions, Pool};
 use std::sync::Arc;
 use std::time::Duration;
@@ -221,6 +221,100 @@ fn the_destager_writes_old_pages_down_without_a_flush() {
     assert!(pool.stats().user_bytes_written >= 100 * PAGE as u64);
     check_pages(&vol, 100, 1);
     pool.close().unwrap();
+}
+
+/// A pool on a crash device whose writes take 100 ms each, with a buffer of `capacity_bytes`
+/// that destages by age only after an hour, and a volume `v` of 8 MiB holding version 1 of
+/// its first 512 pages (two runs: a destage writes down at most 1 MiB at a time, in logical
+/// order), buffered.
+fn slow_pool_with_two_runs(capacity_bytes: u64) -> (Arc<Pool>, salsa_core::Volume, Arc<CrashDevice>, Arc<FaultDevice>) {
+    let crash = Arc::new(CrashDevice::new("crash0", 64 * MIB, CrashPlan::default()));
+    let slow = Arc::new(FaultDevice::new(
+        crash.clone(),
+        FaultPlan {
+            write_delay: Some(Duration::from_millis(100)),
+            ..FaultPlan::default()
+        },
+    ));
+    let opts = OpenOptions {
+        write_buffer_bytes: capacity_bytes,
+        write_buffer_expire: Duration::from_secs(3600),
+        ..OpenOptions::default()
+    };
+    let pool = Arc::new(Pool::create(vec![slow.clone() as Arc<dyn Device>], &tiny_config(), &opts).unwrap());
+    let vol = pool.create_volume("v", 8 * MIB, PAGE as u32).unwrap();
+    write_pages(&vol, 512, 1);
+    (pool, vol, crash, slow)
+}
+
+/// Once a destage has frozen every page and is writing down the first run slowly, rewrites
+/// the second run (version 2) before the destage gets there.
+fn rewrite_second_run_during_a_destage(pool: &Pool, vol: &salsa_core::Volume, slow: &FaultDevice) {
+    wait_for_buffer(pool, "no destage started", |w| w.destages >= 1);
+    for p in 256..512 {
+        vol.write(p * PAGE as u64, &page(p * 1000 + 2)).unwrap();
+    }
+    slow.set_plan(FaultPlan::default());
+}
+
+/// Crashes the device, reopens the pool and checks the first run holds version 1 and the
+/// second version 2.
+fn crash_and_check_both_runs(pool: Arc<Pool>, vol: salsa_core::Volume, crash: Arc<CrashDevice>) {
+    crash.crash_now();
+    drop(vol);
+    drop(pool);
+    crash.restart(CrashPlan::default());
+    let pool = Pool::open(vec![crash as Arc<dyn Device>], &buffered(MIB)).unwrap();
+    let vol = pool.volume("v").unwrap();
+    check_pages(&vol, 256, 1);
+    let mut buf = vec![0u8; PAGE];
+    for p in 256..512 {
+        vol.read(p * PAGE as u64, &mut buf).unwrap();
+        assert!(buf == page(p * 1000 + 2), "page {p} does not hold version 2");
+    }
+}
+
+/// A flush's destage writes a page rewritten while it runs as the newer copy: the log takes
+/// one copy, not two, and the flush keeps its promise (after a crash right after it, every
+/// page written before the flush reads that write or the newer one).
+#[test]
+fn a_flush_writes_a_page_rewritten_during_its_destage_once() {
+    let (pool, vol, crash, slow) = slow_pool_with_two_runs(16 * MIB);
+    let flusher = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.flush())
+    };
+    rewrite_second_run_during_a_destage(&pool, &vol, &slow);
+    flusher.join().unwrap().unwrap();
+    let w = pool.stats().write_buffer.unwrap();
+    assert_eq!(w.pages_destaged, 512, "{w:?}");
+    assert_eq!(w.pages_absorbed, 256, "the second run's frozen copies never went down: {w:?}");
+    assert_eq!(w.dirty_pages, 0, "the rewritten run went down in their place: {w:?}");
+    crash_and_check_both_runs(pool, vol, crash);
+}
+
+/// A destage nothing waits on (here: the buffer half full) skips a page rewritten while it
+/// runs: the newer copy stays buffered for a later destage or flush, so a region rewritten
+/// over and over reaches the log once per flush, not once per destage it meets.
+#[test]
+fn a_background_destage_skips_a_page_rewritten_while_it_runs() {
+    // 512 buffered pages fill half of 4 MiB (each counts its 4 KiB and 64 bytes).
+    let (pool, vol, crash, slow) = slow_pool_with_two_runs(4 * MIB);
+    rewrite_second_run_during_a_destage(&pool, &vol, &slow);
+    wait_for_buffer(&pool, "the destage never finished", |w| {
+        w.pages_absorbed == 256 && w.dirty_pages == 256
+    });
+    let w = pool.stats().write_buffer.unwrap();
+    assert_eq!((w.destages, w.pages_destaged), (1, 256), "only the first run went down: {w:?}");
+    check_pages(&vol, 256, 1);
+    pool.flush().unwrap();
+    let w = pool.stats().write_buffer.unwrap();
+    assert_eq!(
+        (w.pages_destaged, w.dirty_pages),
+        (512, 0),
+        "the flush wrote the newer copies: {w:?}"
+    );
+    crash_and_check_both_runs(pool, vol, crash);
 }
 
 /// Pages written down are kept for the next writes (no allocation, no page faults), within

@@ -1,5 +1,5 @@
 //! Fault injection for tests: wraps a device and fails chosen writes or syncs, flips a bit in
-//! data returned by reads of a chosen range, slows its discards down, or dies (fails
+//! data returned by reads of a chosen range, slows its writes or discards down, or dies (fails
 //! everything).
 
 use super::Device;
@@ -25,6 +25,8 @@ pub struct FaultPlan {
     /// Every discard takes this long (an SSD whose TRIM is slow, a file system punching holes
     /// under load).
     pub discard_delay: Option<std::time::Duration>,
+    /// Every write takes this long (a slow disk, so a test can act while one is under way).
+    pub write_delay: Option<std::time::Duration>,
 }
 
 struct Counters {
@@ -87,7 +89,7 @@ impl Device for FaultDevice {
         Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        {
+        let delay = {
             let plan = self.plan.lock();
             let mut c = self.counters.lock();
             c.writes += 1;
@@ -95,6 +97,10 @@ impl Device for FaultDevice {
                 c.failing = true;
                 return Err(injected("write"));
             }
+            plan.write_delay
+        };
+        if let Some(delay) = delay {
+            std::thread::sleep(delay);
         }
         self.inner.write_at(buf, offset)
     }
