@@ -180,6 +180,52 @@ impl SparePages {
     }
 }
 
+/// A write's payload received straight into write-buffer pages, so that buffering it copies
+/// nothing ([`crate::Volume::paged_payload`], [`crate::Volume::write_paged`]): whole pages of
+/// one buffered volume, from a page-aligned offset. Pages not handed to the buffer (the write
+/// was refused, or the payload dropped) go back to the spare pages. While held, its pages
+/// count neither as spare nor as buffered; its holder bounds how many it holds (the NBD
+/// server: its request threads, one request each).
+pub struct PagedPayload {
+    offset: u64,
+    pages: Vec<Box<[u8]>>,
+    spares: Arc<SparePages>,
+}
+
+impl PagedPayload {
+    /// Byte offset of the first page in the volume.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Total bytes.
+    pub fn len(&self) -> usize {
+        self.pages.iter().map(|p| p.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
+    /// The pages in order, to receive the payload into.
+    pub fn pages_mut(&mut self) -> impl Iterator<Item = &mut [u8]> {
+        self.pages.iter_mut().map(|p| &mut p[..])
+    }
+
+    /// The pages in order.
+    pub fn pages(&self) -> impl Iterator<Item = &[u8]> {
+        self.pages.iter().map(|p| &p[..])
+    }
+}
+
+impl Drop for PagedPayload {
+    fn drop(&mut self) {
+        for bytes in self.pages.drain(..) {
+            self.spares.give(bytes);
+        }
+    }
+}
+
 struct VolumePages {
     vol: Arc<dyn Controller>,
     open: BTreeMap<u64, Page>,
@@ -383,6 +429,38 @@ impl DirtyPages {
             self.write_partial(eng, vol, end_full, &data[(end_full - offset) as usize..])?;
         }
         Ok(())
+    }
+
+    /// Pages to receive a write of `len` bytes at `offset` of `vol` into, when the write is
+    /// whole pages (page-aligned, not empty) small enough to be buffered; `None` otherwise.
+    pub fn paged_payload(&self, vol: &dyn Controller, offset: u64, len: usize) -> Option<PagedPayload> {
+        let pb = vol.page_bytes() as u64;
+        let whole = len > 0 && offset.is_multiple_of(pb) && (len as u64).is_multiple_of(pb);
+        if !whole || len as u64 > self.capacity() / 4 {
+            return None;
+        }
+        let pages = (0..len as u64 / pb).map(|_| self.spares.take(pb as usize)).collect();
+        Some(PagedPayload {
+            offset,
+            pages,
+            spares: self.spares.clone(),
+        })
+    }
+
+    /// Buffers the pages of `payload` (of `vol`, from [`DirtyPages::paged_payload`], range
+    /// checked) without copying them.
+    pub fn write_paged(&self, eng: &Engine, vol: &Arc<dyn Controller>, mut payload: PagedPayload) -> Result<()> {
+        let pb = vol.page_bytes() as u64;
+        let first = payload.offset / pb;
+        let count = payload.pages.len() as u64;
+        debug_assert!(payload.pages.iter().all(|p| p.len() as u64 == pb));
+        self.check_room(eng, vol, first..first + count)?;
+        let pages = std::mem::take(&mut payload.pages)
+            .into_iter()
+            .enumerate()
+            .map(|(i, bytes)| (first + i as u64, self.spares.wrap(bytes)))
+            .collect();
+        self.insert(eng, vol, pages)
     }
 
     /// Refuses a write of `pages` when the pool has no room for those of them that neither the

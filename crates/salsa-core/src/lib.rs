@@ -65,6 +65,7 @@ pub use array::{MemberStatus, ParityBufferStatus};
 pub use controller::hybrid::HybridSpec;
 pub use controller::ControllerStats;
 pub use device::{Device, StorageType};
+pub use dirty::PagedPayload;
 pub use error::{Error, ErrorKind, Result};
 pub use format::{StreamKind, MAX_POLICY_NAME_BYTES};
 pub use log::payload::WriteBuffer;

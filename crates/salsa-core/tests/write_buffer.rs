@@ -317,6 +317,48 @@ fn a_background_destage_skips_a_page_rewritten_while_it_runs() {
     crash_and_check_both_runs(pool, vol, crash);
 }
 
+/// A write received straight into write-buffer pages (`Volume::paged_payload`, what the NBD
+/// server does for whole-page writes) is buffered as those pages: it reads back, goes down at
+/// the flush, takes its pages from the spare ones, and a payload dropped unwritten gives its
+/// pages back. Writes that are not whole pages, and unbuffered volumes, get none.
+#[test]
+fn a_paged_payload_becomes_the_buffered_pages() {
+    let (pool, vol) = pool_with_destager(3_600_000);
+    write_pages(&vol, 8, 1);
+    pool.flush().unwrap();
+    let cost = PAGE as u64 + 64;
+    assert_eq!(pool.stats().write_buffer.unwrap().spare_bytes, 8 * cost);
+    assert!(vol.paged_payload(100, PAGE).is_none(), "not page-aligned");
+    assert!(vol.paged_payload(0, PAGE + 1).is_none(), "not whole pages");
+    assert!(vol.paged_payload(0, 0).is_none());
+    let mut payload = vol.paged_payload(2 * PAGE as u64, 4 * PAGE).expect("whole pages");
+    assert_eq!((payload.offset(), payload.len()), (2 * PAGE as u64, 4 * PAGE));
+    assert_eq!(pool.stats().write_buffer.unwrap().spare_bytes, 4 * cost, "taken from the spares");
+    for (i, p) in payload.pages_mut().enumerate() {
+        p.copy_from_slice(&page((2 + i as u64) * 1000 + 2));
+    }
+    vol.write_paged(payload).unwrap();
+    let w = pool.stats().write_buffer.unwrap();
+    assert_eq!((w.dirty_pages, w.pages_written), (4, 12), "{w:?}");
+    let mut buf = vec![0u8; PAGE];
+    for p in 0..8u64 {
+        vol.read(p * PAGE as u64, &mut buf).unwrap();
+        let v = if (2..6).contains(&p) { 2 } else { 1 };
+        assert!(buf == page(p * 1000 + v), "page {p}");
+    }
+    // Dropped unwritten: its pages go back, nothing changes.
+    drop(vol.paged_payload(0, 2 * PAGE).unwrap());
+    assert_eq!(pool.stats().write_buffer.unwrap().spare_bytes, 4 * cost);
+    pool.flush().unwrap();
+    assert_eq!(pool.stats().write_buffer.unwrap().pages_destaged, 12);
+    vol.read(3 * PAGE as u64, &mut buf).unwrap();
+    assert!(buf == page(3000 + 2));
+    pool.close().unwrap();
+    let (pool, _) = memory_pool(64, &buffered(0));
+    let plain = pool.create_volume("p", MIB, PAGE as u32).unwrap();
+    assert!(plain.paged_payload(0, PAGE).is_none(), "an unbuffered volume copies");
+}
+
 /// Pages written down are kept for the next writes (no allocation, no page faults), within
 /// the capacity, and given back to the system once the buffer has stayed empty for its expiry.
 #[test]

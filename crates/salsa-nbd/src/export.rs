@@ -8,7 +8,7 @@
 //! server.
 
 use parking_lot::Mutex;
-use salsa_core::{AlignedBuf, Device, Volume, WriteBuffer};
+use salsa_core::{AlignedBuf, Device, PagedPayload, Volume, WriteBuffer};
 use std::sync::Arc;
 
 /// One NBD export's data path.
@@ -30,6 +30,15 @@ pub trait Export: Send + Sync {
     }
     fn write_payload(&self, offset: u64, payload: WriteBuffer) -> salsa_core::Result<()> {
         self.write(offset, &payload)
+    }
+    /// Write-buffer pages to receive a write's payload into, for [`Export::write_paged`];
+    /// `None` when the export has no write buffer or the write is not whole pages it takes.
+    fn paged_payload(&self, _offset: u64, _len: usize) -> Option<PagedPayload> {
+        None
+    }
+    fn write_paged(&self, payload: PagedPayload) -> salsa_core::Result<()> {
+        let data: Vec<u8> = payload.pages().flatten().copied().collect();
+        self.write(payload.offset(), &data)
     }
     fn flush(&self) -> salsa_core::Result<()>;
     fn trim(&self, offset: u64, len: u64) -> salsa_core::Result<()>;
@@ -65,6 +74,12 @@ impl Export for Volume {
     }
     fn write_payload(&self, offset: u64, payload: WriteBuffer) -> salsa_core::Result<()> {
         Volume::write_payload(self, offset, payload)
+    }
+    fn paged_payload(&self, offset: u64, len: usize) -> Option<PagedPayload> {
+        Volume::paged_payload(self, offset, len)
+    }
+    fn write_paged(&self, payload: PagedPayload) -> salsa_core::Result<()> {
+        Volume::write_paged(self, payload)
     }
     fn flush(&self) -> salsa_core::Result<()> {
         Volume::flush(self)

@@ -4,6 +4,7 @@
 
 use super::{Pool, MAX_VOLUME_PAGES};
 use crate::controller::Controller;
+use crate::dirty::PagedPayload;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::{ControllerKind, VolumeRecord, MAX_VOLUMES, MAX_VOLUME_NAME_BYTES};
@@ -421,6 +422,29 @@ impl Volume {
         }
         let payload = Arc::new(payload);
         self.write_from(offset, &payload, Some(&payload))
+    }
+
+    /// Write-buffer pages to receive a write of `len` bytes at `offset` into, for
+    /// [`Volume::write_paged`]: buffering it then copies nothing. `None` unless the volume's
+    /// writes are buffered and the write is whole pages the buffer takes (page-aligned, at most
+    /// a quarter of its capacity); the range is checked by `write_paged`.
+    pub fn paged_payload(&self, offset: u64, len: usize) -> Option<PagedPayload> {
+        if !self.buffered() {
+            return None;
+        }
+        self.eng.dirty.paged_payload(&*self.vol, offset, len)
+    }
+
+    /// Writes `payload` at its offset, like [`Volume::write`] of its bytes; its pages become
+    /// the buffered copies.
+    pub fn write_paged(&self, payload: PagedPayload) -> Result<()> {
+        let (offset, len) = (payload.offset(), payload.len());
+        if !self.buffered() {
+            // (The buffer was turned off since: write the bytes.)
+            let data: Vec<u8> = payload.pages().flatten().copied().collect();
+            return self.write(offset, &data);
+        }
+        self.checked_write(offset, len, || self.eng.dirty.write_paged(&self.eng, &self.vol, payload))
     }
 
     /// [`Volume::write`] of `data`, which is all of `payload` when one is given.
