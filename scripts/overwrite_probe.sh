@@ -8,8 +8,9 @@
 # writes 4 KiB random blocks at queue depth 32 for 10 s, then makes three 5 s passes of 1 MiB
 # sequential writes at queue depth 8. After each phase it prints fio's MB/s and the change in
 # the pool's counters (bytes written to the devices, flushes, syncs, time in syncs, GC
-# relocations and cleaned segments, metadata bytes, discards). Single runs: a tool for finding where time goes, not for ratios
-# (scripts/bench_nbd.py measures those, alternating servers, with medians).
+# relocations and cleaned segments, metadata bytes, discards). Single runs: a tool for
+# finding where time goes, not for ratios (scripts/bench_nbd.py measures those, alternating
+# servers, with medians).
 set -euo pipefail
 
 dir=overwrite-probe
@@ -19,7 +20,7 @@ while [[ $# -gt 0 ]]; do
         --dir) dir=$2; shift 2 ;;
         --binary) binary=$2; shift 2 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         *) echo "overwrite_probe.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done

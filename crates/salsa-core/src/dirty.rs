@@ -216,6 +216,17 @@ impl PagedPayload {
     pub fn pages(&self) -> impl Iterator<Item = &[u8]> {
         self.pages.iter().map(|p| &p[..])
     }
+
+    /// A copy of the payload's bytes, for a writer that cannot take its pages.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.pages().flatten().copied().collect()
+    }
+
+    /// Whether every page is `page_bytes` long (the payload was made for a volume with pages
+    /// of that size).
+    pub(crate) fn has_pages_of(&self, page_bytes: usize) -> bool {
+        self.pages.iter().all(|p| p.len() == page_bytes)
+    }
 }
 
 impl Drop for PagedPayload {
@@ -399,7 +410,7 @@ impl DirtyPages {
             // end of the volume.)
             return Ok(());
         }
-        if data.len() as u64 > self.capacity() / 4 {
+        if self.bypasses(data.len()) {
             return self.write_through(eng, vol, offset, data);
         }
         let pb = vol.page_bytes() as u64;
@@ -436,7 +447,7 @@ impl DirtyPages {
     pub fn paged_payload(&self, vol: &dyn Controller, offset: u64, len: usize) -> Option<PagedPayload> {
         let pb = vol.page_bytes() as u64;
         let whole = len > 0 && offset.is_multiple_of(pb) && (len as u64).is_multiple_of(pb);
-        if !whole || len as u64 > self.capacity() / 4 {
+        if !whole || self.bypasses(len) {
             return None;
         }
         let pages = (0..len as u64 / pb).map(|_| self.spares.take(pb as usize)).collect();
@@ -447,13 +458,19 @@ impl DirtyPages {
         })
     }
 
-    /// Buffers the pages of `payload` (of `vol`, from [`DirtyPages::paged_payload`], range
-    /// checked) without copying them.
+    /// Whether a write of `len` bytes goes past the buffer, to the controller: one over a
+    /// quarter of the capacity would hold too much of it at once.
+    fn bypasses(&self, len: usize) -> bool {
+        len as u64 > self.capacity() / 4
+    }
+
+    /// Buffers the pages of `payload` (pages of `vol`'s size, from
+    /// [`DirtyPages::paged_payload`], range checked) without copying them.
     pub fn write_paged(&self, eng: &Engine, vol: &Arc<dyn Controller>, mut payload: PagedPayload) -> Result<()> {
         let pb = vol.page_bytes() as u64;
         let first = payload.offset / pb;
         let count = payload.pages.len() as u64;
-        debug_assert!(payload.pages.iter().all(|p| p.len() as u64 == pb));
+        debug_assert!(payload.has_pages_of(pb as usize));
         self.check_room(eng, vol, first..first + count)?;
         let pages = std::mem::take(&mut payload.pages)
             .into_iter()

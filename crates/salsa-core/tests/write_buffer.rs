@@ -50,14 +50,23 @@ fn page(tag: u64) -> Vec<u8> {
 
 /// Writes pages `0..pages` of `vol` with version `v`, one page per write.
 fn write_pages(vol: &salsa_core::Volume, pages: u64, v: u64) {
-    for p in 0..pages {
+    write_range(vol, 0..pages, v);
+}
+
+/// Writes each page of `pages` of `vol` with version `v`, one page per write.
+fn write_range(vol: &salsa_core::Volume, pages: std::ops::Range<u64>, v: u64) {
+    for p in pages {
         vol.write(p * PAGE as u64, &page(p * 1000 + v)).unwrap();
     }
 }
 
 fn check_pages(vol: &salsa_core::Volume, pages: u64, v: u64) {
+    check_range(vol, 0..pages, v);
+}
+
+fn check_range(vol: &salsa_core::Volume, pages: std::ops::Range<u64>, v: u64) {
     let mut buf = vec![0u8; PAGE];
-    for p in 0..pages {
+    for p in pages {
         vol.read(p * PAGE as u64, &mut buf).unwrap();
         assert!(buf == page(p * 1000 + v), "page {p} does not hold version {v}");
     }
@@ -251,9 +260,7 @@ fn slow_pool_with_two_runs(capacity_bytes: u64) -> (Arc<Pool>, salsa_core::Volum
 /// the second run (version 2) before the destage gets there.
 fn rewrite_second_run_during_a_destage(pool: &Pool, vol: &salsa_core::Volume, slow: &FaultDevice) {
     wait_for_buffer(pool, "no destage started", |w| w.destages >= 1);
-    for p in 256..512 {
-        vol.write(p * PAGE as u64, &page(p * 1000 + 2)).unwrap();
-    }
+    write_range(vol, 256..512, 2);
     slow.set_plan(FaultPlan::default());
 }
 
@@ -267,11 +274,7 @@ fn crash_and_check_both_runs(pool: Arc<Pool>, vol: salsa_core::Volume, crash: Ar
     let pool = Pool::open(vec![crash as Arc<dyn Device>], &buffered(MIB)).unwrap();
     let vol = pool.volume("v").unwrap();
     check_pages(&vol, 256, 1);
-    let mut buf = vec![0u8; PAGE];
-    for p in 256..512 {
-        vol.read(p * PAGE as u64, &mut buf).unwrap();
-        assert!(buf == page(p * 1000 + 2), "page {p} does not hold version 2");
-    }
+    check_range(&vol, 256..512, 2);
 }
 
 /// A flush's destage writes a page rewritten while it runs as the newer copy: the log takes
@@ -340,19 +343,15 @@ fn a_paged_payload_becomes_the_buffered_pages() {
     vol.write_paged(payload).unwrap();
     let w = pool.stats().write_buffer.unwrap();
     assert_eq!((w.dirty_pages, w.pages_written), (4, 12), "{w:?}");
-    let mut buf = vec![0u8; PAGE];
-    for p in 0..8u64 {
-        vol.read(p * PAGE as u64, &mut buf).unwrap();
-        let v = if (2..6).contains(&p) { 2 } else { 1 };
-        assert!(buf == page(p * 1000 + v), "page {p}");
-    }
+    check_range(&vol, 0..2, 1);
+    check_range(&vol, 2..6, 2);
+    check_range(&vol, 6..8, 1);
     // Dropped unwritten: its pages go back, nothing changes.
     drop(vol.paged_payload(0, 2 * PAGE).unwrap());
     assert_eq!(pool.stats().write_buffer.unwrap().spare_bytes, 4 * cost);
     pool.flush().unwrap();
     assert_eq!(pool.stats().write_buffer.unwrap().pages_destaged, 12);
-    vol.read(3 * PAGE as u64, &mut buf).unwrap();
-    assert!(buf == page(3000 + 2));
+    check_range(&vol, 2..6, 2);
     pool.close().unwrap();
     let (pool, _) = memory_pool(64, &buffered(0));
     let plain = pool.create_volume("p", MIB, PAGE as u32).unwrap();

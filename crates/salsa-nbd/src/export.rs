@@ -37,8 +37,7 @@ pub trait Export: Send + Sync {
         None
     }
     fn write_paged(&self, payload: PagedPayload) -> salsa_core::Result<()> {
-        let data: Vec<u8> = payload.pages().flatten().copied().collect();
-        self.write(payload.offset(), &data)
+        self.write(payload.offset(), &payload.to_vec())
     }
     fn flush(&self) -> salsa_core::Result<()>;
     fn trim(&self, offset: u64, len: u64) -> salsa_core::Result<()>;

@@ -711,40 +711,34 @@ fn next_request(rx: &mut Receiver, conn: &Connection, stop: &AtomicBool, payload
 /// Fills `dest` with what the inbox holds, then from the socket. `Ok(false)` if the stream
 /// ends first or `stop` is raised while waiting.
 fn read_exact_or_stop(stream: &mut Stream, inbox: &mut Inbox, dest: &mut [u8], stop: &AtomicBool) -> Result<bool, String> {
-    let have = inbox.data().len().min(dest.len());
-    dest[..have].copy_from_slice(&inbox.data()[..have]);
-    inbox.consume(have);
-    let mut done = have;
-    while done < dest.len() {
-        match stream.read(&mut dest[done..]) {
-            Ok(0) => return Ok(false),
-            Ok(n) => done += n,
-            Err(e) if is_retry(&e) => {
-                if stop.load(SeqCst) {
-                    return Ok(false);
-                }
-            }
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    Ok(true)
+    read_exact_vectored_or_stop(stream, inbox, &mut [dest], stop)
 }
 
 /// [`read_exact_or_stop`] into several buffers in turn, with vectored reads (a 1 MiB write
 /// into 4 KiB pages takes a few system calls, not 256).
 fn read_exact_vectored_or_stop(stream: &mut Stream, inbox: &mut Inbox, dests: &mut [&mut [u8]], stop: &AtomicBool) -> Result<bool, String> {
+    // The next byte goes to `dests[first][at..]`; `fill` moves past `n` bytes received and
+    // past every buffer then full (empty ones included).
+    let (mut first, mut at) = (0, 0);
+    let fill = |first: &mut usize, at: &mut usize, mut n: usize, dests: &[&mut [u8]]| {
+        while *first < dests.len() {
+            let take = (dests[*first].len() - *at).min(n);
+            n -= take;
+            *at += take;
+            if *at < dests[*first].len() {
+                break;
+            }
+            (*first, *at) = (*first + 1, 0);
+        }
+    };
+    fill(&mut first, &mut at, 0, dests);
     // What the inbox holds first, buffer by buffer.
-    let mut first = 0; // the first buffer not yet full
-    let mut at = 0; // bytes of it filled
     while first < dests.len() && !inbox.data().is_empty() {
         let dest = &mut dests[first][at..];
         let have = inbox.data().len().min(dest.len());
         dest[..have].copy_from_slice(&inbox.data()[..have]);
         inbox.consume(have);
-        at += have;
-        if at == dests[first].len() {
-            (first, at) = (first + 1, 0);
-        }
+        fill(&mut first, &mut at, have, dests);
     }
     while first < dests.len() {
         // At most IOV_MAX (1024 on Linux) buffers per call.
@@ -753,7 +747,7 @@ fn read_exact_vectored_or_stop(stream: &mut Stream, inbox: &mut Inbox, dests: &m
         for (i, d) in rest.iter_mut().take(MAX_IOVECS).enumerate() {
             slices.push(io::IoSliceMut::new(if i == 0 { &mut d[at..] } else { &mut d[..] }));
         }
-        let mut n = match stream.read_vectored(&mut slices) {
+        let n = match stream.read_vectored(&mut slices) {
             Ok(0) => return Ok(false),
             Ok(n) => n,
             Err(e) if is_retry(&e) => {
@@ -765,14 +759,7 @@ fn read_exact_vectored_or_stop(stream: &mut Stream, inbox: &mut Inbox, dests: &m
             Err(e) => return Err(e.to_string()),
         };
         drop(slices);
-        while n > 0 {
-            let take = (dests[first].len() - at).min(n);
-            n -= take;
-            at += take;
-            if at == dests[first].len() {
-                (first, at) = (first + 1, 0);
-            }
-        }
+        fill(&mut first, &mut at, n, dests);
     }
     Ok(true)
 }
@@ -954,6 +941,19 @@ mod tests {
         let mut after = [0u8; 40];
         assert!(read_exact_or_stop(&mut stream, &mut inbox, &mut after, &stop).unwrap());
         assert_eq!(&after[..], &payload[5 * 4096 + 60..]);
+    }
+
+    /// Nothing to read (a request without payload) is a full read at once, with nothing
+    /// waiting in the inbox or on the socket.
+    #[test]
+    fn an_empty_payload_read_returns_at_once() {
+        let (_client, server) = UnixStream::pair().unwrap();
+        let mut stream = Stream::Unix(server);
+        let mut inbox = Inbox::new();
+        let stop = AtomicBool::new(false);
+        assert!(read_exact_or_stop(&mut stream, &mut inbox, &mut [], &stop).unwrap());
+        let mut dests: Vec<&mut [u8]> = vec![&mut [], &mut []];
+        assert!(read_exact_vectored_or_stop(&mut stream, &mut inbox, &mut dests, &stop).unwrap());
     }
 
     /// The stream ending mid-payload is reported as such, not as a full read.

@@ -439,10 +439,10 @@ impl Volume {
     /// the buffered copies.
     pub fn write_paged(&self, payload: PagedPayload) -> Result<()> {
         let (offset, len) = (payload.offset(), payload.len());
-        if !self.buffered() {
-            // (The buffer was turned off since: write the bytes.)
-            let data: Vec<u8> = payload.pages().flatten().copied().collect();
-            return self.write(offset, &data);
+        if !self.buffered() || !payload.has_pages_of(self.page_bytes() as usize) {
+            // A payload made by another volume (of another page size, or one that does not
+            // buffer): its pages cannot be this volume's, so its bytes are written.
+            return self.write(offset, &payload.to_vec());
         }
         self.checked_write(offset, len, || self.eng.dirty.write_paged(&self.eng, &self.vol, payload))
     }
