@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side runs of two NBD servers over fio's nbd engine, alternating, each round on a fresh
-preallocated 1 GiB backing file: two builds of `salsa` (A/B of a change), or a build against
+1 GiB backing file (written with zeros first, or with --sparse created empty as `salsa serve
+--device new.img:1G` or `truncate` would): two builds of `salsa` (A/B of a change), or a build against
 `nbdkit file cache=none` (give `nbdkit` as a server).
 
 Each round starts the server, fills the volume once with 1 MiB writes, runs the workload, and
@@ -15,7 +16,7 @@ Workloads:
   cpu1m      6.4 GiB of 1 MiB sequential writes, QD 8 (fixed work, for CPU per GiB)
 
 Usage: scripts/bench_ab.py --a target/release/salsa --b nbdkit --workload write1m [--rounds 3]
-       [--seconds 6] [--dir bench-ab]
+       [--seconds 6] [--dir bench-ab] [--sparse] [--salsa-arg=ARG ...]
 """
 import argparse, json, os, shutil, signal, socket, statistics, subprocess, sys, time
 
@@ -64,18 +65,22 @@ def fio(uri, args):
     return json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
 
 
-def one_round(server, work, seconds, d):
+def one_round(server, work, seconds, d, sparse, salsa_args):
     img = os.path.join(d, "pool.img")
     if os.path.exists(img):
         os.remove(img)
-    subprocess.run(["dd", "if=/dev/zero", f"of={img}", "bs=1M", f"count={POOL_MIB}", "oflag=direct"],
-                   check=True, capture_output=True)
+    if sparse:
+        with open(img, "wb") as f:
+            f.truncate(POOL_MIB << 20)
+    else:
+        subprocess.run(["dd", "if=/dev/zero", f"of={img}", "bs=1M", f"count={POOL_MIB}", "oflag=direct"],
+                       check=True, capture_output=True)
     port = free_port()
     if server == "nbdkit":
         cmd = ["nbdkit", "-f", "-p", str(port), "-i", "127.0.0.1", "file", img, "cache=none"]
         uri = f"nbd://127.0.0.1:{port}/"
     else:
-        cmd = [server, "serve", "--device", f"{img}:{POOL_MIB << 20}", "--listen", f"127.0.0.1:{port}"]
+        cmd = [server, "serve", "--device", f"{img}:{POOL_MIB << 20}", "--listen", f"127.0.0.1:{port}"] + salsa_args
         uri = f"nbd://127.0.0.1:{port}/default"
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
     try:
@@ -105,6 +110,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=6)
     ap.add_argument("--dir", default="bench-ab")
+    ap.add_argument("--sparse", action="store_true", help="backing files created empty, not written with zeros")
+    ap.add_argument("--salsa-arg", action="append", default=[],
+                    help="one more argument for every `salsa serve` (repeat for several)")
     a = ap.parse_args()
     for tool in ["fio"] + (["nbdkit"] if "nbdkit" in (a.a, a.b) else []):
         if not shutil.which(tool):
@@ -115,11 +123,11 @@ def main():
     runs = {"a": [], "b": []}
     for r in range(a.rounds):
         for key, server in (("a", a.a), ("b", a.b)):
-            res = one_round(server, work, a.seconds, a.dir)
+            res = one_round(server, work, a.seconds, a.dir, a.sparse, a.salsa_arg)
             runs[key].append(res)
             print(f"round {r + 1} {key} {server}: {res['mbps']:.1f} MB/s, {res['iops']:.0f} IOPS, "
                   f"{res['cpu_s_per_gib']:.3f} CPU s/GiB", file=sys.stderr)
-    report = {"workload": a.workload, "rounds": a.rounds, "seconds": a.seconds, "servers": {}}
+    report = {"workload": a.workload, "rounds": a.rounds, "seconds": a.seconds, "sparse": a.sparse, "servers": {}}
     for key, server in (("a", a.a), ("b", a.b)):
         rs = runs[key]
         report["servers"][key] = {

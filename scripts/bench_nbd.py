@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """fio's nbd engine against `salsa serve` and, side by side in the same run, the peers a user
-would compare it with, each on a backing file of the same size on the same disk.
+would compare it with, each on a backing file of the same size on the same disk, each file
+written with zeros first (SALSA formats its own in place).
 
 Pairings:
   default  every server as it comes: `salsa serve` (O_DIRECT and its DRAM read cache),
@@ -17,7 +18,7 @@ the pairing in alternation, ROUNDS times; the report gives medians and SALSA's r
 peer.
 
 Usage: scripts/bench_nbd.py [--pairing default|direct|all] [--size-mib 1024] [--seconds 20]
-                            [--rounds 3] [--dir bench-nbd] [--only LABEL]
+                            [--rounds 3] [--dir bench-nbd] [--only LABEL] [--salsa-arg=ARG ...]
 """
 import argparse, json, os, shutil, signal, socket, statistics, subprocess, sys, time
 
@@ -63,9 +64,13 @@ def start_servers(pairing, a, d):
     size = a.size_mib << 20
     servers = {}
     port = free_port()
+    # Every backing file is prepared alike, written with zeros: a sparse file would make the
+    # file system allocate under one side's writes and not the other's.
+    zero_file(f"{d}/pool.img", a.size_mib)
     salsa_cmd = [a.salsa, "serve", "--device", f"{d}/pool.img:{size}", "--listen", f"127.0.0.1:{port}"]
     if pairing == "direct":
         salsa_cmd += ["--read-cache", "0", "--write-buffer", "0"]
+    salsa_cmd += a.salsa_arg
     servers["salsa"] = (subprocess.Popen(salsa_cmd, stderr=open(f"{d}/salsa.log", "w")), port, "/default")
     zero_file(f"{d}/nbdkit.img", a.size_mib)
     port = free_port()
@@ -131,6 +136,8 @@ def main():
     ap.add_argument("--dir", default="bench-nbd")
     ap.add_argument("--salsa", default="target/release/salsa")
     ap.add_argument("--only", default=None, help="run only workloads whose label contains this")
+    ap.add_argument("--salsa-arg", action="append", default=[],
+                    help="one more argument for `salsa serve` (repeat for several; to try an option)")
     a = ap.parse_args()
     for tool in ["fio", "nbdkit", "nbdinfo", "qemu-nbd"]:
         if not shutil.which(tool):

@@ -151,6 +151,7 @@ impl Engine {
         for v in vols {
             busy |= v.maintain(&self.log)?;
         }
+        busy |= self.log.fill_holes()?;
         Ok(busy)
     }
 

@@ -228,6 +228,7 @@ pub fn derive_segment_state(eng: &Engine, sealed_seq: &[u64]) -> Result<()> {
     }
     eng.log.set_mapped_grains(mapped_total);
     eng.log.capacity().rebuild_queues();
+    eng.log.mark_free_holes();
     Ok(())
 }
 
@@ -239,7 +240,15 @@ pub fn checkpoint_bytes(eng: &Engine) -> usize {
         .volumes
         .read()
         .values()
-        .map(|v| 20 + v.shared_pages().iter().map(|(_, o)| 8 + 12 * o.len()).sum::<usize>())
+        .map(|v| v.shared_pages())
+        .filter(|grains| !grains.is_empty())
+        // Its id, the two counts, each grain, and each owner a share entry maps (as written).
+        .map(|grains| {
+            20 + grains
+                .iter()
+                .map(|(_, o)| 8 + 12 * o.iter().filter(|(_, e)| e.is_some()).count())
+                .sum::<usize>()
+        })
         .sum();
     header + maps as usize + eng.log.crc_table().len() * 4 + eng.log.geo().total_segments as usize * 8 + 4 + shared
 }

@@ -360,6 +360,77 @@ fn a_pool_on_a_file_punches_holes_only_while_free_space_is_plentiful() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// A pool on a new (sparse) file fills an eighth of its free segments with zeros in the
+/// background and hands them out first, so that a writer's flush does not also commit the file
+/// system's allocation; it stops there (the rest of the file stays sparse), writes in the
+/// meantime lose nothing, and a reopened pool finds which free segments are still over holes.
+#[test]
+fn a_new_pool_file_gets_an_eighth_of_its_space_filled_ahead_of_writers() {
+    use salsa_core::device::file::{FileDevice, FileOpenOptions};
+    use std::os::unix::fs::MetadataExt;
+    let path = std::env::temp_dir().join(format!("salsa-fill-holes-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let open = || -> Arc<dyn Device> {
+        let options = FileOpenOptions {
+            create_size_bytes: Some(128 * MIB),
+            ..FileOpenOptions::default()
+        };
+        Arc::new(FileDevice::open(&path, options).unwrap())
+    };
+    let blocks = || std::fs::metadata(&path).unwrap().blocks() * 512;
+    let pool = pool_of_1mib_segments(open(), true);
+    let total = pool.stats().total_segments as u64;
+    let target = total.div_ceil(8) * MIB;
+    let settled = |pool: &salsa_core::Pool, want: u64| {
+        for _ in 0..500 {
+            if pool.stats().hole_fill_bytes >= want {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        pool.stats()
+    };
+    let s = settled(&pool, target);
+    assert_eq!(s.hole_fill_bytes, target, "an eighth of the segments filled: {s:?}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(pool.stats().hole_fill_bytes, target, "and no more while nothing is written");
+    assert!(
+        blocks() >= target && blocks() < target + 8 * MIB,
+        "the rest of the file stays sparse: {}",
+        blocks()
+    );
+    assert_eq!(s.free_segments_over_holes as u64, s.free_segments as u64 - total.div_ceil(8));
+    // Writes with flushes use the filled segments first, while more are filled behind them.
+    let vol = pool.create_volume("v", 64 * MIB, 4096).unwrap();
+    let pages = 64 * MIB / 4096;
+    let model = fill_then_overwrite(&vol, pages / 2, 2, 64, 11);
+    let s = pool.stats();
+    assert!(s.hole_fill_bytes > target, "filling went on as writers used filled segments: {s:?}");
+    let check = |vol: &salsa_core::Volume| {
+        let mut buf = vec![0u8; 4096];
+        for page in 0..pages {
+            vol.read(page * 4096, &mut buf).unwrap();
+            let want = model.get(&page).copied().unwrap_or(0);
+            assert!(buf.iter().all(|&b| b == want), "page {page}");
+        }
+    };
+    check(&vol);
+    let holes_before = s.free_segments_over_holes;
+    drop(vol);
+    pool.close().unwrap();
+    let pool = salsa_core::Pool::open(vec![open()], &discard_options(true)).unwrap();
+    let reopened = pool.stats();
+    assert!(reopened.free_segments_over_holes > 0, "the file's holes are found again at open");
+    assert!(
+        reopened.free_segments_over_holes <= holes_before,
+        "no segment that was filled or written is taken for a hole: {} > {holes_before}",
+        reopened.free_segments_over_holes
+    );
+    check(&pool.volume("v").unwrap());
+    pool.close().unwrap();
+    std::fs::remove_file(&path).unwrap();
+}
+
 /// While another thread discards released segments, the GC short of space waits for them:
 /// a flush frees none of them, and flushing in a loop (as the GC once did, about 200,000
 /// times in 10 s of random writes over NBD) cuts every open record short and burns a core.

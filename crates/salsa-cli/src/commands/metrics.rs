@@ -98,6 +98,12 @@ pub(crate) fn render(s: &Stats) -> String {
         s.discards_skipped as f64,
     );
     e.one(
+        "hole_fill_bytes_total",
+        c,
+        "Zeros written into free segments over holes of their pool file, allocated ahead of writers.",
+        s.hole_fill_bytes as f64,
+    );
+    e.one(
         "pages_shared_total",
         c,
         "Pages remapped by share batches (SHARE).",
@@ -117,6 +123,12 @@ pub(crate) fn render(s: &Stats) -> String {
         s.array_write_amplification,
     );
     e.one("free_segments", g, "Segments free to write.", s.free_segments as f64);
+    e.one(
+        "free_segments_over_holes",
+        g,
+        "Free segments over holes of their pool file (handed out last).",
+        s.free_segments_over_holes as f64,
+    );
     e.one("segments", g, "Segments in the pool.", s.total_segments as f64);
     e.one("segment_bytes", g, "Bytes per segment.", s.segment_bytes as f64);
     e.one(

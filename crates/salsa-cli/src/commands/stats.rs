@@ -31,6 +31,12 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     println!("device written    {}", human(n("device_bytes_written")));
     println!("write amp.        {:.3}", v["write_amplification"].as_f64().unwrap_or(0.0));
     println!("free segments     {} of {}", n("free_segments"), n("total_segments"));
+    if n("free_segments_over_holes") > 0 {
+        println!(
+            "  over holes      {} (of the pool file: handed out last)",
+            n("free_segments_over_holes")
+        );
+    }
     println!("syncs             {} for {} flushes", n("syncs"), n("flushes"));
     println!("map memory        {}", human(n("map_memory_bytes")));
     if n("discarded_bytes") > 0 || n("discard_errors") > 0 || n("discards_skipped") > 0 {
@@ -39,6 +45,12 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
             human(n("discarded_bytes")),
             n("discard_errors"),
             n("discards_skipped")
+        );
+    }
+    if n("hole_fill_bytes") > 0 {
+        println!(
+            "holes filled      {} of free segments (allocated ahead of writers)",
+            human(n("hole_fill_bytes"))
         );
     }
     if n("share_batches") > 0 {

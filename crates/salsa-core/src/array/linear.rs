@@ -239,6 +239,24 @@ impl Array for LinearArray {
         self.segment_offset(segment).0.device.discard_reallocates()
     }
 
+    fn segment_has_hole(&self, segment: u32) -> bool {
+        let (m, offset) = self.segment_offset(segment);
+        m.device.has_hole(offset, self.segment_bytes)
+    }
+
+    fn fill_segment(&self, segment: u32) -> Result<()> {
+        let (m, offset) = self.segment_offset(segment);
+        if m.device.zones().is_some() || self.is_segment_offline(segment) {
+            return Ok(());
+        }
+        super::zero_range(m.device.as_ref(), offset, self.segment_bytes).map_err(|source| Error::Io {
+            device: m.device.name().to_string(),
+            op: "fill",
+            offset,
+            source,
+        })
+    }
+
     fn discard_segment(&self, segment: u32) -> Result<()> {
         let (m, offset) = self.segment_offset(segment);
         if m.device.zones().is_some() || self.is_segment_offline(segment) {

@@ -25,6 +25,21 @@ pub use linear::LinearArray;
 pub use raid::parity_buffer::ParityBuffer;
 pub use raid::RaidArray;
 
+/// Bytes of zeros written per call by [`zero_range`].
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
+
+/// Writes zeros over `len` bytes of `device` from `offset`, a megabyte at a time.
+fn zero_range(device: &dyn Device, offset: u64, len: u64) -> std::io::Result<()> {
+    let zeros = crate::util::AlignedBuf::zeroed(ZERO_CHUNK_BYTES.min(len as usize));
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(zeros.len() as u64) as usize;
+        device.write_at(&zeros[..n], offset + at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
 /// What a scrub of redundancy found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ScrubCounts {
@@ -100,6 +115,14 @@ pub trait Array: Send + Sync {
     /// Whether discarding `segment` costs work when it is written next on any of its members
     /// ([`Device::discard_reallocates`]).
     fn discard_reallocates(&self, segment: u32) -> bool;
+    /// Whether any member's share of `segment` has a hole ([`Device::has_hole`]): its next
+    /// write would make a file system allocate.
+    fn segment_has_hole(&self, segment: u32) -> bool;
+    /// Writes zeros over every online member's share of a free `segment`, so that the file
+    /// system allocates its space now, not under a writer's flush (see `Log::fill_holes`).
+    /// Zeros are what a discarded segment may read as, so this changes nothing a reader can
+    /// rely on; parity of zeros is zero.
+    fn fill_segment(&self, segment: u32) -> Result<()>;
     /// Reads whole grains starting at a physical grain address.
     fn read(&self, grain: u64, buf: &mut [u8]) -> Result<()>;
     /// Writes the concatenation of `bufs` (whole grains in all) at a physical grain address, as

@@ -132,6 +132,9 @@ impl Device for FaultDevice {
     fn discard_reallocates(&self) -> bool {
         self.inner.discard_reallocates()
     }
+    fn has_hole(&self, offset: u64, len: u64) -> bool {
+        self.inner.has_hole(offset, len)
+    }
     fn counters(&self) -> Vec<(String, u64)> {
         self.inner.counters()
     }

@@ -319,6 +319,23 @@ impl Device for FileDevice {
     fn discard_reallocates(&self) -> bool {
         !self.is_block_device
     }
+    /// `lseek(SEEK_HOLE)`: the first hole at or after `offset` (the end of the file counts as
+    /// one) lies inside the range.
+    fn has_hole(&self, offset: u64, len: u64) -> bool {
+        let Some(end) = offset.checked_add(len) else {
+            return false;
+        };
+        if self.is_block_device || len == 0 || end > self.size_bytes {
+            return false;
+        }
+        let Ok(start) = libc::off_t::try_from(offset) else {
+            return false;
+        };
+        // SAFETY: lseek only reads the descriptor, which `self.file` keeps open; the file
+        // position it moves is not used (every read and write is positioned).
+        let hole = unsafe { libc::lseek(self.file.as_raw_fd(), start, libc::SEEK_HOLE) };
+        hole >= 0 && (hole as u64) < end
+    }
 }
 
 /// `_IO(0x12, 119)`: discard a byte range of a block device.
@@ -378,5 +395,31 @@ mod tests {
         for count in [1, 3, 700] {
             round_trip(&mem, count);
         }
+    }
+
+    #[test]
+    fn holes_are_found_where_nothing_was_written_or_a_hole_was_punched() {
+        const MIB: u64 = 1 << 20;
+        let path = std::env::temp_dir().join(format!("salsa-holes-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let opts = FileOpenOptions {
+            create_size_bytes: Some(8 * MIB),
+            ..FileOpenOptions::default()
+        };
+        let file = FileDevice::open(&path, opts).unwrap();
+        assert!(file.discard_reallocates());
+        assert!(file.has_hole(0, 8 * MIB), "a new file is one hole");
+        file.write_at(&AlignedBuf::zeroed(2 * MIB as usize), 2 * MIB).unwrap();
+        assert!(!file.has_hole(2 * MIB, 2 * MIB), "written zeros are allocated");
+        assert!(file.has_hole(MIB, 2 * MIB), "a range reaching into unwritten space has a hole");
+        assert!(file.has_hole(4 * MIB, MIB));
+        file.discard(3 * MIB, MIB).unwrap();
+        assert!(!file.has_hole(2 * MIB, MIB));
+        assert!(file.has_hole(2 * MIB, 2 * MIB), "a punched megabyte is a hole again");
+        assert!(!file.has_hole(7 * MIB, 2 * MIB), "a range past the end is not asked about");
+        assert!(!file.has_hole(2 * MIB, 0));
+        drop(file);
+        std::fs::remove_file(&path).unwrap();
+        assert!(!MemoryDevice::new("mem", MIB).has_hole(0, MIB), "memory has no holes");
     }
 }

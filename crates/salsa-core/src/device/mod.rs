@@ -156,6 +156,13 @@ pub trait Device: Send + Sync {
     fn discard_reallocates(&self) -> bool {
         false
     }
+    /// Whether any part of a range has no storage allocated under it (a hole in a sparse or
+    /// punched regular file), so that its next write makes the file system allocate (and, on
+    /// a flush, commit its journal). Only devices that [`Device::discard_reallocates`] have
+    /// holes; an error answers `false` (a hint only: a hole costs speed, never data).
+    fn has_hole(&self, _offset: u64, _len: u64) -> bool {
+        false
+    }
     /// Zone management, for zoned devices (host-managed SMR, ZNS); `None` for flat devices.
     fn zones(&self) -> Option<&dyn Zoned> {
         None

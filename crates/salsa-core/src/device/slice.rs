@@ -69,4 +69,7 @@ impl Device for SliceDevice {
     fn discard_reallocates(&self) -> bool {
         self.inner.discard_reallocates()
     }
+    fn has_hole(&self, offset: u64, len: u64) -> bool {
+        offset.checked_add(len).is_some_and(|end| end <= self.size_bytes) && self.inner.has_hole(self.offset + offset, len)
+    }
 }

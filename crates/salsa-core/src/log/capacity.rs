@@ -10,6 +10,11 @@
 //!   |                                     v                      v
 //!   +----- a sync covering its tag --- PendingFree <-------------+
 //! ```
+//! Free segments whose space a file system has not allocated yet (holes of a sparse or punched
+//! pool file) wait in queues of their own and are handed out only when no other free segment
+//! of the type is left: a segment's first write into a hole makes the next flush commit the
+//! file system's journal as well (see `Log::fill_holes`, which fills them in the background).
+//!
 //! Invariants (asserted):
 //! - valid grains never exceed the segment's grains and never go below zero;
 //! - only Staged segments gain valid grains or tombstones; Allocated and Victim segments only
@@ -79,6 +84,9 @@ pub struct SegmentInfo {
     pub storage_type: StorageType,
     /// The GC found live pages its metadata chain does not describe (damage); never a victim.
     pub unmovable: std::sync::atomic::AtomicBool,
+    /// Some of the segment's space is a hole in its pool file (see the module docs). A hint for
+    /// where a free segment waits: a wrong value costs speed, never data.
+    pub hole: std::sync::atomic::AtomicBool,
     /// Records of this segment not yet on the device; reads are served from them.
     pub records: Mutex<Vec<Arc<RecordBuf>>>,
     /// Records of the segment that may not be durable yet, as (first grain in the segment,
@@ -130,6 +138,8 @@ struct Pending {
 
 struct Queues {
     free: Vec<VecDeque<u32>>,
+    /// Free segments with a hole (per type), handed out after every one of `free`.
+    holes: Vec<VecDeque<u32>>,
     /// Retired segments waiting for a sync before reuse.
     pending: Vec<Pending>,
     /// Released segments waiting for their discard before they join the free queues (only
@@ -183,7 +193,18 @@ fn extra_of(q: &Queues, types: &[StorageType]) -> u32 {
 
 /// Free segments of `types` in the queues.
 fn free_of(q: &Queues, types: &[StorageType]) -> u32 {
-    types.iter().map(|t| q.free[*t as usize].len() as u32).sum()
+    types
+        .iter()
+        .map(|t| (q.free[*t as usize].len() + q.holes[*t as usize].len()) as u32)
+        .sum()
+}
+
+impl Queues {
+    /// The free queue a segment waits in: with or without a hole.
+    fn queue_of(&mut self, info: &SegmentInfo) -> &mut VecDeque<u32> {
+        let queues = if info.hole.load(SeqCst) { &mut self.holes } else { &mut self.free };
+        &mut queues[info.storage_type as usize]
+    }
 }
 
 /// Segments retired but not yet free, by what frees them ([`Capacity::pending_counts`]).
@@ -234,6 +255,7 @@ impl Capacity {
                 last_kill_record: AtomicU64::new(0),
                 storage_type: t,
                 unmovable: std::sync::atomic::AtomicBool::new(false),
+                hole: std::sync::atomic::AtomicBool::new(false),
                 records: Mutex::new(Vec::new()),
                 unsynced_records: Mutex::new(Vec::new()),
             })
@@ -243,6 +265,7 @@ impl Capacity {
             segments,
             queues: Mutex::new(Queues {
                 free: vec![VecDeque::new(); StorageType::ALL.len()],
+                holes: vec![VecDeque::new(); StorageType::ALL.len()],
                 pending: Vec::new(),
                 to_discard: Vec::new(),
                 discarding: 0,
@@ -286,6 +309,56 @@ impl Capacity {
         }
         q.discarding -= segments.len();
         self.changed.notify_all();
+    }
+
+    /// Marks the free segments for which `is_hole` holds as holes (after open: which of its
+    /// free segments the pool file has no space under), moving them to the hole queues.
+    pub fn mark_free_holes(&self, is_hole: impl Fn(u32) -> bool) {
+        let mut q = self.queues.lock();
+        for (i, info) in self.segments.iter().enumerate() {
+            if info.state() == SegmentState::Free && !info.hole.load(SeqCst) && is_hole(i as u32) {
+                let s = i as u32;
+                q.free[info.storage_type as usize].retain(|&f| f != s);
+                info.hole.store(true, SeqCst);
+                q.holes[info.storage_type as usize].push_back(s);
+            }
+        }
+    }
+
+    /// Free segments without and with a hole.
+    pub fn free_and_hole_counts(&self) -> (u32, u32) {
+        let q = self.queues.lock();
+        let count = |queues: &Vec<VecDeque<u32>>| queues.iter().map(|f| f.len() as u32).sum::<u32>();
+        (count(&q.free), count(&q.holes))
+    }
+
+    /// Takes up to `max` free segments with a hole off the queues to be filled, while fewer
+    /// than `keep_filled` free segments are without one and more free segments than the
+    /// release watermark would remain (filling never takes space a writer is short of). They
+    /// count as being discarded until [`Capacity::finish_discard`] gives them back (with
+    /// `hole` cleared once they are filled).
+    pub fn take_holes_to_fill(&self, max: u32, keep_filled: u32) -> Vec<u32> {
+        let mut q = self.queues.lock();
+        let filled: u32 = q.free.iter().map(|f| f.len() as u32).sum();
+        let holes: u32 = q.holes.iter().map(|f| f.len() as u32).sum();
+        let room = (filled + holes).saturating_sub(self.watermarks.release);
+        let n = max.min(keep_filled.saturating_sub(filled)).min(holes).min(room);
+        let mut taken = Vec::with_capacity(n as usize);
+        for queue in q.holes.iter_mut() {
+            while (taken.len() as u32) < n {
+                let Some(s) = queue.pop_front() else { break };
+                taken.push(s);
+            }
+        }
+        for &s in &taken {
+            let info = self.segment(s);
+            assert_eq!(info.state(), SegmentState::Free, "segment {s} on a hole queue is not free");
+            assert!(info.is_empty(), "free segment {s} still counts valid data");
+            info.set_state(SegmentState::PendingFree);
+        }
+        self.free_count.fetch_sub(taken.len() as u32, SeqCst);
+        q.discarding += taken.len();
+        taken
     }
 
     pub fn segment(&self, s: u32) -> &SegmentInfo {
@@ -380,14 +453,15 @@ impl Capacity {
     fn queue_free(&self, q: &mut Queues, s: u32) {
         let info = self.segment(s);
         info.set_state(SegmentState::Free);
-        q.free[info.storage_type as usize].push_back(s);
+        q.queue_of(info).push_back(s);
         self.free_count.fetch_add(1, SeqCst);
     }
 
     /// Rebuilds the queues from segment states after open: every Free segment is queued.
     pub fn rebuild_queues(&self) {
         let mut q = self.queues.lock();
-        for f in q.free.iter_mut() {
+        let Queues { free, holes, .. } = &mut *q;
+        for f in free.iter_mut().chain(holes.iter_mut()) {
             f.clear();
         }
         q.pending.clear();
@@ -396,7 +470,7 @@ impl Capacity {
         let mut n = 0;
         for (i, s) in self.segments.iter().enumerate() {
             if s.state() == SegmentState::Free {
-                q.free[s.storage_type as usize].push_back(i as u32);
+                q.queue_of(s).push_back(i as u32);
                 n += 1;
             }
         }
@@ -448,7 +522,7 @@ impl Capacity {
             {
                 continue;
             }
-            if let Some(s) = q.free[*t as usize].pop_front() {
+            if let Some(s) = q.free[*t as usize].pop_front().or_else(|| q.holes[*t as usize].pop_front()) {
                 self.free_count.fetch_sub(1, SeqCst);
                 let info = self.segment(s);
                 assert_eq!(info.state(), SegmentState::Free, "segment {s} on the free queue is not free");
@@ -488,7 +562,8 @@ impl Capacity {
     /// failed).
     pub fn take_free_offline(&self, offline: impl Fn(u32) -> bool) {
         let mut q = self.queues.lock();
-        for queue in q.free.iter_mut() {
+        let Queues { free, holes, .. } = &mut *q;
+        for queue in free.iter_mut().chain(holes.iter_mut()) {
             queue.retain(|&s| {
                 if !offline(s) {
                     return true;
@@ -507,7 +582,7 @@ impl Capacity {
         assert!(info.is_empty(), "returning segment {s} with data");
         info.set_state(SegmentState::Free);
         let mut q = self.queues.lock();
-        q.free[info.storage_type as usize].push_front(s);
+        q.queue_of(info).push_front(s);
         self.free_count.fetch_add(1, SeqCst);
         self.changed.notify_all();
     }
@@ -561,7 +636,7 @@ impl Capacity {
         info.unmovable.store(false, SeqCst);
         info.set_state(SegmentState::Free);
         let mut q = self.queues.lock();
-        q.free[info.storage_type as usize].push_back(s);
+        q.queue_of(info).push_back(s);
         self.free_count.fetch_add(1, SeqCst);
         self.changed.notify_all();
     }
@@ -607,5 +682,64 @@ impl Capacity {
         let before = info.tombstones.fetch_sub(1, SeqCst);
         assert!(before >= 1, "segment {s} tombstone count underflow");
         before == 1 && info.valid_grains.load(SeqCst) == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 200 flash segments, all free; `holes` of them marked as over holes.
+    fn capacity_with_holes(holes: impl Fn(u32) -> bool) -> Capacity {
+        let c = Capacity::new(vec![StorageType::Flash; 200], 256);
+        c.rebuild_queues();
+        c.mark_free_holes(holes);
+        c
+    }
+
+    #[test]
+    fn segments_over_holes_are_handed_out_last() {
+        let c = capacity_with_holes(|s| s % 2 == 0);
+        assert_eq!(c.free_and_hole_counts(), (100, 100));
+        assert_eq!(c.free_segments(), 200, "holes are free space all the same");
+        let mut order = Vec::new();
+        while let Some(s) = c.try_allocate(&[StorageType::Flash], Purpose::Gc) {
+            order.push(s);
+        }
+        assert_eq!(order.len(), 200);
+        assert!(order[..100].iter().all(|s| s % 2 == 1), "every segment without a hole first");
+        assert!(order[100..].iter().all(|s| s % 2 == 0));
+        // Returned unused, a segment goes back to the queue its flag names.
+        c.unallocate(order[0]);
+        c.unallocate(order[150]);
+        assert_eq!(c.free_and_hole_counts(), (1, 1));
+    }
+
+    #[test]
+    fn filling_takes_holes_only_up_to_its_target_and_above_the_release_watermark() {
+        let c = capacity_with_holes(|s| s >= 10);
+        let release = c.watermarks.release;
+        assert_eq!(c.free_and_hole_counts(), (10, 190));
+        let taken = c.take_holes_to_fill(8, 25);
+        assert_eq!(taken.len(), 8, "a batch at most");
+        assert!(taken.iter().all(|&s| s >= 10 && c.segment(s).state() == SegmentState::PendingFree));
+        assert_eq!(c.free_segments(), 192);
+        assert_eq!(c.pending_counts().discarding, 8, "being filled counts as being discarded");
+        for &s in &taken {
+            c.segment(s).hole.store(false, SeqCst);
+        }
+        c.finish_discard(&taken);
+        assert_eq!(c.free_and_hole_counts(), (18, 182));
+        let rest = c.take_holes_to_fill(100, 25);
+        assert_eq!(rest.len(), 7, "no more than the target of 25 filled");
+        c.finish_discard(&rest);
+        assert_eq!(c.free_and_hole_counts(), (18, 182), "still holes: they were not filled");
+        // Nearly full: nothing is taken that would leave fewer free than the release watermark.
+        while c.free_segments() > release + 2 {
+            c.try_allocate(&[StorageType::Flash], Purpose::Gc).unwrap();
+        }
+        let few = c.take_holes_to_fill(100, 1000);
+        assert_eq!(few.len(), 2, "only what lies above the release watermark ({release})");
+        c.finish_discard(&few);
     }
 }

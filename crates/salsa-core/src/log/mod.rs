@@ -100,6 +100,8 @@ pub struct Counters {
     /// Freed segments not discarded because the discard would cost an allocation at their
     /// imminent reuse (see `Log::discard_released`).
     pub discards_skipped: AtomicU64,
+    /// Zeros written into free segments over holes of their pool file (see `Log::fill_holes`).
+    pub hole_fill_bytes: AtomicU64,
     /// Pages remapped by share batches (SHARE), and the batches.
     pub pages_shared: AtomicU64,
     pub share_batches: AtomicU64,
@@ -211,6 +213,8 @@ pub struct Log {
     epoch_lock: Mutex<()>,
     poison: Mutex<Option<String>>,
     poisoned: AtomicBool,
+    /// A fill of free segments' holes failed: no more are tried until the pool reopens.
+    hole_fill_stopped: AtomicBool,
     read_only: bool,
     counters: Counters,
     /// The durable pool metadata (volume table); held while it is rewritten.
@@ -285,6 +289,7 @@ impl Log {
             epoch_lock: Mutex::new(()),
             poison: Mutex::new(None),
             poisoned: AtomicBool::new(false),
+            hole_fill_stopped: AtomicBool::new(false),
             read_only,
             counters: Counters::default(),
             meta: Mutex::new(meta),
@@ -756,6 +761,9 @@ impl Log {
             for &s in chunk {
                 match self.array.discard_segment(s) {
                     Ok(()) => {
+                        if self.array.discard_reallocates(s) {
+                            self.capacity.segment(s).hole.store(true, SeqCst);
+                        }
                         self.counters.discarded_bytes.fetch_add(self.geo.segment_bytes, SeqCst);
                     }
                     Err(e) => {
@@ -767,6 +775,71 @@ impl Log {
             }
             self.capacity.finish_discard(chunk);
         }
+    }
+
+    /// Marks the free segments that lie over holes of their pool file (after open), so that
+    /// they are handed out last and [`Log::fill_holes`] fills them.
+    pub fn mark_free_holes(&self) {
+        let array = &self.array;
+        self.capacity
+            .mark_free_holes(|s| array.discard_reallocates(s) && array.segment_has_hole(s));
+    }
+
+    /// Fills one batch of free segments that lie over holes of their pool file with zeros,
+    /// then syncs; whether it filled any.
+    ///
+    /// Why: a log writes each segment of a sparse (or punched) pool file into unallocated
+    /// space, so the file system allocates at the write and commits its journal at the next
+    /// flush; a writer that flushes every few pages (a database) pays that commit on every
+    /// flush (1.4x the flush rate measured on this machine's ext4 once the space is written:
+    /// docs/BENCHMARKS.md). Free segments with holes are handed out last, and this keeps an
+    /// eighth of the pool ([`PLENTIFUL_FREE_DIVISOR`], the same share discards leave
+    /// unpunched) free and filled, so the allocation and its journal commit happen here, in
+    /// the background, not under a writer's flush. It takes only segments beyond the release
+    /// watermark, so writers are never short of space because of it; a segment being filled is
+    /// off the free queues (counted as discarding), so nothing writes it meanwhile. Zeros are
+    /// what a discarded free segment may read as: nothing a reader or recovery relies on
+    /// changes. A write error stops filling for this session (counted in the log); a failed
+    /// sync poisons the pool as any failed sync does.
+    pub fn fill_holes(&self) -> Result<bool> {
+        if self.hole_fill_stopped.load(SeqCst) || self.is_poisoned() {
+            return Ok(false);
+        }
+        let keep_filled = self.geo.total_segments.div_ceil(PLENTIFUL_FREE_DIVISOR);
+        let batch = (HOLE_FILL_BATCH_BYTES / self.geo.segment_bytes).max(1) as u32;
+        let segments = self.capacity.take_holes_to_fill(batch, keep_filled);
+        if segments.is_empty() {
+            return Ok(false);
+        }
+        let mut filled = 0;
+        for &s in &segments {
+            if let Err(e) = self.array.fill_segment(s) {
+                tracing::warn!("filling the holes of free segment {s} failed; holes are no longer filled this session: {e}");
+                self.hole_fill_stopped.store(true, SeqCst);
+                break;
+            }
+            filled += 1;
+        }
+        let synced = if filled > 0 {
+            let sync = self.tracker.sync_lock.lock();
+            let r = self.sync_devices();
+            drop(sync);
+            r
+        } else {
+            Ok(())
+        };
+        if synced.is_ok() {
+            for &s in &segments[..filled] {
+                self.capacity.segment(s).hole.store(false, SeqCst);
+            }
+            self.counters
+                .hole_fill_bytes
+                .fetch_add(filled as u64 * self.geo.segment_bytes, SeqCst);
+        }
+        self.capacity.finish_discard(&segments);
+        synced?;
+        self.release_synced();
+        Ok(filled > 0)
     }
 
     /// The id of the last record begun (every record with a lower id came before it).
@@ -1160,6 +1233,9 @@ pub fn write_meta_slot(devices: &[(Arc<dyn crate::device::Device>, DeviceLayout)
 /// A discard that makes the next write allocate again is done only on free segments beyond
 /// one in this many (see `Log::discard_released`).
 pub const PLENTIFUL_FREE_DIVISOR: u32 = 8;
+
+/// Bytes of free segments [`Log::fill_holes`] fills per sync (at least one segment).
+pub const HOLE_FILL_BATCH_BYTES: u64 = 32 << 20;
 
 /// Segments discarded before they are handed to the free queues together (a discard takes
 /// a millisecond or more; writers short of space wait for at most this many).

@@ -17,6 +17,8 @@ pub struct Stats {
     /// (user + GC relocation bytes) per user byte: the classical host WA of cleaning.
     pub gc_write_amplification: f64,
     pub free_segments: u32,
+    /// Of those, segments over holes of their pool file (handed out last; see `hole_fill_bytes`).
+    pub free_segments_over_holes: u32,
     pub total_segments: u32,
     pub segment_bytes: u64,
     pub gc_segments_cleaned: u64,
@@ -59,6 +61,9 @@ pub struct Stats {
     /// Freed segments left undiscarded on devices where a discard costs an allocation at
     /// reuse (punched holes in files): those within the eighth of the pool kept free.
     pub discards_skipped: u64,
+    /// Zeros written into free segments over holes of their pool file, so that a file system
+    /// allocates them in the background rather than under a writer's flush.
+    pub hole_fill_bytes: u64,
     /// Pages remapped by share batches, and the batches (since the pool was opened).
     pub pages_shared: u64,
     pub share_batches: u64,
@@ -138,6 +143,7 @@ impl Pool {
             discarded_bytes: c.discarded_bytes.load(SeqCst),
             discard_errors: c.discard_errors.load(SeqCst),
             discards_skipped: c.discards_skipped.load(SeqCst),
+            hole_fill_bytes: c.hole_fill_bytes.load(SeqCst),
             pages_shared: c.pages_shared.load(SeqCst),
             share_batches: c.share_batches.load(SeqCst),
             array_write_amplification: ratio(array_bytes),
@@ -149,6 +155,7 @@ impl Pool {
             write_amplification: ratio(dev),
             gc_write_amplification: ratio(user + gc),
             free_segments: self.eng.log.capacity().free_segments(),
+            free_segments_over_holes: self.eng.log.capacity().free_and_hole_counts().1,
             total_segments: self.eng.log.geo().total_segments,
             segment_bytes: self.eng.log.geo().segment_bytes,
             gc_segments_cleaned: c.gc_segments_cleaned.load(SeqCst),

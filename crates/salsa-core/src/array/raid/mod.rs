@@ -650,6 +650,24 @@ impl Array for RaidArray {
         (0..self.members.len() as u32).any(|m| self.device(m).discard_reallocates())
     }
 
+    fn segment_has_hole(&self, segment: u32) -> bool {
+        let len = self.stripe.member_segment_bytes();
+        (0..self.members.len() as u32).any(|m| self.device(m).has_hole(self.offset(m, segment, 0), len))
+    }
+
+    /// Every online member's share of the segment, parity included.
+    fn fill_segment(&self, segment: u32) -> Result<()> {
+        for m in 0..self.members.len() as u32 {
+            if self.health[m as usize].failed.load(SeqCst) {
+                continue;
+            }
+            let (device, offset) = (self.device(m), self.offset(m, segment, 0));
+            crate::array::zero_range(device.as_ref(), offset, self.stripe.member_segment_bytes())
+                .map_err(|e| self.io_error(m, "fill", offset, e))?;
+        }
+        Ok(())
+    }
+
     /// Every member's share of the segment, parity included, except failed members'.
     fn discard_segment(&self, segment: u32) -> Result<()> {
         for m in 0..self.members.len() as u32 {
