@@ -529,6 +529,8 @@ impl Capacity {
                 assert!(info.is_empty(), "free segment {s} still counts valid data");
                 info.generation.fetch_add(1, SeqCst);
                 info.last_kill_record.store(0, SeqCst);
+                // It is written from its start now: when it is free again, its space is there.
+                info.hole.store(false, SeqCst);
                 info.set_state(match purpose {
                     Purpose::Checkpoint => SegmentState::Checkpoint,
                     Purpose::Tier => SegmentState::Tier,
@@ -709,10 +711,10 @@ mod tests {
         assert_eq!(order.len(), 200);
         assert!(order[..100].iter().all(|s| s % 2 == 1), "every segment without a hole first");
         assert!(order[100..].iter().all(|s| s % 2 == 0));
-        // Returned unused, a segment goes back to the queue its flag names.
+        // A segment handed out is written from its start: free again, it has no hole.
         c.unallocate(order[0]);
         c.unallocate(order[150]);
-        assert_eq!(c.free_and_hole_counts(), (1, 1));
+        assert_eq!(c.free_and_hole_counts(), (2, 0));
     }
 
     #[test]

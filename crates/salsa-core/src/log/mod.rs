@@ -820,11 +820,11 @@ impl Log {
             }
             filled += 1;
         }
+        // Synced so that the file system commits the allocation here rather than in a
+        // writer's flush; without the log's sync lock, so that no flush waits behind the
+        // zeros' write-back (this sync makes no record durable that a flush needs).
         let synced = if filled > 0 {
-            let sync = self.tracker.sync_lock.lock();
-            let r = self.sync_devices();
-            drop(sync);
-            r
+            self.array.sync_all().inspect_err(|e| self.poison(e))
         } else {
             Ok(())
         };
@@ -837,9 +837,7 @@ impl Log {
                 .fetch_add(filled as u64 * self.geo.segment_bytes, SeqCst);
         }
         self.capacity.finish_discard(&segments);
-        synced?;
-        self.release_synced();
-        Ok(filled > 0)
+        synced.map(|()| filled > 0)
     }
 
     /// The id of the last record begun (every record with a lower id came before it).
@@ -1235,7 +1233,9 @@ pub fn write_meta_slot(devices: &[(Arc<dyn crate::device::Device>, DeviceLayout)
 pub const PLENTIFUL_FREE_DIVISOR: u32 = 8;
 
 /// Bytes of free segments [`Log::fill_holes`] fills per sync (at least one segment).
-pub const HOLE_FILL_BATCH_BYTES: u64 = 32 << 20;
+/// Small, so that the write-back of one batch's zeros delays a writer's flush that comes
+/// meanwhile by little.
+pub const HOLE_FILL_BATCH_BYTES: u64 = 8 << 20;
 
 /// Segments discarded before they are handed to the free queues together (a discard takes
 /// a millisecond or more; writers short of space wait for at most this many).
