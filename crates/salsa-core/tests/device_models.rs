@@ -415,15 +415,38 @@ fn a_new_pool_file_gets_an_eighth_of_its_space_filled_ahead_of_writers() {
         }
     };
     check(&vol);
+    // Sequential passes free whole segments while much of the pool is free: a freed segment
+    // is kept (not punched) while fewer than an eighth are free and filled, so the fill does
+    // not write again what a discard just punched, and fills each segment at most once. (When
+    // discards counted the free segments over holes too, the two wrote and punched the same
+    // segments over and over: 159 MiB filled in this test.)
+    let written_before = s.user_bytes_written;
+    let model_before = model.clone();
+    for _ in 0..10 {
+        for page in 0..pages / 2 {
+            vol.write(page * 4096, &[model_before.get(&page).copied().unwrap_or(0); 4096])
+                .unwrap();
+        }
+        vol.flush().unwrap();
+    }
+    let s = pool.stats();
+    assert!(s.user_bytes_written - written_before >= 10 * 32 * MIB);
+    assert!(
+        s.hole_fill_bytes <= total * MIB,
+        "each segment filled once at most: {} bytes of a {total} MiB pool",
+        s.hole_fill_bytes
+    );
     let holes_before = s.free_segments_over_holes;
     drop(vol);
     pool.close().unwrap();
     let pool = salsa_core::Pool::open(vec![open()], &discard_options(true)).unwrap();
     let reopened = pool.stats();
     assert!(reopened.free_segments_over_holes > 0, "the file's holes are found again at open");
+    // A few more may show: segments written only in part (the streams' open segments at
+    // close, the checkpoint's last) were not holes while in use but hold one now.
     assert!(
-        reopened.free_segments_over_holes <= holes_before,
-        "no segment that was filled or written is taken for a hole: {} > {holes_before}",
+        reopened.free_segments_over_holes <= holes_before + 8,
+        "no segment that was filled is taken for a hole: {} > {holes_before} + 8",
         reopened.free_segments_over_holes
     );
     check(&pool.volume("v").unwrap());

@@ -749,7 +749,10 @@ impl Log {
             return;
         }
         let keep_free = self.geo.total_segments.div_ceil(PLENTIFUL_FREE_DIVISOR);
-        let mut to_keep = keep_free.saturating_sub(self.capacity.free_segments());
+        // Counted without the free segments over holes: those are what filling would write
+        // again (`Log::fill_holes` fills up to the same eighth), so a segment punched while
+        // holes made free space look plentiful was filled again moments later.
+        let mut to_keep = keep_free.saturating_sub(self.capacity.free_and_hole_counts().0);
         let (kept, to_discard): (Vec<u32>, Vec<u32>) = segments.iter().partition(|&&s| {
             let keep = to_keep > 0 && self.array.discard_reallocates(s);
             to_keep -= keep as u32;
