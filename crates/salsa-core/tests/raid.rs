@@ -716,7 +716,7 @@ fn a_parity_buffer_is_checked_like_a_member() {
     assert!(matches!(e, Error::NotAPool { .. }), "{e}");
 }
 
-/// A RAID-5 pool on three new (sparse) files fills the holes under an eighth of its segments
+/// A RAID-5 pool on three new (sparse) files fills the holes under a sixteenth of its segments
 /// on every member, parity share included, when its maintenance runs: each member file gets
 /// the same share allocated, data written around it reads back, and a scrub finds every row's
 /// parity consistent.
@@ -745,8 +745,8 @@ fn a_raid5_pool_on_sparse_files_fills_every_members_share_of_free_segments() {
     while pool.maintain().unwrap() {}
     let s = pool.stats();
     let segment_bytes = s.segment_bytes;
-    assert_eq!(s.hole_fill_bytes, total.div_ceil(8) * segment_bytes, "{s:?}");
-    let share = total.div_ceil(8) * segment_bytes / 2;
+    assert_eq!(s.hole_fill_bytes, total.div_ceil(16) * segment_bytes, "{s:?}");
+    let share = total.div_ceil(16) * segment_bytes / 2;
     for (p, b) in paths.iter().zip(&before) {
         assert!(
             blocks(p) >= b + share,

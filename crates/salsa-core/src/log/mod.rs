@@ -795,9 +795,9 @@ impl Log {
     /// space, so the file system allocates at the write and commits its journal at the next
     /// flush; a writer that flushes every few pages (a database) pays that commit on every
     /// flush (1.4x the flush rate measured on this machine's ext4 once the space is written:
-    /// docs/BENCHMARKS.md). Free segments with holes are handed out last, and this keeps an
-    /// eighth of the pool ([`PLENTIFUL_FREE_DIVISOR`], the same share discards leave
-    /// unpunched) free and filled, so the allocation and its journal commit happen here, in
+    /// docs/BENCHMARKS.md). Free segments with holes are handed out last, and this keeps a
+    /// sixteenth of the pool ([`FILLED_FREE_DIVISOR`]) free and filled, so the allocation and
+    /// its journal commit happen here, in
     /// the background, not under a writer's flush. It takes only segments beyond the release
     /// watermark, so writers are never short of space because of it; a segment being filled is
     /// off the free queues (counted as discarding), so nothing writes it meanwhile. Zeros are
@@ -808,7 +808,7 @@ impl Log {
         if self.hole_fill_stopped.load(SeqCst) || self.is_poisoned() {
             return Ok(false);
         }
-        let keep_filled = self.geo.total_segments.div_ceil(PLENTIFUL_FREE_DIVISOR);
+        let keep_filled = self.geo.total_segments.div_ceil(FILLED_FREE_DIVISOR);
         let batch = (HOLE_FILL_BATCH_BYTES / self.geo.segment_bytes).max(1) as u32;
         let segments = self.capacity.take_holes_to_fill(batch, keep_filled);
         if segments.is_empty() {
@@ -1234,6 +1234,13 @@ pub fn write_meta_slot(devices: &[(Arc<dyn crate::device::Device>, DeviceLayout)
 /// A discard that makes the next write allocate again is done only on free segments beyond
 /// one in this many (see `Log::discard_released`).
 pub const PLENTIFUL_FREE_DIVISOR: u32 = 8;
+
+/// [`Log::fill_holes`] keeps this fraction of the pool's segments free and filled: half the
+/// share discards leave unpunched ([`PLENTIFUL_FREE_DIVISOR`]), so that between the two neither
+/// acts. With the same share, a burst of releases (sequential overwrites free many segments
+/// at once) was punched beyond it and filled again as soon as writers took the filled ones:
+/// 326 MB punched and as much filled in one `scripts/bench_nbd.py` run.
+pub const FILLED_FREE_DIVISOR: u32 = 2 * PLENTIFUL_FREE_DIVISOR;
 
 /// Bytes of free segments [`Log::fill_holes`] fills per sync (at least one segment).
 /// Small, so that the write-back of one batch's zeros delays a writer's flush that comes
