@@ -749,9 +749,9 @@ impl Log {
             return;
         }
         let keep_free = self.geo.total_segments.div_ceil(PLENTIFUL_FREE_DIVISOR);
-        // Counted without the free segments over holes: those are what filling would write
-        // again (`Log::fill_holes` fills up to the same eighth), so a segment punched while
-        // holes made free space look plentiful was filled again moments later.
+        // Counted without the free segments over holes: those are what filling writes again
+        // (`Log::fill_holes`, up to half this share), so a segment punched while holes made
+        // free space look plentiful was filled again moments later.
         let mut to_keep = keep_free.saturating_sub(self.capacity.free_and_hole_counts().0);
         let (kept, to_discard): (Vec<u32>, Vec<u32>) = segments.iter().partition(|&&s| {
             let keep = to_keep > 0 && self.array.discard_reallocates(s);
@@ -797,12 +797,12 @@ impl Log {
     /// flush (1.4x the flush rate measured on this machine's ext4 once the space is written:
     /// docs/BENCHMARKS.md). Free segments with holes are handed out last, and this keeps a
     /// sixteenth of the pool ([`FILLED_FREE_DIVISOR`]) free and filled, so the allocation and
-    /// its journal commit happen here, in
-    /// the background, not under a writer's flush. It takes only segments beyond the release
+    /// its journal commit happen here, in the background, not under a writer's flush. It
+    /// takes only segments beyond the release
     /// watermark, so writers are never short of space because of it; a segment being filled is
     /// off the free queues (counted as discarding), so nothing writes it meanwhile. Zeros are
     /// what a discarded free segment may read as: nothing a reader or recovery relies on
-    /// changes. A write error stops filling for this session (counted in the log); a failed
+    /// changes. A write error stops filling for this session (and is logged); a failed
     /// sync poisons the pool as any failed sync does.
     pub fn fill_holes(&self) -> Result<bool> {
         if self.hole_fill_stopped.load(SeqCst) || self.is_poisoned() {
