@@ -200,6 +200,12 @@ fn free_of(q: &Queues, types: &[StorageType]) -> u32 {
 }
 
 impl Queues {
+    /// Free segments without and with a hole, across all types.
+    fn free_and_hole_counts(&self) -> (u32, u32) {
+        let count = |queues: &[VecDeque<u32>]| queues.iter().map(|f| f.len() as u32).sum::<u32>();
+        (count(&self.free), count(&self.holes))
+    }
+
     /// The free queue a segment waits in: with or without a hole.
     fn queue_of(&mut self, info: &SegmentInfo) -> &mut VecDeque<u32> {
         let queues = if info.hole.load(SeqCst) { &mut self.holes } else { &mut self.free };
@@ -313,23 +319,25 @@ impl Capacity {
 
     /// Marks the free segments for which `is_hole` holds as holes (after open: which of its
     /// free segments the pool file has no space under), moving them to the hole queues.
+    /// One pass over each free queue (a segment there has no hole yet, by `Queues::queue_of`).
     pub fn mark_free_holes(&self, is_hole: impl Fn(u32) -> bool) {
         let mut q = self.queues.lock();
-        for (i, info) in self.segments.iter().enumerate() {
-            if info.state() == SegmentState::Free && !info.hole.load(SeqCst) && is_hole(i as u32) {
-                let s = i as u32;
-                q.free[info.storage_type as usize].retain(|&f| f != s);
-                info.hole.store(true, SeqCst);
-                q.holes[info.storage_type as usize].push_back(s);
-            }
+        let Queues { free, holes, .. } = &mut *q;
+        for (free, holes) in free.iter_mut().zip(holes.iter_mut()) {
+            free.retain(|&s| {
+                if !is_hole(s) {
+                    return true;
+                }
+                self.segment(s).hole.store(true, SeqCst);
+                holes.push_back(s);
+                false
+            });
         }
     }
 
     /// Free segments without and with a hole.
     pub fn free_and_hole_counts(&self) -> (u32, u32) {
-        let q = self.queues.lock();
-        let count = |queues: &Vec<VecDeque<u32>>| queues.iter().map(|f| f.len() as u32).sum::<u32>();
-        (count(&q.free), count(&q.holes))
+        self.queues.lock().free_and_hole_counts()
     }
 
     /// Takes up to `max` free segments with a hole off the queues to be filled, while fewer
@@ -339,8 +347,7 @@ impl Capacity {
     /// `hole` cleared once they are filled).
     pub fn take_holes_to_fill(&self, max: u32, keep_filled: u32) -> Vec<u32> {
         let mut q = self.queues.lock();
-        let filled: u32 = q.free.iter().map(|f| f.len() as u32).sum();
-        let holes: u32 = q.holes.iter().map(|f| f.len() as u32).sum();
+        let (filled, holes) = q.free_and_hole_counts();
         let room = (filled + holes).saturating_sub(self.watermarks.release);
         let n = max.min(keep_filled.saturating_sub(filled)).min(holes).min(room);
         let mut taken = Vec::with_capacity(n as usize);
