@@ -88,6 +88,8 @@ impl From<Error> for Failure {
             Error::AppendOnly(_) => libc::EPERM,
             Error::ReadOnly(_) | Error::Poisoned(_) => libc::EROFS,
             Error::ShuttingDown => libc::ESHUTDOWN,
+            // Only inside a memory-only read, which the C API does not offer.
+            Error::NotInMemory => libc::EAGAIN,
             Error::ChecksumMismatch { .. } => libc::EBADMSG,
             Error::NotAPool { .. }
             | Error::DamagedSuperblock { .. }

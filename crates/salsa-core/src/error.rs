@@ -73,6 +73,10 @@ pub enum Error {
     /// The pool is being closed.
     #[error("the pool is shutting down")]
     ShuttingDown,
+    /// A read inside [`crate::log::memory_reads::memory_only`] needed a device; nothing was
+    /// read or counted, and the caller reads again where it may wait.
+    #[error("the data is not in memory and this read may not wait for a device")]
+    NotInMemory,
     /// A bounded counter of the on-disk format ran out (the pool metadata generation, which
     /// numbers epochs of sequence numbers; it takes about 16 million metadata writes).
     #[error("pool exhausted: {0}; copy its volumes to a newly formatted pool")]

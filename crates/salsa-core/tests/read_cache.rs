@@ -138,3 +138,55 @@ fn a_hot_page_is_read_from_memory() {
         pool.close().unwrap();
     }
 }
+
+/// A read that may not wait for a device (what the NBD server answers on the thread that
+/// received it) is served from the cache or the write buffer, and is refused, without a
+/// device read and without counting anything, when some of its data is only on the device.
+#[test]
+fn a_read_from_memory_is_served_from_memory_or_refused_without_a_device_read() {
+    for write_buffer in [0, 4 << 20] {
+        let mem: Arc<dyn Device> = Arc::new(MemoryDevice::new("m", 16 * MIB));
+        let counting = Arc::new(CountingDevice::new(mem));
+        let with = OpenOptions {
+            write_buffer_bytes: write_buffer,
+            ..opts(1 << 20)
+        };
+        let pool = Pool::create(vec![counting.clone()], &tiny_config(), &with).unwrap();
+        let vol = pool.create_volume("v", MIB, PAGE as u32).unwrap();
+        for p in 0..4 {
+            vol.write(p * PAGE as u64, &pattern(0, p, 1)).unwrap();
+        }
+        pool.close().unwrap();
+        let pool = Pool::open(vec![counting.clone()], &with).unwrap();
+        let vol = pool.volume("v").unwrap();
+        let mut buf = vec![0u8; 2 * PAGE];
+        let (reads, stats) = (counting.reads(), pool.stats());
+        // Pages 0 and 1: on the device only.
+        assert!(!vol.read_from_memory(0, &mut buf).unwrap(), "write buffer {write_buffer}");
+        let after = pool.stats();
+        assert_eq!(counting.reads(), reads, "a refused read touched the device");
+        assert_eq!(after.user_bytes_read, stats.user_bytes_read);
+        assert_eq!(after.read_cache.unwrap().misses, stats.read_cache.unwrap().misses);
+        // Read once the usual way, they are in memory.
+        vol.read(0, &mut buf).unwrap();
+        let reads = counting.reads();
+        buf.fill(0);
+        assert!(vol.read_from_memory(0, &mut buf).unwrap());
+        assert_eq!(buf[..PAGE], pattern(0, 0, 1)[..]);
+        assert_eq!(buf[PAGE..], pattern(0, 1, 1)[..]);
+        assert_eq!(counting.reads(), reads);
+        // Page 2 rewritten (in the write buffer, or cached as written) and page 3 only on the
+        // device: the pair is refused, page 2 alone is served.
+        vol.write(2 * PAGE as u64, &pattern(0, 2, 2)).unwrap();
+        assert!(!vol.read_from_memory(2 * PAGE as u64, &mut buf).unwrap());
+        assert!(vol.read_from_memory(2 * PAGE as u64, &mut buf[..PAGE]).unwrap());
+        assert_eq!(buf[..PAGE], pattern(0, 2, 2)[..]);
+        assert_eq!(counting.reads(), reads);
+        // Never-written pages read as zeros without a device read.
+        assert!(vol.read_from_memory(100 * PAGE as u64, &mut buf).unwrap());
+        assert!(buf.iter().all(|b| *b == 0));
+        // A read past the end is an error, as for `read`.
+        assert!(vol.read_from_memory(MIB, &mut buf).is_err());
+        pool.close().unwrap();
+    }
+}

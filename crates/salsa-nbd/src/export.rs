@@ -22,6 +22,11 @@ pub trait Export: Send + Sync {
         self.page_bytes()
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> salsa_core::Result<()>;
+    /// [`Export::read`] if it needs no device read: `Ok(true)` with `buf` filled, `Ok(false)`
+    /// (nothing read or counted) when the data is not all in memory.
+    fn read_from_memory(&self, _offset: u64, _buf: &mut [u8]) -> salsa_core::Result<bool> {
+        Ok(false)
+    }
     fn write(&self, offset: u64, data: &[u8]) -> salsa_core::Result<()>;
     /// A buffer to receive a write's payload into, for [`Export::write_payload`]; `None` when
     /// the export copies writes.
@@ -64,6 +69,9 @@ impl Export for Volume {
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> salsa_core::Result<()> {
         Volume::read(self, offset, buf)
+    }
+    fn read_from_memory(&self, offset: u64, buf: &mut [u8]) -> salsa_core::Result<bool> {
+        Volume::read_from_memory(self, offset, buf)
     }
     fn write(&self, offset: u64, data: &[u8]) -> salsa_core::Result<()> {
         Volume::write(self, offset, data)

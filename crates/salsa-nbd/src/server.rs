@@ -38,6 +38,9 @@ const KEEP_BUFFER_BYTES: usize = 4 << 20;
 /// Replies queued for the connection's sending thread, at most (one larger reply may be queued
 /// alone).
 pub const MAX_PENDING_REPLY_BYTES: usize = 1 << 20;
+/// Replies to reads answered from memory are sent together once they reach this size (or
+/// sooner, see [`serve_requests`]).
+const MEMORY_REPLY_BATCH_BYTES: usize = 256 << 10;
 /// Connections served at once; more are refused.
 pub const MAX_CONNECTIONS: usize = 256;
 /// Write payloads of rejected requests up to this size are read and discarded to keep the
@@ -403,21 +406,9 @@ fn execute(conn: &Connection, request: Request, payload: &[u8], out: &mut Vec<u8
     let with_fua = |r: salsa_core::Result<()>, fua: bool| r.and_then(|_| if fua { vol.flush() } else { Ok(()) });
     let result: salsa_core::Result<()> = match cmd {
         Command::Read { offset, length, .. } => {
-            // The data is read straight into the reply, after its header.
-            let start = out.len();
-            if structured {
-                proto::structured_data_header(out, cookie, offset, length, true);
-            } else {
-                proto::simple_reply(out, cookie, 0, &[]);
-            }
-            let data_at = out.len();
-            out.resize(data_at + length as usize, 0);
-            match vol.read(offset, &mut out[data_at..]) {
-                Ok(()) => return,
-                Err(e) => {
-                    out.truncate(start);
-                    Err(e)
-                }
+            match append_read_reply(out, structured, cookie, offset, length, |buf| vol.read(offset, buf).map(|()| true)) {
+                Ok(_) => return,
+                Err(e) => Err(e),
             }
         }
         Command::Write { offset, fua, .. } => {
@@ -466,6 +457,47 @@ fn execute(conn: &Connection, request: Request, payload: &[u8], out: &mut Vec<u8
             fail(out, errno_of(&e), &e.to_string())
         }
     }
+}
+
+/// Appends the reply to a read of `length` bytes at `offset`, its data read by `read`
+/// straight into the reply after its header. When `read` fails or declines (`Ok(false)`),
+/// nothing is appended.
+fn append_read_reply(
+    out: &mut Vec<u8>,
+    structured: bool,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+    read: impl FnOnce(&mut [u8]) -> salsa_core::Result<bool>,
+) -> salsa_core::Result<bool> {
+    let start = out.len();
+    if structured {
+        proto::structured_data_header(out, cookie, offset, length, true);
+    } else {
+        proto::simple_reply(out, cookie, 0, &[]);
+    }
+    let data_at = out.len();
+    out.resize(data_at + length as usize, 0);
+    let r = read(&mut out[data_at..]);
+    if !matches!(r, Ok(true)) {
+        out.truncate(start);
+    }
+    r
+}
+
+/// Appends the reply to `request` to `answered` if it is a read whose data is all in memory;
+/// `false` (nothing appended) for any other request, and for a read that needs a device or
+/// fails (it is then executed as usual, which reports the error).
+fn answer_from_memory(conn: &Connection, request: &Request, answered: &mut Vec<u8>) -> bool {
+    let Command::Read { offset, length, .. } = request.cmd else {
+        return false;
+    };
+    let structured = conn.negotiated.structured_replies;
+    let read = |buf: &mut [u8]| conn.volume.read_from_memory(offset, buf);
+    matches!(
+        append_read_reply(answered, structured, request.req.cookie, offset, length, read),
+        Ok(true)
+    )
 }
 
 /// `base:allocation` extents covering `[offset, offset + length)` (at most 1024 descriptors).
@@ -585,32 +617,49 @@ fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, tls: &Tls, 
 /// One of a connection's threads: takes the next request, executes it, answers it, until the
 /// request stream ends. While it executes, another thread (started here if none is waiting and
 /// the limit allows) takes the next request.
+///
+/// A read whose data is all in memory is answered by the thread holding the receiver, without
+/// letting go of it: handing the receiver to another thread costs two context switches, more
+/// than such a read. Its reply waits in `answered`, so that the replies to the reads of one
+/// burst go out in one send: `answered` is sent before the receiver waits for the socket,
+/// when it reaches [`MEMORY_REPLY_BATCH_BYTES`], and before a request that may wait is
+/// executed.
 fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>, conn: &'env Connection, stop: &'env AtomicBool) {
     let mut out = Vec::new();
     let mut payload = Vec::new();
+    let mut answered = Vec::new();
     loop {
         conn.waiting.fetch_add(1, SeqCst);
         let request = {
             // A thread that panicked while holding the receiver cannot have left it half
             // updated in a way that matters: the stream is then ended below.
             let mut rx = conn.receiver.lock().unwrap_or_else(PoisonError::into_inner);
-            if rx.ended {
-                None
-            } else {
-                match next_request(&mut rx, conn, stop, &mut payload) {
-                    Ok(Some(r)) => Some(r),
+            loop {
+                if rx.ended {
+                    break None;
+                }
+                match next_request(&mut rx, conn, stop, &mut payload, &mut answered) {
+                    Ok(Some(r)) => {
+                        if !answer_from_memory(conn, &r, &mut answered) {
+                            break Some(r);
+                        }
+                        if answered.len() >= MEMORY_REPLY_BATCH_BYTES {
+                            send_answered(conn, &mut answered);
+                        }
+                    }
                     Ok(None) => {
                         rx.ended = true;
-                        None
+                        break None;
                     }
                     Err(e) => {
                         rx.ended = true;
                         *conn.error.lock() = Some(e);
-                        None
+                        break None;
                     }
                 }
             }
         };
+        send_answered(conn, &mut answered);
         let still_waiting = conn.waiting.fetch_sub(1, SeqCst) - 1;
         let Some(request) = request else { return };
         if still_waiting == 0
@@ -638,10 +687,29 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
     }
 }
 
+/// Sends the replies answered from memory, if any.
+fn send_answered(conn: &Connection, answered: &mut Vec<u8>) {
+    if !answered.is_empty() {
+        conn.send(answered);
+        answered.clear();
+    }
+    if answered.capacity() > KEEP_BUFFER_BYTES {
+        *answered = Vec::new();
+    }
+}
+
 /// Reads the next request whole, a write's payload into `payload` (grown as needed, never
-/// shrunk here); answers invalid requests itself. `Ok(None)` when the stream ends cleanly: the
-/// client disconnected or went away, a reply could not be sent, or `stop`.
-fn next_request(rx: &mut Receiver, conn: &Connection, stop: &AtomicBool, payload: &mut Vec<u8>) -> Result<Option<Request>, String> {
+/// shrunk here); answers invalid requests itself. `answered` (replies not yet sent) is sent
+/// before anything waits for the socket, so no client waits for a reply while the server
+/// waits for that client. `Ok(None)` when the stream ends cleanly: the client disconnected or
+/// went away, a reply could not be sent, or `stop`.
+fn next_request(
+    rx: &mut Receiver,
+    conn: &Connection,
+    stop: &AtomicBool,
+    payload: &mut Vec<u8>,
+    answered: &mut Vec<u8>,
+) -> Result<Option<Request>, String> {
     let Receiver { stream, inbox, .. } = rx;
     loop {
         if stop.load(SeqCst) || conn.broken.load(SeqCst) {
@@ -650,6 +718,7 @@ fn next_request(rx: &mut Receiver, conn: &Connection, stop: &AtomicBool, payload
         let req = match proto::parse_request(inbox.data()) {
             Ok(Some(r)) => r,
             Ok(None) => {
+                send_answered(conn, answered);
                 if !inbox.fill(stream).map_err(|e| e.to_string())? {
                     return Ok(None); // client went away
                 }
@@ -659,6 +728,9 @@ fn next_request(rx: &mut Receiver, conn: &Connection, stop: &AtomicBool, payload
         };
         inbox.consume(proto::REQUEST_HEADER_BYTES);
         let payload_bytes = req.payload_bytes() as usize;
+        if payload_bytes > inbox.data().len() {
+            send_answered(conn, answered); // the payload's rest is read from the socket
+        }
         let cmd = proto::validate(&req, &conn.negotiated);
         let mut held = None;
         if cmd.is_ok() {

@@ -23,6 +23,7 @@
 
 pub mod capacity;
 pub mod durability;
+pub mod memory_reads;
 pub mod payload;
 pub mod read_cache;
 pub mod record;
@@ -1047,6 +1048,7 @@ impl Log {
             recs.iter().any(|r| r.read(grain, gb, out))
         };
         if !buffered {
+            memory_reads::allow_device_read()?;
             let verify = |b: &[u8]| crc32c::crc32c(b) == crc;
             // A page that fails its checksum on one member is repaired from the array's
             // redundancy where it has some.
@@ -1126,6 +1128,7 @@ impl Log {
         if from_cache.iter().all(|c| *c) {
             return Ok(Some(found));
         }
+        memory_reads::allow_device_read()?;
         let span_bytes = ((last + page_grains - first) * gb) as usize;
         let mut tmp = self.buffers.get(span_bytes);
         let read = self.array.read(first, &mut tmp);

@@ -81,13 +81,21 @@ impl ReadCache {
             Some(_) => {
                 self.damaged_hits.fetch_add(1, Relaxed);
                 self.pages.remove(&(grain, generation));
-                self.misses.fetch_add(1, Relaxed);
+                self.count_miss();
                 false
             }
             None => {
-                self.misses.fetch_add(1, Relaxed);
+                self.count_miss();
                 false
             }
+        }
+    }
+
+    /// A read that may not wait for a device is refused at a miss and read again by a thread
+    /// that may: that read counts the miss, this one does not.
+    fn count_miss(&self) {
+        if !super::memory_reads::active() {
+            self.misses.fetch_add(1, Relaxed);
         }
     }
 

@@ -399,6 +399,19 @@ impl Volume {
         Ok(())
     }
 
+    /// [`Volume::read`] if every byte is in memory (the read cache, the write buffer, a
+    /// record not yet written): `Ok(true)` with `buf` filled. `Ok(false)` when some of it
+    /// would need a device read; then nothing was read or counted and `buf` is garbage. A
+    /// front-end answers the first kind at once, on the thread that received the request,
+    /// and hands the second to a thread that may wait.
+    pub fn read_from_memory(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
+        match crate::log::memory_reads::memory_only(|| self.read(offset, buf)) {
+            Ok(()) => Ok(true),
+            Err(Error::NotInMemory) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Writes `data` at `offset`; durable after the next flush. Partial pages are
     /// read-modify-write.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {

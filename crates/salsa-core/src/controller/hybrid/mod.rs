@@ -207,6 +207,7 @@ impl HybridVolume {
         let (Some(a), Some(b)) = (wanted.iter().position(|w| *w), wanted.iter().rposition(|w| *w)) else {
             return filled;
         };
+
         // One read of the copy's pages from the first wanted to the last.
         let run_first = first_page + a as u64;
         let run_pages = (b - a + 1) as u64;
@@ -273,6 +274,9 @@ impl VolumeIo for HybridVolume {
         if self.is_retired() {
             return Err(Error::VolumeNotFound(self.slow.name.clone()));
         }
+        // A read counts toward the heat and tier counters once: one that may not wait is
+        // refused whole here, before it counts, and done again by a thread that may.
+        crate::log::memory_reads::allow_device_read()?;
         self.heat(offset, buf.len() as u64);
         let pb = self.slow.page_bytes as u64;
         let group_bytes = self.settings.group_pages * pb;
