@@ -140,6 +140,27 @@ impl LinearArray {
         &self.members[self.owner[segment as usize] as usize]
     }
 
+    /// Applies `op` (named `what` in its error) to the whole of `segment` on the member that
+    /// holds it, unless that member is zoned (its zones are reset, never filled or discarded)
+    /// or offline.
+    fn on_segment_share(
+        &self,
+        segment: u32,
+        what: &'static str,
+        op: impl FnOnce(&dyn Device, u64, u64) -> std::io::Result<()>,
+    ) -> Result<()> {
+        let (m, offset) = self.segment_offset(segment);
+        if m.device.zones().is_some() || self.is_segment_offline(segment) {
+            return Ok(());
+        }
+        op(m.device.as_ref(), offset, self.segment_bytes).map_err(|source| Error::Io {
+            device: m.device.name().to_string(),
+            op: what,
+            offset,
+            source,
+        })
+    }
+
     /// Byte offset of `segment` on its device.
     fn segment_offset(&self, segment: u32) -> (&Member, u64) {
         let m = self.member(segment);
@@ -245,29 +266,11 @@ impl Array for LinearArray {
     }
 
     fn fill_segment(&self, segment: u32) -> Result<()> {
-        let (m, offset) = self.segment_offset(segment);
-        if m.device.zones().is_some() || self.is_segment_offline(segment) {
-            return Ok(());
-        }
-        super::zero_range(m.device.as_ref(), offset, self.segment_bytes).map_err(|source| Error::Io {
-            device: m.device.name().to_string(),
-            op: "fill",
-            offset,
-            source,
-        })
+        self.on_segment_share(segment, "fill", |dev, offset, len| super::zero_range(dev, offset, len))
     }
 
     fn discard_segment(&self, segment: u32) -> Result<()> {
-        let (m, offset) = self.segment_offset(segment);
-        if m.device.zones().is_some() || self.is_segment_offline(segment) {
-            return Ok(());
-        }
-        m.device.discard(offset, self.segment_bytes).map_err(|source| Error::Io {
-            device: m.device.name().to_string(),
-            op: "discard",
-            offset,
-            source,
-        })
+        self.on_segment_share(segment, "discard", |dev, offset, len| dev.discard(offset, len))
     }
 
     /// Reads whole grains starting at a physical grain address.

@@ -188,6 +188,19 @@ impl RaidArray {
         self.slots[m as usize].read().1.segments_offset_bytes + segment as u64 * self.stripe.member_segment_bytes() + member_offset
     }
 
+    /// Applies `op` (named `what` in its error) to each member's whole share of `segment`,
+    /// parity included, skipping failed members; stops at the first error.
+    fn on_online_shares(&self, segment: u32, what: &'static str, op: impl Fn(&dyn Device, u64, u64) -> std::io::Result<()>) -> Result<()> {
+        for m in 0..self.members.len() as u32 {
+            if self.health[m as usize].failed.load(SeqCst) {
+                continue;
+            }
+            let (device, offset) = (self.device(m), self.offset(m, segment, 0));
+            op(device.as_ref(), offset, self.stripe.member_segment_bytes()).map_err(|e| self.io_error(m, what, offset, e))?;
+        }
+        Ok(())
+    }
+
     fn io_error(&self, m: u32, op: &'static str, offset: u64, source: std::io::Error) -> Error {
         Error::device_io(&*self.device(m), op, offset, source)
     }
@@ -657,29 +670,12 @@ impl Array for RaidArray {
 
     /// Every online member's share of the segment, parity included.
     fn fill_segment(&self, segment: u32) -> Result<()> {
-        for m in 0..self.members.len() as u32 {
-            if self.health[m as usize].failed.load(SeqCst) {
-                continue;
-            }
-            let (device, offset) = (self.device(m), self.offset(m, segment, 0));
-            crate::array::zero_range(device.as_ref(), offset, self.stripe.member_segment_bytes())
-                .map_err(|e| self.io_error(m, "fill", offset, e))?;
-        }
-        Ok(())
+        self.on_online_shares(segment, "fill", |dev, offset, len| crate::array::zero_range(dev, offset, len))
     }
 
     /// Every member's share of the segment, parity included, except failed members'.
     fn discard_segment(&self, segment: u32) -> Result<()> {
-        for m in 0..self.members.len() as u32 {
-            if self.health[m as usize].failed.load(SeqCst) {
-                continue;
-            }
-            let (device, offset) = (self.device(m), self.offset(m, segment, 0));
-            device
-                .discard(offset, self.stripe.member_segment_bytes())
-                .map_err(|e| self.io_error(m, "discard", offset, e))?;
-        }
-        Ok(())
+        self.on_online_shares(segment, "discard", |dev, offset, len| dev.discard(offset, len))
     }
 
     fn read(&self, grain: u64, buf: &mut [u8]) -> Result<()> {
