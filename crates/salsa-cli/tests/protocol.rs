@@ -126,6 +126,32 @@ fn pipelined_requests_are_all_answered_with_their_own_data() {
     }
 }
 
+/// A read answered from memory (by the thread that received it, its reply held to go out with
+/// others) is never held back while the server waits for the client: here the client sends
+/// the read, then a write's header and half its payload, and sends the rest only once it has
+/// the read's reply.
+#[test]
+fn a_read_answered_from_memory_is_sent_before_the_server_waits_for_the_client() {
+    let dir = test_dir("memory-read-reply");
+    let srv = Server::start(&dir, "48M", &[]);
+    let mut c = RawClient::connect(&srv.socket, "default");
+    let page = vec![5u8; 4096];
+    assert_eq!(c.call(0, CMD_WRITE, 0, 4096, &page).0, 0); // now in the write buffer
+    let payload = vec![9u8; 64 << 10];
+    let write = encode_request(0, CMD_WRITE, 2, 1 << 20, payload.len() as u32, &payload);
+    let split = REQUEST_HEADER_BYTES + payload.len() / 2;
+    let mut burst = encode_request(0, CMD_READ, 1, 0, 4096, &[]);
+    burst.extend_from_slice(&write[..split]);
+    c.s.write_all(&burst).unwrap();
+    let (cookie, err, data) = c.reply(4096).expect("the read's reply, while the write is incomplete");
+    assert_eq!((cookie, err), (1, 0));
+    assert!(data == page);
+    c.s.write_all(&write[split..]).unwrap();
+    let (cookie, err, _) = c.reply(0).unwrap();
+    assert_eq!((cookie, err), (2, 0));
+    assert!(c.call(0, CMD_READ, 1 << 20, payload.len() as u32, &[]).1 == payload);
+}
+
 #[test]
 fn read_only_export_refuses_writes() {
     let dir = test_dir("readonly");
