@@ -25,12 +25,9 @@ pub use linear::LinearArray;
 pub use raid::parity_buffer::ParityBuffer;
 pub use raid::RaidArray;
 
-/// Bytes of zeros written per call by [`zero_range`].
-const ZERO_CHUNK_BYTES: usize = 1 << 20;
-
 /// Writes zeros over `len` bytes of `device` from `offset`, a megabyte at a time.
 fn zero_range(device: &dyn Device, offset: u64, len: u64) -> std::io::Result<()> {
-    let zeros = crate::util::AlignedBuf::zeroed(ZERO_CHUNK_BYTES.min(len as usize));
+    let zeros = crate::util::shared_zeros();
     let mut at = 0;
     while at < len {
         let n = (len - at).min(zeros.len() as u64) as usize;

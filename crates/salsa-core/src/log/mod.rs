@@ -246,8 +246,6 @@ pub struct Log {
     pub(super) row_grains: u32,
     /// Copies of pages read from the devices (see [`read_cache`]); unset: no cache.
     read_cache: OnceLock<read_cache::ReadCache>,
-    /// Zeros for padding (1 MiB, repeated as needed).
-    zeros: crate::util::AlignedBuf,
 }
 
 /// Counts a write or trim in the log's invalidations in flight for its lifetime.
@@ -279,7 +277,6 @@ impl Log {
             flush_alignment_grains,
             row_grains,
             read_cache: OnceLock::new(),
-            zeros: crate::util::AlignedBuf::zeroed(1 << 20),
             pool_id,
             geo,
             array,
@@ -604,9 +601,10 @@ impl Log {
             let bytes = r.buf.bytes.read();
             let mut slices = bytes.io_slices(r.used_grains, gb);
             let mut pad = r.pad_grains as usize * gb;
+            let zeros = crate::util::shared_zeros();
             while pad > 0 {
-                let n = pad.min(self.zeros.len());
-                slices.push(std::io::IoSlice::new(&self.zeros[..n]));
+                let n = pad.min(zeros.len());
+                slices.push(std::io::IoSlice::new(&zeros[..n]));
                 pad -= n;
             }
             self.array.write_vectored(r.buf.first_grain, &slices)
