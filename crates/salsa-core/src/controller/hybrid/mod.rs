@@ -207,7 +207,6 @@ impl HybridVolume {
         let (Some(a), Some(b)) = (wanted.iter().position(|w| *w), wanted.iter().rposition(|w| *w)) else {
             return filled;
         };
-
         // One read of the copy's pages from the first wanted to the last.
         let run_first = first_page + a as u64;
         let run_pages = (b - a + 1) as u64;
