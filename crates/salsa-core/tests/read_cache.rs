@@ -178,8 +178,14 @@ fn a_read_from_memory_is_served_from_memory_or_refused_without_a_device_read() {
         // Page 2 rewritten (in the write buffer, or cached as written) and page 3 only on the
         // device: the pair is refused, page 2 alone is served.
         vol.write(2 * PAGE as u64, &pattern(0, 2, 2)).unwrap();
+        let hits = |pool: &Pool| pool.stats().read_cache.unwrap().hits;
+        let before = hits(&pool);
         assert!(!vol.read_from_memory(2 * PAGE as u64, &mut buf).unwrap());
+        // Pages 0 and 1 are cached and come first: their hits are not counted either.
+        assert!(!vol.read_from_memory(0, &mut vec![0u8; 4 * PAGE]).unwrap());
+        assert_eq!(hits(&pool), before, "a refused read counts no hits");
         assert!(vol.read_from_memory(2 * PAGE as u64, &mut buf[..PAGE]).unwrap());
+        assert_eq!(hits(&pool), before + u64::from(write_buffer == 0), "a kept one counts its own");
         assert_eq!(buf[..PAGE], pattern(0, 2, 2)[..]);
         assert_eq!(counting.reads(), reads);
         // Never-written pages read as zeros without a device read.

@@ -797,9 +797,9 @@ impl Log {
     /// docs/BENCHMARKS.md). Free segments with holes are handed out last, and this keeps a
     /// sixteenth of the pool ([`FILLED_FREE_DIVISOR`]) free and filled, so the allocation and
     /// its journal commit happen here, in the background, not under a writer's flush. It
-    /// takes only segments beyond the release
-    /// watermark, so writers are never short of space because of it; a segment being filled is
-    /// off the free queues (counted as discarding), so nothing writes it meanwhile. Zeros are
+    /// takes only segments beyond the release watermark, so writers are never short of space
+    /// because of it; a segment being filled is off the free queues (counted as discarding),
+    /// so nothing writes it meanwhile. Zeros are
     /// what a discarded free segment may read as: nothing a reader or recovery relies on
     /// changes. A write error stops filling for this session (and is logged); a failed
     /// sync poisons the pool as any failed sync does.
@@ -1013,6 +1013,14 @@ impl Log {
             if let Some(page) = c.remove(from, self.generation_of(from)) {
                 c.insert_shared(to, to_generation, page);
             }
+        }
+    }
+
+    /// Counts read-cache hits of a memory-only read that was kept (see
+    /// [`memory_reads::memory_only`]).
+    pub fn count_cache_hits(&self, n: u64) {
+        if let Some(c) = self.read_cache.get().filter(|_| n > 0) {
+            c.count_hits(n);
         }
     }
 

@@ -75,7 +75,9 @@ impl ReadCache {
         match self.pages.get(&(grain, generation)) {
             Some(page) if page.len() == out.len() && crc32c::crc32c(&page) == crc => {
                 out.copy_from_slice(&page);
-                self.hits.fetch_add(1, Relaxed);
+                if !super::memory_reads::defer_hit() {
+                    self.hits.fetch_add(1, Relaxed);
+                }
                 true
             }
             Some(_) => {
@@ -97,6 +99,12 @@ impl ReadCache {
         if !super::memory_reads::active() {
             self.misses.fetch_add(1, Relaxed);
         }
+    }
+
+    /// Counts `n` hits deferred by reads that may not wait (see
+    /// [`super::memory_reads::memory_only`]).
+    pub fn count_hits(&self, n: u64) {
+        self.hits.fetch_add(n, Relaxed);
     }
 
     /// Keeps a copy of a page that passed its checksum.

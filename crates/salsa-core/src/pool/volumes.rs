@@ -405,8 +405,12 @@ impl Volume {
     /// front-end answers the first kind at once, on the thread that received the request,
     /// and hands the second to a thread that may wait.
     pub fn read_from_memory(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
-        match crate::log::memory_reads::memory_only(|| self.read(offset, buf)) {
-            Ok(()) => Ok(true),
+        let (read, cache_hits) = crate::log::memory_reads::memory_only(|| self.read(offset, buf));
+        match read {
+            Ok(()) => {
+                self.eng.log.count_cache_hits(cache_hits);
+                Ok(true)
+            }
             Err(Error::NotInMemory) => Ok(false),
             Err(e) => Err(e),
         }
