@@ -417,8 +417,8 @@ fn a_new_pool_file_gets_a_sixteenth_of_its_space_filled_ahead_of_writers() {
     check(&vol);
     // Sequential passes free whole segments while much of the pool is free: a freed segment
     // is kept (not punched) while fewer than an eighth are free and filled, and filling stops
-    // at a sixteenth, so the fill does
-    // not write again what a discard just punched, and fills each segment at most once. (When
+    // at a sixteenth, so the fill does not write again what a discard just punched, and fills
+    // each segment at most once. (When
     // discards counted the free segments over holes too, the two wrote and punched the same
     // segments over and over: 159 MiB filled in this test.)
     let written_before = s.user_bytes_written;

@@ -485,13 +485,19 @@ fn append_read_reply(
     r
 }
 
-/// Appends the reply to `request` to `answered` if it is a read whose data is all in memory;
+/// Appends the reply to `request` to `answered` if it is a read of at most
+/// [`MEMORY_REPLY_BATCH_BYTES`] whose data is all in memory;
 /// `false` (nothing appended) for any other request, and for a read that needs a device or
 /// fails (it is then executed as usual, which reports the error).
 fn answer_from_memory(conn: &Connection, request: &Request, answered: &mut Vec<u8>) -> bool {
     let Command::Read { offset, length, .. } = request.cmd else {
         return false;
     };
+    if length as usize > MEMORY_REPLY_BATCH_BYTES {
+        // A large read amortises the hand-over; trying it here could cost a second read
+        // and a reply buffer as large as the request.
+        return false;
+    }
     let structured = conn.negotiated.structured_replies;
     let read = |buf: &mut [u8]| conn.volume.read_from_memory(offset, buf);
     matches!(
