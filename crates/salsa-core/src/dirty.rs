@@ -115,9 +115,14 @@ impl Drop for PageBuf {
 /// sum as it is. So while any page is spare, buffered and spare bytes together are within the
 /// capacity. The destager frees them all once the buffer has stayed empty for its expiry. Its
 /// lock is a leaf: nothing else is taken under it (a page may be dropped under any lock).
+/// The spare pages of one length.
+type SpareSize = (usize, Vec<Box<[u8]>>);
+
 #[derive(Default)]
 struct SparePages {
-    pages: Mutex<HashMap<usize, Vec<Box<[u8]>>>>,
+    /// Spare pages by length. A short list searched in order, not a hash map: a pool has one
+    /// page size per volume and few volume page sizes, and this is on every write's path.
+    pages: Mutex<Vec<SpareSize>>,
     /// Spare pages, at [`page_cost`] each.
     spare_bytes: AtomicU64,
     /// Pages alive, at [`page_cost`] each.
@@ -143,30 +148,54 @@ impl SparePages {
 
     /// A page of `len` bytes whose contents are whatever they were (the caller fills it).
     fn take(&self, len: usize) -> Box<[u8]> {
-        let reused = self.pages.lock().get_mut(&len).and_then(|v| v.pop());
-        match reused {
-            Some(b) => {
-                self.spare_bytes.fetch_sub(page_cost(len), Relaxed);
-                b
+        let mut one = self.take_many(len, 1);
+        one.pop().unwrap_or_default()
+    }
+
+    /// `count` pages of `len` bytes (contents unspecified), spare ones first, under one lock.
+    fn take_many(&self, len: usize, count: usize) -> Vec<Box<[u8]>> {
+        let mut out = Vec::with_capacity(count);
+        {
+            let mut pages = self.pages.lock();
+            if let Some((_, spare)) = pages.iter_mut().find(|(l, _)| *l == len) {
+                let reused = count.min(spare.len());
+                out.extend(spare.drain(spare.len() - reused..));
             }
-            None => vec![0u8; len].into_boxed_slice(),
         }
+        self.spare_bytes.fetch_sub(page_cost(len) * out.len() as u64, Relaxed);
+        out.resize_with(count, || vec![0u8; len].into_boxed_slice());
+        out
     }
 
     /// Keeps `bytes` for reuse if they fit (see the bound), else frees them.
     fn give(&self, bytes: Box<[u8]>) {
-        if bytes.is_empty() {
-            return;
+        self.give_many(std::iter::once(bytes));
+    }
+
+    /// [`SparePages::give`] of several pages, under one lock.
+    fn give_many(&self, all: impl IntoIterator<Item = Box<[u8]>>) {
+        let mut freed = Vec::new();
+        {
+            let mut pages = self.pages.lock();
+            for bytes in all {
+                if bytes.is_empty() {
+                    continue;
+                }
+                let cost = page_cost(bytes.len());
+                // Under the lock, so two pages given at once cannot both take the last room.
+                let held = self.spare_bytes.load(Relaxed) + self.live_bytes.load(Relaxed);
+                if held + cost > self.capacity_bytes.load(Relaxed) {
+                    freed.push(bytes); // freed after the lock is let go
+                    continue;
+                }
+                self.spare_bytes.fetch_add(cost, Relaxed);
+                match pages.iter_mut().find(|(l, _)| *l == bytes.len()) {
+                    Some((_, spare)) => spare.push(bytes),
+                    None => pages.push((bytes.len(), vec![bytes])),
+                }
+            }
         }
-        let cost = page_cost(bytes.len());
-        let mut pages = self.pages.lock();
-        // Under the lock, so two pages given at once cannot both take the last room.
-        let held = self.spare_bytes.load(Relaxed) + self.live_bytes.load(Relaxed);
-        if held + cost > self.capacity_bytes.load(Relaxed) {
-            return;
-        }
-        self.spare_bytes.fetch_add(cost, Relaxed);
-        pages.entry(bytes.len()).or_default().push(bytes);
+        drop(freed);
     }
 
     /// Frees every spare page.
@@ -231,9 +260,7 @@ impl PagedPayload {
 
 impl Drop for PagedPayload {
     fn drop(&mut self) {
-        for bytes in self.pages.drain(..) {
-            self.spares.give(bytes);
-        }
+        self.spares.give_many(self.pages.drain(..));
     }
 }
 
@@ -450,7 +477,7 @@ impl DirtyPages {
         if !whole || self.bypasses(len) {
             return None;
         }
-        let pages = (0..len as u64 / pb).map(|_| self.spares.take(pb as usize)).collect();
+        let pages = self.spares.take_many(pb as usize, (len as u64 / pb) as usize);
         Some(PagedPayload {
             offset,
             pages,
@@ -484,6 +511,11 @@ impl DirtyPages {
     /// buffer nor the controller holds yet (what the controller itself would refuse), so the
     /// buffer never acknowledges a write it cannot destage for want of space.
     fn check_room(&self, eng: &Engine, vol: &Arc<dyn Controller>, pages: std::ops::Range<u64>) -> Result<()> {
+        // Room for every page, new or not, is room enough (the count below can only be
+        // smaller); only a pool near full needs each page looked up.
+        if eng.log.check_room((pages.end - pages.start) * page_grains(eng, &**vol)).is_ok() {
+            return Ok(());
+        }
         let st = self.state.lock();
         let held = st.volumes.get(&vol.id()).map(|v| &v.reserved);
         let fresh = pages
@@ -538,14 +570,46 @@ impl DirtyPages {
             frozen: BTreeMap::new(),
             reserved: BTreeSet::new(),
         });
-        for (p, page) in pages {
-            entry.reserve(eng, p);
-            added_bytes += cost(&page);
+        // Pages replaced, dropped after the lock is let go (a drop gives the bytes to the
+        // spare pages, under their own lock).
+        let mut superseded = Vec::new();
+        // A run of consecutive pages (every multi-page write) replaces the copies it finds
+        // in one walk of the open set rather than a search per page: a sequential rewrite
+        // finds every page there. Pages it does not find are inserted one by one.
+        let consecutive = pages.windows(2).all(|w| w[0].0 + 1 == w[1].0);
+        let mut fresh = Vec::new();
+        if consecutive && pages.len() > 1 {
+            let (first, last) = (pages[0].0, pages[pages.len() - 1].0);
+            let mut found = entry.open.range_mut(first..=last).peekable();
+            for (p, page) in pages {
+                added_bytes += cost(&page);
+                match found.next_if(|(k, _)| **k == p) {
+                    Some((_, slot)) => {
+                        // Buffered already, so its room was settled when it first came.
+                        let old = std::mem::replace(slot, page);
+                        added_bytes -= cost(&old);
+                        absorbed += 1;
+                        superseded.push(old);
+                    }
+                    None => fresh.push((p, page)),
+                }
+            }
+        } else {
+            for (p, page) in pages {
+                added_bytes += cost(&page);
+                fresh.push((p, page));
+            }
+        }
+        for (p, page) in fresh {
             added_pages += 1;
-            if let Some(old) = entry.open.insert(p, page) {
-                added_bytes -= cost(&old);
-                added_pages -= 1;
-                absorbed += 1;
+            match entry.open.insert(p, page) {
+                Some(old) => {
+                    added_bytes -= cost(&old);
+                    added_pages -= 1;
+                    absorbed += 1;
+                    superseded.push(old);
+                }
+                None => entry.reserve(eng, p),
             }
         }
         st.bytes += added_bytes;
@@ -557,6 +621,7 @@ impl DirtyPages {
             self.wake.notify_one();
         }
         drop(st);
+        drop(superseded);
         self.pages_written.fetch_add(n, Relaxed);
         self.pages_absorbed.fetch_add(absorbed, Relaxed);
         Ok(())
@@ -684,10 +749,15 @@ impl DirtyPages {
             gone.extend(v.frozen.remove(&k));
             left.push(k);
         }
+        let mut newer = Vec::new();
         for (k, page) in covered {
-            if v.open.get(k).is_some_and(|p| Arc::ptr_eq(p, page)) {
-                gone.extend(v.open.remove(k));
-                left.push(*k);
+            match v.open.get(k) {
+                Some(p) if Arc::ptr_eq(p, page) => {
+                    gone.extend(v.open.remove(k));
+                    left.push(*k);
+                }
+                Some(_) => newer.push(*k),
+                None => {}
             }
         }
         // A page with no copy left gives its room back (it is mapped below now, or trimmed).
@@ -695,6 +765,11 @@ impl DirtyPages {
             if !v.open.contains_key(&k) && !v.frozen.contains_key(&k) {
                 v.release(eng, k);
             }
+        }
+        // A copy written meanwhile stays; if what was below is gone (a trim), it now needs
+        // room of its own, which a rewrite of a buffered page does not look for again.
+        for k in newer {
+            v.reserve(eng, k);
         }
         for p in &gone {
             st.forget(p);

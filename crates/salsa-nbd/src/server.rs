@@ -313,18 +313,27 @@ struct Inbox {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
+    /// Most bytes the next [`Inbox::fill`] reads: [`Inbox::BYTES`], or [`Inbox::TAIL_BYTES`]
+    /// right after a payload too large for the inbox was read from the socket. Why: a stream
+    /// of large writes has the next payload queued behind each header, and a full fill would
+    /// take up to `BYTES` of it, each byte then copied again into the pages that keep it.
+    next_fill_bytes: usize,
 }
 
 impl Inbox {
     /// Room for the largest message parsed from it whole: a request header, or an option of
     /// up to [`proto::MAX_OPTION_BYTES`] with its header (longer ones are discarded piecewise).
     const BYTES: usize = 256 << 10;
+    /// What is read past a payload received straight from the socket: room for the headers
+    /// of the requests behind it (many small ones) and little of a large one's payload.
+    const TAIL_BYTES: usize = 4 << 10;
 
     fn new() -> Inbox {
         Inbox {
             buf: vec![0u8; Self::BYTES].into_boxed_slice(),
             start: 0,
             end: 0,
+            next_fill_bytes: Self::BYTES,
         }
     }
 
@@ -349,7 +358,9 @@ impl Inbox {
         if self.end == self.buf.len() {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "message larger than the receive buffer"));
         }
-        match stream.read(&mut self.buf[self.end..]) {
+        let limit = (self.end + self.next_fill_bytes).min(self.buf.len());
+        self.next_fill_bytes = Self::BYTES;
+        match stream.read(&mut self.buf[self.end..limit]) {
             Ok(0) => Ok(false),
             Ok(n) => {
                 self.end += n;
@@ -818,12 +829,29 @@ fn read_exact_vectored_or_stop(stream: &mut Stream, inbox: &mut Inbox, dests: &m
         inbox.consume(have);
         fill(&mut first, &mut at, have, dests);
     }
+    if first == dests.len() {
+        return Ok(true);
+    }
+    // The rest comes from the socket; the inbox is empty. The last read also takes up to
+    // `Inbox::TAIL_BYTES` of what follows into the inbox (the next request's header, without
+    // a system call of its own), and the fill after it is kept as small, so a next payload
+    // queued behind its header is not read into the inbox and copied again.
+    inbox.start = 0;
+    inbox.end = 0;
+    inbox.next_fill_bytes = Inbox::TAIL_BYTES;
     while first < dests.len() {
         // At most IOV_MAX (1024 on Linux) buffers per call.
         let rest = &mut dests[first..];
-        let mut slices: Vec<io::IoSliceMut<'_>> = Vec::with_capacity(rest.len().min(MAX_IOVECS));
+        let last_read = rest.len() < MAX_IOVECS;
+        let mut slices: Vec<io::IoSliceMut<'_>> = Vec::with_capacity(rest.len().min(MAX_IOVECS) + 1);
+        let mut wanted = 0;
         for (i, d) in rest.iter_mut().take(MAX_IOVECS).enumerate() {
-            slices.push(io::IoSliceMut::new(if i == 0 { &mut d[at..] } else { &mut d[..] }));
+            let d = if i == 0 { &mut d[at..] } else { &mut d[..] };
+            wanted += d.len();
+            slices.push(io::IoSliceMut::new(d));
+        }
+        if last_read {
+            slices.push(io::IoSliceMut::new(&mut inbox.buf[..Inbox::TAIL_BYTES]));
         }
         let n = match stream.read_vectored(&mut slices) {
             Ok(0) => return Ok(false),
@@ -837,7 +865,9 @@ fn read_exact_vectored_or_stop(stream: &mut Stream, inbox: &mut Inbox, dests: &m
             Err(e) => return Err(e.to_string()),
         };
         drop(slices);
-        fill(&mut first, &mut at, n, dests);
+        let past = n.saturating_sub(wanted);
+        inbox.end = past;
+        fill(&mut first, &mut at, n - past, dests);
     }
     Ok(true)
 }
@@ -1019,6 +1049,37 @@ mod tests {
         let mut after = [0u8; 40];
         assert!(read_exact_or_stop(&mut stream, &mut inbox, &mut after, &stop).unwrap());
         assert_eq!(&after[..], &payload[5 * 4096 + 60..]);
+    }
+
+    /// A payload read from the socket takes the bytes behind it into the inbox, at most
+    /// `Inbox::TAIL_BYTES` of them, and the fill after it reads no more than that: a large
+    /// payload queued behind the next header is left on the socket for its own pages, not
+    /// read into the inbox to be copied again. The bytes still arrive whole and in order.
+    #[test]
+    fn a_payload_read_from_the_socket_takes_only_a_small_tail_into_the_inbox() {
+        let (client, server) = UnixStream::pair().unwrap();
+        let mut stream = Stream::Unix(server);
+        let all: Vec<u8> = (0..3 * 4096 + 40 + (64 << 10)).map(|i| (i * 13 + i / 251) as u8).collect();
+        let mut c = client;
+        c.write_all(&all).unwrap();
+        let mut inbox = Inbox::new();
+        let stop = AtomicBool::new(false);
+        let mut pages = vec![vec![0u8; 4096]; 3];
+        let mut dests: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
+        assert!(read_exact_vectored_or_stop(&mut stream, &mut inbox, &mut dests, &stop).unwrap());
+        assert!(pages.concat() == all[..3 * 4096], "the payload's bytes");
+        let tail = inbox.data().len();
+        assert!(tail > 0 && tail <= Inbox::TAIL_BYTES, "took {tail} bytes past the payload");
+        assert_eq!(inbox.data(), &all[3 * 4096..3 * 4096 + tail]);
+        inbox.consume(tail);
+        assert!(inbox.fill(&mut stream).unwrap());
+        assert!(inbox.data().len() <= Inbox::TAIL_BYTES, "a full fill right after a large payload");
+        assert_eq!(inbox.data(), &all[3 * 4096 + tail..3 * 4096 + tail + inbox.data().len()]);
+        // Later fills read as much as there is again.
+        let got = inbox.data().len();
+        inbox.consume(got);
+        assert!(inbox.fill(&mut stream).unwrap());
+        assert_eq!(inbox.data().len(), all.len() - 3 * 4096 - tail - got);
     }
 
     /// Nothing to read (a request without payload) is a full read at once, with nothing
