@@ -507,6 +507,29 @@ impl DirtyPages {
         self.insert(eng, vol, pages)
     }
 
+    /// [`DirtyPages::write_paged`] if the buffer has room for the pages at once: `Ok(None)`
+    /// once they are buffered, `Ok(Some(payload))` with nothing written when the write would
+    /// wait for a destage to make room. It never waits and never touches a device, so a
+    /// front-end can run it on the thread that received the write.
+    pub fn write_paged_now(&self, eng: &Engine, vol: &Arc<dyn Controller>, mut payload: PagedPayload) -> Result<Option<PagedPayload>> {
+        let pb = vol.page_bytes() as u64;
+        let first = payload.offset / pb;
+        let count = payload.pages.len() as u64;
+        debug_assert!(payload.has_pages_of(pb as usize));
+        self.check_room(eng, vol, first..first + count)?;
+        let st = self.state.lock();
+        if st.bytes + count * page_cost(pb as usize) > self.capacity() {
+            return Ok(Some(payload));
+        }
+        let pages = std::mem::take(&mut payload.pages)
+            .into_iter()
+            .enumerate()
+            .map(|(i, bytes)| (first + i as u64, self.spares.wrap(bytes)))
+            .collect();
+        self.insert_locked(st, eng, vol, pages);
+        Ok(None)
+    }
+
     /// Refuses a write of `pages` when the pool has no room for those of them that neither the
     /// buffer nor the controller holds yet (what the controller itself would refuse), so the
     /// buffer never acknowledges a write it cannot destage for want of space.
@@ -543,6 +566,14 @@ impl DirtyPages {
     /// Puts whole pages into the volume's open set, waiting for room first.
     fn insert(&self, eng: &Engine, vol: &Arc<dyn Controller>, pages: Vec<(u64, Page)>) -> Result<()> {
         let need: u64 = pages.iter().map(|(_, p)| cost(p)).sum();
+        let st = self.wait_for_room(eng, need)?;
+        self.insert_locked(st, eng, vol, pages);
+        Ok(())
+    }
+
+    /// The state, locked, once the buffer has room for `need` more bytes: a writer that finds
+    /// it full wakes the destager and waits (or, without one, destages itself).
+    fn wait_for_room(&self, eng: &Engine, need: u64) -> Result<parking_lot::MutexGuard<'_, State>> {
         let capacity = self.capacity();
         let mut st = self.state.lock();
         let mut waited = false;
@@ -562,6 +593,12 @@ impl DirtyPages {
                 st = self.state.lock();
             }
         }
+        Ok(st)
+    }
+
+    /// Puts whole pages into the volume's open set, under the state's lock (which it lets go).
+    fn insert_locked(&self, mut st: parking_lot::MutexGuard<'_, State>, eng: &Engine, vol: &Arc<dyn Controller>, pages: Vec<(u64, Page)>) {
+        let capacity = self.capacity();
         let (mut added_bytes, mut added_pages, mut absorbed) = (0u64, 0u64, 0u64);
         let n = pages.len() as u64;
         let entry = st.volumes.entry(vol.id()).or_insert_with(|| VolumePages {
@@ -624,7 +661,6 @@ impl DirtyPages {
         drop(superseded);
         self.pages_written.fetch_add(n, Relaxed);
         self.pages_absorbed.fetch_add(absorbed, Relaxed);
-        Ok(())
     }
 
     /// Writes `data` to the controller itself (a large write, or one that must be durable at

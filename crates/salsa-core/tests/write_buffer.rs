@@ -358,6 +358,51 @@ fn a_paged_payload_becomes_the_buffered_pages() {
     assert!(plain.paged_payload(0, PAGE).is_none(), "an unbuffered volume copies");
 }
 
+/// A paged write that needs no wait is buffered at once; one that would have to wait for room
+/// is handed back with nothing written or counted, and the waiting path then writes it.
+#[test]
+fn a_paged_write_now_is_buffered_at_once_or_handed_back_untouched() {
+    let (pool, _) = memory_pool(64, &buffered(MIB));
+    let vol = pool.create_volume("v", 8 * MIB, PAGE as u32).unwrap();
+    let run = 64u64; // pages per write: 256 KiB, a quarter of the buffer
+    let fill = |first: u64, v: u64| {
+        let mut payload = vol.paged_payload(first * PAGE as u64, run as usize * PAGE).unwrap();
+        for (i, p) in payload.pages_mut().enumerate() {
+            p.copy_from_slice(&page((first + i as u64) * 1000 + v));
+        }
+        payload
+    };
+    write_pages(&vol, 4 * run, 1);
+    pool.flush().unwrap();
+    let user_before = pool.stats().user_bytes_written;
+    for r in 0..3 {
+        assert!(vol.write_paged_now(fill(r * run, 2)).unwrap().is_none(), "room for run {r}");
+    }
+    let w = pool.stats().write_buffer.unwrap();
+    assert_eq!(w.dirty_pages, 3 * run, "{w:?}");
+    assert_eq!(pool.stats().user_bytes_written, user_before + 3 * run * PAGE as u64);
+    check_range(&vol, 0..3 * run, 2);
+    // A fourth run would take the buffer past its megabyte (each page counts 64 bytes more).
+    let back = vol.write_paged_now(fill(3 * run, 2)).unwrap().expect("no room without a wait");
+    let after = pool.stats().write_buffer.unwrap();
+    assert_eq!(
+        (after.dirty_pages, after.dirty_bytes, after.pages_written, after.writer_waits),
+        (w.dirty_pages, w.dirty_bytes, w.pages_written, w.writer_waits),
+        "nothing buffered, nobody waited"
+    );
+    assert_eq!(
+        pool.stats().user_bytes_written,
+        user_before + 3 * run * PAGE as u64,
+        "nothing counted"
+    );
+    check_range(&vol, 3 * run..4 * run, 1);
+    vol.write_paged(back).unwrap();
+    check_range(&vol, 0..4 * run, 2);
+    pool.flush().unwrap();
+    check_range(&vol, 0..4 * run, 2);
+    pool.close().unwrap();
+}
+
 /// Pages written down are kept for the next writes (no allocation, no page faults), within
 /// the capacity, and given back to the system once the buffer has stayed empty for its expiry.
 #[test]

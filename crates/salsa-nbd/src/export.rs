@@ -44,6 +44,11 @@ pub trait Export: Send + Sync {
     fn write_paged(&self, payload: PagedPayload) -> salsa_core::Result<()> {
         self.write(payload.offset(), &payload.to_vec())
     }
+    /// [`Export::write_paged`] if it needs no wait (no device write, no wait for room):
+    /// `Ok(None)` once written, `Ok(Some(payload))` with nothing written otherwise.
+    fn write_paged_now(&self, payload: PagedPayload) -> salsa_core::Result<Option<PagedPayload>> {
+        Ok(Some(payload))
+    }
     fn flush(&self) -> salsa_core::Result<()>;
     fn trim(&self, offset: u64, len: u64) -> salsa_core::Result<()>;
     /// Makes the range read as zeros.
@@ -87,6 +92,9 @@ impl Export for Volume {
     }
     fn write_paged(&self, payload: PagedPayload) -> salsa_core::Result<()> {
         Volume::write_paged(self, payload)
+    }
+    fn write_paged_now(&self, payload: PagedPayload) -> salsa_core::Result<Option<PagedPayload>> {
+        Volume::write_paged_now(self, payload)
     }
     fn flush(&self) -> salsa_core::Result<()> {
         Volume::flush(self)

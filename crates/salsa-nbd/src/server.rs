@@ -407,13 +407,6 @@ fn execute(conn: &Connection, request: Request, payload: &[u8], out: &mut Vec<u8
     let structured = conn.negotiated.structured_replies;
     let cookie = req.cookie;
     let fail = |out: &mut Vec<u8>, errno: u32, msg: &str| error_reply(out, structured, cookie, errno, msg);
-    let ok = |out: &mut Vec<u8>| {
-        if structured {
-            proto::structured_done(out, cookie);
-        } else {
-            proto::simple_reply(out, cookie, 0, &[]);
-        }
-    };
     let with_fua = |r: salsa_core::Result<()>, fua: bool| r.and_then(|_| if fua { vol.flush() } else { Ok(()) });
     let result: salsa_core::Result<()> = match cmd {
         Command::Read { offset, length, .. } => {
@@ -461,11 +454,17 @@ fn execute(conn: &Connection, request: Request, payload: &[u8], out: &mut Vec<u8
         }
         Command::Disconnect => Ok(()),
     };
+    status_reply(out, structured, cookie, &cmd, result);
+}
+
+/// Appends the reply to a request that returns no data: done, or its error.
+fn status_reply(out: &mut Vec<u8>, structured: bool, cookie: u64, cmd: &Command, result: salsa_core::Result<()>) {
     match result {
-        Ok(()) => ok(out),
+        Ok(()) if structured => proto::structured_done(out, cookie),
+        Ok(()) => proto::simple_reply(out, cookie, 0, &[]),
         Err(e) => {
             tracing::warn!("request {cmd} failed: {e}");
-            fail(out, errno_of(&e), &e.to_string())
+            error_reply(out, structured, cookie, errno_of(&e), &e.to_string())
         }
     }
 }
@@ -500,6 +499,33 @@ fn append_read_reply(
 /// [`MEMORY_REPLY_BATCH_BYTES`] whose data is all in memory;
 /// `false` (nothing appended) for any other request, and for a read that needs a device or
 /// fails (it is then executed as usual, which reports the error).
+/// Answers, into `answered`, a request that needs no wait, on the thread that received it: a
+/// read whose data is all in memory, or a write (without FUA) whose pages the write buffer
+/// takes at once. Gives the request back when a thread that may wait must execute it.
+fn answer_at_once(conn: &Connection, request: Request, answered: &mut Vec<u8>) -> Option<Request> {
+    match request.cmd {
+        Command::Read { .. } if answer_from_memory(conn, &request, answered) => None,
+        Command::Write { fua: false, .. } => {
+            let Request { req, cmd, held } = request;
+            let pages = match held {
+                Some(Held::Pages(pages)) => pages,
+                held => return Some(Request { req, cmd, held }),
+            };
+            let result = match conn.volume.write_paged_now(pages) {
+                Ok(None) => Ok(()),
+                Ok(Some(pages)) => {
+                    let held = Some(Held::Pages(pages));
+                    return Some(Request { req, cmd, held });
+                }
+                Err(e) => Err(e),
+            };
+            status_reply(answered, conn.negotiated.structured_replies, req.cookie, &cmd, result);
+            None
+        }
+        _ => Some(request),
+    }
+}
+
 fn answer_from_memory(conn: &Connection, request: &Request, answered: &mut Vec<u8>) -> bool {
     let Command::Read { offset, length, .. } = request.cmd else {
         return false;
@@ -635,12 +661,12 @@ fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, tls: &Tls, 
 /// request stream ends. While it executes, another thread (started here if none is waiting and
 /// the limit allows) takes the next request.
 ///
-/// A read whose data is all in memory is answered by the thread holding the receiver, without
-/// letting go of it: handing the receiver to another thread costs two context switches, more
-/// than such a read. Its reply waits in `answered`, so that the replies to the reads of one
-/// burst go out in one send: `answered` is sent before the receiver waits for the socket,
-/// when it reaches [`MEMORY_REPLY_BATCH_BYTES`], and before a request that may wait is
-/// executed.
+/// A read whose data is all in memory, and a write the write buffer takes without waiting, is
+/// answered by the thread holding the receiver, without letting go of it: handing the
+/// receiver to another thread costs two context switches, more than such a request. Its reply
+/// waits in `answered`, so that the replies to the requests of one burst go out in one send:
+/// `answered` is sent before the receiver waits for the socket, when it reaches
+/// [`MEMORY_REPLY_BATCH_BYTES`], and before a request that may wait is executed.
 fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>, conn: &'env Connection, stop: &'env AtomicBool) {
     let mut out = Vec::new();
     let mut payload = Vec::new();
@@ -657,7 +683,7 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
                 }
                 match next_request(&mut rx, conn, stop, &mut payload, &mut answered) {
                     Ok(Some(r)) => {
-                        if !answer_from_memory(conn, &r, &mut answered) {
+                        if let Some(r) = answer_at_once(conn, r, &mut answered) {
                             break Some(r);
                         }
                         if answered.len() >= MEMORY_REPLY_BATCH_BYTES {

@@ -464,6 +464,24 @@ impl Volume {
         self.checked_write(offset, len, || self.eng.dirty.write_paged(&self.eng, &self.vol, payload))
     }
 
+    /// [`Volume::write_paged`] if it needs no wait: `Ok(None)` once the pages are buffered,
+    /// `Ok(Some(payload))` with nothing written when the write buffer would first have to make
+    /// room (or the volume does not buffer writes): then write it with
+    /// [`Volume::write_paged`] on a thread that may wait. A front-end runs it on the thread
+    /// that received the write, as it does [`Volume::read_from_memory`].
+    pub fn write_paged_now(&self, payload: PagedPayload) -> Result<Option<PagedPayload>> {
+        let (offset, len) = (payload.offset(), payload.len());
+        if !self.buffered() || !payload.has_pages_of(self.page_bytes() as usize) {
+            return Ok(Some(payload));
+        }
+        self.check_write(offset, len)?;
+        let left = self.eng.dirty.write_paged_now(&self.eng, &self.vol, payload)?;
+        if left.is_none() {
+            self.count_written(len);
+        }
+        Ok(left)
+    }
+
     /// [`Volume::write`] of `data`, which is all of `payload` when one is given.
     fn write_from(&self, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
         self.checked_write(offset, data.len(), || {
@@ -478,11 +496,21 @@ impl Volume {
     /// Runs `write` of `len` bytes at `offset` once the range and the pool are checked, and
     /// counts its bytes.
     fn checked_write(&self, offset: u64, len: usize, write: impl FnOnce() -> Result<()>) -> Result<()> {
-        self.check(offset, len as u64)?;
-        self.eng.log.check_writable()?;
+        self.check_write(offset, len)?;
         write()?;
-        self.eng.log.counters().user_bytes_written.fetch_add(len as u64, SeqCst);
+        self.count_written(len);
         Ok(())
+    }
+
+    /// Refuses a write of `len` bytes at `offset` outside the volume, or to a pool that no
+    /// longer takes writes.
+    fn check_write(&self, offset: u64, len: usize) -> Result<()> {
+        self.check(offset, len as u64)?;
+        self.eng.log.check_writable()
+    }
+
+    fn count_written(&self, len: usize) {
+        self.eng.log.counters().user_bytes_written.fetch_add(len as u64, SeqCst);
     }
 
     /// Writes and makes the write durable before returning (FUA).
