@@ -101,8 +101,21 @@ impl std::ops::Deref for PageBuf {
     }
 }
 
+impl PageBuf {
+    /// The page's bytes, no longer counted as alive, for the caller to give back (several at
+    /// once: [`SparePages::give_many`]).
+    fn into_bytes(mut self) -> Box<[u8]> {
+        let bytes = std::mem::take(&mut self.bytes);
+        self.spares.live_bytes.fetch_sub(page_cost(bytes.len()), Relaxed);
+        bytes
+    }
+}
+
 impl Drop for PageBuf {
     fn drop(&mut self) {
+        if self.bytes.is_empty() {
+            return; // taken by `into_bytes`
+        }
         let bytes = std::mem::take(&mut self.bytes);
         self.spares.live_bytes.fetch_sub(page_cost(bytes.len()), Relaxed);
         self.spares.give(bytes);
@@ -169,33 +182,38 @@ impl SparePages {
 
     /// Keeps `bytes` for reuse if they fit (see the bound), else frees them.
     fn give(&self, bytes: Box<[u8]>) {
-        self.give_many(std::iter::once(bytes));
+        let refused = self.keep(&mut self.pages.lock(), bytes);
+        drop(refused); // freed after the lock is let go
     }
 
-    /// [`SparePages::give`] of several pages, under one lock.
-    fn give_many(&self, all: impl IntoIterator<Item = Box<[u8]>>) {
-        let mut freed = Vec::new();
+    /// [`SparePages::give`] of several pages, under one lock. A vector, not an iterator: no
+    /// code of the caller's may run under the lock (dropping a page there would take it again).
+    fn give_many(&self, all: Vec<Box<[u8]>>) {
+        let mut refused = Vec::new();
         {
             let mut pages = self.pages.lock();
-            for bytes in all {
-                if bytes.is_empty() {
-                    continue;
-                }
-                let cost = page_cost(bytes.len());
-                // Under the lock, so two pages given at once cannot both take the last room.
-                let held = self.spare_bytes.load(Relaxed) + self.live_bytes.load(Relaxed);
-                if held + cost > self.capacity_bytes.load(Relaxed) {
-                    freed.push(bytes); // freed after the lock is let go
-                    continue;
-                }
-                self.spare_bytes.fetch_add(cost, Relaxed);
-                match pages.iter_mut().find(|(l, _)| *l == bytes.len()) {
-                    Some((_, spare)) => spare.push(bytes),
-                    None => pages.push((bytes.len(), vec![bytes])),
-                }
-            }
+            refused.extend(all.into_iter().filter_map(|bytes| self.keep(&mut pages, bytes)));
         }
-        drop(freed);
+        drop(refused);
+    }
+
+    /// Keeps `bytes` in `pages` (the locked spare pages) if they fit; else gives them back.
+    /// Under the lock, so two pages given at once cannot both take the last room.
+    fn keep(&self, pages: &mut Vec<SpareSize>, bytes: Box<[u8]>) -> Option<Box<[u8]>> {
+        if bytes.is_empty() {
+            return None;
+        }
+        let cost = page_cost(bytes.len());
+        let held = self.spare_bytes.load(Relaxed) + self.live_bytes.load(Relaxed);
+        if held + cost > self.capacity_bytes.load(Relaxed) {
+            return Some(bytes);
+        }
+        self.spare_bytes.fetch_add(cost, Relaxed);
+        match pages.iter_mut().find(|(l, _)| *l == bytes.len()) {
+            Some((_, spare)) => spare.push(bytes),
+            None => pages.push((bytes.len(), vec![bytes])),
+        }
+        None
     }
 
     /// Frees every spare page.
@@ -260,7 +278,7 @@ impl PagedPayload {
 
 impl Drop for PagedPayload {
     fn drop(&mut self) {
-        self.spares.give_many(self.pages.drain(..));
+        self.spares.give_many(std::mem::take(&mut self.pages));
     }
 }
 
@@ -609,7 +627,7 @@ impl DirtyPages {
         });
         // Pages replaced, dropped after the lock is let go (a drop gives the bytes to the
         // spare pages, under their own lock).
-        let mut superseded = Vec::new();
+        let mut superseded = Vec::with_capacity(pages.len());
         // A run of consecutive pages (every multi-page write) replaces the copies it finds
         // in one walk of the open set rather than a search per page: a sequential rewrite
         // finds every page there. Pages it does not find are inserted one by one.
@@ -658,7 +676,10 @@ impl DirtyPages {
             self.wake.notify_one();
         }
         drop(st);
-        drop(superseded);
+        // The replaced pages nobody else holds go back to the spare pages under one lock; a
+        // page a destage or a read still holds goes back when they let go of it.
+        let unheld = superseded.into_iter().filter_map(|p| Arc::try_unwrap(p).ok());
+        self.spares.give_many(unheld.map(PageBuf::into_bytes).collect());
         self.pages_written.fetch_add(n, Relaxed);
         self.pages_absorbed.fetch_add(absorbed, Relaxed);
     }

@@ -403,6 +403,24 @@ fn a_paged_write_now_is_buffered_at_once_or_handed_back_untouched() {
     pool.close().unwrap();
 }
 
+/// A page replaced while buffered goes back to the spare pages at once, and the next write
+/// takes it: rewriting a buffered region allocates nothing.
+#[test]
+fn pages_replaced_while_buffered_are_reused() {
+    let (pool, vol) = pool_with_destager(3_600_000);
+    let cost = PAGE as u64 + 64;
+    let run = |v: u64| -> Vec<u8> { (0..8).flat_map(|p| page(p * 1000 + v)).collect() };
+    vol.write(0, &run(1)).unwrap();
+    assert_eq!(pool.stats().write_buffer.unwrap().spare_bytes, 0);
+    for v in 2..5 {
+        vol.write(0, &run(v)).unwrap();
+        let w = pool.stats().write_buffer.unwrap();
+        assert_eq!((w.dirty_pages, w.spare_bytes), (8, 8 * cost), "after version {v}: {w:?}");
+        check_pages(&vol, 8, v);
+    }
+    pool.close().unwrap();
+}
+
 /// Pages written down are kept for the next writes (no allocation, no page faults), within
 /// the capacity, and given back to the system once the buffer has stayed empty for its expiry.
 #[test]

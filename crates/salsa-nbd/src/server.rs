@@ -50,6 +50,9 @@ const MAX_DISCARD_BYTES: u32 = 64 << 20;
 const POLL: Duration = Duration::from_millis(100);
 /// Buffers per vectored read (Linux's `IOV_MAX`).
 const MAX_IOVECS: usize = 1024;
+/// A payload whose rest read from the socket is at least this large is followed by a small
+/// receive-buffer fill (see `read_exact_vectored_or_stop`).
+const LARGE_PAYLOAD_BYTES: usize = 64 << 10;
 
 /// Where and how to serve.
 #[derive(Debug, Clone)]
@@ -860,11 +863,16 @@ fn read_exact_vectored_or_stop(stream: &mut Stream, inbox: &mut Inbox, dests: &m
     }
     // The rest comes from the socket; the inbox is empty. The last read also takes up to
     // `Inbox::TAIL_BYTES` of what follows into the inbox (the next request's header, without
-    // a system call of its own), and the fill after it is kept as small, so a next payload
-    // queued behind its header is not read into the inbox and copied again.
+    // a system call of its own). After a large payload the fill that follows is kept as
+    // small, so that a next large payload queued behind its header is not read into the
+    // inbox and copied again; after a small one, a full fill takes the next requests in one
+    // system call.
     inbox.start = 0;
     inbox.end = 0;
-    inbox.next_fill_bytes = Inbox::TAIL_BYTES;
+    let rest_bytes: usize = dests[first..].iter().map(|d| d.len()).sum::<usize>() - at;
+    if rest_bytes >= LARGE_PAYLOAD_BYTES {
+        inbox.next_fill_bytes = Inbox::TAIL_BYTES;
+    }
     while first < dests.len() {
         // At most IOV_MAX (1024 on Linux) buffers per call.
         let rest = &mut dests[first..];
@@ -1078,34 +1086,45 @@ mod tests {
     }
 
     /// A payload read from the socket takes the bytes behind it into the inbox, at most
-    /// `Inbox::TAIL_BYTES` of them, and the fill after it reads no more than that: a large
-    /// payload queued behind the next header is left on the socket for its own pages, not
-    /// read into the inbox to be copied again. The bytes still arrive whole and in order.
+    /// `Inbox::TAIL_BYTES` of them. After a large payload the fill that follows reads no more
+    /// than that: a large payload queued behind the next header is left on the socket for its
+    /// own pages, not read into the inbox to be copied again. After a small one the next fill
+    /// is a full one. The bytes arrive whole and in order either way.
     #[test]
     fn a_payload_read_from_the_socket_takes_only_a_small_tail_into_the_inbox() {
-        let (client, server) = UnixStream::pair().unwrap();
-        let mut stream = Stream::Unix(server);
-        let all: Vec<u8> = (0..3 * 4096 + 40 + (64 << 10)).map(|i| (i * 13 + i / 251) as u8).collect();
-        let mut c = client;
-        c.write_all(&all).unwrap();
-        let mut inbox = Inbox::new();
-        let stop = AtomicBool::new(false);
-        let mut pages = vec![vec![0u8; 4096]; 3];
-        let mut dests: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
-        assert!(read_exact_vectored_or_stop(&mut stream, &mut inbox, &mut dests, &stop).unwrap());
-        assert!(pages.concat() == all[..3 * 4096], "the payload's bytes");
-        let tail = inbox.data().len();
-        assert!(tail > 0 && tail <= Inbox::TAIL_BYTES, "took {tail} bytes past the payload");
-        assert_eq!(inbox.data(), &all[3 * 4096..3 * 4096 + tail]);
-        inbox.consume(tail);
-        assert!(inbox.fill(&mut stream).unwrap());
-        assert!(inbox.data().len() <= Inbox::TAIL_BYTES, "a full fill right after a large payload");
-        assert_eq!(inbox.data(), &all[3 * 4096 + tail..3 * 4096 + tail + inbox.data().len()]);
-        // Later fills read as much as there is again.
-        let got = inbox.data().len();
-        inbox.consume(got);
-        assert!(inbox.fill(&mut stream).unwrap());
-        assert_eq!(inbox.data().len(), all.len() - 3 * 4096 - tail - got);
+        for (pages, small_fill_after) in [(32usize, true), (3, false)] {
+            let (client, server) = UnixStream::pair().unwrap();
+            let mut stream = Stream::Unix(server);
+            let payload_bytes = pages * 4096;
+            let all: Vec<u8> = (0..payload_bytes + 40 + (64 << 10)).map(|i| (i * 13 + i / 251) as u8).collect();
+            let sent = all.clone();
+            let writer = std::thread::spawn(move || {
+                let mut c = client;
+                c.write_all(&sent).unwrap();
+                c // kept open until joined
+            });
+            // Let the whole stream be queued before the payload is read.
+            std::thread::sleep(Duration::from_millis(100));
+            let mut inbox = Inbox::new();
+            let stop = AtomicBool::new(false);
+            let mut bufs = vec![vec![0u8; 4096]; pages];
+            let mut dests: Vec<&mut [u8]> = bufs.iter_mut().map(|p| &mut p[..]).collect();
+            assert!(read_exact_vectored_or_stop(&mut stream, &mut inbox, &mut dests, &stop).unwrap());
+            assert!(bufs.concat() == all[..payload_bytes], "the payload's bytes");
+            let tail = inbox.data().len();
+            assert!(tail > 0 && tail <= Inbox::TAIL_BYTES, "took {tail} bytes past the payload");
+            assert_eq!(inbox.data(), &all[payload_bytes..payload_bytes + tail]);
+            inbox.consume(tail);
+            assert!(inbox.fill(&mut stream).unwrap());
+            let got = inbox.data().len();
+            assert_eq!(got <= Inbox::TAIL_BYTES, small_fill_after, "fill of {got} after {pages} pages");
+            assert_eq!(inbox.data(), &all[payload_bytes + tail..payload_bytes + tail + got]);
+            inbox.consume(got);
+            let mut rest = vec![0u8; all.len() - payload_bytes - tail - got];
+            assert!(read_exact_or_stop(&mut stream, &mut inbox, &mut rest, &stop).unwrap());
+            assert!(rest == all[payload_bytes + tail + got..], "the bytes after");
+            drop(writer.join().unwrap());
+        }
     }
 
     /// Nothing to read (a request without payload) is a full read at once, with nothing
