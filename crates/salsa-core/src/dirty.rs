@@ -122,15 +122,15 @@ impl Drop for PageBuf {
     }
 }
 
+/// The spare pages of one length.
+type SpareSize = (usize, Vec<Box<[u8]>>);
+
 /// Page buffers kept for reuse, by size. Bound: a page is kept only while every page alive
 /// (buffered, or still held by a destage or a read) and every spare page, each counted as
 /// [`page_cost`], fit in the buffer's capacity; taking a spare page for a new one leaves that
 /// sum as it is. So while any page is spare, buffered and spare bytes together are within the
 /// capacity. The destager frees them all once the buffer has stayed empty for its expiry. Its
 /// lock is a leaf: nothing else is taken under it (a page may be dropped under any lock).
-/// The spare pages of one length.
-type SpareSize = (usize, Vec<Box<[u8]>>);
-
 #[derive(Default)]
 struct SparePages {
     /// Spare pages by length. A short list searched in order, not a hash map: a pool has one
@@ -511,34 +511,38 @@ impl DirtyPages {
 
     /// Buffers the pages of `payload` (pages of `vol`'s size, from
     /// [`DirtyPages::paged_payload`], range checked) without copying them.
-    pub fn write_paged(&self, eng: &Engine, vol: &Arc<dyn Controller>, mut payload: PagedPayload) -> Result<()> {
-        let pb = vol.page_bytes() as u64;
-        let first = payload.offset / pb;
-        let count = payload.pages.len() as u64;
-        debug_assert!(payload.has_pages_of(pb as usize));
-        self.check_room(eng, vol, first..first + count)?;
-        let pages = std::mem::take(&mut payload.pages)
-            .into_iter()
-            .enumerate()
-            .map(|(i, bytes)| (first + i as u64, self.spares.wrap(bytes)))
-            .collect();
-        self.insert(eng, vol, pages)
+    pub fn write_paged(&self, eng: &Engine, vol: &Arc<dyn Controller>, payload: PagedPayload) -> Result<()> {
+        let left = self.buffer_paged(eng, vol, payload, true)?;
+        debug_assert!(left.is_none(), "a write that may wait is always buffered");
+        Ok(())
     }
 
     /// [`DirtyPages::write_paged`] if the buffer has room for the pages at once: `Ok(None)`
     /// once they are buffered, `Ok(Some(payload))` with nothing written when the write would
     /// wait for a destage to make room. It never waits and never touches a device, so a
     /// front-end can run it on the thread that received the write.
-    pub fn write_paged_now(&self, eng: &Engine, vol: &Arc<dyn Controller>, mut payload: PagedPayload) -> Result<Option<PagedPayload>> {
+    pub fn write_paged_now(&self, eng: &Engine, vol: &Arc<dyn Controller>, payload: PagedPayload) -> Result<Option<PagedPayload>> {
+        self.buffer_paged(eng, vol, payload, false)
+    }
+
+    /// Buffers the pages of `payload`, first waiting for room if `wait`; without `wait`, hands
+    /// the payload back untouched when there is none.
+    fn buffer_paged(&self, eng: &Engine, vol: &Arc<dyn Controller>, mut payload: PagedPayload, wait: bool) -> Result<Option<PagedPayload>> {
         let pb = vol.page_bytes() as u64;
         let first = payload.offset / pb;
         let count = payload.pages.len() as u64;
         debug_assert!(payload.has_pages_of(pb as usize));
         self.check_room(eng, vol, first..first + count)?;
-        let st = self.state.lock();
-        if st.bytes + count * page_cost(pb as usize) > self.capacity() {
-            return Ok(Some(payload));
-        }
+        let need = count * page_cost(pb as usize);
+        let st = if wait {
+            self.wait_for_room(eng, need)?
+        } else {
+            let st = self.state.lock();
+            if st.bytes + need > self.capacity() {
+                return Ok(Some(payload));
+            }
+            st
+        };
         let pages = std::mem::take(&mut payload.pages)
             .into_iter()
             .enumerate()
@@ -631,16 +635,16 @@ impl DirtyPages {
         // A run of consecutive pages (every multi-page write) replaces the copies it finds
         // in one walk of the open set rather than a search per page: a sequential rewrite
         // finds every page there. Pages it does not find are inserted one by one.
-        let consecutive = pages.windows(2).all(|w| w[0].0 + 1 == w[1].0);
-        let mut fresh = Vec::new();
-        if consecutive && pages.len() > 1 {
+        let consecutive = pages.len() > 1 && pages.windows(2).all(|w| w[0].0 + 1 == w[1].0);
+        let fresh = if consecutive {
             let (first, last) = (pages[0].0, pages[pages.len() - 1].0);
             let mut found = entry.open.range_mut(first..=last).peekable();
+            let mut fresh = Vec::new();
             for (p, page) in pages {
-                added_bytes += cost(&page);
                 match found.next_if(|(k, _)| **k == p) {
                     Some((_, slot)) => {
                         // Buffered already, so its room was settled when it first came.
+                        added_bytes += cost(&page);
                         let old = std::mem::replace(slot, page);
                         added_bytes -= cost(&old);
                         absorbed += 1;
@@ -649,13 +653,12 @@ impl DirtyPages {
                     None => fresh.push((p, page)),
                 }
             }
+            fresh
         } else {
-            for (p, page) in pages {
-                added_bytes += cost(&page);
-                fresh.push((p, page));
-            }
-        }
+            pages
+        };
         for (p, page) in fresh {
+            added_bytes += cost(&page);
             added_pages += 1;
             match entry.open.insert(p, page) {
                 Some(old) => {

@@ -317,7 +317,7 @@ struct Inbox {
     start: usize,
     end: usize,
     /// Most bytes the next [`Inbox::fill`] reads: [`Inbox::BYTES`], or [`Inbox::TAIL_BYTES`]
-    /// right after a payload too large for the inbox was read from the socket. Why: a stream
+    /// right after at least [`LARGE_PAYLOAD_BYTES`] of a payload were read from the socket. Why: a stream
     /// of large writes has the next payload queued behind each header, and a full fill would
     /// take up to `BYTES` of it, each byte then copied again into the pages that keep it.
     next_fill_bytes: usize,
@@ -498,10 +498,6 @@ fn append_read_reply(
     r
 }
 
-/// Appends the reply to `request` to `answered` if it is a read of at most
-/// [`MEMORY_REPLY_BATCH_BYTES`] whose data is all in memory;
-/// `false` (nothing appended) for any other request, and for a read that needs a device or
-/// fails (it is then executed as usual, which reports the error).
 /// Answers, into `answered`, a request that needs no wait, on the thread that received it: a
 /// read whose data is all in memory, or a write (without FUA) whose pages the write buffer
 /// takes at once. Gives the request back when a thread that may wait must execute it.
@@ -529,6 +525,10 @@ fn answer_at_once(conn: &Connection, request: Request, answered: &mut Vec<u8>) -
     }
 }
 
+/// Appends the reply to `request` to `answered` if it is a read of at most
+/// [`MEMORY_REPLY_BATCH_BYTES`] whose data is all in memory;
+/// `false` (nothing appended) for any other request, and for a read that needs a device or
+/// fails (it is then executed as usual, which reports the error).
 fn answer_from_memory(conn: &Connection, request: &Request, answered: &mut Vec<u8>) -> bool {
     let Command::Read { offset, length, .. } = request.cmd else {
         return false;
