@@ -8,7 +8,8 @@
 //! segment is reused, a device sync; with it, a client that rewrites a region (a sequential
 //! pass over a volume, a database's hot pages) costs one log write per page per destage. A
 //! destage writes each volume's pages in logical order, so a region rewritten between two
-//! destages lands sequentially and the segments of its old copy empty whole.
+//! destages lands sequentially and the segments of its old copy empty whole. A run of 64 KiB or
+//! more goes down in a payload buffer that the log's records hold rather than copy.
 //!
 //! Owns: the dirty pages of every buffered volume (page-mapped ones: `lsa` and `extent`; the
 //! others write straight to their controller), in two sets per volume: `open`, which takes
@@ -36,6 +37,7 @@ use crate::controller::Controller;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::format::ControllerKind;
+use crate::log::payload::WriteBuffer;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -706,7 +708,7 @@ impl DirtyPages {
             .cloned()
             .collect();
         self.write_down(eng, vol, &edges)?;
-        self.write_below(eng, vol, covered.iter().map(|(p, _)| *p), offset, data)?;
+        self.write_below(eng, vol, covered.iter().map(|(p, _)| *p), offset, data, None)?;
         self.drop_superseded(eng, vol.id(), first..last, &covered);
         Ok(())
     }
@@ -758,6 +760,7 @@ impl DirtyPages {
         pages: impl Iterator<Item = u64>,
         offset: u64,
         data: &[u8],
+        payload: Option<&Arc<WriteBuffer>>,
     ) -> Result<()> {
         let gave: Vec<u64> = {
             let mut st = self.state.lock();
@@ -766,7 +769,7 @@ impl DirtyPages {
                 None => Vec::new(),
             }
         };
-        let r = vol.write(&eng.log, offset, data, None);
+        let r = vol.write(&eng.log, offset, data, payload);
         if r.is_err() && !gave.is_empty() {
             let mut st = self.state.lock();
             if let Some(v) = st.volumes.get_mut(&vol.id()) {
@@ -848,11 +851,25 @@ impl DirtyPages {
             while j < pages.len() && j - i < per_run && pages[j].0 == pages[j - 1].0 + 1 {
                 j += 1;
             }
-            let mut buf = Vec::with_capacity((j - i) * pb as usize);
-            for (_, p) in &pages[i..j] {
-                buf.extend_from_slice(p);
+            // A run long enough for a payload buffer goes down in one, which the log's records
+            // hold instead of copying the pages a second time.
+            let len = (j - i) * pb as usize;
+            let payload = eng.log.payloads().get(len).map(|mut payload| {
+                for (k, (_, p)) in pages[i..j].iter().enumerate() {
+                    payload[k * pb as usize..(k + 1) * pb as usize].copy_from_slice(p);
+                }
+                Arc::new(payload)
+            });
+            let mut buf = Vec::new();
+            if payload.is_none() {
+                buf.reserve_exact(len);
+                for (_, p) in &pages[i..j] {
+                    buf.extend_from_slice(p);
+                }
             }
-            self.write_below(eng, vol, pages[i..j].iter().map(|(p, _)| *p), pages[i].0 * pb, &buf)?;
+            let data = payload.as_deref().map_or(&buf[..], |p| &p[..]);
+            let at = pages[i].0 * pb;
+            self.write_below(eng, vol, pages[i..j].iter().map(|(p, _)| *p), at, data, payload.as_ref())?;
             self.pages_destaged.fetch_add((j - i) as u64, Relaxed);
             i = j;
         }

@@ -103,6 +103,47 @@ fn overwrites_before_a_flush_never_reach_the_log() {
     assert!(written[1] < 2 * MIB, "buffered: {} bytes for 1 MiB of pages", written[1]);
 }
 
+/// A destage hands a run of consecutive pages long enough for a payload buffer (64 KiB) to the
+/// log in one, and the records hold it instead of copying the pages a second time; pages
+/// buffered alone are copied. Everything reads back before and after a reopen, and the payload
+/// buffers go back to their pool.
+#[test]
+fn a_destage_hands_long_runs_to_the_records_uncopied() {
+    let (pool, dev) = memory_pool(64, &buffered(16 * MIB));
+    let vol = pool.create_volume("v", 16 * MIB, PAGE as u32).unwrap();
+    let run = (256 << 10) / PAGE as u64;
+    write_pages(&vol, run, 1);
+    let singles: Vec<u64> = (0..8).map(|i| 1000 + 3 * i).collect();
+    for &p in &singles {
+        write_range(&vol, p..p + 1, 1);
+    }
+    pool.flush().unwrap();
+    let st = pool.stats();
+    let (run_bytes, single_bytes) = (run * PAGE as u64, singles.len() as u64 * PAGE as u64);
+    assert!(
+        st.user_bytes_held >= run_bytes && st.user_bytes_held < run_bytes + single_bytes,
+        "{} bytes held by records, the run is {run_bytes}",
+        st.user_bytes_held
+    );
+    // (A write-back thread lets go of a record just after marking it written.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pool.stats().payload_buffer_bytes > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(pool.stats().payload_buffer_bytes, 0, "written records give their payloads back");
+    check_pages(&vol, run, 1);
+    for &p in &singles {
+        check_range(&vol, p..p + 1, 1);
+    }
+    pool.close().unwrap();
+    let pool = Pool::open(vec![dev], &buffered(16 * MIB)).unwrap();
+    let vol = pool.volume("v").unwrap();
+    check_pages(&vol, run, 1);
+    for &p in &singles {
+        check_range(&vol, p..p + 1, 1);
+    }
+}
+
 /// A buffer of 1 MiB under 32 MiB of distinct pages: it never holds more than its capacity,
 /// writers destage it themselves when it is full, and every page reads back before and after
 /// a reopen.

@@ -1002,7 +1002,7 @@ impl Log {
     /// The page at `grain` is dead (overwritten or trimmed): its cached copy goes.
     pub fn cache_forget(&self, grain: u64) {
         if let Some(c) = self.read_cache.get() {
-            c.remove(grain, self.generation_of(grain));
+            c.forget(grain, self.generation_of(grain));
         }
     }
 

@@ -14,6 +14,11 @@
 //! read from the device); the cached bytes never exceed the capacity (weights are the page
 //! bytes plus a fixed overhead per entry).
 //!
+//! Copies of pages dropped because their place died are kept (a few, [`MAX_RECYCLED_PAGES`])
+//! and filled again by the next insert: a client rewriting a region makes the cache drop and
+//! insert a page per page written, and a fresh allocation each time costs more than the copy
+//! (glibc grows and trims its heaps, and the kernel faults and zeroes the pages again).
+//!
 //! The policy is `quick_cache`'s S3-FIFO: a scan (a backup, a sequential read of a whole
 //! volume) passes through the small probationary queue and does not push out pages read
 //! repeatedly; the cache is sharded, takes no lock across a device read, and has no
@@ -24,6 +29,9 @@ use std::sync::Arc;
 
 /// Bytes counted per entry on top of its page (key, map slot, allocation header).
 const ENTRY_OVERHEAD_BYTES: u64 = 64;
+/// Most dropped copies kept for the next inserts: enough for the pages of a few records
+/// (what one write replaces before it inserts its own), little beside the capacity.
+pub const MAX_RECYCLED_PAGES: usize = 1024;
 
 #[derive(Clone)]
 struct PageWeighter;
@@ -54,6 +62,9 @@ pub struct ReadCache {
     hits: AtomicU64,
     misses: AtomicU64,
     damaged_hits: AtomicU64,
+    /// Copies dropped from the cache that nothing else holds, for [`ReadCache::insert`] to
+    /// fill again; at most [`MAX_RECYCLED_PAGES`], outside the capacity.
+    recycled: parking_lot::Mutex<Vec<Arc<[u8]>>>,
 }
 
 impl ReadCache {
@@ -66,6 +77,7 @@ impl ReadCache {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             damaged_hits: AtomicU64::new(0),
+            recycled: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
@@ -112,13 +124,46 @@ impl ReadCache {
         if page.len() as u64 + ENTRY_OVERHEAD_BYTES > self.capacity_bytes {
             return;
         }
-        self.pages.insert((grain, generation), Arc::from(page));
+        let reused = {
+            let mut recycled = self.recycled.lock();
+            // Pages of one length mostly (a pool's volumes share a page size): the last fits.
+            let at = recycled.iter().rposition(|p| p.len() == page.len());
+            at.map(|at| recycled.swap_remove(at))
+        };
+        // (Recycled copies are held by nothing else, so `get_mut` finds them unique.)
+        let copy = match reused {
+            Some(mut copy) => match Arc::get_mut(&mut copy) {
+                Some(bytes) => {
+                    bytes.copy_from_slice(page);
+                    copy
+                }
+                None => Arc::from(page),
+            },
+            None => Arc::from(page),
+        };
+        self.pages.insert((grain, generation), copy);
     }
 
-    /// Drops the copy of a page whose place no longer holds live data (overwritten, trimmed,
-    /// or moved), so it does not take room until it ages out; returns it.
+    /// Takes out the copy of a page whose place no longer holds live data (moved, or
+    /// remapped), for the caller to keep under its new place.
     pub fn remove(&self, grain: u64, generation: u64) -> Option<Arc<[u8]>> {
         self.pages.remove(&(grain, generation)).map(|(_, page)| page)
+    }
+
+    /// Drops the copy of a page whose place no longer holds live data (overwritten or
+    /// trimmed), so it does not take room until it ages out; its buffer is kept for the next
+    /// insert when nothing else holds it (a hit being served may).
+    pub fn forget(&self, grain: u64, generation: u64) {
+        if let Some((_, mut page)) = self.pages.remove(&(grain, generation)) {
+            if Arc::get_mut(&mut page).is_some() {
+                let mut recycled = self.recycled.lock();
+                if recycled.len() < MAX_RECYCLED_PAGES {
+                    recycled.push(page);
+                    return;
+                }
+            }
+            drop(page); // freed outside the lock
+        }
     }
 
     /// Keeps `page` (a copy taken from another key) under a new place.
@@ -159,6 +204,37 @@ mod tests {
         assert!(!c.get(10, 1, crc, &mut out));
         let s = c.stats();
         assert_eq!((s.hits, s.misses, s.damaged_hits), (1, 3, 1));
+    }
+
+    #[test]
+    fn a_forgotten_copy_is_filled_again_by_the_next_insert() {
+        let c = ReadCache::new(1 << 20, 4096);
+        let (a, b) = (vec![1u8; 4096], vec![2u8; 4096]);
+        c.insert(10, 1, &a);
+        let first = Arc::as_ptr(&c.pages.get(&(10, 1)).unwrap());
+        c.forget(10, 1);
+        assert_eq!(c.stats().pages, 0, "a forgotten page leaves the cache");
+        assert_eq!(c.recycled.lock().len(), 1);
+        c.insert(11, 1, &b);
+        assert_eq!(c.recycled.lock().len(), 0);
+        assert_eq!(Arc::as_ptr(&c.pages.get(&(11, 1)).unwrap()), first, "the buffer was reused");
+        let mut out = vec![0u8; 4096];
+        assert!(c.get(11, 1, crc32c::crc32c(&b), &mut out));
+        assert_eq!(out, b);
+        assert!(!c.get(10, 1, crc32c::crc32c(&a), &mut out));
+        // A copy someone still holds is not reused.
+        let held = c.pages.get(&(11, 1)).unwrap();
+        c.forget(11, 1);
+        assert_eq!(c.recycled.lock().len(), 0);
+        assert_eq!(&held[..], &b[..]);
+        // The kept copies are bounded.
+        for g in 0..MAX_RECYCLED_PAGES as u64 + 100 {
+            c.insert(1000 + g, 1, &a);
+        }
+        for g in 0..MAX_RECYCLED_PAGES as u64 + 100 {
+            c.forget(1000 + g, 1);
+        }
+        assert!(c.recycled.lock().len() <= MAX_RECYCLED_PAGES);
     }
 
     #[test]
