@@ -162,6 +162,19 @@ impl Engine {
         self.log.flush()
     }
 
+    /// Write-behind, asked for by a front-end that answered a write and has no other request
+    /// of its client under way: when the writers flush after every write
+    /// ([`Log::write_behind_due`]), what the next flush would write (the write buffer's pages,
+    /// the open user records) is written now, while the reply travels, and the flush is left
+    /// only the sync. Otherwise nothing.
+    pub fn write_behind(&self) -> Result<()> {
+        if !self.log.write_behind_due() || !self.log.claim_write_ahead() {
+            return Ok(());
+        }
+        self.dirty.destage_all(self)?;
+        self.log.write_ahead().map(|_| ())
+    }
+
     // ----- segments -----
 
     /// Allocates a segment for a stream. User writers wait for the GC (or run it, without a

@@ -190,3 +190,55 @@ fn payload_writes_are_held_by_their_records_until_written() {
     vol.read(0, &mut back).unwrap();
     assert!(back == image[..back.len()], "after reopening: other data");
 }
+
+/// Write-behind: once the writers have flushed after their writes a few times, a
+/// `write_behind` after a write writes its open record (without a sync), and the flush that
+/// follows has only the sync left; a writer that stops flushing gets at most two records
+/// written early before write-behind stops. Data written ahead is durable after the flush.
+#[test]
+fn write_behind_writes_ahead_only_for_writers_that_flush_after_every_write() {
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem0", 64 * MIB));
+    let opts = inline_gc();
+    let pool = Pool::create(vec![dev.clone()], &tiny_config(), &opts).unwrap();
+    let vol = pool.create_volume("v", 8 * MIB, PAGE as u32).unwrap();
+    let written = |pool: &Pool| pool.stats().device_bytes_written;
+    // No flushes yet: nothing is written ahead.
+    vol.write(0, &pattern(1, 0, 1)).unwrap();
+    let before = written(&pool);
+    vol.write_behind().unwrap();
+    assert_eq!(written(&pool), before, "written ahead for a writer never seen flushing");
+    pool.flush().unwrap();
+    // A writer that flushes after every write.
+    for p in 1..8u64 {
+        vol.write(p * PAGE as u64, &pattern(1, p, 1)).unwrap();
+        vol.write_behind().unwrap();
+        pool.flush().unwrap();
+    }
+    vol.write(8 * PAGE as u64, &pattern(1, 8, 1)).unwrap();
+    let before = written(&pool);
+    vol.write_behind().unwrap();
+    let ahead = written(&pool);
+    assert!(ahead > before, "a flushing writer's record is written ahead of its flush");
+    let syncs = pool.stats().syncs;
+    pool.flush().unwrap();
+    assert_eq!(written(&pool), ahead, "the flush after a write-ahead has nothing left to write");
+    assert_eq!(pool.stats().syncs, syncs + 1, "but it syncs");
+    // The writer stops flushing: the first two writes are written ahead, then none.
+    let mut wrote_ahead = Vec::new();
+    for p in 9..14u64 {
+        vol.write(p * PAGE as u64, &pattern(1, p, 1)).unwrap();
+        let before = written(&pool);
+        vol.write_behind().unwrap();
+        wrote_ahead.push(written(&pool) > before);
+    }
+    assert_eq!(wrote_ahead, [true, true, false, false, false]);
+    pool.flush().unwrap();
+    pool.close().unwrap();
+    let pool = Pool::open(vec![dev], &opts).unwrap();
+    let vol = pool.volume("v").unwrap();
+    let mut buf = vec![0u8; PAGE];
+    for p in 0..14u64 {
+        vol.read(p * PAGE as u64, &mut buf).unwrap();
+        assert!(buf == pattern(1, p, 1), "page {p} lost");
+    }
+}

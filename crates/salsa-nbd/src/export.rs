@@ -50,6 +50,12 @@ pub trait Export: Send + Sync {
         Ok(Some(payload))
     }
     fn flush(&self) -> salsa_core::Result<()>;
+    /// Called after a write is answered when no other request of the client is under way:
+    /// the export may start writing what the next flush would (see
+    /// `salsa_core::Volume::write_behind`).
+    fn write_behind(&self) -> salsa_core::Result<()> {
+        Ok(())
+    }
     fn trim(&self, offset: u64, len: u64) -> salsa_core::Result<()>;
     /// Makes the range read as zeros.
     fn write_zeroes(&self, offset: u64, len: u64) -> salsa_core::Result<()>;
@@ -98,6 +104,9 @@ impl Export for Volume {
     }
     fn flush(&self) -> salsa_core::Result<()> {
         Volume::flush(self)
+    }
+    fn write_behind(&self) -> salsa_core::Result<()> {
+        Volume::write_behind(self)
     }
     fn trim(&self, offset: u64, len: u64) -> salsa_core::Result<()> {
         Volume::trim(self, offset, len)

@@ -211,6 +211,9 @@ struct Receiver {
     stream: Stream,
     inbox: Inbox,
     ended: bool,
+    /// A write was answered by the receiving thread since it last waited for the socket: before
+    /// it waits again, it asks the volume for write-behind ([`write_behind`]).
+    wrote: bool,
 }
 
 /// One connection, served by up to `max_threads` threads in turn (leader/follower): whichever
@@ -639,6 +642,7 @@ fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, tls: &Tls, 
             stream,
             inbox,
             ended: false,
+            wrote: false,
         }),
         outbox: Mutex::new(Outbox::default()),
         drained: Condvar::new(),
@@ -686,9 +690,11 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
                 }
                 match next_request(&mut rx, conn, stop, &mut payload, &mut answered) {
                     Ok(Some(r)) => {
+                        let write = matches!(r.cmd, Command::Write { .. });
                         if let Some(r) = answer_at_once(conn, r, &mut answered) {
                             break Some(r);
                         }
+                        rx.wrote |= write;
                         if answered.len() >= MEMORY_REPLY_BATCH_BYTES {
                             send_answered(conn, &mut answered);
                         }
@@ -722,14 +728,29 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
         } else {
             request.req.payload_bytes() as usize
         };
+        let write = matches!(request.cmd, Command::Write { .. });
         execute(conn, request, &payload[..in_thread_buffer], &mut out);
         conn.send(&out);
+        if write && conn.waiting.load(SeqCst) > 0 {
+            // Answered, and another thread waits on the socket: no other request of the
+            // client is under way here.
+            write_behind(conn);
+        }
         if out.capacity() > KEEP_BUFFER_BYTES {
             out = Vec::new();
         }
         if payload.len() > KEEP_BUFFER_BYTES {
             payload = Vec::new();
         }
+    }
+}
+
+/// Asks the volume for write-behind after a write was answered with nothing else of the
+/// client under way. A failure is the pool's (it is poisoned, and the next flush or write
+/// reports it to the client), so it is only logged here.
+fn write_behind(conn: &Connection) {
+    if let Err(e) = conn.volume.write_behind() {
+        tracing::debug!("write-behind failed: {e}");
     }
 }
 
@@ -756,7 +777,7 @@ fn next_request(
     payload: &mut Vec<u8>,
     answered: &mut Vec<u8>,
 ) -> Result<Option<Request>, String> {
-    let Receiver { stream, inbox, .. } = rx;
+    let Receiver { stream, inbox, wrote, .. } = rx;
     loop {
         if stop.load(SeqCst) || conn.broken.load(SeqCst) {
             return Ok(None);
@@ -765,6 +786,11 @@ fn next_request(
             Ok(Some(r)) => r,
             Ok(None) => {
                 send_answered(conn, answered);
+                if std::mem::take(wrote) {
+                    // Every request received is answered and the client has sent nothing
+                    // more yet.
+                    write_behind(conn);
+                }
                 if !inbox.fill(stream).map_err(|e| e.to_string())? {
                     return Ok(None); // client went away
                 }

@@ -33,7 +33,7 @@ pub mod write_back;
 use crate::array::Array;
 use crate::device::StorageType;
 use crate::error::{Error, Result};
-use crate::format::{DeviceLayout, PoolMeta, RecordMeta, SegmentHeader};
+use crate::format::{DeviceLayout, PoolMeta, RecordMeta, SegmentHeader, StreamKind};
 use crate::policy::placement::SegmentView;
 use capacity::{Capacity, Purpose, SegmentState};
 use durability::{Tracker, EPOCH_SHIFT, MAX_EPOCHS, SEQ_EPOCH_SHIFT};
@@ -246,6 +246,33 @@ pub struct Log {
     pub(super) row_grains: u32,
     /// Copies of pages read from the devices (see [`read_cache`]); unset: no cache.
     read_cache: OnceLock<read_cache::ReadCache>,
+    /// Whether the writers flush after every write (see [`Log::write_behind_due`]).
+    write_behind: WriteBehind,
+}
+
+/// Write-behind for writers that flush after every write (a database's log at queue depth 1).
+/// A front-end that has answered a write and has no other request of its client under way
+/// asks for it ([`crate::engine::Engine::write_behind`]): the open user records are sealed and
+/// written then, as the next flush would, so the device write runs while the reply travels
+/// and the client sends its flush, which then only waits for it and syncs (nbdkit's
+/// `cache=none` starts the kernel's writeback at each write for the same reason). Whether the
+/// writers flush after every write is learnt from the flushes:
+/// - `score` rises by one (up to [`WriteBehind::MAX_SCORE`]) at each flush that follows
+///   writes (it seals a user record, or records were written ahead of it), and halves at each
+///   write-ahead that no flush followed before the next one; write-behind runs from
+///   [`WriteBehind::MIN_SCORE`]. A writer that never flushes pays for at most two records
+///   sealed early (a metadata page each) before it stops; one that flushes now and then
+///   never reaches the threshold.
+#[derive(Default)]
+struct WriteBehind {
+    score: AtomicU32,
+    /// Records were written ahead since the last flush.
+    unflushed: AtomicBool,
+}
+
+impl WriteBehind {
+    const MAX_SCORE: u32 = 8;
+    const MIN_SCORE: u32 = 4;
 }
 
 /// Counts a write or trim in the log's invalidations in flight for its lifetime.
@@ -277,6 +304,7 @@ impl Log {
             flush_alignment_grains,
             row_grains,
             read_cache: OnceLock::new(),
+            write_behind: WriteBehind::default(),
             pool_id,
             geo,
             array,
@@ -635,12 +663,64 @@ impl Log {
         self.check_not_poisoned()?;
         self.counters.flushes.fetch_add(1, SeqCst);
         let target = self.tracker.last_id();
+        let mut sealed_user_records = false;
         for s in self.streams_snapshot() {
             for r in s.seal_matching(self, |_| true) {
+                sealed_user_records |= r.user;
                 self.write_record(r)?;
             }
         }
+        self.note_flush(sealed_user_records);
         self.sync_through(target)
+    }
+
+    // ----- write-behind -----
+
+    /// Whether the writers have flushed after their writes lately, no write is under way, and
+    /// a flush would not pad (an array that pads a flush to its stripe would pad every
+    /// write): then the open user records are best written at once ([`Log::write_ahead`]).
+    pub fn write_behind_due(&self) -> bool {
+        self.write_behind.score.load(SeqCst) >= WriteBehind::MIN_SCORE
+            && self.flush_alignment_grains <= 1
+            && !self.invalidations_in_flight()
+    }
+
+    /// Takes the turn of a write-ahead that [`Log::write_behind_due`] allowed: refused when a
+    /// write-ahead since the last flush already went unflushed and halving the score for it
+    /// takes it below the threshold (the writers do not flush after every write).
+    pub fn claim_write_ahead(&self) -> bool {
+        let wb = &self.write_behind;
+        if wb.unflushed.swap(true, SeqCst) {
+            let before = wb.score.fetch_update(SeqCst, SeqCst, |s| Some(s / 2)).unwrap_or(0);
+            return before / 2 >= WriteBehind::MIN_SCORE;
+        }
+        true
+    }
+
+    /// Seals every open user record, as a flush would, and writes them; syncs nothing.
+    /// Returns whether there were any.
+    pub fn write_ahead(&self) -> Result<bool> {
+        self.check_writable()?;
+        let user = |r: &record::OpenRecord| matches!(r.meta.stream, StreamKind::User(_));
+        let mut any = false;
+        for s in self.streams_snapshot() {
+            for r in s.seal_matching(self, user) {
+                any = true;
+                self.write_record(r)?;
+            }
+        }
+        Ok(any)
+    }
+
+    /// A flush follows writes when it sealed user records or records were written ahead.
+    fn note_flush(&self, sealed_user_records: bool) {
+        let ahead = self.write_behind.unflushed.swap(false, SeqCst);
+        if sealed_user_records || ahead {
+            let _ = self
+                .write_behind
+                .score
+                .fetch_update(SeqCst, SeqCst, |s| Some((s + 1).min(WriteBehind::MAX_SCORE)));
+        }
     }
 
     /// Waits for records up to `target` and syncs the devices (shared by concurrent callers).

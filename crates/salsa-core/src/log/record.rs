@@ -177,6 +177,8 @@ pub struct SealedRecord {
     pub used_grains: u32,
     /// Grains of zeros written after it (see `RecordMeta::pad_grains`).
     pub pad_grains: u32,
+    /// Of a user stream (clients' writes, not GC moves or checkpoints).
+    pub user: bool,
 }
 
 #[cfg(test)]

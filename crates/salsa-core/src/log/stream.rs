@@ -259,6 +259,7 @@ impl Streams {
             buf: rec.buf,
             used_grains: used,
             pad_grains: pad,
+            user: matches!(st.kind, StreamKind::User(_)),
         })
     }
 

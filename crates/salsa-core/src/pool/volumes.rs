@@ -659,6 +659,12 @@ impl Volume {
         self.eng.flush()
     }
 
+    /// Write-behind (see [`crate::engine::Engine::write_behind`]): a front-end calls it after
+    /// answering a write when no other request of its client is under way.
+    pub fn write_behind(&self) -> Result<()> {
+        self.eng.write_behind()
+    }
+
     /// Physical grain holding page `page`, `None` when it reads as zeros (never written or
     /// trimmed).
     pub fn page_location(&self, page: u64) -> Option<u64> {
