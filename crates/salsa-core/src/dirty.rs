@@ -23,7 +23,8 @@
 //!   write that returned before a flush is durable when the flush returns (the crash contract
 //!   is the controllers', unchanged); a clean close destages before its checkpoint;
 //! - `frozen` changes only under `order`, and every change of a volume that bypasses the
-//!   buffer (trim, FUA and large writes, share, deletion) holds `order` while it writes down
+//!   buffer (trim, FUA and large writes, writes of writers that flush after every write,
+//!   share, deletion) holds `order` while it writes down
 //!   or drops the buffered pages it covers: so a destage never writes a page over a later
 //!   trim, write or remap;
 //! - the bytes held (pages and a fixed overhead each) never exceed the capacity, nor do they

@@ -620,3 +620,29 @@ fn deleting_a_volume_never_waits_for_another_volumes_buffered_pages() {
     check_pages(&b, b_pages, 5);
     assert!(pool.volume("a").is_err());
 }
+
+/// Writers that flush after every write pass the buffer (each page would be destaged by the
+/// next flush anyway); once they write 64 times without a flush, the buffer takes their
+/// writes again. Every page reads back.
+#[test]
+fn writers_that_flush_after_every_write_pass_the_buffer_until_they_stop_flushing() {
+    let (pool, _) = memory_pool(64, &buffered(8 * MIB));
+    let vol = pool.create_volume("v", 8 * MIB, PAGE as u32).unwrap();
+    let buffered_pages = |pool: &Pool| pool.stats().write_buffer.unwrap().pages_written;
+    for p in 0..6 {
+        write_range(&vol, p..p + 1, 1);
+        pool.flush().unwrap();
+    }
+    assert_eq!(buffered_pages(&pool), 4, "buffered until four flushes followed writes");
+    write_range(&vol, 6..70, 1);
+    assert_eq!(buffered_pages(&pool), 4, "64 writes without a flush pass the buffer");
+    write_range(&vol, 70..80, 1);
+    assert_eq!(
+        buffered_pages(&pool),
+        4 + 10,
+        "then a writer that stopped flushing is buffered again"
+    );
+    check_pages(&vol, 80, 1);
+    pool.flush().unwrap();
+    check_pages(&vol, 80, 1);
+}

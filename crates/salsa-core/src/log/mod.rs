@@ -263,16 +263,22 @@ pub struct Log {
 ///   [`WriteBehind::MIN_SCORE`]. A writer that never flushes pays for at most two records
 ///   sealed early (a metadata page each) before it stops; one that flushes now and then
 ///   never reaches the threshold.
+/// - the score drops to zero after [`WriteBehind::MAX_UNFLUSHED_WRITES`] writes with no flush
+///   (a bulk load after a database's commits): without it, a writer at a depth that never
+///   leaves the pool without a write under way would never let the score decay.
 #[derive(Default)]
 struct WriteBehind {
     score: AtomicU32,
     /// Records were written ahead since the last flush.
     unflushed: AtomicBool,
+    /// Writes since the last flush.
+    writes: AtomicU32,
 }
 
 impl WriteBehind {
     const MAX_SCORE: u32 = 8;
     const MIN_SCORE: u32 = 4;
+    const MAX_UNFLUSHED_WRITES: u32 = 64;
 }
 
 /// Counts a write or trim in the log's invalidations in flight for its lifetime.
@@ -680,9 +686,12 @@ impl Log {
     /// a flush would not pad (an array that pads a flush to its stripe would pad every
     /// write): then the open user records are best written at once ([`Log::write_ahead`]).
     pub fn write_behind_due(&self) -> bool {
+        self.writers_flush_every_write() && self.flush_alignment_grains <= 1 && !self.invalidations_in_flight()
+    }
+
+    /// Whether the writers have flushed after their writes lately (see [`WriteBehind`]).
+    pub fn writers_flush_every_write(&self) -> bool {
         self.write_behind.score.load(SeqCst) >= WriteBehind::MIN_SCORE
-            && self.flush_alignment_grains <= 1
-            && !self.invalidations_in_flight()
     }
 
     /// Takes the turn of a write-ahead that [`Log::write_behind_due`] allowed: refused when a
@@ -712,8 +721,18 @@ impl Log {
         Ok(any)
     }
 
+    /// Counts a user write for [`WriteBehind`]: enough of them without a flush mean the
+    /// writers do not flush after every write.
+    pub fn note_user_write(&self) {
+        let wb = &self.write_behind;
+        if wb.writes.fetch_add(1, SeqCst) + 1 == WriteBehind::MAX_UNFLUSHED_WRITES {
+            wb.score.store(0, SeqCst);
+        }
+    }
+
     /// A flush follows writes when it sealed user records or records were written ahead.
     fn note_flush(&self, sealed_user_records: bool) {
+        self.write_behind.writes.store(0, SeqCst);
         let ahead = self.write_behind.unflushed.swap(false, SeqCst);
         if sealed_user_records || ahead {
             let _ = self

@@ -456,9 +456,10 @@ impl Volume {
     /// the buffered copies.
     pub fn write_paged(&self, payload: PagedPayload) -> Result<()> {
         let (offset, len) = (payload.offset(), payload.len());
-        if !self.buffered() || !payload.has_pages_of(self.page_bytes() as usize) {
+        if !self.buffered() || !payload.has_pages_of(self.page_bytes() as usize) || self.passes_buffer() {
             // A payload made by another volume (of another page size, or one that does not
-            // buffer): its pages cannot be this volume's, so its bytes are written.
+            // buffer): its pages cannot be this volume's, so its bytes are written. Or the
+            // writers flush after every write.
             return self.write(offset, &payload.to_vec());
         }
         self.checked_write(offset, len, || self.eng.dirty.write_paged(&self.eng, &self.vol, payload))
@@ -471,7 +472,7 @@ impl Volume {
     /// that received the write, as it does [`Volume::read_from_memory`].
     pub fn write_paged_now(&self, payload: PagedPayload) -> Result<Option<PagedPayload>> {
         let (offset, len) = (payload.offset(), payload.len());
-        if !self.buffered() || !payload.has_pages_of(self.page_bytes() as usize) {
+        if !self.buffered() || !payload.has_pages_of(self.page_bytes() as usize) || self.passes_buffer() {
             return Ok(Some(payload));
         }
         self.check_write(offset, len)?;
@@ -485,7 +486,9 @@ impl Volume {
     /// [`Volume::write`] of `data`, which is all of `payload` when one is given.
     fn write_from(&self, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
         self.checked_write(offset, data.len(), || {
-            if self.buffered() {
+            if self.buffered() && self.passes_buffer() {
+                self.eng.dirty.write_through(&self.eng, &self.vol, offset, data)
+            } else if self.buffered() {
                 self.eng.dirty.write(&self.eng, &self.vol, offset, data)
             } else {
                 self.vol.write(&self.eng.log, offset, data, payload)
@@ -511,6 +514,7 @@ impl Volume {
 
     fn count_written(&self, len: usize) {
         self.eng.log.counters().user_bytes_written.fetch_add(len as u64, SeqCst);
+        self.eng.log.note_user_write();
     }
 
     /// Writes and makes the write durable before returning (FUA).
@@ -529,6 +533,14 @@ impl Volume {
     /// Whether this volume's writes go through the pool's write buffer.
     fn buffered(&self) -> bool {
         self.eng.dirty.buffers(&*self.vol)
+    }
+
+    /// Whether writes pass the write buffer although the volume has one: its writers flush
+    /// after every write, so a buffered page would be destaged by the next flush anyway, and
+    /// written ahead before it (see [`crate::engine::Engine::write_behind`]); writing it to
+    /// the controller at once spares the buffer's work for nothing.
+    fn passes_buffer(&self) -> bool {
+        self.eng.log.writers_flush_every_write()
     }
 
     /// Discards whole pages inside the range (they read as zeros); partial pages at the edges
