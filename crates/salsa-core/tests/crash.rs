@@ -368,7 +368,10 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
             0..=74 => {
                 version += 1;
                 oracle.wrote(vi, page as usize, Value::Version(version));
+                // As the NBD server does after answering a write: writes ahead what the next
+                // flush would when the workload has flushed after its writes lately.
                 vol.write(page * PAGE as u64, &pattern(vi as u32, page, version))
+                    .and_then(|_| vol.write_behind())
             }
             75..=79 if is_dual(vi) && rng.gen_bool(0.5) => {
                 // A dual-mapping volume trims whole large pages only.
