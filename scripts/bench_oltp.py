@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,6 +46,7 @@ class Target:
         self.kind, self.args = kind, args
         self.d = tempfile.mkdtemp(prefix=kind + "-", dir=work)
         self.sock = os.path.join(self.d, "nbd.sock")
+        self.control = os.path.join(self.d, "pool.ctl")
         self.image = os.path.join(self.d, "disk.img")
         self.procs, self.loop, self.fuse, self.mnt = [], None, None, None
 
@@ -52,7 +54,7 @@ class Target:
         log = open(os.path.join(self.d, "serve.log"), "w")
         if self.kind == "salsa":
             cmd = [salsa_binary(), "serve", "--no-tcp", "--unix", self.sock, "--device", "%s:%s" % (self.image, self.args.size),
-                   "--control", os.path.join(self.d, "pool.ctl")]
+                   "--control", self.control]
             uri = "nbd+unix:///default?socket=" + self.sock
         else:
             with open(self.image, "wb") as f:
@@ -86,6 +88,84 @@ class Target:
             self.procs[0].terminate()
             self.procs[0].wait()
         shutil.rmtree(self.d, ignore_errors=True)
+
+
+class Probe:
+    """What the measured run cost around a target: the server's CPU seconds, the host's idle
+    share (two cores shared by the database, its client, nbdfuse, the loop device and the
+    server: a busy host makes the server's CPU per request count), and for SALSA its flushes,
+    syncs and records written ahead (`salsa stats --json` on the control socket)."""
+
+    def __init__(self, target):
+        self.target = target
+        self.before = self.sample()
+        # Threads that end during the run (the client, PostgreSQL's backends) are seen by a
+        # sampler every half second: each thread's last sample counts.
+        self.seen, self.stop = dict(self.before[3]), threading.Event()
+        self.sampler = threading.Thread(target=self.sample_threads, daemon=True)
+        self.sampler.start()
+
+    def sample_threads(self):
+        while not self.stop.wait(0.5):
+            self.seen.update(ticks_by_command())
+
+    def sample(self):
+        pid = self.target.procs[0].pid
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        server_ticks = int(fields[11]) + int(fields[12])
+        with open("/proc/stat") as f:
+            cpu = [int(x) for x in f.readline().split()[1:]]
+        counters = {}
+        if self.target.kind == "salsa":
+            out = subprocess.run([salsa_binary(), "stats", "--json", "--control", self.target.control],
+                                 capture_output=True, text=True)
+            if out.returncode == 0:
+                j = json.loads(out.stdout)
+                counters = {k: j.get(k, 0) for k in ("flushes", "syncs", "records_written_ahead")}
+        return server_ticks, cpu, counters, ticks_by_command()
+
+    def done(self):
+        self.stop.set()
+        self.sampler.join()
+        (t0, cpu0, c0, p0), (t1, cpu1, c1, p1) = self.before, self.sample()
+        p1 = {**self.seen, **p1}
+        hz = os.sysconf("SC_CLK_TCK")
+        total = sum(cpu1) - sum(cpu0)
+        idle = (cpu1[3] + cpu1[4]) - (cpu0[3] + cpu0[4])
+        out = {"server_cpu_s": round((t1 - t0) / hz, 1), "host_idle_pct": round(100.0 * idle / total, 1) if total else None}
+        out.update({k: c1[k] - c0.get(k, 0) for k in c1})
+        # Where the host's CPU went: the six commands that took the most.
+        by = {}
+        for key, ticks in p1.items():
+            by[key[1]] = by.get(key[1], 0) + ticks - p0.get(key, 0)
+        top = sorted(by.items(), key=lambda kv: -kv[1])[:6]
+        out["cpu_s_by_command"] = {name: round(t / hz, 1) for name, t in top}
+        return out
+
+
+def ticks_by_command():
+    """CPU ticks (user + system) of every thread on the host, by (tid, command; the kernel's
+    workers under one name, as they change names with the work they take)."""
+    ticks = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            tids = os.listdir("/proc/%s/task" % pid)
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open("/proc/%s/task/%s/stat" % (pid, tid)) as f:
+                    text = f.read()
+            except OSError:
+                continue
+            comm = text[text.index("(") + 1:text.rindex(")")]
+            comm = "kworker" if comm.startswith("kworker/") else comm
+            fields = text.rsplit(")", 1)[1].split()
+            ticks[(tid, comm)] = int(fields[11]) + int(fields[12])
+    return ticks
 
 
 def parse_bytes(s):
@@ -143,38 +223,42 @@ class Postgres:
             self.started = False
 
 
-def postgres_round(mnt, d, args):
-    db = Postgres(os.path.join(mnt, "pgdata"), d)
+def postgres_round(target, d, args):
+    db = Postgres(os.path.join(target.mnt, "pgdata"), d)
     try:
         db.start(args.shared_buffers)
         db.pgbench("-i", "-q", "-s", str(args.pg_scale))
         t = time.monotonic()
+        probe = Probe(target)
         out = db.pgbench("-c", str(args.db_threads), "-j", "2", "-T", str(args.seconds))
+        cost = probe.done()
         took = time.monotonic() - t
         tps = re.search(r"tps = ([\d.]+)", out)
         lat = re.search(r"latency average = ([\d.]+) ms", out)
         if tps is None:
             raise SystemExit("pgbench printed no tps: " + out[-2000:])
-        return {"tps": float(tps.group(1)), "latency_ms_avg": float(lat.group(1)) if lat else None, "seconds": round(took, 1)}
+        return {"tps": float(tps.group(1)), "latency_ms_avg": float(lat.group(1)) if lat else None, "seconds": round(took, 1), **cost}
     finally:
         db.stop()
 
 
-def mariadb_round(mnt, d, args):
-    db = MariaDB(os.path.join(mnt, "data"), d)
+def mariadb_round(target, d, args):
+    db = MariaDB(os.path.join(target.mnt, "data"), d)
     try:
         db.start(args.buffer_pool)
         prep = sysbench(db.sock, args, "prepare")
         out, _ = prep.communicate()
         if prep.returncode != 0:
             raise SystemExit("sysbench prepare failed: " + out[-2000:])
+        probe = Probe(target)
         bench = sysbench(db.sock, args, "run", args.seconds)
         out, _ = bench.communicate()
+        cost = probe.done()
         if bench.returncode != 0:
             raise SystemExit("sysbench run failed: " + out[-2000:])
         tps = float(re.search(r"transactions:\s+\d+\s+\(([\d.]+) per sec", out).group(1))
         p95 = re.search(r"95th percentile:\s+([\d.]+)", out)
-        return {"tps": tps, "latency_ms_p95": float(p95.group(1)) if p95 else None}
+        return {"tps": tps, "latency_ms_p95": float(p95.group(1)) if p95 else None, **cost}
     finally:
         db.stop()
 
@@ -183,13 +267,13 @@ def one_round(kind, work, args, database="mariadb"):
     """One database's run on a fresh target of `kind` (salsa or nbdkit)."""
     t = Target(kind, work, args)
     try:
-        mnt = t.start()
+        t.start()
         if database == "postgres":
             # The postgres user must reach its cluster and socket below these directories.
             for path in (work, t.d):
                 os.chmod(path, 0o755)
-            return postgres_round(mnt, t.d, args)
-        return mariadb_round(mnt, t.d, args)
+            return postgres_round(t, t.d, args)
+        return mariadb_round(t, t.d, args)
     finally:
         t.close()
 

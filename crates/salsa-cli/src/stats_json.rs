@@ -56,6 +56,7 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
     // Outside the macro, whose recursion limit the object above has reached.
     j["pages_shared"] = s.pages_shared.into();
     j["share_batches"] = s.share_batches.into();
+    j["records_written_ahead"] = s.records_written_ahead.into();
     j["hole_fill_bytes"] = s.hole_fill_bytes.into();
     j["free_segments_over_holes"] = s.free_segments_over_holes.into();
     j["sync_micros"] = s.sync_micros.into();

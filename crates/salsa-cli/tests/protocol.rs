@@ -231,6 +231,51 @@ fn kill_9_during_flushing_workload_loses_nothing_flushed() {
     assert!(srv.stop().success());
 }
 
+/// Write-behind over NBD: a client that flushes after every write at queue depth 1 (what a
+/// database's commits look like) gets each write's record written right after its reply, so
+/// that the flush only syncs; `salsa stats` counts those records. When the client stops
+/// flushing, at most two more are written early. Every page reads back.
+#[test]
+fn a_client_that_flushes_after_every_write_gets_its_records_written_behind() {
+    let dir = test_dir("write-behind");
+    let srv = Server::start(&dir, "48M", &[]);
+    let device = dir.join("pool.img");
+    let written_ahead = || -> u64 {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_salsa"));
+        let (ok, out) = run(cmd.args(["stats", "--json", "--device"]).arg(&device));
+        assert!(ok, "{out}");
+        let stats: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or("")).unwrap();
+        stats["records_written_ahead"].as_u64().unwrap_or_else(|| panic!("no count: {out}"))
+    };
+    let page = |i: u64| vec![(i % 251) as u8 + 1; 4096];
+    let mut c = RawClient::connect(&srv.socket, "default");
+    assert_eq!(c.call(0, CMD_WRITE, 0, 4096, &page(0)).0, 0);
+    assert_eq!(written_ahead(), 0, "written ahead before the client was seen flushing");
+    for i in 0..32u64 {
+        assert_eq!(c.call(0, CMD_WRITE, i * 4096, 4096, &page(i)).0, 0);
+        assert_eq!(c.call(0, CMD_FLUSH, 0, 0, &[]).0, 0);
+    }
+    let flushing = written_ahead();
+    assert!(flushing >= 20, "only {flushing} of 32 flushed writes were written behind");
+    for i in 32..64u64 {
+        assert_eq!(c.call(0, CMD_WRITE, i * 4096, 4096, &page(i)).0, 0);
+    }
+    let (err, _) = c.call(0, CMD_READ, 0, 4096, &[]);
+    assert_eq!(err, 0);
+    let after = written_ahead();
+    assert!(
+        after - flushing <= 2,
+        "{} records written ahead for a client that stopped flushing",
+        after - flushing
+    );
+    for i in 0..64u64 {
+        let (err, data) = c.call(0, CMD_READ, i * 4096, 4096, &[]);
+        assert_eq!((err, data == page(i)), (0, true), "page {i}");
+    }
+    drop(c);
+    assert!(srv.stop().success());
+}
+
 /// `salsa serve --metrics`: Prometheus text at /metrics with the pool's, the volume's and the
 /// read cache's figures, moving as clients write; other paths get 404; a metrics port in use
 /// stops the start before anything is created.

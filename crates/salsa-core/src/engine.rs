@@ -172,7 +172,7 @@ impl Engine {
             return Ok(());
         }
         self.dirty.destage_all(self)?;
-        self.log.write_ahead().map(|_| ())
+        self.log.write_ahead()
     }
 
     // ----- segments -----

@@ -207,6 +207,7 @@ fn write_behind_writes_ahead_only_for_writers_that_flush_after_every_write() {
     let before = written(&pool);
     vol.write_behind().unwrap();
     assert_eq!(written(&pool), before, "written ahead for a writer never seen flushing");
+    assert_eq!(pool.stats().records_written_ahead, 0);
     pool.flush().unwrap();
     // A writer that flushes after every write.
     for p in 1..8u64 {
@@ -216,9 +217,11 @@ fn write_behind_writes_ahead_only_for_writers_that_flush_after_every_write() {
     }
     vol.write(8 * PAGE as u64, &pattern(1, 8, 1)).unwrap();
     let before = written(&pool);
+    let records_before = pool.stats().records_written_ahead;
     vol.write_behind().unwrap();
     let ahead = written(&pool);
     assert!(ahead > before, "a flushing writer's record is written ahead of its flush");
+    assert_eq!(pool.stats().records_written_ahead, records_before + 1, "one record, counted");
     let syncs = pool.stats().syncs;
     pool.flush().unwrap();
     assert_eq!(written(&pool), ahead, "the flush after a write-ahead has nothing left to write");
@@ -228,8 +231,11 @@ fn write_behind_writes_ahead_only_for_writers_that_flush_after_every_write() {
     for p in 9..14u64 {
         vol.write(p * PAGE as u64, &pattern(1, p, 1)).unwrap();
         let before = written(&pool);
+        let records_before = pool.stats().records_written_ahead;
         vol.write_behind().unwrap();
         wrote_ahead.push(written(&pool) > before);
+        let counted = pool.stats().records_written_ahead - records_before;
+        assert_eq!(counted, u64::from(written(&pool) > before), "write {p}: counted as written ahead");
     }
     assert_eq!(wrote_ahead, [true, true, false, false, false]);
     pool.flush().unwrap();

@@ -732,8 +732,9 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
         execute(conn, request, &payload[..in_thread_buffer], &mut out);
         conn.send(&out);
         if write && conn.waiting.load(SeqCst) > 0 {
-            // Answered, and another thread waits on the socket: no other request of the
-            // client is under way here.
+            // Answered, and another thread waits on the socket for the client's next
+            // request. Other workers may still hold earlier ones: the engine writes ahead
+            // only while no write is under way, which is what keeps this to idle writers.
             write_behind(conn);
         }
         if out.capacity() > KEEP_BUFFER_BYTES {

@@ -111,6 +111,12 @@ pub(crate) fn render(s: &Stats) -> String {
     );
     e.one("share_batches_total", c, "Share batches applied.", s.share_batches as f64);
     e.one(
+        "records_written_ahead_total",
+        c,
+        "User records written ahead of their flush (write-behind).",
+        s.records_written_ahead as f64,
+    );
+    e.one(
         "write_amplification",
         g,
         "Device bytes written per user byte.",

@@ -38,6 +38,12 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
         );
     }
     println!("syncs             {} for {} flushes", n("syncs"), n("flushes"));
+    if n("records_written_ahead") > 0 {
+        println!(
+            "written ahead     {} records (write-behind: the writers flush after every write)",
+            n("records_written_ahead")
+        );
+    }
     println!("map memory        {}", human(n("map_memory_bytes")));
     if n("discarded_bytes") > 0 || n("discard_errors") > 0 || n("discards_skipped") > 0 {
         println!(

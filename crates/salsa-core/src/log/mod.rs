@@ -106,6 +106,8 @@ pub struct Counters {
     /// Pages remapped by share batches (SHARE), and the batches.
     pub pages_shared: AtomicU64,
     pub share_batches: AtomicU64,
+    /// User records written ahead of their flush by write-behind ([`Log::write_ahead`]).
+    pub records_written_ahead: AtomicU64,
 }
 
 /// Where streams get new segments: the space manager above the log, which throttles writers
@@ -707,18 +709,16 @@ impl Log {
     }
 
     /// Seals every open user record, as a flush would, and writes them; syncs nothing.
-    /// Returns whether there were any.
-    pub fn write_ahead(&self) -> Result<bool> {
+    pub fn write_ahead(&self) -> Result<()> {
         self.check_writable()?;
         let user = |r: &record::OpenRecord| matches!(r.meta.stream, StreamKind::User(_));
-        let mut any = false;
         for s in self.streams_snapshot() {
             for r in s.seal_matching(self, user) {
-                any = true;
+                self.counters.records_written_ahead.fetch_add(1, SeqCst);
                 self.write_record(r)?;
             }
         }
-        Ok(any)
+        Ok(())
     }
 
     /// Counts a user write for [`WriteBehind`]: enough of them without a flush mean the

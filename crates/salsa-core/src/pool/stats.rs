@@ -67,6 +67,9 @@ pub struct Stats {
     /// Pages remapped by share batches, and the batches (since the pool was opened).
     pub pages_shared: u64,
     pub share_batches: u64,
+    /// User records written ahead of their flush by write-behind, for writers that flush
+    /// after every write (since the pool was opened).
+    pub records_written_ahead: u64,
     /// Bytes written to all members (data, metadata, padding, parity and mirror copies) per
     /// user byte written; for a linear array the same as `write_amplification`.
     pub array_write_amplification: f64,
@@ -146,6 +149,7 @@ impl Pool {
             hole_fill_bytes: c.hole_fill_bytes.load(SeqCst),
             pages_shared: c.pages_shared.load(SeqCst),
             share_batches: c.share_batches.load(SeqCst),
+            records_written_ahead: c.records_written_ahead.load(SeqCst),
             array_write_amplification: ratio(array_bytes),
             user_bytes_written: user,
             user_bytes_read: c.user_bytes_read.load(SeqCst),

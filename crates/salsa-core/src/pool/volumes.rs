@@ -486,12 +486,12 @@ impl Volume {
     /// [`Volume::write`] of `data`, which is all of `payload` when one is given.
     fn write_from(&self, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
         self.checked_write(offset, data.len(), || {
-            if self.buffered() && self.passes_buffer() {
-                self.eng.dirty.write_through(&self.eng, &self.vol, offset, data)
-            } else if self.buffered() {
-                self.eng.dirty.write(&self.eng, &self.vol, offset, data)
-            } else {
+            if !self.buffered() {
                 self.vol.write(&self.eng.log, offset, data, payload)
+            } else if self.passes_buffer() {
+                self.eng.dirty.write_through(&self.eng, &self.vol, offset, data)
+            } else {
+                self.eng.dirty.write(&self.eng, &self.vol, offset, data)
             }
         })
     }
