@@ -269,7 +269,9 @@ impl PagedPayload {
 
     /// A copy of the payload's bytes, for a writer that cannot take its pages.
     pub fn to_vec(&self) -> Vec<u8> {
-        self.pages().flatten().copied().collect()
+        // A copy per page, not per byte: this is the write path of writers that flush after
+        // every write.
+        self.pages.concat()
     }
 
     /// Whether every page is `page_bytes` long (the payload was made for a volume with pages
