@@ -748,20 +748,20 @@ impl Log {
             return self.check_not_poisoned();
         }
         self.check_not_poisoned()?;
-        match self.tracker.syncs.enter(&self.tracker, target, || self.is_poisoned()) {
-            durability::SyncTurn::Covered => {}
-            durability::SyncTurn::Stopped => return self.check_not_poisoned(),
-            durability::SyncTurn::Run(slot) => self.sync_devices(&slot)?,
+        let guard = self.tracker.sync_lock.lock();
+        if self.tracker.synced_through() < target {
+            self.sync_devices()?;
         }
+        drop(guard);
         self.release_synced();
         Ok(())
     }
 
-    /// Syncs every device and publishes how far records are durable: through `slot.upto`,
-    /// the records complete before this sync began (syncs may overlap: see [`durability`]).
-    /// A failure poisons the pool.
-    fn sync_devices(&self, slot: &durability::SyncSlot<'_>) -> Result<()> {
-        let upto = slot.upto;
+    /// Syncs every device and publishes how far records are durable. The caller holds the
+    /// sync lock, so syncs do not overlap and `synced_through` only covers records that were
+    /// complete before this sync began. A failure poisons the pool.
+    fn sync_devices(&self) -> Result<()> {
+        let upto = self.tracker.complete_through();
         let t = std::time::Instant::now();
         let r = self.array.sync_all();
         self.counters.sync_micros.fetch_add(t.elapsed().as_micros() as u64, SeqCst);
@@ -770,7 +770,6 @@ impl Log {
             return Err(e);
         }
         self.counters.syncs.fetch_add(1, SeqCst);
-        let _publish = self.tracker.syncs.publish.lock();
         // A member that failed since the last sync is recorded as failed before the writes
         // that went around it count as durable: a reopened pool must not trust it again.
         if let Some(failed) = self.array.take_failure_change() {
@@ -813,10 +812,10 @@ impl Log {
             return self.check_not_poisoned().map(|_| false);
         }
         self.check_not_poisoned()?;
-        let Some(slot) = self.tracker.syncs.enter_always(&self.tracker, || self.is_poisoned()) else {
-            return self.check_not_poisoned().map(|_| false);
-        };
-        self.sync_devices(&slot)?;
+        {
+            let _s = self.tracker.sync_lock.lock();
+            self.sync_devices()?;
+        }
         Ok(true)
     }
 
