@@ -14,8 +14,9 @@ Workloads, in this order within a round: 4 KiB random reads at queue depth 32 (a
 4 KiB random writes at queue depth 32 (long enough that SALSA's GC runs), 1 MiB sequential
 writes at queue depth 8 right after the random ones, and 4 KiB random writes each followed by
 a flush at queue depth 1 (what a database's log does). Each workload runs on every server of
-the pairing in alternation, ROUNDS times; the report gives medians and SALSA's ratio to each
-peer.
+the pairing in alternation, ROUNDS times; after each run the server gets a flush (untimed), so
+that what it deferred is written before the next server's window. The report gives medians
+and SALSA's ratio to each peer.
 
 Usage: scripts/bench_nbd.py [--pairing default|direct|all] [--size-mib 1024] [--seconds 20]
                             [--rounds 3] [--dir bench-nbd] [--only LABEL] [--salsa-arg=ARG ...]
@@ -55,6 +56,10 @@ def fio(uri, name, rw, bs, iodepth, seconds, size=None, extra=()):
     job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
     side = job["read"] if rw.endswith("read") else job["write"]
     return side["bw_bytes"] / 1e6
+
+def flush(uri):
+    """An NBD flush, sent by qemu-io."""
+    subprocess.run(["qemu-io", "-f", "raw", "-c", "flush", uri], check=True, capture_output=True)
 
 def zero_file(path, mib):
     subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "oflag=direct"], check=True, capture_output=True)
@@ -101,11 +106,15 @@ def run_pairing(pairing, a):
         for uri in uris.values():
             fio(uri, "fill", "write", "1M", 8, 0, size=vol)
         results = {}
-        work = [w for w in WORK if a.only is None or a.only in w[0]]
+        work = [w for w in WORK if a.only is None or any(o in w[0] for o in a.only.split(","))]
         for r in range(a.rounds):
             for label, rw, bs, qd, extra in work:
                 for name, uri in uris.items():
                     bw = fio(uri, label, rw, bs, qd, a.seconds, size=vol, extra=extra)
+                    # Each server writes what it deferred before the next one's window opens:
+                    # otherwise a page-cache server's writeback (or SALSA's destage) lands in
+                    # another server's measured window. Not timed.
+                    flush(uri)
                     results.setdefault(label, {}).setdefault(name, []).append(bw)
                     print(f"[{pairing}] {label:26} round {r + 1} {name:8} {bw:8.1f} MB/s", file=sys.stderr)
         stats = subprocess.run([a.salsa, "stats", "--json", "--device", f"{d}/pool.img"], capture_output=True, text=True).stdout
@@ -135,7 +144,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default="bench-nbd")
     ap.add_argument("--salsa", default="target/release/salsa")
-    ap.add_argument("--only", default=None, help="run only workloads whose label contains this")
+    ap.add_argument("--only", default=None, help="run only workloads whose label contains this (or one of these, comma-separated)")
     ap.add_argument("--salsa-arg", action="append", default=[],
                     help="one more argument for `salsa serve` (repeat for several; to try an option)")
     a = ap.parse_args()
