@@ -135,7 +135,7 @@ pub struct RawClient {
     pub flags: u16,
 }
 
-fn read_exact(s: &mut UnixStream, n: usize) -> std::io::Result<Vec<u8>> {
+pub fn read_exact(s: &mut UnixStream, n: usize) -> std::io::Result<Vec<u8>> {
     let mut b = vec![0u8; n];
     s.read_exact(&mut b)?;
     Ok(b)
@@ -167,7 +167,16 @@ impl RawClient {
     }
 
     pub fn connect(path: &Path, export: &str) -> RawClient {
+        Self::connect_with(path, export, false)
+    }
+
+    /// [`RawClient::connect`], first negotiating structured replies when `structured`.
+    pub fn connect_with(path: &Path, export: &str, structured: bool) -> RawClient {
         let mut s = Self::greet(path);
+        if structured {
+            s.write_all(&option_bytes(OPT_STRUCTURED_REPLY, &[])).unwrap();
+            assert_eq!(read_option_reply(&mut s).unwrap().1, REP_ACK, "structured replies refused");
+        }
         let mut go = (export.len() as u32).to_be_bytes().to_vec();
         go.extend_from_slice(export.as_bytes());
         go.extend_from_slice(&0u16.to_be_bytes());

@@ -231,6 +231,45 @@ fn kill_9_during_flushing_workload_loses_nothing_flushed() {
     assert!(srv.stop().success());
 }
 
+/// With structured replies negotiated, a write and a flush that succeed are answered with a
+/// simple reply (16 bytes, as nbdkit and qemu-nbd answer them), a read with a structured data
+/// chunk, and a failed write with a structured error chunk that carries its message.
+#[test]
+fn structured_replies_for_reads_and_errors_simple_ones_for_other_successes() {
+    let dir = test_dir("structured");
+    let srv = Server::start(&dir, "48M", &[]);
+    let mut c = RawClient::connect_with(&srv.socket, "default", true);
+    let page = vec![0x3cu8; 4096];
+    let word = |b: &[u8], at: usize| u32::from_be_bytes(b[at..at + 4].try_into().unwrap());
+    let half = |b: &[u8], at: usize| u16::from_be_bytes(b[at..at + 2].try_into().unwrap());
+    for (kind, payload) in [(CMD_WRITE, &page[..]), (CMD_FLUSH, &[][..])] {
+        let length = payload.len() as u32;
+        c.send(0, kind, 11, 0, length, payload).unwrap();
+        let (cookie, err, _) = c.reply(0).unwrap();
+        assert_eq!((cookie, err), (11, 0), "command {kind}: not a simple success reply");
+    }
+    c.send(0, CMD_READ, 12, 0, 4096, &[]).unwrap();
+    let h = read_exact(&mut c.s, 20).unwrap();
+    assert_eq!(word(&h, 0), STRUCTURED_REPLY_MAGIC, "a read answered without a structured chunk");
+    assert_eq!((half(&h, 4), half(&h, 6)), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA));
+    assert_eq!(word(&h, 16), 8 + 4096);
+    let body = read_exact(&mut c.s, 8 + 4096).unwrap();
+    assert_eq!(&body[8..], &page[..]);
+    c.send(0, CMD_WRITE, 13, c.size - 10, 4096, &page).unwrap();
+    let h = read_exact(&mut c.s, 20).unwrap();
+    assert_eq!(word(&h, 0), STRUCTURED_REPLY_MAGIC, "an error answered without a structured chunk");
+    assert_eq!(half(&h, 6), REPLY_TYPE_ERROR);
+    let body = read_exact(&mut c.s, word(&h, 16) as usize).unwrap();
+    assert_eq!(word(&body, 0), ENOSPC);
+    let message = String::from_utf8_lossy(&body[6..6 + half(&body, 4) as usize]).to_string();
+    assert!(!message.is_empty(), "an error without its message");
+    // Still in step: the next request gets its own reply.
+    c.send(0, CMD_FLUSH, 14, 0, 0, &[]).unwrap();
+    assert_eq!(c.reply(0).unwrap().0, 14);
+    drop(c);
+    assert!(srv.stop().success());
+}
+
 /// Write-behind over NBD: a client that flushes after every write at queue depth 1 (what a
 /// database's commits look like) gets each write's record written right after its reply, so
 /// that the flush only syncs; `salsa stats` counts those records. When the client stops

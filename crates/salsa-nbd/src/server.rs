@@ -463,10 +463,13 @@ fn execute(conn: &Connection, request: Request, payload: &[u8], out: &mut Vec<u8
     status_reply(out, structured, cookie, &cmd, result);
 }
 
-/// Appends the reply to a request that returns no data: done, or its error.
+/// Appends the reply to a request that returns no data: done, or its error. Success is a
+/// simple reply even with structured replies negotiated (the protocol allows either for
+/// every command but a read): 16 bytes that a client reads in one go, where a structured
+/// chunk's 20 take libnbd two reads, one more system call per write and flush on the
+/// client's side. Errors go structured, with their message.
 fn status_reply(out: &mut Vec<u8>, structured: bool, cookie: u64, cmd: &Command, result: salsa_core::Result<()>) {
     match result {
-        Ok(()) if structured => proto::structured_done(out, cookie),
         Ok(()) => proto::simple_reply(out, cookie, 0, &[]),
         Err(e) => {
             tracing::warn!("request {cmd} failed: {e}");
