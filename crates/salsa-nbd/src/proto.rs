@@ -744,11 +744,6 @@ fn chunk_header(out: &mut Vec<u8>, flags: u16, kind: u16, cookie: u64, len: u32)
     out.extend_from_slice(&len.to_be_bytes());
 }
 
-/// Structured: a final chunk with no payload.
-pub fn structured_done(out: &mut Vec<u8>, cookie: u64) {
-    chunk_header(out, REPLY_FLAG_DONE, REPLY_TYPE_NONE, cookie, 0);
-}
-
 /// Structured: read data at `offset`.
 pub fn structured_data(out: &mut Vec<u8>, cookie: u64, offset: u64, data: &[u8], done: bool) {
     structured_data_header(out, cookie, offset, data.len() as u32, done);

@@ -671,15 +671,22 @@ impl Log {
         self.check_not_poisoned()?;
         self.counters.flushes.fetch_add(1, SeqCst);
         let target = self.tracker.last_id();
-        let mut sealed_user_records = false;
+        let user_records = self.seal_and_write(|_| true)?;
+        self.note_flush(user_records > 0);
+        self.sync_through(target)
+    }
+
+    /// Seals the open record of every stream that `which` picks and writes them (without a
+    /// sync); returns how many of them were user records.
+    fn seal_and_write(&self, which: impl Fn(&record::OpenRecord) -> bool) -> Result<u64> {
+        let mut user_records = 0;
         for s in self.streams_snapshot() {
-            for r in s.seal_matching(self, |_| true) {
-                sealed_user_records |= r.user;
+            for r in s.seal_matching(self, &which) {
+                user_records += u64::from(r.user);
                 self.write_record(r)?;
             }
         }
-        self.note_flush(sealed_user_records);
-        self.sync_through(target)
+        Ok(user_records)
     }
 
     // ----- write-behind -----
@@ -711,13 +718,8 @@ impl Log {
     /// Seals every open user record, as a flush would, and writes them; syncs nothing.
     pub fn write_ahead(&self) -> Result<()> {
         self.check_writable()?;
-        let user = |r: &record::OpenRecord| matches!(r.meta.stream, StreamKind::User(_));
-        for s in self.streams_snapshot() {
-            for r in s.seal_matching(self, user) {
-                self.counters.records_written_ahead.fetch_add(1, SeqCst);
-                self.write_record(r)?;
-            }
-        }
+        let written = self.seal_and_write(|r| matches!(r.meta.stream, StreamKind::User(_)))?;
+        self.counters.records_written_ahead.fetch_add(written, SeqCst);
         Ok(())
     }
 
@@ -802,11 +804,7 @@ impl Log {
         // flushed long before, moved into a row that never got its parity.
         let align = self.flush_alignment_grains;
         let mid_row = |r: &record::OpenRecord| align > 1 && !r.meta.start_grain.is_multiple_of(align);
-        for s in self.streams_snapshot() {
-            for r in s.seal_matching(self, |r| r.gc_moves || r.buf.record_id <= kill_through || mid_row(r)) {
-                self.write_record(r)?;
-            }
-        }
+        self.seal_and_write(|r| r.gc_moves || r.buf.record_id <= kill_through || mid_row(r))?;
         let in_flight = self.tracker.sealed_in_flight();
         if !self.tracker.wait_all_complete(&in_flight, || self.is_poisoned()) {
             return self.check_not_poisoned().map(|_| false);
