@@ -111,10 +111,7 @@ class Probe:
             self.seen.update(ticks_by_command())
 
     def sample(self):
-        pid = self.target.procs[0].pid
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        server_ticks = int(fields[11]) + int(fields[12])
+        _, server_ticks = stat_ticks("/proc/%d/stat" % self.target.procs[0].pid)
         with open("/proc/stat") as f:
             cpu = [int(x) for x in f.readline().split()[1:]]
         counters = {}
@@ -158,15 +155,19 @@ def ticks_by_command():
             continue
         for tid in tids:
             try:
-                with open("/proc/%s/task/%s/stat" % (pid, tid)) as f:
-                    text = f.read()
+                comm, t = stat_ticks("/proc/%s/task/%s/stat" % (pid, tid))
             except OSError:
                 continue
-            comm = text[text.index("(") + 1:text.rindex(")")]
-            comm = "kworker" if comm.startswith("kworker/") else comm
-            fields = text.rsplit(")", 1)[1].split()
-            ticks[(tid, comm)] = int(fields[11]) + int(fields[12])
+            ticks[(tid, "kworker" if comm.startswith("kworker/") else comm)] = t
     return ticks
+
+
+def stat_ticks(path):
+    """(command, user + system CPU ticks) from a /proc stat file."""
+    with open(path) as f:
+        text = f.read()
+    fields = text.rsplit(")", 1)[1].split()
+    return text[text.index("(") + 1:text.rindex(")")], int(fields[11]) + int(fields[12])
 
 
 def parse_bytes(s):
