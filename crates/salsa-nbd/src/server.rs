@@ -24,6 +24,7 @@ use salsa_core::{ErrorKind, Pool};
 use salsa_core::{PagedPayload, WriteBuffer};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -53,6 +54,16 @@ const MAX_IOVECS: usize = 1024;
 /// A payload whose rest read from the socket is at least this large is followed by a small
 /// receive-buffer fill (see `read_exact_vectored_or_stop`).
 const LARGE_PAYLOAD_BYTES: usize = 64 << 10;
+/// The low-water mark (`SO_RCVLOWAT`) a payload read from TCP sets while at least
+/// [`LARGE_PAYLOAD_BYTES`] of the payload are still to come, never above what is left of it
+/// (so a read never waits for bytes the client need not send). Why: without it the kernel
+/// wakes the reading thread for every segment that arrives (64 KiB on loopback); each small
+/// read opens the receive window a little and sends the client a window update, and the
+/// client's kernel answers each by pushing a few more segments from inside its `send`. Under
+/// fio's 1 MiB writes over loopback that was 6 window updates per MiB and half the throughput
+/// a mark of 128 KiB or more gives (docs/BENCHMARKS.md). A Unix socket has no window: the mark
+/// changed nothing there and is not set.
+const PAYLOAD_LOW_WATER_BYTES: usize = 256 << 10;
 
 /// Where and how to serve.
 #[derive(Debug, Clone)]
@@ -145,7 +156,7 @@ enum Stream {
     Unix(UnixStream),
 }
 
-impl std::os::unix::io::AsRawFd for Stream {
+impl AsRawFd for Stream {
     fn as_raw_fd(&self) -> std::os::unix::io::RawFd {
         match self {
             Stream::Tcp(s) => s.as_raw_fd(),
@@ -165,6 +176,28 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),
             Stream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+    /// Sets the socket's receive low-water mark on a TCP stream (nothing on a Unix one): a
+    /// blocking read then returns once `bytes` have arrived or its buffers are full, a time-out
+    /// or the end of the stream come first. A failure is only logged: the mark saves wakeups
+    /// and changes no result.
+    fn set_receive_low_water(&self, bytes: usize) {
+        let Stream::Tcp(s) = self else { return };
+        let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `s` owns an open socket for the call's duration, and the option value is a
+        // `c_int` whose address and size are passed together.
+        let rc = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!("SO_RCVLOWAT {bytes}: {}", io::Error::last_os_error());
         }
     }
     fn shutdown(&self) {
@@ -903,6 +936,9 @@ fn read_exact_vectored_or_stop(stream: &mut Stream, inbox: &mut Inbox, dests: &m
     if rest_bytes >= LARGE_PAYLOAD_BYTES {
         inbox.next_fill_bytes = Inbox::TAIL_BYTES;
     }
+    // Set while a large part of the payload is still to come; reset before returning (the
+    // early returns end the connection).
+    let mut low_water_bytes = 1;
     while first < dests.len() {
         // At most IOV_MAX (1024 on Linux) buffers per call.
         let rest = &mut dests[first..];
@@ -916,6 +952,15 @@ fn read_exact_vectored_or_stop(stream: &mut Stream, inbox: &mut Inbox, dests: &m
         }
         if last_read {
             slices.push(io::IoSliceMut::new(&mut inbox.buf[..Inbox::TAIL_BYTES]));
+        }
+        let wanted_low_water = if wanted >= LARGE_PAYLOAD_BYTES {
+            wanted.min(PAYLOAD_LOW_WATER_BYTES)
+        } else {
+            1
+        };
+        if wanted_low_water != low_water_bytes {
+            stream.set_receive_low_water(wanted_low_water);
+            low_water_bytes = wanted_low_water;
         }
         let n = match stream.read_vectored(&mut slices) {
             Ok(0) => return Ok(false),
@@ -932,6 +977,9 @@ fn read_exact_vectored_or_stop(stream: &mut Stream, inbox: &mut Inbox, dests: &m
         let past = n.saturating_sub(wanted);
         inbox.end = past;
         fill(&mut first, &mut at, n - past, dests);
+    }
+    if low_water_bytes != 1 {
+        stream.set_receive_low_water(1);
     }
     Ok(true)
 }
@@ -1155,6 +1203,85 @@ mod tests {
             assert!(rest == all[payload_bytes + tail + got..], "the bytes after");
             drop(writer.join().unwrap());
         }
+    }
+
+    /// The socket's receive low-water mark, as the kernel reports it.
+    fn receive_low_water(s: &TcpStream) -> libc::c_int {
+        let mut value: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: an open socket, and a `c_int` out-value whose size is passed with it.
+        let rc = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&mut value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "getsockopt: {}", io::Error::last_os_error());
+        value
+    }
+
+    /// While a large payload arrives over TCP the read asks the kernel not to wake it before
+    /// `PAYLOAD_LOW_WATER_BYTES` (or the payload's rest) are in, and afterwards the mark is back
+    /// at one byte: left raised, the header read of a client waiting at queue depth 1 would
+    /// wait for bytes that never come. The client here pauses mid-payload, and the next small
+    /// request is answered at once.
+    #[test]
+    fn a_large_tcp_payload_is_read_with_a_raised_low_water_mark_that_is_lowered_after() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let observer = server.try_clone().unwrap();
+        let mut stream = Stream::Tcp(server);
+        // Blocked reads look at `stop` this often, so a read left waiting fails the test
+        // instead of hanging it.
+        stream.set_read_timeout(Some(POLL)).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        assert_eq!(receive_low_water(&observer), 1);
+        let payload: Vec<u8> = (0..(1usize << 20)).map(|i| (i * 31 + i / 4093) as u8).collect();
+        let sent = payload.clone();
+        let (paused_tx, paused_rx) = std::sync::mpsc::channel();
+        let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+        let writer = std::thread::spawn(move || {
+            let mut c = client;
+            c.write_all(&sent[..300 << 10]).unwrap();
+            paused_tx.send(()).unwrap();
+            resume_rx.recv().unwrap();
+            c.write_all(&sent[300 << 10..]).unwrap();
+            c.write_all(b"next").unwrap();
+            c
+        });
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let reader_stop = stop.clone();
+        let reader = std::thread::spawn(move || {
+            let stop = reader_stop;
+            let mut inbox = Inbox::new();
+            let mut pages = vec![vec![0u8; 4096]; 256];
+            let mut dests: Vec<&mut [u8]> = pages.iter_mut().map(|p| &mut p[..]).collect();
+            assert!(read_exact_vectored_or_stop(&mut stream, &mut inbox, &mut dests, &stop).unwrap());
+            let mut next = [0u8; 4];
+            let read_next = read_exact_or_stop(&mut stream, &mut inbox, &mut next, &stop).unwrap();
+            done_tx.send(()).unwrap();
+            (pages.concat(), next, read_next)
+        });
+        paused_rx.recv().unwrap();
+        // The reader has taken what was sent and waits for more with the mark raised.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while receive_low_water(&observer) != PAYLOAD_LOW_WATER_BYTES as libc::c_int {
+            assert!(std::time::Instant::now() < deadline, "the mark was never raised");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        resume_tx.send(()).unwrap();
+        let answered = done_rx.recv_timeout(Duration::from_secs(10)).is_ok();
+        stop.store(true, SeqCst);
+        let (got, next, read_next) = reader.join().unwrap();
+        assert!(answered && read_next, "the request after the payload was never read");
+        assert!(got == payload, "the payload's bytes");
+        assert_eq!(&next, b"next");
+        assert_eq!(receive_low_water(&observer), 1, "the mark is lowered after the payload");
+        drop(writer.join().unwrap());
     }
 
     /// Nothing to read (a request without payload) is a full read at once, with nothing
