@@ -273,11 +273,19 @@ fn structured_replies_for_reads_and_errors_simple_ones_for_other_successes() {
 /// Write-behind over NBD: a client that flushes after every write at queue depth 1 (what a
 /// database's commits look like) gets each write's record written right after its reply, so
 /// that the flush only syncs; `salsa stats` counts those records. When the client stops
-/// flushing, at most two more are written early. Every page reads back.
+/// flushing, at most two more are written early. Every page reads back. Both with the write
+/// buffer (writes answered from it) and without (writes executed by the thread that received
+/// them, which then writes the record behind before it reads the socket again).
 #[test]
 fn a_client_that_flushes_after_every_write_gets_its_records_written_behind() {
-    let dir = test_dir("write-behind");
-    let srv = Server::start(&dir, "48M", &[]);
+    for (name, args) in [("write-behind", &[][..]), ("write-behind-unbuffered", &["--write-buffer", "0"][..])] {
+        flushing_client_gets_its_records_written_behind(name, args);
+    }
+}
+
+fn flushing_client_gets_its_records_written_behind(name: &str, serve_args: &[&str]) {
+    let dir = test_dir(name);
+    let srv = Server::start(&dir, "48M", serve_args);
     let device = dir.join("pool.img");
     let written_ahead = || -> u64 {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_salsa"));
@@ -295,7 +303,7 @@ fn a_client_that_flushes_after_every_write_gets_its_records_written_behind() {
         assert_eq!(c.call(0, CMD_FLUSH, 0, 0, &[]).0, 0);
     }
     let flushing = written_ahead();
-    assert!(flushing >= 20, "only {flushing} of 32 flushed writes were written behind");
+    assert!(flushing >= 20, "{name}: only {flushing} of 32 flushed writes were written behind");
     for i in 32..64u64 {
         assert_eq!(c.call(0, CMD_WRITE, i * 4096, 4096, &page(i)).0, 0);
     }
@@ -304,7 +312,7 @@ fn a_client_that_flushes_after_every_write_gets_its_records_written_behind() {
     let after = written_ahead();
     assert!(
         after - flushing <= 2,
-        "{} records written ahead for a client that stopped flushing",
+        "{name}: {} records written ahead for a client that stopped flushing",
         after - flushing
     );
     for i in 0..64u64 {

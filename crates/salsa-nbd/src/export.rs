@@ -56,6 +56,11 @@ pub trait Export: Send + Sync {
     fn write_behind(&self) -> salsa_core::Result<()> {
         Ok(())
     }
+    /// Whether the writers have lately flushed after every write
+    /// (`salsa_core::Volume::writers_flush_every_write`).
+    fn writers_flush_every_write(&self) -> bool {
+        false
+    }
     fn trim(&self, offset: u64, len: u64) -> salsa_core::Result<()>;
     /// Makes the range read as zeros.
     fn write_zeroes(&self, offset: u64, len: u64) -> salsa_core::Result<()>;
@@ -107,6 +112,9 @@ impl Export for Volume {
     }
     fn write_behind(&self) -> salsa_core::Result<()> {
         Volume::write_behind(self)
+    }
+    fn writers_flush_every_write(&self) -> bool {
+        Volume::writers_flush_every_write(self)
     }
     fn trim(&self, offset: u64, len: u64) -> salsa_core::Result<()> {
         Volume::trim(self, offset, len)

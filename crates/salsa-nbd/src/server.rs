@@ -709,7 +709,9 @@ fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, tls: &Tls, 
 /// receiver to another thread costs two context switches, more than such a request. Its reply
 /// waits in `answered`, so that the replies to the requests of one burst go out in one send:
 /// `answered` is sent before the receiver waits for the socket, when it reaches
-/// [`MEMORY_REPLY_BATCH_BYTES`], and before a request that may wait is executed.
+/// [`MEMORY_REPLY_BATCH_BYTES`], and before a request that may wait is executed. So is any
+/// write when the writers flush after every write and nothing else of the client has arrived:
+/// such a client sends nothing more until it is answered.
 fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>, conn: &'env Connection, stop: &'env AtomicBool) {
     let mut out = Vec::new();
     let mut payload = Vec::new();
@@ -727,7 +729,21 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
                 match next_request(&mut rx, conn, stop, &mut payload, &mut answered) {
                     Ok(Some(r)) => {
                         let write = matches!(r.cmd, Command::Write { .. });
-                        if let Some(r) = answer_at_once(conn, r, &mut answered) {
+                        let r = match answer_at_once(conn, r, &mut answered) {
+                            Some(r) if write && rx.inbox.data().is_empty() && conn.volume.writers_flush_every_write() => {
+                                // A client that flushes after every write sends nothing more
+                                // until this write is answered, so handing the socket to
+                                // another thread first would only put two context switches
+                                // on the path of every write: it is executed here.
+                                out.clear();
+                                let in_thread_buffer = in_thread_buffer(&r, &payload);
+                                execute(conn, r, in_thread_buffer, &mut out);
+                                answered.extend_from_slice(&out);
+                                None
+                            }
+                            r => r,
+                        };
+                        if let Some(r) = r {
                             break Some(r);
                         }
                         rx.wrote |= write;
@@ -759,13 +775,9 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
             scope.spawn(move || serve_requests(scope, conn, stop));
         }
         out.clear();
-        let in_thread_buffer = if request.held.is_some() {
-            0
-        } else {
-            request.req.payload_bytes() as usize
-        };
         let write = matches!(request.cmd, Command::Write { .. });
-        execute(conn, request, &payload[..in_thread_buffer], &mut out);
+        let in_thread_buffer = in_thread_buffer(&request, &payload);
+        execute(conn, request, in_thread_buffer, &mut out);
         conn.send(&out);
         if write && conn.waiting.load(SeqCst) > 0 {
             // Answered, and another thread waits on the socket for the client's next
@@ -779,6 +791,16 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
         if payload.len() > KEEP_BUFFER_BYTES {
             payload = Vec::new();
         }
+    }
+}
+
+/// The part of a thread's payload buffer that holds `request`'s payload: none when the payload
+/// went where the volume keeps it.
+fn in_thread_buffer<'a>(request: &Request, payload: &'a [u8]) -> &'a [u8] {
+    if request.held.is_some() {
+        &[]
+    } else {
+        &payload[..request.req.payload_bytes() as usize]
     }
 }
 

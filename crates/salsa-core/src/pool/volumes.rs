@@ -677,6 +677,13 @@ impl Volume {
         self.eng.write_behind()
     }
 
+    /// Whether the pool's writers have lately flushed after every write (the signal that
+    /// turns write-behind on): a client that does so sends nothing more until its write is
+    /// answered.
+    pub fn writers_flush_every_write(&self) -> bool {
+        self.eng.log.writers_flush_every_write()
+    }
+
     /// Physical grain holding page `page`, `None` when it reads as zeros (never written or
     /// trimmed).
     pub fn page_location(&self, page: u64) -> Option<u64> {
