@@ -710,8 +710,8 @@ fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, tls: &Tls, 
 /// waits in `answered`, so that the replies to the requests of one burst go out in one send:
 /// `answered` is sent before the receiver waits for the socket, when it reaches
 /// [`MEMORY_REPLY_BATCH_BYTES`], and before a request that may wait is executed. So is any
-/// write when the writers flush after every write and nothing else of the client has arrived:
-/// such a client sends nothing more until it is answered.
+/// write or flush when the writers flush after every write and nothing else of the client has
+/// arrived: such a client sends nothing more until it is answered.
 fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>, conn: &'env Connection, stop: &'env AtomicBool) {
     let mut out = Vec::new();
     let mut payload = Vec::new();
@@ -730,11 +730,17 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
                     Ok(Some(r)) => {
                         let write = matches!(r.cmd, Command::Write { .. });
                         let r = match answer_at_once(conn, r, &mut answered) {
-                            Some(r) if write && rx.inbox.data().is_empty() && conn.volume.writers_flush_every_write() => {
+                            Some(r)
+                                if (write || r.cmd == Command::Flush)
+                                    && rx.inbox.data().is_empty()
+                                    && conn.volume.writers_flush_every_write() =>
+                            {
                                 // A client that flushes after every write sends nothing more
-                                // until this write is answered, so handing the socket to
-                                // another thread first would only put two context switches
-                                // on the path of every write: it is executed here.
+                                // until this write or flush is answered, so handing the socket
+                                // to another thread first would only put two context switches
+                                // on the path of each: it is executed here, after the replies
+                                // already answered go out (it may wait).
+                                send_answered(conn, &mut answered);
                                 out.clear();
                                 let in_thread_buffer = in_thread_buffer(&r, &payload);
                                 execute(conn, r, in_thread_buffer, &mut out);
