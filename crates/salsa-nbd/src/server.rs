@@ -741,10 +741,8 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
                                 // on the path of each: it is executed here, after the replies
                                 // already answered go out (it may wait).
                                 send_answered(conn, &mut answered);
-                                out.clear();
                                 let in_thread_buffer = in_thread_buffer(&r, &payload);
-                                execute(conn, r, in_thread_buffer, &mut out);
-                                answered.extend_from_slice(&out);
+                                execute(conn, r, in_thread_buffer, &mut answered);
                                 None
                             }
                             r => r,
