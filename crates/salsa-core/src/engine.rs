@@ -17,7 +17,7 @@ use crate::device::StorageType;
 use crate::error::{Error, Result};
 use crate::log::capacity::{PendingCounts, Purpose, SegmentState};
 use crate::log::{Log, SegmentSource, ANY_TYPE};
-use crate::policy::victim::{Candidate, VictimPolicy};
+use crate::policy::victim::{Candidate, PoolShape, VictimPolicy};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -30,7 +30,7 @@ pub struct Engine {
     pub log: Arc<Log>,
     /// Every volume, by id, as the core sees it: a controller.
     pub volumes: RwLock<BTreeMap<u32, Arc<dyn Controller>>>,
-    policy: Box<dyn VictimPolicy>,
+    policy: Arc<dyn VictimPolicy>,
     /// The victim policies of volumes that chose their own, by volume id; every other
     /// volume's segments are ranked by `policy`.
     volume_policies: RwLock<BTreeMap<u32, Arc<dyn VictimPolicy>>>,
@@ -90,6 +90,10 @@ impl Engine {
     /// The engine over `log`, cleaning with `policy`. Call [`Engine::attach`] once it is in an
     /// `Arc`, so that the log's streams get their segments from it.
     pub fn new(log: Arc<Log>, policy: Box<dyn VictimPolicy>, background_gc: bool, gc_garbage_ratio: Option<f64>) -> Engine {
+        let policy: Arc<dyn VictimPolicy> = Arc::from(policy);
+        if policy.watch_writes(&Self::pool_shape(&log)) {
+            log.write_watchers.set_pool(Some(policy.clone()));
+        }
         Engine {
             log,
             volumes: RwLock::new(BTreeMap::new()),
@@ -274,10 +278,22 @@ impl Engine {
     /// Ranks volume `volume`'s segments with `policy` from now on (`None`: with the pool's).
     pub fn set_volume_victim_policy(&self, volume: u32, policy: Option<Arc<dyn VictimPolicy>>) {
         let mut p = self.volume_policies.write();
+        let watcher = policy
+            .as_ref()
+            .map(|own| own.watch_writes(&Self::pool_shape(&self.log)).then(|| own.clone()));
+        self.log.write_watchers.set_volume(volume, watcher);
         match policy {
             Some(policy) => p.insert(volume, policy),
             None => p.remove(&volume),
         };
+    }
+
+    /// What a write-watching victim policy is told of the pool.
+    fn pool_shape(log: &Log) -> PoolShape {
+        PoolShape {
+            usable_grains: log.usable_grains_for_streams(2),
+            segment_data_grains: log.geo().data_grains_per_segment(),
+        }
     }
 
     /// Picks the best victim and marks it. `None` when no segment would yield space.

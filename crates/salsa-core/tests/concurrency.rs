@@ -25,6 +25,13 @@ fn writers_readers_and_gc_concurrently() {
     writers_readers_and_gc_on(VolumeSpec::lsa(4096));
 }
 
+/// The same under `adaptive-cost-benefit`, whose shadow models every writer feeds (the pool
+/// is large enough to be modelled: 40 model segments).
+#[test]
+fn writers_readers_and_gc_concurrently_under_the_adaptive_victim_policy() {
+    writers_readers_and_gc_with(VolumeSpec::lsa(4096), "adaptive-cost-benefit");
+}
+
 /// The same on a dual-mapping volume of 16 KiB pages: the writers' 4 KiB pages interleave
 /// within each large page, so small pages of several writers share one large page while it
 /// is merged (by writers finding the sparse map full and by the maintenance thread).
@@ -48,9 +55,17 @@ fn writers_readers_and_gc_concurrently_on_an_extent_volume() {
 }
 
 fn writers_readers_and_gc_on(spec: VolumeSpec) {
+    writers_readers_and_gc_with(spec, &tiny_config().victim_policy);
+}
+
+fn writers_readers_and_gc_with(spec: VolumeSpec, victim_policy: &str) {
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 48 * MIB));
     let opts = OpenOptions::default(); // background GC
-    let pool = Pool::create(vec![dev.clone()], &tiny_config(), &opts).unwrap();
+    let config = salsa_core::PoolConfig {
+        victim_policy: victim_policy.into(),
+        ..tiny_config()
+    };
+    let pool = Pool::create(vec![dev.clone()], &config, &opts).unwrap();
     let unit = spec.page_bytes as u64;
     // A dual-mapping volume needs room for its sparse map's pages (here 1 MiB) on top of the
     // large pages they overlay.

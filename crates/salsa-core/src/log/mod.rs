@@ -13,6 +13,9 @@
 //! - the live-data accounting the GC and the thin-provisioning limit read (valid grains and
 //!   tombstones per segment, mapped grains, invalidations in flight).
 //!
+//! It also routes user writes and trims to the victim policies that watch them
+//! ([`write_watchers`]).
+//!
 //! The one way it calls up is [`SegmentSource`]: when a stream needs a new segment it asks the
 //! space manager above (the engine, which throttles writers and runs the GC) for one.
 //!
@@ -29,6 +32,7 @@ pub mod read_cache;
 pub mod record;
 pub mod stream;
 pub mod write_back;
+pub mod write_watchers;
 
 use crate::array::Array;
 use crate::device::StorageType;
@@ -240,6 +244,8 @@ pub struct Log {
     payloads: Arc<payload::PayloadPool>,
     /// The space manager streams ask for segments (set once the engine above exists).
     segment_source: OnceLock<Weak<dyn SegmentSource>>,
+    /// Victim policies told of user writes.
+    pub write_watchers: write_watchers::WriteWatchers,
     /// Records sealed for a flush end on a multiple of this many grains in their segment (the
     /// array's [`Array::flush_alignment_grains`]).
     pub(super) flush_alignment_grains: u32,
@@ -335,6 +341,7 @@ impl Log {
             buffers: Arc::new(crate::util::BufferPool::new(64 << 20)),
             payloads: payload::PayloadPool::new(PAYLOAD_BUDGET_BYTES, PAYLOAD_BUDGET_BYTES / 2),
             segment_source: OnceLock::new(),
+            write_watchers: Default::default(),
         }
     }
 

@@ -7,6 +7,7 @@
 //! your own policies in [`Registry`] and pass it in `OpenOptions::policies`
 //! (`docs/POLICIES.md` walks through one).
 
+pub mod adaptive;
 pub mod heatlog;
 pub mod placement;
 pub mod sepbit;
@@ -88,6 +89,11 @@ impl Registry {
         r.add_victim("sqrt-cost-benefit", "ours: (1 - u) sqrt(age) / (1 + u)", |_| {
             Box::new(victim::SqrtAgeCostBenefit)
         });
+        r.add_victim(
+            "adaptive-cost-benefit",
+            "ours: cost-benefit with the age exponent (0.5 or 0.8) whose shadow model cleans least",
+            |_| Box::new(adaptive::AdaptiveCostBenefit::default()),
+        );
         r.add_victim("aging-greedy", "SALSA: greedy discounted by an aging factor", |p| {
             Box::new(victim::AgingGreedy { aging: p.aging })
         });

@@ -61,6 +61,31 @@ pub trait VictimPolicy: Send + Sync {
     fn counts_live_bands(&self) -> bool {
         false
     }
+
+    /// Offered once when the policy starts ranking a pool's segments: the pool's shape. A
+    /// policy that returns `true` is then told of every user page written
+    /// ([`VictimPolicy::user_page_written`]) and trimmed in the volumes it ranks (page-map
+    /// volumes), from the writers' threads: keep those calls cheap.
+    fn watch_writes(&self, _shape: &PoolShape) -> bool {
+        false
+    }
+
+    /// Page `page` of volume `volume` was written (only after [`VictimPolicy::watch_writes`]
+    /// returned `true`).
+    fn user_page_written(&self, _volume: u32, _page: u64) {}
+
+    /// Pages `[first, first + count)` of volume `volume` were trimmed.
+    fn user_pages_trimmed(&self, _volume: u32, _first: u64, _count: u64) {}
+}
+
+/// What a write-watching policy is told of its pool (see [`VictimPolicy::watch_writes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolShape {
+    /// Grains the pool can hold as data with two open streams (user and GC) and the GC's
+    /// reserve set aside.
+    pub usable_grains: u64,
+    /// Data grains of one segment.
+    pub segment_data_grains: u32,
 }
 
 /// Greedy: the segment with the fewest valid grains.

@@ -287,6 +287,7 @@ impl LsaVolume {
             Entry::Mapped(g) => Some(log.segment_view(log.geo().segment_of(g))),
             _ => None,
         };
+        log.write_watchers.page_written(self.id, page);
         self.placing.load().placement.place_user(&UserWrite {
             page,
             now: log.now_seq(),
@@ -484,6 +485,7 @@ impl LsaVolume {
         }
         let _inflight = log.invalidation_guard();
         self.placing.load().placement.trimmed(first, count);
+        log.write_watchers.pages_trimmed(self.id, first, count);
         let olds =
             self.placing
                 .load()
