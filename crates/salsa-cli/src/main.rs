@@ -798,13 +798,15 @@ fn main() -> ExitCode {
         } => commands::device::fail(devices, parity_buffer.as_ref(), control.as_deref(), member),
         Command::Policies => {
             let (victims, placements) = salsa_core::Registry::builtin().describe();
+            // One column for the names of both lists, as wide as the longest.
+            let width = placements.iter().chain(&victims).map(|(n, _)| n.len()).max().unwrap_or(0);
             println!("placement policies (--placement):");
             for (n, a) in placements {
-                println!("  {n:<14} {a}");
+                println!("  {n:<width$}  {a}");
             }
             println!("victim policies (--victim):");
             for (n, a) in victims {
-                println!("  {n:<14} {a}");
+                println!("  {n:<width$}  {a}");
             }
             Ok(())
         }

@@ -106,6 +106,16 @@ fn compare_runs_every_named_pair_and_writes_one_report() {
         .take_while(|l| l.starts_with("  "))
         .count();
     assert!(victim_count >= 6, "{victims}");
+    // Descriptions start in one column, however long a name is.
+    let columns: std::collections::BTreeSet<usize> = victims
+        .lines()
+        .filter(|l| l.starts_with("  "))
+        .map(|l| {
+            let name_end = 2 + l[2..].find(' ').unwrap();
+            name_end + l[name_end..].find(|c: char| c != ' ').unwrap()
+        })
+        .collect();
+    assert_eq!(columns.len(), 1, "{victims}");
     assert_eq!(runs.len(), victim_count + 1);
     assert_eq!(runs.last().unwrap()["victim"], "fifo");
     let lowest = runs.iter().map(|r| r["wa"].as_f64().unwrap()).fold(f64::INFINITY, f64::min);

@@ -136,11 +136,15 @@ impl VictimPolicy for AdaptiveCostBenefit {
     }
 }
 
-/// `(1 - u) age^e / (1 + u)`, negated (lower is cleaned first).
+/// A candidate's score: see [`score`].
 fn cost_benefit(c: &Candidate, exponent: f64) -> f64 {
-    let u = c.utilization();
-    let age = c.now_seq.saturating_sub(c.sealed_seq) as f64 + 1.0;
-    -((1.0 - u) * age.powf(exponent) / (1.0 + u))
+    score(c.utilization(), c.now_seq.saturating_sub(c.sealed_seq), exponent)
+}
+
+/// `(1 - u) (age + 1)^e / (1 + u)`, negated (lower is cleaned first): the same score ranks
+/// the pool's segments and the models'.
+fn score(utilization: f64, age: u64, exponent: f64) -> f64 {
+    -((1.0 - utilization) * (age as f64 + 1.0).powf(exponent) / (1.0 + utilization))
 }
 
 /// Pages of a volume below 2^48 (1 EiB of 4 KiB pages) have keys of their own.
@@ -395,10 +399,9 @@ impl Model {
                 continue;
             }
             let u = self.valid[s] as f64 / self.segment_pages as f64;
-            let age = (self.now - self.sealed_at[s]) as f64 + 1.0;
-            let score = -((1.0 - u) * age.powf(self.exponent) / (1.0 + u));
-            if best.is_none_or(|(b, _)| score < b) {
-                best = Some((score, s));
+            let sc = score(u, self.now - self.sealed_at[s], self.exponent);
+            if best.is_none_or(|(b, _)| sc < b) {
+                best = Some((sc, s));
             }
         }
         let Some((_, victim)) = best else { return false };
