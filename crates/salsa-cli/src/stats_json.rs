@@ -61,6 +61,12 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
     j["free_segments_over_holes"] = s.free_segments_over_holes.into();
     j["sync_micros"] = s.sync_micros.into();
     j["gc_micros"] = s.gc_micros.into();
+    j["victim_policy_state"] = s
+        .victim_policy_state
+        .iter()
+        .map(|(k, v)| (k.clone(), (*v).into()))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
     j["write_buffer"] = s
         .write_buffer
         .map(|w| {

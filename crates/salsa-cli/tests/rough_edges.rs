@@ -126,7 +126,7 @@ fn commands_refused_by_a_served_pool_point_to_the_server() {
 }
 
 #[test]
-fn stats_json_carries_the_device_models_counters() {
+fn stats_json_carries_the_device_models_counters_and_the_victim_policys_state() {
     let dir = scratch("models");
     let mut srv = Command::new(env!("CARGO_BIN_EXE_salsa"))
         .current_dir(&dir)
@@ -139,6 +139,8 @@ fn stats_json_carries_the_device_models_counters() {
             "pool.ctl",
             "--device",
             "ssd:size=256M",
+            "--gc-policy",
+            "adaptive-cost-benefit",
         ])
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -161,6 +163,10 @@ fn stats_json_carries_the_device_models_counters() {
     );
     // So do the times the metrics endpoint gives (syncs, GC work), in microseconds.
     assert!(v["sync_micros"].is_u64() && v["gc_micros"].is_u64(), "{v}");
+    // And what an adaptive victim policy has learned: the exponent it starts with.
+    assert_eq!(v["victim_policy_state"]["age_exponent"].as_f64(), Some(0.8), "{v}");
+    let (ok, out) = salsa(&dir, &["stats", "--control", "pool.ctl"]);
+    assert!(ok && out.contains("victim policy     age_exponent 0.8"), "{out}");
     // SAFETY: kill only sends a signal to our own child's pid.
     unsafe { libc::kill(srv.id() as i32, libc::SIGTERM) };
     assert!(srv.wait().unwrap().success());

@@ -288,6 +288,11 @@ impl Engine {
         };
     }
 
+    /// What the pool's victim policy reports of its own state ([`VictimPolicy::state`]).
+    pub fn victim_policy_state(&self) -> Vec<(String, f64)> {
+        self.policy.state()
+    }
+
     /// What a write-watching victim policy is told of the pool.
     fn pool_shape(log: &Log) -> PoolShape {
         PoolShape {

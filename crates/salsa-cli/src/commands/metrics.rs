@@ -387,6 +387,19 @@ pub(crate) fn render(s: &Stats) -> String {
     if !counters.is_empty() {
         e.metric("device_counter", "untyped", "Counters of the device models.", &counters);
     }
+    let policy: Vec<(String, f64)> = s
+        .victim_policy_state
+        .iter()
+        .map(|(k, v)| (format!("{{name=\"{}\"}}", label(k)), *v))
+        .collect();
+    if !policy.is_empty() {
+        e.metric(
+            "victim_policy_state",
+            "gauge",
+            "What the pool's victim policy reports of itself (an adaptive policy's age exponent).",
+            &policy,
+        );
+    }
     e.text
 }
 

@@ -38,6 +38,13 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
         );
     }
     println!("syncs             {} for {} flushes", n("syncs"), n("flushes"));
+    if let Some(state) = v["victim_policy_state"].as_object().filter(|m| !m.is_empty()) {
+        let pairs: Vec<String> = state
+            .iter()
+            .map(|(k, x)| format!("{k} {}", x.as_f64().unwrap_or(f64::NAN)))
+            .collect();
+        println!("victim policy     {}", pairs.join(", "));
+    }
     if n("records_written_ahead") > 0 {
         println!(
             "written ahead     {} records (write-behind: the writers flush after every write)",

@@ -60,6 +60,8 @@ const SWITCH_MARGIN: f64 = 0.98;
 pub struct AdaptiveCostBenefit {
     /// The exponent in use, as `f64` bits.
     exponent_bits: AtomicU64,
+    /// Times the exponent changed.
+    switches: AtomicU64,
     shadow: OnceLock<ShadowCell>,
 }
 
@@ -73,6 +75,7 @@ impl Default for AdaptiveCostBenefit {
     fn default() -> Self {
         AdaptiveCostBenefit {
             exponent_bits: AtomicU64::new(EXPONENTS[0].to_bits()),
+            switches: AtomicU64::new(0),
             shadow: OnceLock::new(),
         }
     }
@@ -127,7 +130,22 @@ impl VictimPolicy for AdaptiveCostBenefit {
         s.write(key);
         if let Some(best) = s.best(self.exponent()) {
             self.exponent_bits.store(best.to_bits(), Relaxed);
+            self.switches.fetch_add(1, Relaxed);
         }
+    }
+
+    fn state(&self) -> Vec<(String, f64)> {
+        let mut v = vec![
+            ("age_exponent".to_string(), self.exponent()),
+            ("exponent_switches".to_string(), self.switches.load(Relaxed) as f64),
+        ];
+        // A model's figure only once it is trusted.
+        for (e, wa) in EXPONENTS.iter().zip(self.model_write_amplification()) {
+            if let Some(wa) = wa {
+                v.push((format!("model_write_amplification_e{e}"), wa));
+            }
+        }
+        v
     }
 
     fn user_pages_trimmed(&self, volume: u32, first: u64, count: u64) {
@@ -454,6 +472,9 @@ mod tests {
         for _ in 0..volumes * pages {
             p.user_page_written(1, pick(&mut rng, pages));
         }
+        let state = p.state();
+        assert_eq!(state[0], ("age_exponent".to_string(), p.exponent()));
+        assert_eq!(state.len(), 2 + EXPONENTS.len(), "{state:?}");
         (p.exponent(), p.model_write_amplification())
     }
 
@@ -477,6 +498,7 @@ mod tests {
     fn a_sharp_hot_cold_split_keeps_the_larger_exponent_and_graded_heat_takes_the_square_root() {
         let (e, wa) = run(hot_cold, 6);
         assert_eq!(e, 0.8, "hot/cold 90/10: models at {wa:?}");
+        assert!(wa.iter().all(Option::is_some), "{wa:?}");
         let (e, wa) = run(graded, 6);
         assert_eq!(e, 0.5, "graded heat: models at {wa:?}");
         let [Some(larger), Some(smaller)] = wa[..] else {

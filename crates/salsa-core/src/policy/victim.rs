@@ -76,6 +76,13 @@ pub trait VictimPolicy: Send + Sync {
 
     /// Pages `[first, first + count)` of volume `volume` were trimmed.
     fn user_pages_trimmed(&self, _volume: u32, _first: u64, _count: u64) {}
+
+    /// What the policy has learned, as `(name, value)` pairs for `salsa stats`, the metrics
+    /// endpoint and `salsa bench` (e.g. the age exponent an adaptive policy ranks with).
+    /// Default: nothing.
+    fn state(&self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
 }
 
 /// What a write-watching policy is told of its pool (see [`VictimPolicy::watch_writes`]).

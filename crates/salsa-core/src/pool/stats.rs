@@ -48,6 +48,9 @@ pub struct Stats {
     pub unmovable_segments: u32,
     pub volumes: Vec<VolumeStats>,
     pub device_counters: Vec<(String, String, u64)>,
+    /// What the pool's victim policy reports of itself (`VictimPolicy::state`: an adaptive
+    /// policy's age exponent, for one).
+    pub victim_policy_state: Vec<(String, f64)>,
     /// How the members are combined (`linear`, `raid0`, `raid1`, `raid5`).
     pub array: String,
     /// Health and I/O of every member, in slot order.
@@ -190,6 +193,7 @@ impl Pool {
                 .count() as u32,
             volumes: vols,
             device_counters,
+            victim_policy_state: self.eng.victim_policy_state(),
         }
     }
 }
