@@ -9,16 +9,17 @@
 //! cache replacement's "set dueling" does: it samples a fixed share of the pool's logical
 //! pages (by a hash of volume and page, so a sampled page sees all of its writes and the
 //! sample keeps the workload's heat), replays their writes and trims into one small
-//! log-structured model per candidate exponent (a user stream, a GC stream, greedy segment
-//! reuse, the same share of spare space as the pool), and ranks the real pool's segments
+//! log-structured model per candidate exponent (a user stream, a GC stream, victims chosen by
+//! cost-benefit with that exponent, the same share of spare space as the pool, segments of a
+//! sixteenth of the pool's or more), and ranks the real pool's segments
 //! with the exponent whose model has written least per user page lately.
 //!
 //! It owns: the sample's page index and the models, behind one lock taken only by sampled
 //! writes (one page in [`MIN_SAMPLE_RATE`] or fewer). Bounds: at most [`MAX_MODEL_PAGES`]
 //! sampled pages, so the models hold about 3 x 4 bytes per modelled page each whatever the
-//! pool's size; a page past the bound is not modelled. Invariants asserted: a model's valid
-//! count of a segment equals the modelled pages that point into it when it is cleaned (zero
-//! after), and a model never frees a segment that still holds a valid page.
+//! pool's size; a page past the bound is not modelled. Invariants asserted: a model never
+//! takes a page off a segment whose valid count is zero, and never frees a segment whose
+//! valid count is not zero once its live pages are moved.
 //!
 //! Until the models have written their space over twice (one turnover to fill, one of
 //! cleaning), and on pools too small to model (fewer than [`MIN_MODEL_SEGMENTS`] model
