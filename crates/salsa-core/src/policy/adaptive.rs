@@ -16,8 +16,9 @@
 //!
 //! It owns: the sample's page index and the models, behind one lock taken only by sampled
 //! writes (one page in [`MIN_SAMPLE_RATE`] or fewer). Bounds: at most [`MAX_MODEL_PAGES`]
-//! sampled pages, so the models hold about 3 x 4 bytes per modelled page each whatever the
-//! pool's size; a page past the bound is not modelled. Invariants asserted: a model never
+//! sampled pages, so the index and the models hold about 36 bytes per sampled page, at most
+//! about 5 MiB whatever the pool's size (reported as `model_memory_bytes`); a page past the
+//! bound is not modelled. Invariants asserted: a model never
 //! takes a page off a segment whose valid count is zero, and never frees a segment whose
 //! valid count is not zero once its live pages are moved.
 //!
@@ -146,6 +147,9 @@ impl VictimPolicy for AdaptiveCostBenefit {
                 v.push((format!("model_write_amplification_e{e}"), wa));
             }
         }
+        if let Some(cell) = self.shadow.get() {
+            v.push(("model_memory_bytes".to_string(), cell.state.lock().memory_bytes() as f64));
+        }
         v
     }
 
@@ -273,6 +277,13 @@ impl Shadow {
         }
     }
 
+    /// Memory held by the sample's index and the models, in bytes (the index counted at
+    /// its key, value and one control byte per slot of its capacity).
+    fn memory_bytes(&self) -> u64 {
+        let index = self.index.capacity() as u64 * (8 + 4 + 1);
+        index + self.models.iter().map(Model::memory_bytes).sum::<u64>()
+    }
+
     /// Each model's recent write amplification, once warmed up.
     fn recent_write_amplification(&self) -> Vec<Option<f64>> {
         self.models
@@ -345,6 +356,12 @@ impl Model {
         m.user_open = m.free.pop().unwrap_or(NOWHERE);
         m.gc_open = m.free.pop().unwrap_or(NOWHERE);
         m
+    }
+
+    fn memory_bytes(&self) -> u64 {
+        let per_segment = 4 + 8 + 1 + std::mem::size_of::<Vec<u32>>() as u64;
+        let contents: u64 = self.contents.iter().map(|c| c.capacity() as u64 * 4).sum();
+        self.location.capacity() as u64 * 4 + self.valid.len() as u64 * per_segment + contents + self.free.capacity() as u64 * 4
     }
 
     fn recent_write_amplification(&self) -> Option<f64> {
@@ -475,7 +492,10 @@ mod tests {
         }
         let state = p.state();
         assert_eq!(state[0], ("age_exponent".to_string(), p.exponent()));
-        assert_eq!(state.len(), 2 + EXPONENTS.len(), "{state:?}");
+        assert_eq!(state.len(), 3 + EXPONENTS.len(), "{state:?}");
+        // The sample of 100,000 pages is about 6,000 pages: well under a megabyte in all.
+        let (_, memory) = state.last().unwrap();
+        assert!(*memory > 50_000.0 && *memory < 1_000_000.0, "{state:?}");
         (p.exponent(), p.model_write_amplification())
     }
 
