@@ -199,10 +199,10 @@ impl Engine {
                 if self.needs_gc_round() {
                     if self.background_gc {
                         self.wake_gc();
-                        if purpose == Purpose::User {
+                        if matches!(purpose, Purpose::User | Purpose::Trim) {
                             self.wait_for_garbage_bound()?;
                         }
-                    } else if purpose == Purpose::User {
+                    } else if matches!(purpose, Purpose::User | Purpose::Trim) {
                         // Without a worker, the writer that takes a segment cleans what the
                         // garbage trigger asks for (free space is not short: it got one).
                         while self.garbage_due() && self.gc_step()? {}
@@ -234,7 +234,7 @@ impl Engine {
                 Purpose::Checkpoint => return Err(Error::NoSpace("no free segment for the checkpoint".into())),
                 // The fast tier borrows segments from the capacity manager directly, never here.
                 Purpose::Tier => return Err(Error::NoSpace("no free segment for the fast tier".into())),
-                Purpose::User => {
+                Purpose::User | Purpose::Trim => {
                     self.log.counters().throttled_allocations.fetch_add(1, SeqCst);
                     if self.background_gc {
                         // The worker found nothing to clean: confirm with an attempt of our own

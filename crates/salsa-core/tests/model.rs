@@ -678,6 +678,55 @@ fn regression_hybrid_gc_of_the_slow_class_after_others_filled_it() {
     run_hybrid(ops).unwrap();
 }
 
+/// Found by the property test (CI, 2026-11-26): volumes that may use any storage type had
+/// filled part of the disk while flash had room, then the hybrid volume (disk only) grew until
+/// its class's free segments were down to its reserve, every disk segment full of live data.
+/// A trim of the hybrid volume then failed with "no space": its tombstone record asked for a
+/// segment as a user write does. A trim frees space, so its record may now take a segment
+/// from its class's own reserve (`Purpose::Trim`).
+#[test]
+fn regression_trim_of_a_hybrid_volume_whose_disk_others_filled() {
+    let ops = vec![
+        Op::Burst {
+            vol: 0,
+            start: 0,
+            stride: 2,
+            count: 334,
+            fill: 0,
+        },
+        Op::Reopen { clean: true },
+        Op::Create { vol: 2 },
+        Op::Grow { vol: 2 },
+        Op::Burst {
+            vol: 2,
+            start: 3577,
+            stride: 7,
+            count: 1709,
+            fill: 83,
+        },
+        Op::Burst {
+            vol: 0,
+            start: 481,
+            stride: 5,
+            count: 1586,
+            fill: 115,
+        },
+        Op::Burst {
+            vol: 1,
+            start: 1285,
+            stride: 3,
+            count: 1903,
+            fill: 173,
+        },
+        Op::Trim {
+            vol: 1,
+            offset: 10825830,
+            len: 17401,
+        },
+    ];
+    run_hybrid(ops).unwrap();
+}
+
 /// Found by the property test: a share entry of a dual-mapping volume's page won the scan
 /// until a later record of the page did, and its grain, since reused for another large page,
 /// stayed in the shared-page index. That page, with small pages over it, was then moved by

@@ -119,6 +119,10 @@ impl SegmentInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Purpose {
     User,
+    /// A trim's tombstone record, in a user stream. It makes space rather than taking it, so
+    /// it may take a segment from its class's own reserve (not the pool's GC reserve): a
+    /// volume whose class is full of live data can still be trimmed.
+    Trim,
     Gc,
     Checkpoint,
     /// A hybrid volume's fast tier (copies of data durable in the log).
@@ -509,15 +513,19 @@ impl Capacity {
     pub fn try_allocate(&self, types: &[StorageType], purpose: Purpose) -> Option<u32> {
         let mut q = self.queues.lock();
         let floor = match purpose {
-            Purpose::User => self.watermarks.gc_reserve,
+            Purpose::User | Purpose::Trim => self.watermarks.gc_reserve,
             Purpose::Gc => 0,
             // A checkpoint must leave the GC reserve intact so the next session can start GC.
             Purpose::Checkpoint => self.watermarks.gc_reserve,
             // Copies are a luxury: they leave the pool's data room to clean in.
             Purpose::Tier => self.watermarks.high,
         };
-        let guarded = matches!(purpose, Purpose::User | Purpose::Checkpoint);
-        let own_extra = if guarded { extra_of(&q, types) } else { 0 };
+        let guarded = matches!(purpose, Purpose::User | Purpose::Trim | Purpose::Checkpoint);
+        let own_extra = if matches!(purpose, Purpose::User | Purpose::Checkpoint) {
+            extra_of(&q, types)
+        } else {
+            0
+        };
         if free_of(&q, types) <= floor + own_extra {
             return None;
         }
@@ -541,7 +549,7 @@ impl Capacity {
                 info.set_state(match purpose {
                     Purpose::Checkpoint => SegmentState::Checkpoint,
                     Purpose::Tier => SegmentState::Tier,
-                    Purpose::User | Purpose::Gc => SegmentState::Staged,
+                    Purpose::User | Purpose::Trim | Purpose::Gc => SegmentState::Staged,
                 });
                 return Some(s);
             }

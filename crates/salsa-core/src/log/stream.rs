@@ -522,7 +522,7 @@ impl Streams {
 /// writer returns (queued while the stream is still locked, so that the stream's records stay
 /// in order); the GC writes its own, which paces it and lets a release count on them.
 fn write_sealed(log: &Log, purpose: Purpose, st: StdMutexGuard<'_, Stream>, r: SealedRecord) -> Result<()> {
-    let own = if purpose == Purpose::User {
+    let own = if matches!(purpose, Purpose::User | Purpose::Trim) {
         log.write_back.submit(r)
     } else {
         Some(r)

@@ -490,7 +490,7 @@ impl LsaVolume {
             self.placing
                 .load()
                 .streams
-                .place(log, self.placing.load().placement.place_trim(), Purpose::User, None, |seg, rec| {
+                .place(log, self.placing.load().placement.place_trim(), Purpose::Trim, None, |seg, rec| {
                     let seg = seg as u32;
                     // Lock every stripe the range touches, in order, so the trim's sequence number is
                     // ordered with concurrent writes to the same pages.
