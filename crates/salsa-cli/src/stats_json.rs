@@ -61,12 +61,7 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
     j["free_segments_over_holes"] = s.free_segments_over_holes.into();
     j["sync_micros"] = s.sync_micros.into();
     j["gc_micros"] = s.gc_micros.into();
-    j["victim_policy_state"] = s
-        .victim_policy_state
-        .iter()
-        .map(|(k, v)| (k.clone(), (*v).into()))
-        .collect::<serde_json::Map<_, _>>()
-        .into();
+    j["victim_policy_state"] = victim_policy_state_json(&s.victim_policy_state);
     j["write_buffer"] = s
         .write_buffer
         .map(|w| {
@@ -79,6 +74,27 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
         })
         .unwrap_or(serde_json::Value::Null);
     j
+}
+
+/// What a victim policy reports of itself (`VictimPolicy::state`) as one JSON object, for
+/// `salsa stats --json` and `salsa bench`'s results.
+pub fn victim_policy_state_json(state: &[(String, f64)]) -> serde_json::Value {
+    state
+        .iter()
+        .map(|(k, v)| (k.clone(), (*v).into()))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// That object as one line of `name value` pairs (`salsa stats`, `salsa bench`); `None` when
+/// the policy reports nothing.
+pub fn victim_policy_state_text(state: &serde_json::Value) -> Option<String> {
+    let state = state.as_object().filter(|m| !m.is_empty())?;
+    let pairs: Vec<String> = state
+        .iter()
+        .map(|(k, x)| format!("{k} {}", x.as_f64().unwrap_or(f64::NAN)))
+        .collect();
+    Some(pairs.join(", "))
 }
 
 /// One volume's statistics, controller, policies and settings as JSON (sizes in bytes), for

@@ -226,12 +226,8 @@ fn run_policy(p: &Params, placement: &str, victim: &str, trace_ops: Option<Vec<t
         json["throughput_mbps_median"].as_f64().unwrap_or(0.0),
         percentile(&m.hist_write, 0.99)
     ));
-    if let Some(state) = json["victim_policy_state"].as_object().filter(|m| !m.is_empty()) {
-        let pairs: Vec<String> = state
-            .iter()
-            .map(|(k, x)| format!("{k} {}", x.as_f64().unwrap_or(f64::NAN)))
-            .collect();
-        say(&format!("victim policy at the end: {}", pairs.join(", ")));
+    if let Some(state) = crate::stats_json::victim_policy_state_text(&json["victim_policy_state"]) {
+        say(&format!("victim policy at the end: {state}"));
     }
     let (throughput, wa_over_time, _) = m.series(vol_bytes, p.sample_ms);
     if throughput.len() < MIN_SAMPLES {
@@ -543,7 +539,7 @@ fn outcome_json(
         "gc_segments_cleaned": after.gc_segments_cleaned - before.gc_segments_cleaned,
         "free_segments_min": m.samples.iter().map(|s| s.free_segments).min(),
         "device_counters": after.device_counters.iter().map(|(d, k, v)| json!({"device": d, "counter": k, "value": v})).collect::<Vec<_>>(),
-        "victim_policy_state": after.victim_policy_state.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "victim_policy_state": crate::stats_json::victim_policy_state_json(&after.victim_policy_state),
         "samples": m.samples.iter().map(|s| json!([s.t, s.user_written - before.user_bytes_written, s.user_read - before.user_bytes_read, s.gc - before.gc_bytes_relocated, s.device - before.device_bytes_written])).collect::<Vec<_>>(),
         "samples_columns": ["seconds", "user_bytes_written", "user_bytes_read", "gc_bytes_relocated", "device_bytes_written"],
     })

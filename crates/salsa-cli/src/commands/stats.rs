@@ -38,12 +38,8 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
         );
     }
     println!("syncs             {} for {} flushes", n("syncs"), n("flushes"));
-    if let Some(state) = v["victim_policy_state"].as_object().filter(|m| !m.is_empty()) {
-        let pairs: Vec<String> = state
-            .iter()
-            .map(|(k, x)| format!("{k} {}", x.as_f64().unwrap_or(f64::NAN)))
-            .collect();
-        println!("victim policy     {}", pairs.join(", "));
+    if let Some(state) = salsa_cli::stats_json::victim_policy_state_text(&v["victim_policy_state"]) {
+        println!("victim policy     {state}");
     }
     if n("records_written_ahead") > 0 {
         println!(

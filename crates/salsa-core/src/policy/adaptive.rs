@@ -267,7 +267,9 @@ impl Shadow {
                 .filter_map(|k| self.index.get(&k).copied())
                 .collect()
         } else {
-            let in_range = |k: u64| k >> 48 == volume as u64 && (first..end).contains(&(k & PAGE_MASK));
+            // The volume's bits as `page_key` keeps them.
+            let volume_bits = page_key(volume, 0) >> 48;
+            let in_range = |k: u64| k >> 48 == volume_bits && (first..end).contains(&(k & PAGE_MASK));
             self.index.iter().filter(|(k, _)| in_range(**k)).map(|(_, &i)| i).collect()
         };
         for m in &mut self.models {
