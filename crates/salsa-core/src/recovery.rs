@@ -52,7 +52,7 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
                             continue;
                         }
                         let pb = |m: &RecordMeta| m.page_grains as usize * geo.grain_bytes;
-                        let h = walk_segment(eng.log.array(), eng.log.buffers(), geo, s, |header, meta, data| {
+                        let h = walk_segment(eng.log.array(), eng.log.buffers(), geo, s, false, |header, meta, data| {
                             let size = pb(meta);
                             let intact = meta
                                 .entries

@@ -25,12 +25,15 @@ pub struct ScanGeometry {
 
 /// Walks the chain of `segment`, calling `visit(header, meta, data)` for every intact record;
 /// `data` holds the record's data pages back to back. Returns the header, or `None` when the
-/// segment holds no valid header (never used, or not SALSA's).
+/// segment holds no valid header (never used, or not SALSA's). `sealed`: the caller knows the
+/// segment holds records (a GC victim), so the walk reads it whole at once instead of
+/// probing its first page alone.
 pub fn walk_segment(
     array: &dyn Array,
     buffers: &BufferPool,
     geo: &ScanGeometry,
     segment: u32,
+    sealed: bool,
     mut visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8]),
 ) -> Result<Option<SegmentHeader>> {
     let gb = geo.grain_bytes;
@@ -51,8 +54,11 @@ pub fn walk_segment(
         len: 0,
         grains: window_grains,
     };
-    // The first metadata page alone first: most segments of a young pool were never written.
-    array.read(base, &mut w.buf[..gb])?;
+    // The first metadata page alone first, unless the caller knows the segment holds records
+    // (a GC victim): most segments of a young pool were never written. The window then
+    // holds what it read and the walk goes on from it.
+    let first_read = if sealed { window_grains } else { 1 };
+    array.read(base, &mut w.buf[..first_read * gb])?;
     let header = match RecordMeta::decode(&w.buf[..gb]) {
         Ok(m) if m.pool_id == geo.pool_id && m.segment == segment && m.start_grain == 0 => m.segment_header(),
         _ => {
@@ -61,7 +67,7 @@ pub fn walk_segment(
         }
     };
     w.start = 0;
-    w.len = 1;
+    w.len = first_read;
     let mut pos = 0usize;
     let mut last_record = 0u64;
     while w.ensure(array, base, gps, gb, pos, 1)? {

@@ -127,6 +127,39 @@ fn every_layout_keeps_data_through_gc_checkpoint_and_scan() {
     }
 }
 
+/// The GC reads a victim whole, one request per member: what a member holds of the segment
+/// from its first data unit to its last (the parity units between them read into scratch, so
+/// that the run stays one request), and no separate read of the first metadata page.
+#[test]
+fn raid5_gc_reads_each_victim_once_one_request_per_member() {
+    let (_faults, devs) = members(4);
+    let unit = 16u64 << 10;
+    let cfg = PoolConfig {
+        stripe_unit_bytes: Some(unit as u32),
+        ..config(ArrayKind::Raid5)
+    };
+    let pool = Pool::create(devs, &cfg, &opts()).unwrap();
+    let pages = (pool.logical_capacity_bytes() * 9 / 10) as usize / PAGE;
+    pool.create_volume("v", (pages * PAGE) as u64, PAGE as u32).unwrap();
+    let mut model = vec![0u64; pages];
+    let before = pool.stats();
+    churn(&pool, &mut model, 5, pages * 2);
+    let after = pool.stats();
+    let read = |st: &salsa_core::Stats| st.members.iter().map(|m| m.bytes_read).sum::<u64>();
+    let cleaned = after.gc_segments_cleaned - before.gc_segments_cleaned;
+    assert!(cleaned > 20, "the GC cleaned {cleaned} segments");
+    let per_victim = (read(&after) - read(&before)) / cleaned;
+    // Rows rotate their parity over the four members: the first row's parity is on the last
+    // member and the last row's (the segment has a multiple of four rows) on the first, so
+    // those two read one unit less each.
+    let rows = pool.geometry().segment_bytes / (3 * unit);
+    assert_eq!(rows % 4, 0);
+    let whole = 4 * rows * unit - 2 * unit;
+    assert_eq!(per_victim, whole, "bytes read from the members per victim");
+    verify(&pool, &model);
+    pool.close().unwrap();
+}
+
 /// A segment fill, followed on the raw members: every RAID-5 row written holds the XOR of its
 /// data units in its parity unit, and filling the pool read nothing from the members.
 #[test]

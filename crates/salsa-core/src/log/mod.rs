@@ -440,7 +440,13 @@ impl Log {
 
     /// Walks the record chain of `segment` on the device (see [`crate::scan::walk_segment`]).
     pub fn walk_segment(&self, segment: u32, visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8])) -> Result<Option<SegmentHeader>> {
-        crate::scan::walk_segment(self.array(), &self.buffers, &self.scan_geometry(), segment, visit)
+        crate::scan::walk_segment(self.array(), &self.buffers, &self.scan_geometry(), segment, false, visit)
+    }
+
+    /// [`Log::walk_segment`] of a GC victim: a sealed segment, known to hold records, read
+    /// whole in one request rather than its first page first.
+    pub fn walk_victim(&self, segment: u32, visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8])) -> Result<Option<SegmentHeader>> {
+        crate::scan::walk_segment(self.array(), &self.buffers, &self.scan_geometry(), segment, true, visit)
     }
 
     // ----- errors -----

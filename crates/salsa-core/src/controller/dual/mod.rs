@@ -665,7 +665,7 @@ impl Controller for DualVolume {
         let map = self.dense.map();
         let mut walk = VictimWalk::new(log, victim);
         let mut failure = None;
-        log.walk_segment(victim, |_, meta, data| {
+        log.walk_victim(victim, |_, meta, data| {
             if meta.page_grains == 1 {
                 if failure.is_none() {
                     failure = self.relocate_small(log, victim, meta, data).err();

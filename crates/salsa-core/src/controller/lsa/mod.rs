@@ -751,7 +751,7 @@ impl Controller for LsaVolume {
     fn relocate(&self, log: &Log, victim: u32) -> Result<()> {
         let map = self.map.read();
         let mut walk = VictimWalk::new(log, victim);
-        log.walk_segment(victim, |_, meta, data| self.relocate_record(log, &map, &mut walk, meta, data))?;
+        log.walk_victim(victim, |_, meta, data| self.relocate_record(log, &map, &mut walk, meta, data))?;
         self.finish_relocation(log, &map, walk)
     }
 
