@@ -141,6 +141,7 @@ fn stats_json_carries_the_device_models_counters_and_the_victim_policys_state() 
             "ssd:size=256M",
             "--gc-policy",
             "adaptive-cost-benefit",
+            "--pace-writes",
         ])
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -163,6 +164,12 @@ fn stats_json_carries_the_device_models_counters_and_the_victim_policys_state() 
     );
     // So do the times the metrics endpoint gives (syncs, GC work), in microseconds.
     assert!(v["sync_micros"].is_u64() && v["gc_micros"].is_u64(), "{v}");
+    // The pacing of writers (asked for, not needed yet on an idle pool).
+    assert_eq!(
+        (v["paced_writes"].as_u64(), v["pacing_delay_micros"].as_u64()),
+        (Some(0), Some(0)),
+        "{v}"
+    );
     // And what an adaptive victim policy has learned: the exponent it starts with.
     assert_eq!(v["victim_policy_state"]["age_exponent"].as_f64(), Some(0.8), "{v}");
     let (ok, out) = salsa(&dir, &["stats", "--control", "pool.ctl"]);

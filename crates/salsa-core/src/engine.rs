@@ -50,6 +50,10 @@ pub struct Engine {
     gc_budget_changed: Condvar,
     /// The write buffer above the volumes' controllers (off unless the pool enables it).
     pub dirty: crate::dirty::DirtyPages,
+    /// Spreads the wait for the GC over user writes when `pace_user_writes` (set at open,
+    /// with a background GC only).
+    pub pacer: crate::pacing::WritePacer,
+    pub pace_user_writes: bool,
 }
 
 /// One victim policy's view of its segments during a victim choice.
@@ -108,7 +112,30 @@ impl Engine {
             gc_budget: Mutex::new(GcBudget::default()),
             gc_budget_changed: Condvar::new(),
             dirty: crate::dirty::DirtyPages::default(),
+            pacer: crate::pacing::WritePacer::default(),
+            pace_user_writes: false,
         }
+    }
+
+    /// Whether a user write should be paced now (see [`crate::pacing`]): the background GC
+    /// runs short of free segments and writers stalled on it lately.
+    pub fn pacing_due(&self) -> bool {
+        self.pace_user_writes && self.pacer.delay(self.gc_behind()).is_some()
+    }
+
+    /// Paces one user write (see [`crate::pacing`]).
+    pub fn pace_user_write(&self) {
+        if self.pace_user_writes {
+            self.pacer.pace(self.gc_behind());
+        }
+    }
+
+    /// Free segments are at or below the GC's low watermark: a little above the reserve at
+    /// which writers stall. (Pacing from the high watermark down held more segments free on
+    /// average than unpaced writers leave, space the data then lacked: write amplification
+    /// rose from 3.45 to 4.4 on a pool of 96 segments.)
+    fn gc_behind(&self) -> bool {
+        self.log.capacity().free_segments() <= self.log.capacity().watermarks.low
     }
 
     /// Makes `eng` the log's segment source.
@@ -237,6 +264,9 @@ impl Engine {
                 Purpose::User | Purpose::Trim => {
                     self.log.counters().throttled_allocations.fetch_add(1, SeqCst);
                     if self.background_gc {
+                        if self.pace_user_writes {
+                            self.pacer.stalled();
+                        }
                         // The worker found nothing to clean: confirm with an attempt of our own
                         // before reporting that the pool is full.
                         if self.gc_stuck.load(SeqCst) && !self.gc_step()? {
@@ -652,6 +682,9 @@ impl Engine {
             if !throttled {
                 throttled = true;
                 self.log.counters().throttled_allocations.fetch_add(1, SeqCst);
+                if self.pace_user_writes {
+                    self.pacer.stalled();
+                }
             }
             self.wake_gc();
             self.log.capacity().wait_for_free(&ANY_TYPE, u32::MAX, Duration::from_millis(10));

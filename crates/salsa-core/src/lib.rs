@@ -54,6 +54,7 @@ pub mod error;
 pub(crate) mod format;
 pub(crate) mod layout;
 pub(crate) mod log;
+pub(crate) mod pacing;
 pub mod policy;
 pub mod pool;
 pub(crate) mod recovery;

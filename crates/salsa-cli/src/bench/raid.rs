@@ -46,6 +46,8 @@ pub struct RaidBenchParams {
     /// Parts to run: `randwrite_4k`, `seqwrite_1m`, `flush_4k`, `ssd_models`, `reads_rebuild`
     /// (empty: all).
     pub only: Vec<String>,
+    /// SALSA paces its writers while the GC is behind.
+    pub pace_writes: bool,
 }
 
 fn open_direct(path: &Path) -> Result<Arc<dyn Device>, String> {
@@ -180,6 +182,8 @@ struct Run {
     mbps: f64,
     p50_us: u64,
     p99_us: u64,
+    p999_us: u64,
+    max_us: u64,
 }
 
 /// Runs `op(thread, rng)` (returning bytes moved) from `threads` threads for `seconds`.
@@ -217,6 +221,8 @@ fn drive(threads: usize, seconds: u64, op: &(dyn Fn(usize, &mut SmallRng) -> Res
         mbps: v.get(v.len() / 2).copied().unwrap_or(0.0),
         p50_us: h.value_at_quantile(0.5),
         p99_us: h.value_at_quantile(0.99),
+        p999_us: h.value_at_quantile(0.999),
+        max_us: h.max(),
     })
 }
 
@@ -249,6 +255,7 @@ fn salsa_pool(p: &RaidBenchParams, volume_fraction: f64, parity_buffer: bool) ->
     // Reads measure the array (healthy against degraded), not the DRAM cache.
     let mut opts = OpenOptions {
         read_cache_bytes: 0,
+        pace_user_writes: p.pace_writes,
         ..OpenOptions::default()
     };
     if parity_buffer {
@@ -341,8 +348,8 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
             let arr = baseline_array(p)?;
             let b = run_workload(p, w, arr.capacity_bytes(), &|off, data| arr.write(off, data))?;
             say(format!(
-                "{name} round {round}: in-place RAID-5 {:.1} MB/s, p99 {} us",
-                b.mbps, b.p99_us
+                "{name} round {round}: in-place RAID-5 {:.1} MB/s, p99 {} us, p99.9 {} us, max {} us",
+                b.mbps, b.p99_us, b.p999_us, b.max_us
             ));
             base.push(b);
             drop(arr);
@@ -357,14 +364,17 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
             let pad = (after.pad_bytes_written - before.pad_bytes_written) as f64 / user;
             let gc_wa = (user + (after.gc_bytes_relocated - before.gc_bytes_relocated) as f64) / user;
             say(format!(
-                "{name} round {round}: SALSA {} {:.1} MB/s, p99 {} us, all members written per user byte {array_wa:.2} (GC {gc_wa:.2}, padding {pad:.2}); {} syncs ({} ms), GC busy {} ms, {} throttled",
+                "{name} round {round}: SALSA {} {:.1} MB/s, p99 {} us, p99.9 {} us, max {} us, all members written per user byte {array_wa:.2} (GC {gc_wa:.2}, padding {pad:.2}); {} syncs ({} ms), GC busy {} ms, {} stalls, {} writes paced",
                 p.salsa_array.name(),
                 s.mbps,
                 s.p99_us,
+                s.p999_us,
+                s.max_us,
                 after.syncs - before.syncs,
                 (after.sync_micros - before.sync_micros) / 1000,
                 (after.gc_micros - before.gc_micros) / 1000,
-                after.throttled_allocations - before.throttled_allocations
+                after.throttled_allocations - before.throttled_allocations,
+                after.paced_writes - before.paced_writes
             ));
             ours.push(s);
             wa.push(array_wa);
@@ -378,6 +388,8 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
             "in_place_mbps": bm, "salsa_mbps": sm, "throughput_ratio": sm / bm.max(1e-9),
             "in_place_p50_us": m(&base, |r| r.p50_us as f64), "salsa_p50_us": m(&ours, |r| r.p50_us as f64),
             "in_place_p99_us": b99, "salsa_p99_us": s99, "p99_ratio": b99 / s99.max(1.0),
+            "in_place_p999_us": m(&base, |r| r.p999_us as f64), "salsa_p999_us": m(&ours, |r| r.p999_us as f64),
+            "in_place_max_us": m(&base, |r| r.max_us as f64), "salsa_max_us": m(&ours, |r| r.max_us as f64),
             "salsa_array_write_amplification": median(wa),
         });
     }

@@ -158,6 +158,24 @@ pub(crate) fn render(s: &Stats) -> String {
         "Writers that waited for the garbage collector.",
         s.throttled_allocations as f64,
     );
+    e.one(
+        "paced_writes_total",
+        c,
+        "User writes paced while the garbage collector was behind.",
+        s.paced_writes as f64,
+    );
+    e.one(
+        "paced_seconds_total",
+        c,
+        "Time paced user writes slept.",
+        s.paced_micros as f64 / 1e6,
+    );
+    e.one(
+        "pacing_delay_seconds",
+        g,
+        "The delay each user write is paced by while the garbage collector is behind.",
+        s.pacing_delay_micros as f64 / 1e6,
+    );
     e.one("map_memory_bytes", g, "Memory held by the volume maps.", s.map_memory_bytes as f64);
     e.one(
         "unmovable_segments",

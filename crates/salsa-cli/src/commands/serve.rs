@@ -16,6 +16,7 @@ pub(crate) struct ServeArgs {
     /// Bytes of DRAM for pages written and not yet flushed (`None`: as the read cache's).
     pub(crate) write_buffer_bytes: Option<u64>,
     pub(crate) write_buffer_expire: std::time::Duration,
+    pub(crate) pace_writes: bool,
     /// Serve Prometheus metrics at `http://ADDR/metrics`.
     pub(crate) metrics: Option<std::net::SocketAddr>,
     /// Serve the device raw, without a pool (a baseline).
@@ -144,6 +145,7 @@ pub(crate) fn open_or_create(specs: &[DeviceSpec], args: &ServeArgs, format: &Fo
             .write_buffer_bytes
             .unwrap_or_else(salsa_core::pool::default_server_write_buffer_bytes),
         write_buffer_expire: args.write_buffer_expire,
+        pace_user_writes: args.pace_writes,
         ..OpenOptions::default()
     };
     if members == devs.len() {

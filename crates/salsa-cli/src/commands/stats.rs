@@ -38,6 +38,15 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
         );
     }
     println!("syncs             {} for {} flushes", n("syncs"), n("flushes"));
+    if n("paced_writes") > 0 || n("throttled_allocations") > 0 {
+        println!(
+            "GC pacing         {} writes paced ({:.1} s in all, now {} us each), {} writer stalls",
+            n("paced_writes"),
+            n("paced_micros") as f64 / 1e6,
+            n("pacing_delay_micros"),
+            n("throttled_allocations")
+        );
+    }
     if let Some(state) = salsa_cli::stats_json::victim_policy_state_text(&v["victim_policy_state"]) {
         println!("victim policy     {state}");
     }

@@ -27,6 +27,11 @@ pub struct Stats {
     pub sync_micros: u64,
     pub gc_micros: u64,
     pub throttled_allocations: u64,
+    /// User writes paced while the GC was behind, the time they slept in all, and the delay
+    /// each is paced by now (see `pacing.rs`: the wait for the GC spread over every write).
+    pub paced_writes: u64,
+    pub paced_micros: u64,
+    pub pacing_delay_micros: u64,
     /// Victims the GC waited a full second for, for writers to take replaced pages off their
     /// count (0 unless something is wrong).
     pub gc_wait_timeouts: u64,
@@ -171,6 +176,9 @@ impl Pool {
             sync_micros: c.sync_micros.load(SeqCst),
             gc_micros: c.gc_micros.load(SeqCst),
             throttled_allocations: c.throttled_allocations.load(SeqCst),
+            paced_writes: self.eng.pacer.paced_writes.load(SeqCst),
+            paced_micros: self.eng.pacer.paced_micros.load(SeqCst),
+            pacing_delay_micros: self.eng.pacer.current().as_micros() as u64,
             gc_wait_timeouts: c.gc_wait_timeouts.load(SeqCst),
             user_bytes_held: c.user_bytes_held.load(SeqCst),
             payload_buffer_bytes: self.eng.log.payloads().outstanding_bytes() as u64,

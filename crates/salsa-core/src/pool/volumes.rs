@@ -475,6 +475,10 @@ impl Volume {
         if !self.buffered() || !payload.has_pages_of(self.page_bytes() as usize) || self.passes_buffer() {
             return Ok(Some(payload));
         }
+        if self.eng.pacing_due() {
+            // A paced write waits: not on the thread that receives requests.
+            return Ok(Some(payload));
+        }
         self.check_write(offset, len)?;
         let left = self.eng.dirty.write_paged_now(&self.eng, &self.vol, payload)?;
         if left.is_none() {
@@ -500,6 +504,7 @@ impl Volume {
     /// counts its bytes.
     fn checked_write(&self, offset: u64, len: usize, write: impl FnOnce() -> Result<()>) -> Result<()> {
         self.check_write(offset, len)?;
+        self.eng.pace_user_write();
         write()?;
         self.count_written(len);
         Ok(())
