@@ -539,6 +539,9 @@ enum Command {
         /// O_DIRECT); its GC then re-reads victims from memory where they are still cached.
         #[arg(long)]
         page_cache: bool,
+        /// SALSA paces its writers while the GC is behind (`salsa serve --pace-writes`).
+        #[arg(long)]
+        pace_writes: bool,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -837,6 +840,7 @@ fn main() -> ExitCode {
             segment_size,
             victim,
             page_cache,
+            pace_writes,
             json,
         } => run_bench(
             &bench::raw::BenchParams {
@@ -851,6 +855,7 @@ fn main() -> ExitCode {
                 segment_bytes: *segment_size,
                 victim_policy: victim.clone(),
                 page_cache: *page_cache,
+                pace_writes: *pace_writes,
             },
             *json,
         ),

@@ -118,7 +118,7 @@ impl Engine {
     }
 
     /// Whether a user write should be paced now (see [`crate::pacing`]): the background GC
-    /// runs short of free segments and writers stalled on it lately.
+    /// is behind and writers stalled on it lately.
     pub fn pacing_due(&self) -> bool {
         self.pace_user_writes && self.pacer.delay(self.gc_behind()).is_some()
     }
@@ -130,12 +130,13 @@ impl Engine {
         }
     }
 
-    /// Free segments are at or below the GC's low watermark: a little above the reserve at
-    /// which writers stall. (Pacing from the high watermark down held more segments free on
-    /// average than unpaced writers leave, space the data then lacked: write amplification
-    /// rose from 3.45 to 4.4 on a pool of 96 segments.)
+    /// Free segments are within one of the GC's reserve, at which writers stall: the GC is
+    /// behind. (Pacing from higher up, the low or the high watermark, kept more segments free
+    /// on average than unpaced writers leave, space the data then lacks: on a pool of 96
+    /// segments write amplification rose from about 3.6 to 4.0 from the low watermark, 3.9
+    /// from here; docs/BENCHMARKS.md.)
     fn gc_behind(&self) -> bool {
-        self.log.capacity().free_segments() <= self.log.capacity().watermarks.low
+        self.log.capacity().free_segments() <= self.log.capacity().watermarks.gc_reserve + 1
     }
 
     /// Makes `eng` the log's segment source.

@@ -16,14 +16,14 @@
 //! waits for a whole victim.
 //!
 //! Invariants: the delay is at most [`DELAY_MAX`]; a write is paced only while free segments
-//! are at or below the GC's low watermark, a little above the reserve where writers would
-//! stall; trims and GC writes are never paced (trims make space; the GC is what writers wait
-//! for).
+//! are within one of the GC's reserve, where writers would stall (pacing from higher up held
+//! segments free that the data then lacked); trims and GC writes are never paced (trims make
+//! space; the GC is what writers wait for).
 //!
 //! Why it is off by default: on RAID-5 random writes at queue depth 32 (1022 segments) it
-//! took the p99.9 of write latency from 153 ms to 5 to 6 ms and the maximum from 1 s to
-//! 21 to 28 ms, but write amplification rose 2 to 3% there, and 10 to 15% on a pool of 96
-//! segments, for a cause not yet found (docs/BENCHMARKS.md).
+//! took the p99.9 of write latency from about 150 ms to 5 to 7 ms and the maximum from 1 s
+//! to about 25 ms, but write amplification rose 2% there, and about 7% on a pool of 96
+//! segments, for a cause only partly found (docs/BENCHMARKS.md).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};

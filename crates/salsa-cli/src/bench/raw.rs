@@ -33,6 +33,8 @@ pub struct BenchParams {
     pub victim_policy: String,
     /// SALSA's device goes through the page cache (the baseline is always `O_DIRECT`).
     pub page_cache: bool,
+    /// SALSA paces its writers while the GC is behind (`salsa serve --pace-writes`).
+    pub pace_writes: bool,
 }
 
 /// Steady-state write amplification of greedy cleaning under uniform random writes, with spare
@@ -204,7 +206,11 @@ pub fn run(p: &BenchParams, progress: &dyn Fn(&str)) -> Result<BenchReport, Stri
         victim_policy: p.victim_policy.clone(),
         ..PoolConfig::default()
     };
-    let pool = Pool::create(vec![dev], &cfg, &OpenOptions::default()).map_err(|e| e.to_string())?;
+    let opts = OpenOptions {
+        pace_user_writes: p.pace_writes,
+        ..OpenOptions::default()
+    };
+    let pool = Pool::create(vec![dev], &cfg, &opts).map_err(|e| e.to_string())?;
     let vol = pool
         .create_volume("bench", pool.logical_capacity_bytes(), 4096)
         .map_err(|e| e.to_string())?;

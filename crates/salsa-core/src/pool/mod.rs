@@ -122,7 +122,8 @@ pub struct OpenOptions {
     /// Pace user writes while the background GC is behind (see `pacing.rs`): the wait for the
     /// GC spread over every write instead of falling whole on a few. Off by default: it cuts
     /// the tail of write latency under sustained overwrites (RAID-5 random writes: p99.9 from
-    /// 153 ms to 6 ms) but raised write amplification on small pools (docs/BENCHMARKS.md).
+    /// about 150 ms to 5 to 7 ms) but raises write amplification a little, more on small
+    /// pools (docs/BENCHMARKS.md).
     pub pace_user_writes: bool,
     /// Policies the pool's and volumes' policy names are looked up in.
     pub policies: Registry,
