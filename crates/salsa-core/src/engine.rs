@@ -50,10 +50,10 @@ pub struct Engine {
     gc_budget_changed: Condvar,
     /// The write buffer above the volumes' controllers (off unless the pool enables it).
     pub dirty: crate::dirty::DirtyPages,
-    /// Spreads the wait for the GC over user writes when `pace_user_writes` (set at open,
-    /// with a background GC only).
+    /// Spreads the wait for the GC over user writes when `pace_user_writes` (asked for at
+    /// open, with a background GC only).
     pub pacer: crate::pacing::WritePacer,
-    pub pace_user_writes: bool,
+    pace_user_writes: bool,
 }
 
 /// One victim policy's view of its segments during a victim choice.
@@ -93,7 +93,14 @@ const GARBAGE_SLACK: f64 = 0.01;
 impl Engine {
     /// The engine over `log`, cleaning with `policy`. Call [`Engine::attach`] once it is in an
     /// `Arc`, so that the log's streams get their segments from it.
-    pub fn new(log: Arc<Log>, policy: Box<dyn VictimPolicy>, background_gc: bool, gc_garbage_ratio: Option<f64>) -> Engine {
+    /// `pace_user_writes` takes effect with a background GC only (see [`crate::pacing`]).
+    pub fn new(
+        log: Arc<Log>,
+        policy: Box<dyn VictimPolicy>,
+        background_gc: bool,
+        gc_garbage_ratio: Option<f64>,
+        pace_user_writes: bool,
+    ) -> Engine {
         let policy: Arc<dyn VictimPolicy> = Arc::from(policy);
         if policy.watch_writes(&Self::pool_shape(&log)) {
             log.write_watchers.set_pool(Some(policy.clone()));
@@ -113,7 +120,7 @@ impl Engine {
             gc_budget_changed: Condvar::new(),
             dirty: crate::dirty::DirtyPages::default(),
             pacer: crate::pacing::WritePacer::default(),
-            pace_user_writes: false,
+            pace_user_writes: pace_user_writes && background_gc,
         }
     }
 
@@ -127,6 +134,15 @@ impl Engine {
     pub fn pace_user_write(&self) {
         if self.pace_user_writes {
             self.pacer.pace(self.gc_behind());
+        }
+    }
+
+    /// A writer waits for the GC: counted (a throttled allocation), and the pacer told that
+    /// its delay was too short.
+    fn writer_stalled(&self) {
+        self.log.counters().throttled_allocations.fetch_add(1, SeqCst);
+        if self.pace_user_writes {
+            self.pacer.stalled();
         }
     }
 
@@ -263,11 +279,8 @@ impl Engine {
                 // The fast tier borrows segments from the capacity manager directly, never here.
                 Purpose::Tier => return Err(Error::NoSpace("no free segment for the fast tier".into())),
                 Purpose::User | Purpose::Trim => {
-                    self.log.counters().throttled_allocations.fetch_add(1, SeqCst);
+                    self.writer_stalled();
                     if self.background_gc {
-                        if self.pace_user_writes {
-                            self.pacer.stalled();
-                        }
                         // The worker found nothing to clean: confirm with an attempt of our own
                         // before reporting that the pool is full.
                         if self.gc_stuck.load(SeqCst) && !self.gc_step()? {
@@ -682,10 +695,7 @@ impl Engine {
             }
             if !throttled {
                 throttled = true;
-                self.log.counters().throttled_allocations.fetch_add(1, SeqCst);
-                if self.pace_user_writes {
-                    self.pacer.stalled();
-                }
+                self.writer_stalled();
             }
             self.wake_gc();
             self.log.capacity().wait_for_free(&ANY_TYPE, u32::MAX, Duration::from_millis(10));

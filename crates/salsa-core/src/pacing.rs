@@ -87,8 +87,9 @@ impl WritePacer {
         self.lowered_ns.store(now, Relaxed);
     }
 
-    /// The delay a user write should sleep now; `gc_behind`: free segments are below the GC's
-    /// high watermark. Lowers the delay for every quiet interval since it last changed.
+    /// The delay a user write should sleep now; `gc_behind`: free segments are within one of
+    /// the GC's reserve (`Engine::gc_behind`). Lowers the delay for every quiet interval since
+    /// it last changed.
     pub fn delay(&self, gc_behind: bool) -> Option<Duration> {
         let d = self.delay_ns.load(Relaxed);
         if d == 0 {

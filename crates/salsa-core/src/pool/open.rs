@@ -327,8 +327,13 @@ impl Pool {
         let log = Arc::new(Log::new(first.pool_id, geo, array, meta, opts.read_only));
         log.enable_read_cache(opts.read_cache_bytes);
         log.capacity().set_discard(opts.discard_freed_segments && !opts.read_only);
-        let mut eng = Engine::new(log, policy, opts.background_gc, opts.gc_garbage_percent.map(|p| p / 100.0));
-        eng.pace_user_writes = opts.pace_user_writes && opts.background_gc;
+        let eng = Engine::new(
+            log,
+            policy,
+            opts.background_gc,
+            opts.gc_garbage_percent.map(|p| p / 100.0),
+            opts.pace_user_writes,
+        );
         for c in volumes {
             eng.add_volume(c);
         }
