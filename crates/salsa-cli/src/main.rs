@@ -287,9 +287,10 @@ enum Command {
         /// Write buffered pages down once the oldest has waited this long, flush or not.
         #[arg(long, value_name = "MS", default_value_t = 5000)]
         write_buffer_expire_ms: u64,
-        /// Pace writes while the garbage collector is behind: each write waits a little (an
-        /// adaptive delay) instead of a few waiting for whole victims. Cuts the tail of write
-        /// latency under sustained overwrites; can raise write amplification on small pools.
+        /// Pace writes while the garbage collector is behind: writes are admitted at the rate
+        /// it sustains (found by feedback), each waiting its turn, instead of a few waiting for
+        /// whole victims. Cuts the tail of write latency under sustained overwrites; raises
+        /// write amplification a little (the GC keeps a few more segments free).
         #[arg(long)]
         pace_writes: bool,
         /// Serve the statistics for Prometheus at http://HOST:PORT/metrics (pool, volumes,
@@ -503,6 +504,11 @@ enum Command {
         /// SALSA paces its writers while the GC is behind (`salsa serve --pace-writes`).
         #[arg(long)]
         pace_writes: bool,
+        /// The share of the pool's capacity SALSA's volume takes, in percent; the writes of
+        /// both sides go to as many bytes (100: the whole volume a pool of 20% spare offers;
+        /// less: a working set smaller than the array, as in the SALSA paper's RAID-5 study).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
+        volume_percent: u32,
     },
     /// Benchmark: random overwrites through SALSA against the same writes straight to the file
     /// with O_DIRECT, side by side.
@@ -785,8 +791,10 @@ fn main() -> ExitCode {
             salsa_array,
             salsa_stripe_unit,
             pace_writes,
+            volume_percent,
         } => bench::raid::run(&bench::raid::RaidBenchParams {
             pace_writes: *pace_writes,
+            volume_fraction: *volume_percent as f64 / 100.0,
             salsa_stripe_unit: salsa_stripe_unit.map(|u| u.min(u32::MAX as u64) as u32),
             only: only.clone(),
             salsa_array: *salsa_array,

@@ -60,10 +60,11 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
     j["hole_fill_bytes"] = s.hole_fill_bytes.into();
     j["free_segments_over_holes"] = s.free_segments_over_holes.into();
     j["sync_micros"] = s.sync_micros.into();
+    j["releases_sharing_a_sync"] = s.releases_sharing_a_sync.into();
     j["gc_micros"] = s.gc_micros.into();
     j["paced_writes"] = s.paced_writes.into();
     j["paced_micros"] = s.paced_micros.into();
-    j["pacing_delay_micros"] = s.pacing_delay_micros.into();
+    j["pacing_rate_bytes_per_sec"] = s.pacing_rate_bytes_per_sec.into();
     j["victim_policy_state"] = victim_policy_state_json(&s.victim_policy_state);
     j["write_buffer"] = s
         .write_buffer

@@ -166,7 +166,7 @@ fn stats_json_carries_the_device_models_counters_and_the_victim_policys_state() 
     assert!(v["sync_micros"].is_u64() && v["gc_micros"].is_u64(), "{v}");
     // The pacing of writers (asked for, not needed yet on an idle pool).
     assert_eq!(
-        (v["paced_writes"].as_u64(), v["pacing_delay_micros"].as_u64()),
+        (v["paced_writes"].as_u64(), v["pacing_rate_bytes_per_sec"].as_u64()),
         (Some(0), Some(0)),
         "{v}"
     );

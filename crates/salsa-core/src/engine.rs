@@ -124,35 +124,28 @@ impl Engine {
         }
     }
 
-    /// Whether a user write should be paced now (see [`crate::pacing`]): the background GC
-    /// is behind and writers stalled on it lately.
+    /// Whether user writes are paced now (see [`crate::pacing`]).
     pub fn pacing_due(&self) -> bool {
-        self.pace_user_writes && self.pacer.delay(self.gc_behind()).is_some()
+        self.pace_user_writes && self.pacer.pacing()
     }
 
-    /// Paces one user write (see [`crate::pacing`]).
-    pub fn pace_user_write(&self) {
+    /// Paces one user write of `bytes` (see [`crate::pacing`]).
+    pub fn pace_user_write(&self, bytes: u64) {
         if self.pace_user_writes {
-            self.pacer.pace(self.gc_behind());
+            let capacity = self.log.capacity();
+            // Victims cleaned and waiting for their release sync are as good as free.
+            let free = || capacity.free_segments() + capacity.pending_counts().gc;
+            self.pacer.pace(bytes, free, &capacity.watermarks);
         }
     }
 
     /// A writer waits for the GC: counted (a throttled allocation), and the pacer told that
-    /// its delay was too short.
+    /// its rate was too high.
     fn writer_stalled(&self) {
         self.log.counters().throttled_allocations.fetch_add(1, SeqCst);
         if self.pace_user_writes {
             self.pacer.stalled();
         }
-    }
-
-    /// Free segments are within one of the GC's reserve, at which writers stall: the GC is
-    /// behind. (Pacing from higher up, the low or the high watermark, kept more segments free
-    /// on average than unpaced writers leave, space the data then lacks: on a pool of 96
-    /// segments write amplification rose from about 3.6 to 4.0 from the low watermark, 3.9
-    /// from here; docs/BENCHMARKS.md.)
-    fn gc_behind(&self) -> bool {
-        self.log.capacity().free_segments() <= self.log.capacity().watermarks.gc_reserve + 1
     }
 
     /// Makes `eng` the log's segment source.

@@ -45,3 +45,42 @@ pub fn pattern(vol: u32, page: u64, version: u64) -> Vec<u8> {
     }
     v
 }
+
+/// Fills a volume of 85% of `pool`'s capacity, then overwrites random pages from `threads`
+/// threads, each `passes` times as many writes as the volume has pages (thread t owns the
+/// pages p with p % threads == t, so that the last value of each page is known); checks that
+/// every page reads back its last write.
+pub fn overwrite_from_threads(pool: &Pool, threads: u64, passes: u64) {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    let pages = (pool.logical_capacity_bytes() * 85 / 100) / PAGE as u64 / threads * threads;
+    let vol = pool.create_volume("v", pages * PAGE as u64, PAGE as u32).unwrap();
+    for p in 0..pages {
+        vol.write(p * PAGE as u64, &pattern(1, p, 1)).unwrap();
+    }
+    let last: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let vol = vol.clone();
+                s.spawn(move || {
+                    let mut rng = SmallRng::seed_from_u64(t);
+                    let mut mine = vec![1u64; (pages / threads) as usize];
+                    for i in 0..passes * pages {
+                        let k = rng.gen_range(0..mine.len());
+                        let p = k as u64 * threads + t;
+                        vol.write(p * PAGE as u64, &pattern(1, p, i + 2)).unwrap();
+                        mine[k] = i + 2;
+                    }
+                    mine
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut buf = vec![0u8; PAGE];
+    for p in 0..pages {
+        vol.read(p * PAGE as u64, &mut buf).unwrap();
+        let v = last[(p % threads) as usize][(p / threads) as usize];
+        assert!(buf == pattern(1, p, v), "page {p} lost its last write");
+    }
+}

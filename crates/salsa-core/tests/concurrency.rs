@@ -301,3 +301,38 @@ fn multi_page_writers_never_strand_gc_victims() {
         st.gc_segments_cleaned
     );
 }
+
+/// Group commit of GC releases (`Log::sync_for_release`): with a disk whose cache flush is
+/// slow and four GC workers cleaning at once, a worker whose moves a sync begun after them
+/// covered releases its victims without a sync of its own; every page still reads back its
+/// last write.
+#[test]
+fn gc_workers_releasing_at_once_share_a_sync_and_lose_nothing() {
+    use salsa_core::device::{FaultDevice, FaultPlan};
+    let dev: Arc<dyn Device> = Arc::new(FaultDevice::new(
+        Arc::new(MemoryDevice::new("m", 48 * MIB)),
+        FaultPlan {
+            sync_delay: Some(std::time::Duration::from_millis(2)),
+            ..FaultPlan::default()
+        },
+    ));
+    let cfg = salsa_core::PoolConfig {
+        segment_bytes: Some(MIB),
+        ..salsa_core::PoolConfig::default()
+    };
+    let opts = OpenOptions {
+        gc_workers: 4,
+        ..OpenOptions::default()
+    };
+    let pool = Pool::create(vec![dev], &cfg, &opts).unwrap();
+    overwrite_from_threads(&pool, WRITERS, 2);
+    let st = pool.stats();
+    assert!(st.gc_segments_cleaned > 0, "the GC ran");
+    assert!(
+        st.releases_sharing_a_sync > 0,
+        "no GC release shared a sync ({} syncs, {} segments cleaned)",
+        st.syncs,
+        st.gc_segments_cleaned
+    );
+    pool.close().unwrap();
+}

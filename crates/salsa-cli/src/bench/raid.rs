@@ -48,6 +48,9 @@ pub struct RaidBenchParams {
     pub only: Vec<String>,
     /// SALSA paces its writers while the GC is behind.
     pub pace_writes: bool,
+    /// The share of the pool's logical capacity SALSA's volume takes; the write workloads of
+    /// both sides cover as many bytes.
+    pub volume_fraction: f64,
 }
 
 fn open_direct(path: &Path) -> Result<Arc<dyn Device>, String> {
@@ -240,9 +243,36 @@ fn parity_buffer_path(p: &RaidBenchParams) -> PathBuf {
     p.dir.join("parity-buffer.img")
 }
 
+/// The bytes of a volume that takes `fraction` of `pool`'s logical capacity.
+fn volume_bytes(pool: &Pool, fraction: f64) -> u64 {
+    (pool.logical_capacity_bytes() as f64 * fraction) as u64 / (1 << 20) * (1 << 20)
+}
+
+/// Random 4 KiB writes on SALSA's freshly filled volume until its GC has run for a while:
+/// the volume's first random writes fill the pool's free segments at the speed of sequential
+/// writes, which is not the steady state the measured run is for.
+fn warm_up(p: &RaidBenchParams, pool: &Pool, bytes: u64, write: &WriteFn<'_>) -> Result<(), String> {
+    let one_second = RaidBenchParams { seconds: 1, ..p.clone() };
+    let mut after_gc = 0;
+    for _ in 0..WARM_UP_SECONDS_MAX {
+        run_workload(&one_second, Workload::Random4k, bytes, write)?;
+        if pool.stats().gc_segments_cleaned > 0 {
+            after_gc += 1;
+            if after_gc == WARM_UP_SECONDS_AFTER_GC {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The warm-up runs at most this long, and this long once the GC has started.
+const WARM_UP_SECONDS_MAX: u32 = 60;
+const WARM_UP_SECONDS_AFTER_GC: u32 = 2;
+
 /// A fresh SALSA RAID-5 pool on the members (with a parity buffer file beside them when
-/// `parity_buffer`), its volume written once; returns the pool.
-fn salsa_pool(p: &RaidBenchParams, volume_fraction: f64, parity_buffer: bool) -> Result<Pool, String> {
+/// `parity_buffer`), without volumes.
+fn salsa_pool_empty(p: &RaidBenchParams, parity_buffer: bool) -> Result<Pool, String> {
     let devs: Vec<Arc<dyn Device>> = member_paths(p)[..p.members]
         .iter()
         .map(|m| open_direct(m))
@@ -263,8 +293,13 @@ fn salsa_pool(p: &RaidBenchParams, volume_fraction: f64, parity_buffer: bool) ->
         preallocate(&path, salsa_core::pool::default_parity_buffer_bytes(&cfg, p.members as u32))?;
         opts.parity_buffer = Some(open_direct(&path)?);
     }
-    let pool = Pool::create(devs, &cfg, &opts).map_err(|e| e.to_string())?;
-    let size = (pool.logical_capacity_bytes() as f64 * volume_fraction) as u64 / (1 << 20) * (1 << 20);
+    Pool::create(devs, &cfg, &opts).map_err(|e| e.to_string())
+}
+
+/// [`salsa_pool_empty`] with a volume of `volume_fraction` of its capacity, written once.
+fn salsa_pool(p: &RaidBenchParams, volume_fraction: f64, parity_buffer: bool) -> Result<Pool, String> {
+    let pool = salsa_pool_empty(p, parity_buffer)?;
+    let size = volume_bytes(&pool, volume_fraction);
     let vol = pool.create_volume("bench", size, 4096).map_err(|e| e.to_string())?;
     let chunk = salsa_core::AlignedBuf::zeroed(1 << 20);
     let mut off = 0;
@@ -334,6 +369,20 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
         "queue_depth": p.queue_depth, "seconds": p.seconds, "rounds": p.rounds,
     });
     let wanted = |part: &str| p.only.is_empty() || p.only.iter().any(|o| o == part);
+    // The bytes SALSA's volume holds, which both sides' write workloads cover (the in-place
+    // array is measured on as much of its space, as the SALSA paper measured the raw device on
+    // a partition of the SALSA volume's size).
+    let same_bytes = {
+        for path in &paths[..p.members] {
+            preallocate(path, p.member_bytes)?;
+        }
+        let pool = salsa_pool_empty(p, false)?;
+        let bytes = volume_bytes(&pool, p.volume_fraction);
+        pool.close().map_err(|e| e.to_string())?;
+        bytes
+    };
+    report["volume_fraction"] = p.volume_fraction.into();
+    report["workload_bytes"] = same_bytes.into();
     for (name, w) in [("randwrite_4k", Workload::Random4k), ("seqwrite_1m", Workload::Sequential1m)] {
         if !wanted(name) {
             continue;
@@ -346,17 +395,21 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
                 preallocate(path, p.member_bytes)?;
             }
             let arr = baseline_array(p)?;
-            let b = run_workload(p, w, arr.capacity_bytes(), &|off, data| arr.write(off, data))?;
+            let b = run_workload(p, w, same_bytes.min(arr.capacity_bytes()), &|off, data| arr.write(off, data))?;
             say(format!(
                 "{name} round {round}: in-place RAID-5 {:.1} MB/s, p99 {} us, p99.9 {} us, max {} us",
                 b.mbps, b.p99_us, b.p999_us, b.max_us
             ));
             base.push(b);
             drop(arr);
-            let pool = salsa_pool(p, 1.0, false)?;
+            let pool = salsa_pool(p, p.volume_fraction, false)?;
             let vol = pool.volume("bench").map_err(|e| e.to_string())?;
+            let write = |off, data: &[u8]| vol.write(off, data).map_err(|e| e.to_string());
+            if let Workload::Random4k = w {
+                warm_up(p, &pool, vol.size_bytes(), &write)?;
+            }
             let before = pool.stats();
-            let s = run_workload(p, w, vol.size_bytes(), &|off, data| vol.write(off, data).map_err(|e| e.to_string()))?;
+            let s = run_workload(p, w, vol.size_bytes(), &write)?;
             let after = pool.stats();
             let user = (after.user_bytes_written - before.user_bytes_written).max(1) as f64;
             let members = |st: &salsa_core::Stats| st.members.iter().map(|m| m.bytes_written).sum::<u64>();

@@ -147,6 +147,12 @@ pub(crate) fn render(s: &Stats) -> String {
     e.one("syncs_total", c, "Device syncs.", s.syncs as f64);
     e.one("sync_seconds_total", c, "Time spent in device syncs.", s.sync_micros as f64 / 1e6);
     e.one(
+        "gc_releases_sharing_a_sync_total",
+        c,
+        "Garbage-collector releases covered by a sync another began after them.",
+        s.releases_sharing_a_sync as f64,
+    );
+    e.one(
         "gc_seconds_total",
         c,
         "Time the garbage collector worked.",
@@ -171,10 +177,10 @@ pub(crate) fn render(s: &Stats) -> String {
         s.paced_micros as f64 / 1e6,
     );
     e.one(
-        "pacing_delay_seconds",
+        "pacing_rate_bytes_per_second",
         g,
-        "The delay each user write is paced by while the garbage collector is behind.",
-        s.pacing_delay_micros as f64 / 1e6,
+        "The rate user writes are admitted at while the garbage collector is behind (0: not pacing).",
+        s.pacing_rate_bytes_per_sec as f64,
     );
     e.one("map_memory_bytes", g, "Memory held by the volume maps.", s.map_memory_bytes as f64);
     e.one(

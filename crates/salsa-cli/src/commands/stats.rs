@@ -40,10 +40,13 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     println!("syncs             {} for {} flushes", n("syncs"), n("flushes"));
     if n("paced_writes") > 0 || n("throttled_allocations") > 0 {
         println!(
-            "GC pacing         {} writes paced ({:.1} s in all, now {} us each), {} writer stalls",
+            "GC pacing         {} writes paced ({:.1} s in all, {}), {} writer stalls",
             n("paced_writes"),
             n("paced_micros") as f64 / 1e6,
-            n("pacing_delay_micros"),
+            match n("pacing_rate_bytes_per_sec") {
+                0 => "not pacing now".to_string(),
+                r => format!("admitting {}/s now", salsa_core::pool::human_bytes(r)),
+            },
             n("throttled_allocations")
         );
     }

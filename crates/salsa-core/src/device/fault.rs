@@ -1,5 +1,5 @@
 //! Fault injection for tests: wraps a device and fails chosen writes or syncs, flips a bit in
-//! data returned by reads of a chosen range, slows its writes or discards down, or dies (fails
+//! data returned by reads of a chosen range, slows its writes, syncs or discards down, or dies (fails
 //! everything).
 
 use super::Device;
@@ -27,6 +27,8 @@ pub struct FaultPlan {
     pub discard_delay: Option<std::time::Duration>,
     /// Every write takes this long (a slow disk, so a test can act while one is under way).
     pub write_delay: Option<std::time::Duration>,
+    /// Every sync takes this long (a disk whose cache flush is slow).
+    pub sync_delay: Option<std::time::Duration>,
 }
 
 struct Counters {
@@ -105,7 +107,7 @@ impl Device for FaultDevice {
         self.inner.write_at(buf, offset)
     }
     fn sync(&self) -> io::Result<()> {
-        {
+        let delay = {
             let plan = self.plan.lock();
             let mut c = self.counters.lock();
             c.syncs += 1;
@@ -113,6 +115,10 @@ impl Device for FaultDevice {
                 c.failing = true;
                 return Err(injected("sync"));
             }
+            plan.sync_delay
+        };
+        if let Some(delay) = delay {
+            std::thread::sleep(delay);
         }
         self.inner.sync()
     }

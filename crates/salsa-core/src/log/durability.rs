@@ -34,6 +34,9 @@ pub struct Tracker {
     synced_through: AtomicU64,
     /// Serialises syncs so that concurrent flushes share one (group commit).
     pub sync_lock: Mutex<()>,
+    /// Syncs begun (counted under `sync_lock`, before the devices are synced): a sync begun
+    /// after a writer saw its records on the device covers them.
+    syncs_begun: AtomicU64,
 }
 
 impl Tracker {
@@ -47,6 +50,7 @@ impl Tracker {
             completed: Condvar::new(),
             synced_through: AtomicU64::new(first_id.saturating_sub(1)),
             sync_lock: Mutex::new(()),
+            syncs_begun: AtomicU64::new(0),
         }
     }
 
@@ -130,5 +134,15 @@ impl Tracker {
 
     pub fn set_synced_through(&self, id: u64) {
         self.synced_through.fetch_max(id, SeqCst);
+    }
+
+    /// Syncs begun so far (see [`Tracker::sync_begins`]).
+    pub fn syncs_begun(&self) -> u64 {
+        self.syncs_begun.load(SeqCst)
+    }
+
+    /// A sync begins; the caller holds `sync_lock`.
+    pub fn sync_begins(&self) {
+        self.syncs_begun.fetch_add(1, SeqCst);
     }
 }

@@ -88,6 +88,9 @@ pub struct Counters {
     pub syncs: AtomicU64,
     /// Time spent in device syncs.
     pub sync_micros: AtomicU64,
+    /// GC releases whose records a sync begun after them covered, so that they synced nothing
+    /// themselves (group commit of releases).
+    pub releases_sharing_a_sync: AtomicU64,
     /// Time the GC spent reading victims and relocating (excluding syncs).
     pub gc_micros: AtomicU64,
     pub throttled_allocations: AtomicU64,
@@ -365,6 +368,13 @@ impl Log {
     /// The capacity manager, for the space manager above (GC, checkpoint, recovery).
     pub fn capacity(&self) -> &Capacity {
         &self.capacity
+    }
+
+    /// Widens the GC's band for a pool whose user writes are paced
+    /// ([`capacity::Watermarks::widened_for_pacing`]); before the log is shared.
+    pub fn widen_watermarks_for_pacing(&mut self) {
+        let total = self.capacity.segments().len() as u32;
+        self.capacity.watermarks = self.capacity.watermarks.widened_for_pacing(total);
     }
 
     pub fn counters(&self) -> &Counters {
@@ -776,6 +786,7 @@ impl Log {
     /// sync lock, so syncs do not overlap and `synced_through` only covers records that were
     /// complete before this sync began. A failure poisons the pool.
     fn sync_devices(&self) -> Result<()> {
+        self.tracker.sync_begins();
         let upto = self.tracker.complete_through();
         let t = std::time::Instant::now();
         let r = self.array.sync_all();
@@ -823,10 +834,18 @@ impl Log {
             return self.check_not_poisoned().map(|_| false);
         }
         self.check_not_poisoned()?;
+        // Group commit: a sync that began after the records above were on the device covers
+        // them (syncs run under the lock, so it has ended; had it failed, the log is poisoned).
+        let begun_before = self.tracker.syncs_begun();
         {
             let _s = self.tracker.sync_lock.lock();
-            self.sync_devices()?;
+            if self.tracker.syncs_begun() == begun_before {
+                self.sync_devices()?;
+            } else {
+                self.counters.releases_sharing_a_sync.fetch_add(1, SeqCst);
+            }
         }
+        self.check_not_poisoned()?;
         Ok(true)
     }
 

@@ -324,7 +324,11 @@ impl Pool {
         if !opts.read_only {
             crate::log::write_meta_slot(&array.metadata_devices(), &mut meta)?;
         }
-        let log = Arc::new(Log::new(first.pool_id, geo, array, meta, opts.read_only));
+        let mut log = Log::new(first.pool_id, geo, array, meta, opts.read_only);
+        if opts.pace_user_writes && opts.background_gc {
+            log.widen_watermarks_for_pacing();
+        }
+        let log = Arc::new(log);
         log.enable_read_cache(opts.read_cache_bytes);
         log.capacity().set_discard(opts.discard_freed_segments && !opts.read_only);
         let eng = Engine::new(

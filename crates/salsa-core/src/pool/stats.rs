@@ -25,13 +25,16 @@ pub struct Stats {
     pub flushes: u64,
     pub syncs: u64,
     pub sync_micros: u64,
+    /// GC releases that another's sync covered (group commit; see `Log::sync_for_release`).
+    pub releases_sharing_a_sync: u64,
     pub gc_micros: u64,
     pub throttled_allocations: u64,
-    /// User writes paced while the GC was behind, the time they slept in all, and the delay
-    /// each is paced by now (see `pacing.rs`: the wait for the GC spread over every write).
+    /// User writes paced while the GC was behind, the time they waited in all, and the rate
+    /// writes are admitted at now, 0 when not pacing (see `pacing.rs`: the wait for the GC
+    /// spread over every write).
     pub paced_writes: u64,
     pub paced_micros: u64,
-    pub pacing_delay_micros: u64,
+    pub pacing_rate_bytes_per_sec: u64,
     /// Victims the GC waited a full second for, for writers to take replaced pages off their
     /// count (0 unless something is wrong).
     pub gc_wait_timeouts: u64,
@@ -174,11 +177,12 @@ impl Pool {
             flushes: c.flushes.load(SeqCst),
             syncs: c.syncs.load(SeqCst),
             sync_micros: c.sync_micros.load(SeqCst),
+            releases_sharing_a_sync: c.releases_sharing_a_sync.load(SeqCst),
             gc_micros: c.gc_micros.load(SeqCst),
             throttled_allocations: c.throttled_allocations.load(SeqCst),
             paced_writes: self.eng.pacer.paced_writes.load(SeqCst),
             paced_micros: self.eng.pacer.paced_micros.load(SeqCst),
-            pacing_delay_micros: self.eng.pacer.current().as_micros() as u64,
+            pacing_rate_bytes_per_sec: self.eng.pacer.rate_bytes_per_sec(),
             gc_wait_timeouts: c.gc_wait_timeouts.load(SeqCst),
             user_bytes_held: c.user_bytes_held.load(SeqCst),
             payload_buffer_bytes: self.eng.log.payloads().outstanding_bytes() as u64,

@@ -504,7 +504,7 @@ impl Volume {
     /// counts its bytes.
     fn checked_write(&self, offset: u64, len: usize, write: impl FnOnce() -> Result<()>) -> Result<()> {
         self.check_write(offset, len)?;
-        self.eng.pace_user_write();
+        self.eng.pace_user_write(len as u64);
         write()?;
         self.count_written(len);
         Ok(())
