@@ -48,7 +48,7 @@ const DISENGAGE_AFTER: Duration = Duration::from_millis(50);
 /// The least rate the pacer admits writes at (1 MiB/s): below it a stalled writer waits no
 /// longer than a paced one would.
 pub const RATE_MIN_BYTES_PER_SEC: u64 = 1 << 20;
-/// An interval this much longer than [`UPDATE_INTERVAL`] (no writes came) measures nothing.
+/// An interval longer than this (no writes came) measures nothing.
 const STALE_AFTER: Duration = Duration::from_millis(20);
 /// Waits shorter than this are not slept (a sleep costs about that much by itself).
 const SLEEP_MIN: Duration = Duration::from_micros(10);
@@ -147,11 +147,10 @@ impl WritePacer {
         let measured = (bytes - c.bytes_at_update) as f64 * 1e9 / dt as f64;
         c.updated_ns = now;
         c.bytes_at_update = bytes;
-        if dt > STALE_AFTER.as_nanos() as u64 {
-            // Writers paused: what they wrote says nothing of what the GC sustains. Start a
-            // new interval and keep the rate.
-            return;
-        }
+        // After a pause (or writes paced to fewer than one an interval) what writers wrote
+        // says nothing of what the GC sustains: the rate is corrected by the free segments
+        // alone.
+        let fresh = dt <= STALE_AFTER.as_nanos() as u64;
         let stalled = self.stalled.swap(false, Relaxed);
         let free_now = free();
         c.free_avg = if c.free_avg == 0.0 {
@@ -170,15 +169,17 @@ impl WritePacer {
         let rate = self.rate_bytes_per_sec.load(Relaxed);
         let next = if rate == 0 {
             // Not pacing: start when the GC falls behind, at what users wrote meanwhile.
-            if free_now < wm.low || stalled {
+            if fresh && (free_now < wm.low || stalled) {
                 measured
             } else {
                 0.0
             }
         } else if c.high_since_ns != 0 && now - c.high_since_ns >= DISENGAGE_AFTER.as_nanos() as u64 {
             0.0
-        } else {
+        } else if fresh {
             (rate as f64 * correction(free, wm, stalled)).min((2.0 * measured).max(rate as f64 * 0.5))
+        } else {
+            rate as f64 * correction(free, wm, stalled)
         };
         let next = if next == 0.0 {
             0
@@ -287,10 +288,11 @@ mod tests {
         let t = run(&p, t, 10, 1 << 10, WM.low + 1);
         let twice = 2.0 * (1u64 << 10) as f64 * 1000.0;
         assert!((p.rate_bytes_per_sec() as f64 - twice).abs() / twice < 1e-6);
-        // No write for a second: the rate stays.
-        let kept = p.rate_bytes_per_sec();
+        // No write for a second: corrected by the free segments alone, not cut to what the
+        // writers wrote (nothing).
+        let kept = p.rate_bytes_per_sec() as f64;
         p.update((t + 1000) * MS, || WM.low + 1, &WM);
-        assert_eq!(p.rate_bytes_per_sec(), kept);
+        assert!((p.rate_bytes_per_sec() as f64 / kept - 1.02).abs() < 1e-6);
     }
 
     #[test]
@@ -313,5 +315,17 @@ mod tests {
         p.pace(4096, || WM.low, &WM);
         let waited = t.elapsed();
         assert!(waited >= DELAY_MAX && waited < DELAY_MAX * 10, "waited {waited:?}");
+    }
+    #[test]
+    fn writes_rarer_than_the_interval_still_end_pacing() {
+        // One write a second (large writes at a low rate): every interval is stale, and
+        // pacing still stops once the GC holds its high watermark.
+        let p = WritePacer::default();
+        p.rate_bytes_per_sec.store(RATE_MIN_BYTES_PER_SEC, Relaxed);
+        for s in 1..=3 {
+            p.bytes_admitted.fetch_add(1 << 20, Relaxed);
+            p.update(s * 1000 * MS, || WM.high, &WM);
+        }
+        assert!(!p.pacing());
     }
 }
