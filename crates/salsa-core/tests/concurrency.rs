@@ -336,3 +336,38 @@ fn gc_workers_releasing_at_once_share_a_sync_and_lose_nothing() {
     );
     pool.close().unwrap();
 }
+
+/// The GC workers run at a lower CPU priority than the threads that write (nice 10), so
+/// that a paced writer woken for its turn does not wait behind them for a core.
+#[test]
+fn gc_workers_run_at_a_lower_cpu_priority() {
+    let (pool, _dev) = memory_pool(16, &OpenOptions::default());
+    // The nice value of every thread named as a GC worker. Tests run in parallel in this
+    // process, so other pools' workers may be listed too, and a worker names itself and
+    // lowers its priority as it starts: look until four are there, all lowered.
+    let gc_nice = || -> Vec<i32> {
+        let mut nice = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+                continue; // the thread ended meanwhile
+            };
+            if comm.starts_with("salsa-gc-") {
+                // The 19th field of stat is the nice value; the 2nd, the command, is in
+                // parentheses.
+                let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+                nice.push(after_comm.split(' ').nth(16).unwrap().parse().unwrap());
+            }
+        }
+        nice
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut seen = gc_nice();
+    while !(seen.len() >= 4 && seen.iter().all(|&n| n == 10)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        seen = gc_nice();
+    }
+    assert!(seen.len() >= 4, "four GC workers by default: {seen:?}");
+    assert!(seen.iter().all(|&n| n == 10), "GC workers' nice values: {seen:?}");
+    pool.close().unwrap();
+}
