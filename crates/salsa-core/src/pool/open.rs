@@ -891,8 +891,8 @@ fn maintenance_worker(eng: Arc<Engine>) {
 }
 
 /// The CPU priority (nice value) of the GC workers. On a host with few cores, user writes
-/// woken for their turn (paced, see [`crate::pacing`]) or answered from memory would otherwise
-/// wait behind the GC's copies and checksums for the scheduler: on RAID-5 random writes at
+/// woken for their turn (paced, see [`crate::pacing`]) would otherwise wait behind the GC's
+/// copies and checksums for the scheduler: on RAID-5 random writes at
 /// QD 32 paced, p99 889 against 699 us and maximum 9.2 against 4.9 ms, throughput the same;
 /// unpaced the GC kept its pace (it is what stalled writers wait for, and they then leave it
 /// the CPU). docs/BENCHMARKS.md.
