@@ -512,6 +512,34 @@ fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
     let degraded = v["degraded_reads"]["ratio"].as_f64().unwrap();
     assert!(degraded > 0.0 && degraded < 2.0, "{v}");
     assert!(!dir.join("m").join("m0.img").exists(), "the member files are removed");
+    // A working set of half the volume, paced: both sides write half as many bytes.
+    let (ok, stdout, stderr) = salsa(&[
+        "bench-raid",
+        "--dir",
+        dir.join("m").to_str().unwrap(),
+        "--member-size",
+        "48M",
+        "--seconds",
+        "1",
+        "--rounds",
+        "1",
+        "--only",
+        "randwrite_4k",
+        "--volume-percent",
+        "50",
+        "--pace-writes",
+    ]);
+    assert!(ok, "{stderr}");
+    let half: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let (whole_bytes, half_bytes) = (v["workload_bytes"].as_u64().unwrap(), half["workload_bytes"].as_u64().unwrap());
+    assert!(
+        half_bytes <= whole_bytes / 2 && half_bytes + (1 << 20) >= whole_bytes / 2,
+        "{half_bytes} bytes against {whole_bytes}"
+    );
+    assert!(half["randwrite_4k"]["salsa_mbps"].as_f64().unwrap() > 0.0, "{half}");
+    assert!(half.get("seqwrite_1m").is_none(), "only the part asked for ran: {half}");
+    let (ok, _, stderr) = salsa(&["bench-raid", "--dir", dir.join("m").to_str().unwrap(), "--volume-percent", "0"]);
+    assert!(!ok && stderr.contains("volume-percent"), "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
