@@ -189,6 +189,18 @@ impl WritePacer {
         self.rate_bytes_per_sec.store(next, Relaxed);
     }
 
+    /// Corrects the rate if an interval has passed (`free`: free segments now; `wm`: the GC's
+    /// watermarks), without admitting a write.
+    pub fn refresh(&self, free: impl Fn() -> u32, wm: &Watermarks) {
+        self.update(self.now_ns(), free, wm);
+    }
+
+    /// Counts a user write of `bytes` that was let through without [`WritePacer::pace`]
+    /// (pacing was off when it came), for the rate writers are measured at.
+    pub fn count_unpaced(&self, bytes: u64) {
+        self.bytes_admitted.fetch_add(bytes, Relaxed);
+    }
+
     /// Admits a user write of `bytes`: corrects the rate if due, then waits for the write's
     /// turn while pacing. `free`: free segments now; `wm`: the GC's watermarks.
     pub fn pace(&self, bytes: u64, free: impl Fn() -> u32, wm: &Watermarks) {

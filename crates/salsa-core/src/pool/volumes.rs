@@ -483,6 +483,7 @@ impl Volume {
         let left = self.eng.dirty.write_paged_now(&self.eng, &self.vol, payload)?;
         if left.is_none() {
             self.count_written(len);
+            self.eng.count_unpaced_write(len as u64);
         }
         Ok(left)
     }
