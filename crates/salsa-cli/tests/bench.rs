@@ -469,17 +469,15 @@ fn a_window_too_short_for_its_sampling_period_is_reported() {
 #[test]
 fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
     let dir = scratch("raid");
-    let (ok, stdout, stderr) = salsa(&[
-        "bench-raid",
-        "--dir",
-        dir.join("m").to_str().unwrap(),
-        "--member-size",
-        "48M",
-        "--seconds",
-        "1",
-        "--rounds",
-        "1",
-    ]);
+    // One round of a second on small members, with `extra` arguments.
+    let short_raid_bench = |extra: &[&str]| {
+        let members = dir.join("m");
+        let mut args = vec!["bench-raid", "--dir", members.to_str().unwrap()];
+        args.extend(["--member-size", "48M", "--seconds", "1", "--rounds", "1"]);
+        args.extend(extra);
+        salsa(&args)
+    };
+    let (ok, stdout, stderr) = short_raid_bench(&[]);
     assert!(ok, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     for part in ["randwrite_4k", "seqwrite_1m"] {
@@ -513,22 +511,7 @@ fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
     assert!(degraded > 0.0 && degraded < 2.0, "{v}");
     assert!(!dir.join("m").join("m0.img").exists(), "the member files are removed");
     // A working set of half the volume, paced: both sides write half as many bytes.
-    let (ok, stdout, stderr) = salsa(&[
-        "bench-raid",
-        "--dir",
-        dir.join("m").to_str().unwrap(),
-        "--member-size",
-        "48M",
-        "--seconds",
-        "1",
-        "--rounds",
-        "1",
-        "--only",
-        "randwrite_4k",
-        "--volume-percent",
-        "50",
-        "--pace-writes",
-    ]);
+    let (ok, stdout, stderr) = short_raid_bench(&["--only", "randwrite_4k", "--volume-percent", "50", "--pace-writes"]);
     assert!(ok, "{stderr}");
     let half: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     let (whole_bytes, half_bytes) = (v["workload_bytes"].as_u64().unwrap(), half["workload_bytes"].as_u64().unwrap());
@@ -538,7 +521,7 @@ fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
     );
     assert!(half["randwrite_4k"]["salsa_mbps"].as_f64().unwrap() > 0.0, "{half}");
     assert!(half.get("seqwrite_1m").is_none(), "only the part asked for ran: {half}");
-    let (ok, _, stderr) = salsa(&["bench-raid", "--dir", dir.join("m").to_str().unwrap(), "--volume-percent", "0"]);
+    let (ok, _, stderr) = short_raid_bench(&["--volume-percent", "0"]);
     assert!(!ok && stderr.contains("volume-percent"), "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
 }

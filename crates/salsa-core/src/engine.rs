@@ -93,7 +93,9 @@ const GARBAGE_SLACK: f64 = 0.01;
 impl Engine {
     /// The engine over `log`, cleaning with `policy`. Call [`Engine::attach`] once it is in an
     /// `Arc`, so that the log's streams get their segments from it.
-    /// `pace_user_writes` takes effect with a background GC only (see [`crate::pacing`]).
+    /// `pace_user_writes`: pace user writes (see [`crate::pacing`]); only with a background
+    /// GC, whose pace the pacer measures (the pool decides, and widens the log's watermarks
+    /// to match).
     pub fn new(
         log: Arc<Log>,
         policy: Box<dyn VictimPolicy>,
@@ -120,7 +122,7 @@ impl Engine {
             gc_budget_changed: Condvar::new(),
             dirty: crate::dirty::DirtyPages::default(),
             pacer: crate::pacing::WritePacer::default(),
-            pace_user_writes: pace_user_writes && background_gc,
+            pace_user_writes,
         }
     }
 

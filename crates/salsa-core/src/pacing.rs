@@ -158,7 +158,7 @@ impl WritePacer {
         } else {
             0.7 * c.free_avg + 0.3 * free_now as f64
         };
-        let (free, free_now) = (c.free_avg, free_now);
+        let free = c.free_avg;
         if free_now >= wm.high {
             if c.high_since_ns == 0 {
                 c.high_since_ns = now;

@@ -324,8 +324,11 @@ impl Pool {
         if !opts.read_only {
             crate::log::write_meta_slot(&array.metadata_devices(), &mut meta)?;
         }
+        // Pacing measures what the background GC sustains; writers that clean for themselves
+        // are not paced.
+        let pace_user_writes = opts.pace_user_writes && opts.background_gc;
         let mut log = Log::new(first.pool_id, geo, array, meta, opts.read_only);
-        if opts.pace_user_writes && opts.background_gc {
+        if pace_user_writes {
             log.widen_watermarks_for_pacing();
         }
         let log = Arc::new(log);
@@ -336,7 +339,7 @@ impl Pool {
             policy,
             opts.background_gc,
             opts.gc_garbage_percent.map(|p| p / 100.0),
-            opts.pace_user_writes,
+            pace_user_writes,
         );
         for c in volumes {
             eng.add_volume(c);
