@@ -532,7 +532,7 @@ fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
 /// object must read back intact (the workload checks each GET's MD5), and XFS must be clean.
 #[test]
 fn object_store_on_a_drive_managed_smr_model_raw_against_dual_mapping() {
-    let r = case_study("bench_object_store.py", &["nbdfuse", "mkfs.xfs", "xfs_repair", "losetup"]);
+    let r = case_study("bench_object_store.py", &[], &["nbdfuse", "mkfs.xfs", "xfs_repair", "losetup"]);
     for target in ["raw", "salsa_dual"] {
         assert!(r[target]["ops"].as_u64().unwrap() > 100, "{target}: {}", r[target]);
         assert_eq!(r[target]["errors"].as_array().unwrap().len(), 0);
@@ -559,7 +559,7 @@ fn object_store_on_a_drive_managed_smr_model_raw_against_dual_mapping() {
 /// above the raw disk's.
 #[test]
 fn video_server_on_a_disk_raw_against_salsa_and_a_hybrid_volume() {
-    let r = case_study("bench_video.py", &["nbdfuse", "mkfs.xfs", "xfs_repair", "losetup"]);
+    let r = case_study("bench_video.py", &[], &["nbdfuse", "mkfs.xfs", "xfs_repair", "losetup"]);
     for target in ["raw", "salsa", "hybrid"] {
         assert_eq!(r["targets"][target]["bad_chunks"], 0, "{target} read back what was written");
         assert_eq!(r["targets"][target]["write_keeps_up"], true, "{target}");
@@ -585,7 +585,7 @@ fn video_server_on_a_disk_raw_against_salsa_and_a_hybrid_volume() {
 /// checkpoint space of the single-configuration one, at about its throughput.
 #[test]
 fn mixed_workload_on_one_ssd_raw_single_and_tailored_volumes() {
-    let r = case_study("bench_mixed.py", &["mariadbd", "sysbench", "nbdfuse", "mkfs.xfs", "losetup"]);
+    let r = case_study("bench_mixed.py", &[], &["mariadbd", "sysbench", "nbdfuse", "mkfs.xfs", "losetup"]);
     for setup in ["raw", "salsa-single", "salsa-dual"] {
         let s = &r["setups"][setup];
         assert!(s["transactions"].as_u64().unwrap() > 100, "{setup}: {s}");
@@ -602,18 +602,26 @@ fn mixed_workload_on_one_ssd_raw_single_and_tailored_volumes() {
     );
 }
 
-/// MariaDB under sysbench and PostgreSQL under pgbench, each on ext4 over `salsa serve` and
-/// over `nbdkit file`, each as it comes: every database ran transactions on both, and the
-/// report holds each ratio (`scripts/bench_oltp.py --quick`).
+/// MariaDB under sysbench and PostgreSQL under pgbench, each on ext4 over `salsa serve`, over
+/// `nbdkit file` and over `nbdkit memory` (the ceiling), each as it comes: every database ran
+/// transactions on all three, and the report holds each ratio (`scripts/bench_oltp.py --quick
+/// --ceiling`).
 #[test]
 fn oltp_on_ext4_over_salsa_and_over_nbdkit() {
     let r = case_study(
         "bench_oltp.py",
+        &["--ceiling"],
         &["mariadbd", "sysbench", "nbdkit", "nbdfuse", "mkfs.ext4", "losetup"],
     );
     for db in ["mariadb", "postgres"] {
         let d = &r["databases"][db];
-        for kind in ["salsa", "nbdkit"] {
+        let ceiling = d["ceiling_vs_nbdkit"].as_f64().unwrap_or_else(|| panic!("{db}: {r}"));
+        let memory = d["tps_median"]["memory"].as_f64().unwrap();
+        assert!(
+            (ceiling - memory / d["tps_median"]["nbdkit"].as_f64().unwrap()).abs() < 1e-9,
+            "{db}: {r}"
+        );
+        for kind in ["salsa", "nbdkit", "memory"] {
             let rounds = d["rounds"][kind].as_array().unwrap_or_else(|| panic!("{db}: {r}"));
             assert_eq!(rounds.len(), 1, "{db}: {r}");
             assert!(rounds[0]["tps"].as_f64().unwrap() > 10.0, "{db} on {kind}: {r}");
@@ -627,9 +635,9 @@ fn oltp_on_ext4_over_salsa_and_over_nbdkit() {
     }
 }
 
-/// Runs a case-study script of scripts/ with `--quick` (after checking that the tools it drives
-/// are installed) and returns its JSON report.
-fn case_study(script: &str, tools: &[&str]) -> serde_json::Value {
+/// Runs a case-study script of scripts/ with `--quick` and `args` (after checking that the tools
+/// it drives are installed) and returns its JSON report.
+fn case_study(script: &str, args: &[&str], tools: &[&str]) -> serde_json::Value {
     for tool in tools {
         let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap();
         assert!(found.status.success(), "{tool} is not installed; run scripts/install-deps.sh");
@@ -640,6 +648,7 @@ fn case_study(script: &str, tools: &[&str]) -> serde_json::Value {
     let run = Command::new("python3")
         .arg(path)
         .arg("--quick")
+        .args(args)
         .arg("--out")
         .arg(&out)
         .env("SALSA_BIN", env!("CARGO_BIN_EXE_salsa"))
