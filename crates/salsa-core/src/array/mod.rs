@@ -1,9 +1,10 @@
 //! The array layer: combines the pool's member devices into one physical address space of
 //! segments, and does the I/O for a physical grain address.
 //!
-//! Owns: the [`Array`] trait, what the log asks of any layout (linear, and the RAID layouts to
-//! come), the [`Member`] description and the [`ArrayKind`] recorded in every superblock. The
-//! linear concatenation ([`linear::LinearArray`]) is the first layout.
+//! Owns: the [`Array`] trait, what the log asks of any layout, the [`Member`] description and
+//! the [`ArrayKind`] recorded in every superblock. The layouts: the linear concatenation
+//! ([`linear::LinearArray`]) and RAID-0, -1 and -5 ([`raid::RaidArray`]); [`member_io`] runs a
+//! request's parts on several members at once.
 //!
 //! Invariants every layout keeps: a physical grain address is
 //! `segment * grains_per_segment + grain_in_segment`; every access stays inside one segment; a
@@ -12,6 +13,7 @@
 //! write that returned is visible to reads, durable only after [`Array::sync_all`].
 
 pub mod linear;
+pub mod member_io;
 pub mod raid;
 
 use crate::device::{Device, StorageType};

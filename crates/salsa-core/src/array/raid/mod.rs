@@ -19,6 +19,7 @@ pub mod parity_buffer;
 pub mod rows;
 pub mod stripe;
 
+use super::member_io;
 use super::{Array, ArrayKind, Member, MemberStatus, ScrubCounts};
 use crate::device::{Device, StorageType};
 use crate::error::{Error, Result};
@@ -409,19 +410,12 @@ impl RaidArray {
         };
         let parallel = jobs.len() >= 2 && jobs.iter().filter(|j| j.2 >= PARALLEL_IO_BYTES).count() >= 2;
         let results: Vec<(u32, u64, u64, std::io::Result<()>)> = if parallel {
-            std::thread::scope(|s| {
-                let mut it = jobs.into_iter();
-                let first = it.next().expect("two jobs or more");
-                let handles: Vec<_> = it.map(|j| ((j.0, j.1, j.2), s.spawn(move || run(j)))).collect();
-                let mut out = vec![run(first)];
-                for ((m, start, len), h) in handles {
-                    out.push(
-                        h.join()
-                            .unwrap_or_else(|_| (m, start, len, Err(std::io::Error::other("a member read thread panicked")))),
-                    );
-                }
-                out
-            })
+            let what: Vec<(u32, u64, u64)> = jobs.iter().map(|j| (j.0, self.offset(j.0, segment, j.1), j.2)).collect();
+            member_io::run_all(jobs.into_iter().map(|j| move || run(j)).collect())
+                .into_iter()
+                .zip(what)
+                .map(|(r, (m, offset, len))| r.unwrap_or_else(|| (m, offset, len, Err(std::io::Error::other("a member read panicked")))))
+                .collect()
         } else {
             jobs.into_iter().map(run).collect()
         };
@@ -511,19 +505,17 @@ impl RaidArray {
             }
             return Ok(());
         }
-        std::thread::scope(|s| {
-            let mut lists = per_member.iter_mut().enumerate();
-            let (m0, first) = lists.next().expect("an array has members");
-            let handles: Vec<_> = lists.map(|(m, list)| s.spawn(move || write_member_runs(m, list))).collect();
-            let mut r = write_member_runs(m0, first);
-            for h in handles {
-                let other = h
-                    .join()
-                    .unwrap_or_else(|_| Err(Error::Poisoned("a member write thread panicked".into())));
-                r = r.and(other);
-            }
-            r
-        })
+        let write_member_runs = &write_member_runs;
+        member_io::run_all(
+            per_member
+                .iter_mut()
+                .enumerate()
+                .map(|(m, list)| move || write_member_runs(m, list))
+                .collect(),
+        )
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::Poisoned("a member write panicked".into()))))
+        .fold(Ok(()), Result::and)
     }
 
     fn write_striped(&self, segment: u32, offset: u64, bufs: &[IoSlice<'_>]) -> Result<()> {
@@ -569,22 +561,16 @@ impl RaidArray {
         let live: Vec<u32> = (0..self.members.len() as u32)
             .filter(|m| !self.health[*m as usize].failed.load(SeqCst))
             .collect();
-        let results: Vec<(u32, std::io::Result<()>)> = std::thread::scope(|s| {
-            let handles: Vec<_> = live[1..]
-                .iter()
+        let results = member_io::run_all(
+            live.iter()
                 .map(|&m| {
                     let dev = self.device(m);
-                    (m, s.spawn(move || dev.sync()))
+                    move || dev.sync()
                 })
-                .collect();
-            let mut out = vec![(live[0], self.device(live[0]).sync())];
-            for (m, h) in handles {
-                out.push((m, h.join().unwrap_or_else(|_| Err(std::io::Error::other("sync thread panicked")))));
-            }
-            out
-        });
-        for (m, r) in results {
-            if let Err(source) = r {
+                .collect(),
+        );
+        for (&m, r) in live.iter().zip(results) {
+            if let Err(source) = r.unwrap_or_else(|| Err(std::io::Error::other("a member sync panicked"))) {
                 self.health[m as usize].write_errors.fetch_add(1, SeqCst);
                 self.fail(m, self.io_error(m, "sync", 0, source))?;
             }
@@ -922,26 +908,19 @@ impl Array for RaidArray {
                 // units: one sequential read per member gives every row at once.
                 // The members are read at once.
                 let others: Vec<u32> = (0..self.members.len() as u32).filter(|m| *m != slot).collect();
-                let shares: Vec<Result<AlignedScratch>> = std::thread::scope(|s| {
-                    let handles: Vec<_> = others
+                let shares = member_io::run_all(
+                    others
                         .iter()
                         .map(|&m| {
-                            s.spawn(move || {
+                            move || {
                                 let mut tmp = self.scratch(share as usize);
                                 self.read_member(m, &mut tmp.0, self.offset(m, segment, 0)).map(|()| tmp)
-                            })
+                            }
                         })
-                        .collect();
-                    handles
-                        .into_iter()
-                        .map(|h| {
-                            h.join()
-                                .unwrap_or_else(|_| Err(Error::Poisoned("a rebuild read thread panicked".into())))
-                        })
-                        .collect()
-                });
+                        .collect(),
+                );
                 for tmp in shares {
-                    let tmp = tmp?;
+                    let tmp = tmp.unwrap_or_else(|| Err(Error::Poisoned("a rebuild read panicked".into())))?;
                     for (d, s) in out.0.iter_mut().zip(tmp.0.iter()) {
                         *d ^= *s;
                     }
