@@ -59,7 +59,6 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
     j["records_written_ahead"] = s.records_written_ahead.into();
     j["hole_fill_bytes"] = s.hole_fill_bytes.into();
     j["free_segments_over_holes"] = s.free_segments_over_holes.into();
-    j["segments_allocated_ahead"] = s.segments_allocated_ahead.into();
     j["sync_micros"] = s.sync_micros.into();
     j["releases_sharing_a_sync"] = s.releases_sharing_a_sync.into();
     j["gc_micros"] = s.gc_micros.into();

@@ -177,8 +177,7 @@ fn random_overwrites_on_a_roomy_pool(opts: &OpenOptions, volumes: u64) -> (salsa
         vol.write(p * PAGE as u64, &pattern(1, p, version[p as usize])).unwrap();
         if i % 256 == 0 {
             let st = pool.stats();
-            // (Segments allocated ahead are empty: not in use.)
-            most_used = most_used.max(st.total_segments - st.free_segments - st.segments_allocated_ahead);
+            most_used = most_used.max(st.total_segments - st.free_segments);
         }
     }
     let mut buf = vec![0u8; PAGE];
@@ -224,49 +223,4 @@ fn garbage_trigger_keeps_garbage_at_its_share_however_much_is_free() {
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem0", 64 * MIB));
     let e = Pool::create(vec![dev], &tiny_config(), &bad).err().expect("0.5% refused");
     assert!(e.to_string().contains("garbage trigger"), "{e}");
-}
-
-/// A user stream allocates its next segment ahead when it opens one (so that the writer who
-/// fills a segment switches without every other writer waiting for an allocation), and gives
-/// it back: at a clean close, and when its volume is deleted.
-#[test]
-fn a_user_stream_allocates_its_next_segment_ahead_and_gives_it_back() {
-    let (pool, dev) = memory_pool(64, &inline_gc());
-    let free_before = pool.stats().free_segments;
-    let vol = pool.create_volume("a", 8 * MIB, 4096).unwrap();
-    vol.write(0, &pattern(1, 0, 1)).unwrap();
-    let free_open = pool.stats().free_segments;
-    assert_eq!(free_before - free_open, 2, "the open segment and the next one");
-    assert_eq!(pool.stats().segments_allocated_ahead, 1);
-    // Writing past the open segment switches to the spare and allocates the one after: still
-    // one segment ahead of the one being filled.
-    let segment_pages = pool.stats().segment_bytes / PAGE as u64;
-    for p in 1..segment_pages + 8 {
-        vol.write(p * PAGE as u64, &pattern(1, p, 1)).unwrap();
-    }
-    assert_eq!(free_open - pool.stats().free_segments, 1, "one more segment filled, one more ahead");
-    drop(vol);
-    pool.close().unwrap();
-    // Reopened, nothing is ahead: the free segments are those the data leaves.
-    let pool = Pool::open(vec![dev.clone()], &inline_gc()).unwrap();
-    let free_reopened = pool.stats().free_segments;
-    assert_eq!(free_before - free_reopened, 2, "two segments of data, nothing allocated ahead");
-    assert_eq!(pool.stats().segments_allocated_ahead, 0);
-    let vol = pool.volume("a").unwrap();
-    let mut buf = vec![0u8; PAGE];
-    for p in 0..segment_pages + 8 {
-        vol.read(p * PAGE as u64, &mut buf).unwrap();
-        assert_eq!(buf, pattern(1, p, 1), "page {p}");
-    }
-    vol.write(0, &pattern(1, 0, 2)).unwrap();
-    assert_eq!(free_reopened - pool.stats().free_segments, 2, "the open segment and the next one");
-    drop(vol);
-    pool.delete_volume("a").unwrap();
-    pool.flush().unwrap();
-    let st = pool.stats();
-    assert_eq!(
-        st.free_segments, free_before,
-        "every segment free again: {:?}",
-        st.segments_by_state
-    );
 }

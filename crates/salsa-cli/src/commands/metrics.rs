@@ -135,12 +135,6 @@ pub(crate) fn render(s: &Stats) -> String {
         "Free segments over holes of their pool file (handed out last).",
         s.free_segments_over_holes as f64,
     );
-    e.one(
-        "segments_allocated_ahead",
-        g,
-        "Empty segments user streams hold allocated for their next segment.",
-        s.segments_allocated_ahead as f64,
-    );
     e.one("segments", g, "Segments in the pool.", s.total_segments as f64);
     e.one("segment_bytes", g, "Bytes per segment.", s.segment_bytes as f64);
     e.one(

@@ -37,12 +37,6 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
             n("free_segments_over_holes")
         );
     }
-    if n("segments_allocated_ahead") > 0 {
-        println!(
-            "  allocated ahead {} (empty, a user stream's next segment)",
-            n("segments_allocated_ahead")
-        );
-    }
     println!("syncs             {} for {} flushes", n("syncs"), n("flushes"));
     if n("paced_writes") > 0 || n("throttled_allocations") > 0 {
         println!(

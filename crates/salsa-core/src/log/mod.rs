@@ -614,11 +614,6 @@ impl Log {
         Ok(())
     }
 
-    /// Segments the streams hold allocated ahead (see `Streams::spares`).
-    pub fn segments_allocated_ahead(&self) -> u32 {
-        self.streams_snapshot().iter().map(|s| s.spares()).sum()
-    }
-
     fn streams_snapshot(&self) -> Vec<Arc<Streams>> {
         self.streams.read().values().cloned().collect()
     }

@@ -39,18 +39,13 @@ struct OpenSegment {
     next_grain: u32,
 }
 
-/// One allocation stream: an open segment, the record being filled in it, and a user stream's
-/// next segment, allocated ahead.
+/// One allocation stream: an open segment and the record being filled in it.
 struct Stream {
     kind: StreamKind,
     /// A writer is allocating the next segment; others wait for it instead of allocating too.
     allocating: bool,
     seg: Option<OpenSegment>,
     rec: Option<OpenRecord>,
-    /// A segment allocated for this stream and not opened yet (see [`Streams::allocate_spare`]).
-    spare: Option<u32>,
-    /// Closed: no spare is allocated any more.
-    closed: bool,
 }
 
 /// A data page to place, and the payload that holds it (and where) when a record may keep it
@@ -108,8 +103,6 @@ impl Streams {
                         allocating: false,
                         seg: None,
                         rec: None,
-                        spare: None,
-                        closed: false,
                     })
                 })
                 .collect(),
@@ -127,11 +120,6 @@ impl Streams {
     /// The storage types the streams write, in preference order.
     pub fn types(&self) -> &'static [StorageType] {
         self.types
-    }
-
-    /// Segments these streams hold allocated ahead, not opened yet.
-    pub fn spares(&self) -> u32 {
-        self.streams.iter().map(|s| lock_stream(s).spare.is_some() as u32).sum()
     }
 
     /// How many streams (each holds at most one open segment).
@@ -307,10 +295,6 @@ impl Streams {
                 if let Some(os) = st.seg.take() {
                     log.seal_segment(os.segment);
                 }
-                st.closed = true;
-                if let Some(s) = st.spare.take() {
-                    log.capacity.unallocate(s);
-                }
             }
         }
         out
@@ -454,7 +438,6 @@ impl Streams {
         let (stream, ready) = (&self.streams[index], &self.ready[index]);
         let gb = log.geo.grain_bytes as usize;
         let mut next = 0;
-        let mut opened = false;
         while next < count {
             let mut st = lock_stream(stream);
             match self.prepare(log, &mut st, page(next).is_some(), pg, slots) {
@@ -501,11 +484,6 @@ impl Streams {
                 }
                 Prep::Write(r) => write_sealed(log, purpose, st, r)?,
                 Prep::NeedSegment => {
-                    if let Some(s) = st.spare.take() {
-                        self.open_segment(log, &mut st, s);
-                        opened = true;
-                        continue;
-                    }
                     if st.allocating {
                         drop(ready.wait_timeout(st, std::time::Duration::from_millis(50)));
                         continue;
@@ -518,8 +496,17 @@ impl Streams {
                     ready.notify_all();
                     let s = r?;
                     if st.seg.is_none() {
-                        self.open_segment(log, &mut st, s);
-                        opened = true;
+                        let info = log.capacity.segment(s);
+                        info.owner_volume.store(self.volume_id, SeqCst);
+                        info.stream.store(st.kind.to_u8(), SeqCst);
+                        let opened_seq = log.now_seq();
+                        info.opened_seq.store(opened_seq, SeqCst);
+                        st.seg = Some(OpenSegment {
+                            segment: s,
+                            incarnation: 0,
+                            opened_seq,
+                            next_grain: 0,
+                        });
                     } else {
                         drop(st);
                         log.capacity.unallocate(s);
@@ -527,56 +514,7 @@ impl Streams {
                 }
             }
         }
-        if opened && purpose == Purpose::User {
-            self.allocate_spare(log, index);
-        }
         Ok(())
-    }
-
-    /// Makes `s`, allocated for this stream, its open segment.
-    fn open_segment(&self, log: &Log, st: &mut Stream, s: u32) {
-        debug_assert!(st.seg.is_none(), "a stream opens one segment at a time");
-        let info = log.capacity.segment(s);
-        info.owner_volume.store(self.volume_id, SeqCst);
-        info.stream.store(st.kind.to_u8(), SeqCst);
-        let opened_seq = log.now_seq();
-        info.opened_seq.store(opened_seq, SeqCst);
-        st.seg = Some(OpenSegment {
-            segment: s,
-            incarnation: 0,
-            opened_seq,
-            next_grain: 0,
-        });
-    }
-
-    /// Allocates user stream `index`'s next segment ahead, after a writer opened one: the
-    /// writer that fills the open segment then switches to it under the stream's lock, where
-    /// without it every writer of the stream waited while one allocated (0.5% of 4 KiB random
-    /// writes on RAID-5 at half the array took over 0.7 ms, half of that time waiting for an
-    /// allocation; docs/BENCHMARKS.md). Only this writer waits for it (and for the GC, when
-    /// free segments are at the reserve, as it would have to allocate the next one). Its
-    /// failure is not this write's: the next writer to need a segment allocates and meets it.
-    fn allocate_spare(&self, log: &Log, index: usize) {
-        let (stream, ready) = (&self.streams[index], &self.ready[index]);
-        let mut st = lock_stream(stream);
-        if st.spare.is_some() || st.allocating || st.closed || st.seg.is_none() {
-            return;
-        }
-        st.allocating = true;
-        drop(st);
-        let r = log.allocate_segment(Purpose::User, self.types);
-        let mut st = lock_stream(stream);
-        st.allocating = false;
-        ready.notify_all();
-        match r {
-            Ok(s) if st.seg.is_none() && !st.closed => self.open_segment(log, &mut st, s),
-            Ok(s) if st.spare.is_none() && !st.closed => st.spare = Some(s),
-            Ok(s) => {
-                drop(st);
-                log.capacity.unallocate(s);
-            }
-            Err(e) => tracing::debug!("allocating a stream's next segment ahead failed: {e}"),
-        }
     }
 }
 

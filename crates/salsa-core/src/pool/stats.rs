@@ -19,9 +19,6 @@ pub struct Stats {
     pub free_segments: u32,
     /// Of those, segments over holes of their pool file (handed out last; see `hole_fill_bytes`).
     pub free_segments_over_holes: u32,
-    /// Segments user streams hold allocated ahead, empty, for their next segment (one per
-    /// stream that has written; back to the free segments when the stream closes).
-    pub segments_allocated_ahead: u32,
     pub total_segments: u32,
     pub segment_bytes: u64,
     pub gc_segments_cleaned: u64,
@@ -174,7 +171,6 @@ impl Pool {
             gc_write_amplification: ratio(user + gc),
             free_segments: self.eng.log.capacity().free_segments(),
             free_segments_over_holes: self.eng.log.capacity().free_and_hole_counts().1,
-            segments_allocated_ahead: self.eng.log.segments_allocated_ahead(),
             total_segments: self.eng.log.geo().total_segments,
             segment_bytes: self.eng.log.geo().segment_bytes,
             gc_segments_cleaned: c.gc_segments_cleaned.load(SeqCst),
