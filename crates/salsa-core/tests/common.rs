@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use salsa_core::device::MemoryDevice;
-use salsa_core::{Device, OpenOptions, Pool, PoolConfig};
+use salsa_core::{Device, OpenOptions, Pool, PoolConfig, Volume};
 use std::sync::Arc;
 
 pub const MIB: u64 = 1 << 20;
@@ -46,29 +46,51 @@ pub fn pattern(vol: u32, page: u64, version: u64) -> Vec<u8> {
     v
 }
 
-/// Fills a volume of 85% of `pool`'s capacity, then overwrites random pages from `threads`
-/// threads, each `passes` times as many writes as the volume has pages (thread t owns the
-/// pages p with p % threads == t, so that the last value of each page is known); checks that
-/// every page reads back its last write.
+/// How long [`overwrite_from_threads_with`]'s threads overwrite.
+#[derive(Clone, Copy)]
+pub enum Overwrite {
+    /// Each thread as many writes as the volume has pages, times this.
+    Passes(u64),
+    /// Each thread for this long.
+    For(std::time::Duration),
+}
+
+/// [`overwrite_from_threads_with`] through `Volume::write`, for `passes` passes.
 pub fn overwrite_from_threads(pool: &Pool, threads: u64, passes: u64) {
+    overwrite_from_threads_with(pool, threads, Overwrite::Passes(passes), &|vol, at, data| {
+        vol.write(at, data).unwrap()
+    });
+}
+
+/// Fills a volume of 85% of `pool`'s capacity, then overwrites random pages from `threads`
+/// threads for `how_long` (thread t owns the pages p with p % threads == t, so that the last
+/// value of each page is known), every page written by `write(volume, offset, page)`; checks
+/// that every page reads back its last write.
+pub fn overwrite_from_threads_with(pool: &Pool, threads: u64, how_long: Overwrite, write: &(dyn Fn(&Volume, u64, &[u8]) + Sync)) {
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
     let pages = (pool.logical_capacity_bytes() * 85 / 100) / PAGE as u64 / threads * threads;
     let vol = pool.create_volume("v", pages * PAGE as u64, PAGE as u32).unwrap();
     for p in 0..pages {
-        vol.write(p * PAGE as u64, &pattern(1, p, 1)).unwrap();
+        write(&vol, p * PAGE as u64, &pattern(1, p, 1));
     }
+    let started = std::time::Instant::now();
+    // Whether a thread that made `i` overwrites is done.
+    let done = |i: u64| match how_long {
+        Overwrite::Passes(n) => i >= n * pages,
+        Overwrite::For(d) => started.elapsed() >= d,
+    };
     let last: Vec<Vec<u64>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
-                let vol = vol.clone();
+                let (vol, done) = (vol.clone(), &done);
                 s.spawn(move || {
                     let mut rng = SmallRng::seed_from_u64(t);
                     let mut mine = vec![1u64; (pages / threads) as usize];
-                    for i in 0..passes * pages {
+                    for i in (0..).take_while(|&i| !done(i)) {
                         let k = rng.gen_range(0..mine.len());
                         let p = k as u64 * threads + t;
-                        vol.write(p * PAGE as u64, &pattern(1, p, i + 2)).unwrap();
+                        write(&vol, p * PAGE as u64, &pattern(1, p, i + 2));
                         mine[k] = i + 2;
                     }
                     mine
