@@ -10,6 +10,12 @@
 //! the devices (`landed`): what a sync may make durable in the buffer, as those grains are
 //! durable on the members once their sync returns, while grains still in flight are not.
 //!
+//! The rows are kept in [`ROW_SHARDS`] maps by segment, each under its own lock: a record's
+//! write XORs its whole data into its rows' parity under the lock, and one lock for every
+//! segment made each record writer, GC writer and segment allocation (which forgets the
+//! reused segment's rows) wait for the others' XORs (up to a millisecond per allocation on
+//! RAID-5 random writes, docs/BENCHMARKS.md).
+//!
 //! Invariants: a grain is contributed once (the log never overwrites inside a segment); a row
 //! leaves the map only when it is complete and no contributing write is in flight, so a reader
 //! that finds no open row may trust the parity on the device; a reader that finds one waits
@@ -51,12 +57,22 @@ pub struct RowSnapshot {
     pub contributed: Vec<bool>,
 }
 
+/// Maps the open rows are kept in (by segment).
+pub const ROW_SHARDS: usize = 64;
+
+/// The open rows of the segments whose number is this shard's modulo [`ROW_SHARDS`].
+#[derive(Default)]
+struct Shard {
+    rows: Mutex<HashMap<(u32, u64), Row>>,
+    /// Signalled when a write to one of its rows finishes.
+    settled: Condvar,
+}
+
 /// The open rows of every segment.
 pub struct OpenRows {
     stripe: Stripe,
     grain_bytes: u64,
-    rows: Mutex<HashMap<(u32, u64), Row>>,
-    settled: Condvar,
+    shards: Box<[Shard]>,
     /// Keep each row's landed parity (a parity buffer is in use).
     track_landed: bool,
     /// Bumped whenever some row's landed parity changes or a row goes: a sync with the same
@@ -76,11 +92,14 @@ impl OpenRows {
         OpenRows {
             stripe,
             grain_bytes,
-            rows: Mutex::new(HashMap::new()),
-            settled: Condvar::new(),
+            shards: (0..ROW_SHARDS).map(|_| Shard::default()).collect(),
             track_landed,
             landed_version: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    fn shard(&self, segment: u32) -> &Shard {
+        &self.shards[segment as usize % ROW_SHARDS]
     }
 
     fn row_grains(&self) -> usize {
@@ -129,7 +148,7 @@ impl OpenRows {
     ) -> Vec<DoneParity> {
         let row_grains = self.row_grains();
         let unit = self.stripe.unit_bytes;
-        let mut rows = self.rows.lock();
+        let mut rows = self.shard(segment).rows.lock();
         let mut touched: Vec<u64> = Vec::new();
         let mut done = Vec::new();
         for p in pieces {
@@ -167,7 +186,8 @@ impl OpenRows {
     /// and `bytes_of` gives its data again, for the landed parity): complete rows with no write
     /// in flight close.
     pub fn finished(&self, segment: u32, pieces: &[Piece], landed: bool, mut bytes_of: impl FnMut(&Piece, &mut dyn FnMut(u64, &[u8]))) {
-        let mut rows = self.rows.lock();
+        let shard = self.shard(segment);
+        let mut rows = shard.rows.lock();
         let row_grains = self.row_grains();
         if landed && self.track_landed {
             for p in pieces {
@@ -201,17 +221,18 @@ impl OpenRows {
             }
         }
         drop(rows);
-        self.settled.notify_all();
+        shard.settled.notify_all();
     }
 
     /// The landed parity of every open row that has some (what a sync puts in the parity
-    /// buffer), ordered by segment and row, and the landed version it reflects.
+    /// buffer), ordered by segment and row, and the landed version it reflects: the version is
+    /// read before the shards, so a change the rows miss bumps it past what is returned.
     pub fn landed_rows(&self) -> (u64, Vec<LandedRow>) {
-        let rows = self.rows.lock();
         let version = self.landed_version();
-        let mut out: Vec<LandedRow> = rows
-            .iter()
-            .filter_map(|(&(segment, row), r)| {
+        let mut out: Vec<LandedRow> = Vec::new();
+        for shard in self.shards.iter() {
+            let rows = shard.rows.lock();
+            out.extend(rows.iter().filter_map(|(&(segment, row), r)| {
                 let (parity, covered) = r.landed.as_ref()?;
                 covered.iter().any(|c| *c).then(|| LandedRow {
                     segment,
@@ -219,8 +240,8 @@ impl OpenRows {
                     covered: covered.clone(),
                     parity: parity.clone(),
                 })
-            })
-            .collect();
+            }));
+        }
         out.sort_unstable_by_key(|r| (r.segment, r.row));
         (version, out)
     }
@@ -239,7 +260,7 @@ impl OpenRows {
         let filled = r.covered.iter().filter(|c| **c).count();
         let mut parity = AlignedBuf::zeroed(r.parity.len());
         parity.copy_from_slice(&r.parity);
-        self.rows.lock().insert(
+        self.shard(r.segment).rows.lock().insert(
             (r.segment, r.row),
             Row {
                 parity: Arc::new(parity),
@@ -254,7 +275,7 @@ impl OpenRows {
 
     /// Forgets row `row` of `segment`, whose parity was just re-derived on the members.
     pub fn forget_row(&self, segment: u32, row: u64) {
-        if self.rows.lock().remove(&(segment, row)).is_some() {
+        if self.shard(segment).rows.lock().remove(&(segment, row)).is_some() {
             self.bump();
         }
     }
@@ -263,7 +284,8 @@ impl OpenRows {
     /// device holds its parity and all its data), else its parity so far and coverage, taken
     /// once no write to it is in flight (so the device holds every grain it covers).
     pub fn snapshot(&self, segment: u32, row: u64) -> Option<RowSnapshot> {
-        let mut rows = self.rows.lock();
+        let shard = self.shard(segment);
+        let mut rows = shard.rows.lock();
         loop {
             match rows.get(&(segment, row)) {
                 None => return None,
@@ -274,7 +296,7 @@ impl OpenRows {
                     })
                 }
                 Some(_) => {
-                    self.settled.wait_for(&mut rows, Duration::from_millis(50));
+                    shard.settled.wait_for(&mut rows, Duration::from_millis(50));
                 }
             }
         }
@@ -282,12 +304,12 @@ impl OpenRows {
 
     /// Whether row `row` of `segment` is open (being filled, or its writes still in flight).
     pub fn is_open(&self, segment: u32, row: u64) -> bool {
-        self.rows.lock().contains_key(&(segment, row))
+        self.shard(segment).rows.lock().contains_key(&(segment, row))
     }
 
     /// Forgets the open rows of `segment` (it is being reused; nothing of it is in flight).
     pub fn forget_segment(&self, segment: u32) {
-        self.rows.lock().retain(|(s, _), _| *s != segment);
+        self.shard(segment).rows.lock().retain(|(s, _), _| *s != segment);
         self.bump();
     }
 }
