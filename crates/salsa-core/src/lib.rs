@@ -71,6 +71,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use format::{StreamKind, MAX_POLICY_NAME_BYTES};
 pub use log::payload::WriteBuffer;
 pub use log::read_cache::ReadCacheStats;
+pub use log::write_back::{WRITE_BACK_DEPTH, WRITE_BACK_DEPTH_MAX};
 pub use log::Geometry;
 pub use log::StorageClass;
 pub use policy::Registry;

@@ -5,11 +5,11 @@ mod common;
 use common::*;
 use parking_lot::{Condvar, Mutex};
 use salsa_core::device::MemoryDevice;
-use salsa_core::{Device, OpenOptions, Pool};
+use salsa_core::{Device, OpenOptions, Pool, WRITE_BACK_DEPTH, WRITE_BACK_DEPTH_MAX};
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A memory device whose writes wait while the gate is closed.
 struct GatedDevice {
@@ -122,6 +122,56 @@ fn a_write_returns_before_its_record_is_written_and_a_flush_waits_for_it() {
     // What was flushed is on the device.
     let pool = Pool::open(vec![dev as Arc<dyn Device>], &inline_gc()).unwrap();
     let vol = pool.volume("v").unwrap();
+    vol.read(0, &mut back).unwrap();
+    assert_eq!(back, data);
+}
+
+/// A writer that finds the write-back queue full waits for room after letting go of its
+/// stream's lock: the stream's other writers go on meanwhile.
+#[test]
+fn a_writer_waiting_for_write_back_room_does_not_hold_up_the_streams_other_writers() {
+    let (pool, dev) = gated_pool(1);
+    let vol = pool.volume("v").unwrap();
+    dev.set_closed(true);
+    let data = one_record();
+    let records_returned = AtomicU64::new(0);
+    let other_returned = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Record after record, until the queue holds its depth and this writer waits.
+            for r in 0..2 * WRITE_BACK_DEPTH_MAX as u64 {
+                vol.write(r * data.len() as u64, &data).unwrap();
+                records_returned.fetch_add(1, SeqCst);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let (mut seen, mut still_since) = (u64::MAX, Instant::now());
+        while still_since.elapsed() < Duration::from_millis(300) && Instant::now() < deadline {
+            let n = records_returned.load(SeqCst);
+            if n != seen {
+                (seen, still_since) = (n, Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // One record at the gate (once the thread took it) and the queue's depth behind it.
+        let waiting = (WRITE_BACK_DEPTH as u64..=WRITE_BACK_DEPTH as u64 + 1).contains(&seen);
+        if waiting {
+            s.spawn(|| {
+                vol.write(6 * MIB, &pattern(1, 6 * MIB / PAGE as u64, 3)).unwrap();
+                other_returned.store(true, SeqCst);
+            });
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !other_returned.load(SeqCst) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let other = other_returned.load(SeqCst);
+        dev.set_closed(false); // let every writer finish, so that the test can fail
+        assert!(waiting, "{seen} records returned with the device taking none");
+        assert!(other, "a one-page write waited while another writer waited for write-back room");
+    });
+    vol.flush().unwrap();
+    let mut back = vec![0u8; data.len()];
     vol.read(0, &mut back).unwrap();
     assert_eq!(back, data);
 }

@@ -493,8 +493,14 @@ impl Streams {
                     let r = log.allocate_segment(purpose, self.types);
                     let mut st = lock_stream(stream);
                     st.allocating = false;
-                    ready.notify_all();
-                    let s = r?;
+                    let s = match r {
+                        Ok(s) => s,
+                        Err(e) => {
+                            drop(st);
+                            ready.notify_all();
+                            return Err(e);
+                        }
+                    };
                     if st.seg.is_none() {
                         let info = log.capacity.segment(s);
                         info.owner_volume.store(self.volume_id, SeqCst);
@@ -507,10 +513,14 @@ impl Streams {
                             opened_seq,
                             next_grain: 0,
                         });
+                        drop(st);
                     } else {
                         drop(st);
                         log.capacity.unallocate(s);
                     }
+                    // Woken once the lock is let go: a writer woken under it may take this
+                    // one's CPU while every other writer of the stream waits for the lock.
+                    ready.notify_all();
                 }
             }
         }
@@ -530,6 +540,9 @@ fn write_sealed(log: &Log, purpose: Purpose, st: StdMutexGuard<'_, Stream>, r: S
     drop(st);
     match own {
         Some(r) => log.write_record(r),
-        None => Ok(()),
+        None => {
+            log.write_back.queued();
+            Ok(())
+        }
     }
 }

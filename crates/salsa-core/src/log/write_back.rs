@@ -7,8 +7,12 @@
 //!   it like for any other, and reads find its pages in the record's buffer until it is written;
 //! - records of one stream are queued in the order they were sealed (the caller holds the
 //!   stream's lock) and taken in that order, so a sequential zone sees them in order;
-//! - the queue holds at most [`WRITE_BACK_DEPTH`] records: a writer that finds it full waits,
-//!   so memory and unwritten data stay bounded;
+//! - the queue holds at most [`WRITE_BACK_DEPTH_MAX`] records, and a writer that queued one
+//!   returns only once it holds at most [`WRITE_BACK_DEPTH`], so memory and unwritten data stay
+//!   bounded. The writer waits for that after letting go of its stream's lock, and wakes a
+//!   thread only then: waiting (or waking a thread, which may take the writer's CPU) under the
+//!   lock held every other writer of the stream (on RAID-5 random writes, a tenth of the
+//!   records' queueing took over 25 us and some up to a millisecond, docs/BENCHMARKS.md);
 //! - a failed write poisons the pool (as a failed synchronous write does); the next flush, and
 //!   every later write, reports it.
 //!
@@ -23,8 +27,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// Most sealed records waiting for a write-back thread.
+/// Most sealed records waiting for a write-back thread once their writers have returned.
 pub const WRITE_BACK_DEPTH: usize = 8;
+/// Most sealed records ever waiting: writers queue under their stream's lock only below this.
+pub const WRITE_BACK_DEPTH_MAX: usize = 2 * WRITE_BACK_DEPTH;
 /// Most write-back threads a pool runs (each has one record write in flight).
 pub const MAX_WRITE_BACK_THREADS: usize = 16;
 
@@ -71,21 +77,31 @@ impl WriteBack {
         Ok(())
     }
 
-    /// Queues `r` for a write-back thread, waiting while the queue is full. Without threads it
-    /// gives `r` back for the caller to write. Call it while holding the lock of the stream
-    /// that sealed `r`, so that a stream's records are queued in order.
+    /// Queues `r` for a write-back thread, waiting only while the queue holds
+    /// [`WRITE_BACK_DEPTH_MAX`] records. Without threads it gives `r` back for the caller to
+    /// write. Call it while holding the lock of the stream that sealed `r`, so that a stream's
+    /// records are queued in order, and [`WriteBack::queued`] once that lock is let go.
     #[must_use = "a record given back must be written by the caller"]
     pub fn submit(&self, r: SealedRecord) -> Option<SealedRecord> {
         let mut q = self.queue.lock();
-        while q.running && q.records.len() >= WRITE_BACK_DEPTH {
+        while q.running && q.records.len() >= WRITE_BACK_DEPTH_MAX {
             self.room.wait(&mut q);
         }
         if !q.running {
             return Some(r);
         }
         q.records.push_back(r);
-        self.queued.notify_one();
         None
+    }
+
+    /// After [`WriteBack::submit`] queued a record and the stream's lock is let go: wakes a
+    /// thread for it, and waits while the queue holds more than [`WRITE_BACK_DEPTH`].
+    pub fn queued(&self) {
+        self.queued.notify_one();
+        let mut q = self.queue.lock();
+        while q.running && q.records.len() > WRITE_BACK_DEPTH {
+            self.room.wait(&mut q);
+        }
     }
 
     /// Lets the threads write what is queued, then stops them. Later submissions are written
@@ -107,7 +123,8 @@ fn worker(log: Arc<Log>) {
             let mut q = wb.queue.lock();
             loop {
                 if let Some(r) = q.records.pop_front() {
-                    wb.room.notify_one();
+                    // Every writer waiting for room may now be under its bound.
+                    wb.room.notify_all();
                     break r;
                 }
                 if !q.running {
