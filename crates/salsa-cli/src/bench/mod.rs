@@ -8,7 +8,11 @@
 //!
 //! Write amplification is reported two ways: `wa` counts user plus relocated data pages per
 //! user page (what the analytic models describe); `device_wa` counts every byte written to the
-//! devices (metadata pages and padding too) per user byte.
+//! devices (metadata pages and padding too) per user byte. The window starts after a flush,
+//! and `device_wa` takes the device's bytes after another at its end: records still open or
+//! queued for write-back at either edge would otherwise be counted in one window and their
+//! device writes in another (a short run's `device_wa` fell below its `wa`, the GC streams'
+//! open records alone being worth a few records).
 
 pub mod amf;
 pub mod device;
@@ -358,9 +362,11 @@ fn precondition(pool: &Pool, vol: &salsa_core::Volume, vol_bytes: u64) -> Result
 
 /// What the measured window recorded.
 struct Measured {
-    /// Counters at the window's start and end.
+    /// Counters at the window's start (after a flush) and end.
     before: Stats,
     after: Stats,
+    /// Bytes written to the devices by the end of the flush after the window.
+    device_bytes_flushed: u64,
     /// Counters sampled through the window, from its start to its end.
     samples: Vec<Sample>,
     /// Seconds from the first request to the last completion (the sampler's shutdown is not
@@ -373,6 +379,7 @@ struct Measured {
 /// Runs the measured window: the workload at the queue depth, with the pool's counters
 /// sampled every `sample_ms`.
 fn measure(p: &Params, pool: &Pool, vol: &salsa_core::Volume, gen: &mut Generator, bytes: u64) -> Result<Measured, String> {
+    pool.flush().map_err(|e| e.to_string())?;
     let before = pool.stats();
     let samples = Mutex::new(vec![Sample::of(0.0, &before)]);
     let stop = AtomicBool::new(false);
@@ -395,6 +402,8 @@ fn measure(p: &Params, pool: &Pool, vol: &salsa_core::Volume, gen: &mut Generato
     });
     let (hist_write, hist_read) = hists?;
     let after = pool.stats();
+    pool.flush().map_err(|e| e.to_string())?;
+    let device_bytes_flushed = pool.stats().device_bytes_written;
     let mut samples = samples.into_inner();
     // A sample the sampler took while the window was closing lies past its end.
     samples.retain(|s| s.t <= seconds);
@@ -402,6 +411,7 @@ fn measure(p: &Params, pool: &Pool, vol: &salsa_core::Volume, gen: &mut Generato
     Ok(Measured {
         before,
         after,
+        device_bytes_flushed,
         samples,
         seconds,
         hist_write,
@@ -494,7 +504,7 @@ fn outcome_json(
     let (before, after) = (&m.before, &m.after);
     let user = m.user_written();
     let read = (after.user_bytes_read - before.user_bytes_read) as f64;
-    let device = (after.device_bytes_written - before.device_bytes_written) as f64;
+    let device = m.device_bytes_flushed.saturating_sub(before.device_bytes_written) as f64;
     let cum_user = (after.user_bytes_written - start.user_bytes_written) as f64;
     let cum_gc = (after.gc_bytes_relocated - start.gc_bytes_relocated) as f64;
     let physical = pool.geometry().total_segments as u64 * pool.geometry().segment_bytes;
