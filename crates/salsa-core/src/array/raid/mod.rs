@@ -404,13 +404,17 @@ impl RaidArray {
             }
             jobs.push((m as u32, job_start, at - job_start, iov));
         }
-        let run = |(m, start, len, mut iov): (u32, u64, u64, Vec<std::io::IoSliceMut<'_>>)| {
-            let offset = self.offset(m, segment, start);
+        // Each member's request at its device offset: (member, offset, bytes, buffers).
+        let jobs: Vec<(u32, u64, u64, Vec<std::io::IoSliceMut<'_>>)> = jobs
+            .into_iter()
+            .map(|(m, start, len, iov)| (m, self.offset(m, segment, start), len, iov))
+            .collect();
+        let run = |(m, offset, len, mut iov): (u32, u64, u64, Vec<std::io::IoSliceMut<'_>>)| {
             (m, offset, len, self.device(m).read_vectored_at(&mut iov, offset))
         };
         let parallel = jobs.len() >= 2 && jobs.iter().filter(|j| j.2 >= PARALLEL_IO_BYTES).count() >= 2;
         let results: Vec<(u32, u64, u64, std::io::Result<()>)> = if parallel {
-            let what: Vec<(u32, u64, u64)> = jobs.iter().map(|j| (j.0, self.offset(j.0, segment, j.1), j.2)).collect();
+            let what: Vec<(u32, u64, u64)> = jobs.iter().map(|j| (j.0, j.1, j.2)).collect();
             member_io::run_all(jobs.into_iter().map(|j| move || run(j)).collect())
                 .into_iter()
                 .zip(what)
