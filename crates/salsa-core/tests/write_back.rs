@@ -69,6 +69,15 @@ fn gated_pool(write_back_threads: usize) -> (Pool, Arc<GatedDevice>) {
     (pool, dev)
 }
 
+/// Waits up to `timeout` for `flag` to be set; whether it was.
+fn wait_until(flag: &AtomicBool, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while !flag.load(SeqCst) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    flag.load(SeqCst)
+}
+
 /// 16 pages fill one record (`tiny_config`), so this write seals one and hands it on.
 fn one_record() -> Vec<u8> {
     (0..16u64).flat_map(|p| pattern(1, p, 7)).collect()
@@ -87,20 +96,15 @@ fn a_write_returns_before_its_record_is_written_and_a_flush_waits_for_it() {
             vol.write(0, &data).unwrap();
             returned.store(true, SeqCst);
         });
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !returned.load(SeqCst) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        if !returned.load(SeqCst) {
+        if !wait_until(&returned, Duration::from_secs(10)) {
             dev.set_closed(false); // let the writer finish so that the test can fail
         }
     });
     assert!(*dev.closed.lock(), "the write waited for the device instead of returning");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !dev.waiting.load(SeqCst) {
-        assert!(std::time::Instant::now() < deadline, "no write-back thread reached the device");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    assert!(
+        wait_until(&dev.waiting, Duration::from_secs(10)),
+        "no write-back thread reached the device"
+    );
     // Reads are served from the queued record.
     let mut back = vec![0u8; data.len()];
     vol.read(0, &mut back).unwrap();
@@ -160,10 +164,7 @@ fn a_writer_waiting_for_write_back_room_does_not_hold_up_the_streams_other_write
                 vol.write(6 * MIB, &pattern(1, 6 * MIB / PAGE as u64, 3)).unwrap();
                 other_returned.store(true, SeqCst);
             });
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !other_returned.load(SeqCst) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_until(&other_returned, Duration::from_secs(10));
         }
         let other = other_returned.load(SeqCst);
         dev.set_closed(false); // let every writer finish, so that the test can fail

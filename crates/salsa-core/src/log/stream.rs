@@ -493,15 +493,11 @@ impl Streams {
                     let r = log.allocate_segment(purpose, self.types);
                     let mut st = lock_stream(stream);
                     st.allocating = false;
-                    let s = match r {
-                        Ok(s) => s,
-                        Err(e) => {
-                            drop(st);
-                            ready.notify_all();
-                            return Err(e);
+                    // The segment, unless another writer opened one meanwhile: then it goes back.
+                    let unused = r.map(|s| {
+                        if st.seg.is_some() {
+                            return Some(s);
                         }
-                    };
-                    if st.seg.is_none() {
                         let info = log.capacity.segment(s);
                         info.owner_volume.store(self.volume_id, SeqCst);
                         info.stream.store(st.kind.to_u8(), SeqCst);
@@ -513,14 +509,15 @@ impl Streams {
                             opened_seq,
                             next_grain: 0,
                         });
-                        drop(st);
-                    } else {
-                        drop(st);
-                        log.capacity.unallocate(s);
-                    }
+                        None
+                    });
+                    drop(st);
                     // Woken once the lock is let go: a writer woken under it may take this
                     // one's CPU while every other writer of the stream waits for the lock.
                     ready.notify_all();
+                    if let Some(s) = unused? {
+                        log.capacity.unallocate(s);
+                    }
                 }
             }
         }
@@ -541,7 +538,7 @@ fn write_sealed(log: &Log, purpose: Purpose, st: StdMutexGuard<'_, Stream>, r: S
     match own {
         Some(r) => log.write_record(r),
         None => {
-            log.write_back.queued();
+            log.write_back.wake_and_wait_for_room();
             Ok(())
         }
     }

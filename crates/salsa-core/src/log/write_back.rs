@@ -80,7 +80,8 @@ impl WriteBack {
     /// Queues `r` for a write-back thread, waiting only while the queue holds
     /// [`WRITE_BACK_DEPTH_MAX`] records. Without threads it gives `r` back for the caller to
     /// write. Call it while holding the lock of the stream that sealed `r`, so that a stream's
-    /// records are queued in order, and [`WriteBack::queued`] once that lock is let go.
+    /// records are queued in order, and [`WriteBack::wake_and_wait_for_room`] once that lock is
+    /// let go.
     #[must_use = "a record given back must be written by the caller"]
     pub fn submit(&self, r: SealedRecord) -> Option<SealedRecord> {
         let mut q = self.queue.lock();
@@ -96,7 +97,7 @@ impl WriteBack {
 
     /// After [`WriteBack::submit`] queued a record and the stream's lock is let go: wakes a
     /// thread for it, and waits while the queue holds more than [`WRITE_BACK_DEPTH`].
-    pub fn queued(&self) {
+    pub fn wake_and_wait_for_room(&self) {
         self.queued.notify_one();
         let mut q = self.queue.lock();
         while q.running && q.records.len() > WRITE_BACK_DEPTH {
