@@ -40,7 +40,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_object_store import run, salsa_binary, save_report, wait_for  # noqa: E402
+from bench_object_store import run, salsa_binary, save_report, tear_down, umount, wait_for  # noqa: E402
 from object_store import control_stats, parse_size  # noqa: E402
 
 
@@ -112,16 +112,7 @@ class Setup:
         self.mounts.append(where)
 
     def close(self):
-        for m in reversed(self.mounts):
-            subprocess.run(["umount", m])
-        for loop in self.loops:
-            subprocess.run(["losetup", "-d", loop])
-        for fuse_dir, p in self.fuses:
-            subprocess.run(["fusermount3", "-u", fuse_dir])
-            p.wait()
-        if self.procs:
-            self.procs[0].terminate()
-            self.procs[0].wait()
+        tear_down(list(reversed(self.mounts)), self.loops, self.fuses, self.procs[0] if self.procs else None)
 
 
 class MariaDB:
@@ -229,7 +220,7 @@ def run_setup(name, work, args):
             report["volumes"] = {v["name"]: {k: v.get(k) for k in ("controller", "page_bytes", "map_memory_bytes", "checkpoint_image_bytes")} for v in vols}
         # The file systems must be clean.
         for mnt in list(reversed(s.mounts)):
-            run(["umount", mnt])
+            umount(mnt)
             s.mounts.remove(mnt)
         for dev, mkfs in ((db_dev, args.db_mkfs), (obj_dev, args.objects_mkfs)):
             run(["xfs_repair", "-n", dev] if "xfs" in mkfs else ["e2fsck", "-fn", dev])

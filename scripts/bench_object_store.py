@@ -65,6 +65,62 @@ def run(cmd, **kw):
     return r.stdout
 
 
+def umount(mnt, timeout=30):
+    """Unmounts `mnt`, retrying while it is busy: a database that has just stopped, or the
+    kernel's last writeback, can hold it for a few seconds. Raises after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = subprocess.run(["umount", mnt], capture_output=True, text=True)
+        if r.returncode == 0 or not os.path.ismount(mnt):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit("umount %s still failing after %d s: %s" % (mnt, timeout, r.stderr.strip()))
+        time.sleep(0.5)
+
+
+def tear_down(mounts=(), loops=(), fuses=(), server=None, timeout=30):
+    """Takes a stack down from the top, every step bounded so a busy mount or a stuck process
+    can never hang the caller: unmounts `mounts` (lazily if still busy after `timeout`), detaches
+    `loops`, unmounts each nbdfuse `(directory, process)` of `fuses` and waits for it, then stops
+    `server`. Every step is tried; the first failure is raised at the end."""
+    errors = []
+
+    def attempt(what, cmd):
+        deadline = time.monotonic() + timeout
+        while True:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode == 0:
+                return True
+            if time.monotonic() > deadline:
+                errors.append("%s: %s" % (what, r.stderr.strip()))
+                return False
+            time.sleep(0.5)
+
+    def stop(proc, terminate):
+        if terminate:
+            proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            errors.append("%s did not exit within %d s; killed" % (proc.args[0], timeout))
+            proc.kill()
+            proc.wait()
+
+    for mnt in mounts:
+        if os.path.ismount(mnt) and not attempt("umount " + mnt, ["umount", mnt]):
+            subprocess.run(["umount", "-l", mnt])
+    for loop in loops:
+        attempt("losetup -d " + loop, ["losetup", "-d", loop])
+    for fuse_dir, proc in fuses:
+        if proc.poll() is None:
+            attempt("fusermount3 -u " + fuse_dir, ["fusermount3", "-u", fuse_dir])
+        stop(proc, terminate=False)
+    if server is not None:
+        stop(server, terminate=True)
+    if errors:
+        raise SystemExit("tear-down: " + "; ".join(errors))
+
+
 @contextlib.contextmanager
 def xfs_over_salsa(d, serve_args, export, loop_args=()):
     """Serves `serve_args` from directory `d`, attaches export `export` with nbdfuse and a loop
@@ -92,20 +148,14 @@ def xfs_over_salsa(d, serve_args, export, loop_args=()):
         run(["mount", loop, mnt])
         mounted = True
         yield mnt, ctl, loop
-        run(["umount", mnt])
+        umount(mnt)
         mounted = False
         run(["xfs_repair", "-n", loop])
     finally:
-        if mounted:
-            subprocess.run(["umount", mnt])
-        if loop:
-            subprocess.run(["losetup", "-d", loop])
-        if fuse is not None:
-            subprocess.run(["fusermount3", "-u", fuse_dir])
-            fuse.wait()
-        server.terminate()
-        server.wait()
-        log.close()
+        try:
+            tear_down([mnt] if mounted else [], [loop] if loop else [], [(fuse_dir, fuse)] if fuse is not None else [], server)
+        finally:
+            log.close()
 
 
 def one_target(name, serve_args, export, workload_args, work):

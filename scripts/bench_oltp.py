@@ -37,7 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_mixed import MariaDB, sysbench  # noqa: E402
-from bench_object_store import run, salsa_binary, save_report, wait_for  # noqa: E402
+from bench_object_store import run, salsa_binary, save_report, tear_down, wait_for  # noqa: E402
 
 
 class Target:
@@ -82,18 +82,15 @@ class Target:
         return self.mnt
 
     def close(self):
-        if self.mnt:
-            subprocess.run(["umount", self.mnt])
-        if self.loop:
-            subprocess.run(["losetup", "-d", self.loop])
-        if self.fuse:
-            subprocess.run(["fusermount3", "-u", self.fuse])
-        for p in self.procs[1:]:
-            p.wait()
-        if self.procs:
-            self.procs[0].terminate()
-            self.procs[0].wait()
-        shutil.rmtree(self.d, ignore_errors=True)
+        try:
+            tear_down(
+                [self.mnt] if self.mnt else [],
+                [self.loop] if self.loop else [],
+                [(self.fuse, p) for p in self.procs[1:]],
+                self.procs[0] if self.procs else None,
+            )
+        finally:
+            shutil.rmtree(self.d, ignore_errors=True)
 
 
 class Probe:
