@@ -62,6 +62,7 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
     j["sync_micros"] = s.sync_micros.into();
     j["releases_sharing_a_sync"] = s.releases_sharing_a_sync.into();
     j["gc_micros"] = s.gc_micros.into();
+    j["gc_bytes_read"] = s.gc_bytes_read.into();
     j["paced_writes"] = s.paced_writes.into();
     j["paced_micros"] = s.paced_micros.into();
     j["pacing_rate_bytes_per_sec"] = s.pacing_rate_bytes_per_sec.into();

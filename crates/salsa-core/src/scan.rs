@@ -7,20 +7,93 @@
 //! after them. The walk stops at the first page that is not a valid metadata page of this
 //! segment's current incarnation: left-overs of an earlier use of the segment, or a torn write.
 
-use crate::array::Array;
-use crate::error::Result;
-use crate::format::{RecordMeta, SegmentHeader};
+use crate::array::{member_io, Array};
+use crate::error::{Error, Result};
+use crate::format::{MetaEntry, RecordMeta, SegmentHeader};
 
 use crate::util::{AlignedBuf, BufferPool};
 
 /// Most bytes read from a segment at once.
 const WINDOW_BYTES_MAX: usize = 16 << 20;
 
+/// A gap between two live runs of a victim up to this many bytes is read rather than skipped:
+/// a request costs about as much as reading 20 to 40 KiB on the disks measured
+/// (docs/BENCHMARKS.md, "GC reads of live pages only").
+const LIVE_READ_GAP_BYTES: usize = 32 << 10;
+
+/// A victim whose live runs (gaps under [`LIVE_READ_GAP_BYTES`] included) cover more than this
+/// share of its records is read whole, in one request.
+const LIVE_READ_SHARE_MAX: f64 = 0.5;
+
+/// A victim with more than this share of its grains live is read whole at once, without its
+/// metadata first: its live runs would cover more than [`LIVE_READ_SHARE_MAX`] of it (at a
+/// third live and scattered, the gaps under [`LIVE_READ_GAP_BYTES`] alone make up most of the
+/// rest).
+const LIVE_READ_VALID_SHARE_MAX: f64 = 1.0 / 3.0;
+
+/// Most requests of one victim in flight at once (each on a member I/O thread, or the
+/// caller's): 1, 2, 4 and 16 were tried on the RAID-5 bench; from 2 on the throughput was
+/// within the noise, and each more costs a thread hand-over.
+const LIVE_READ_JOBS_MAX: usize = 4;
+
 /// What a chain walk needs to know about the pool.
 pub struct ScanGeometry {
     pub pool_id: u128,
     pub grain_bytes: usize,
     pub grains_per_segment: u32,
+}
+
+/// Which data pages of a record [`walk_victim_live`] read: those its caller asked for, or all.
+/// A page not held has unspecified bytes in the record's data.
+pub struct HeldPages<'a>(Option<&'a [bool]>);
+
+impl HeldPages<'_> {
+    /// Every page of the record was read.
+    pub const ALL: HeldPages<'static> = HeldPages(None);
+
+    /// Whether data page `slot` (counting data entries only) holds its bytes.
+    pub fn holds(&self, slot: usize) -> bool {
+        self.0.is_none_or(|held| held.get(slot).copied().unwrap_or(false))
+    }
+}
+
+/// The record whose metadata page is `page`, at grain `pos` of `segment` (of `gps` readable
+/// grains), with its data grains and span, when it continues the chain: this pool's, this
+/// incarnation's, where the chain says it starts, newer than the record before (`last_record`),
+/// and ending inside the segment.
+fn chained_record(
+    page: &[u8],
+    geo: &ScanGeometry,
+    segment: u32,
+    incarnation: u64,
+    pos: usize,
+    last_record: u64,
+    gps: usize,
+) -> Option<(RecordMeta, usize, usize)> {
+    let meta = RecordMeta::decode(page).ok()?;
+    if meta.pool_id != geo.pool_id
+        || meta.segment != segment
+        || meta.incarnation != incarnation
+        || meta.start_grain as usize != pos
+        || meta.record_id <= last_record
+    {
+        return None;
+    }
+    let span = meta.span_grains()?;
+    let data_grains = meta.data_pages().checked_mul(meta.page_grains as usize)?;
+    if pos.checked_add(1 + data_grains)? > gps {
+        return None;
+    }
+    Some((meta, data_grains, span))
+}
+
+/// The header named by a segment's first metadata page, when it is this pool's and the page
+/// is the segment's first.
+fn first_header(page: &[u8], geo: &ScanGeometry, segment: u32) -> Option<SegmentHeader> {
+    match RecordMeta::decode(page) {
+        Ok(m) if m.pool_id == geo.pool_id && m.segment == segment && m.start_grain == 0 => Some(m.segment_header()),
+        _ => None,
+    }
 }
 
 /// Walks the chain of `segment`, calling `visit(header, meta, data)` for every intact record;
@@ -34,15 +107,38 @@ pub fn walk_segment(
     geo: &ScanGeometry,
     segment: u32,
     sealed: bool,
-    mut visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8]),
+    visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8]),
 ) -> Result<Option<SegmentHeader>> {
+    walk_segment_counted(array, buffers, geo, segment, sealed, visit).map(|(header, _)| header)
+}
+
+/// [`walk_segment`] of a sealed GC victim, read whole; also returns the bytes it read.
+pub fn walk_victim_whole(
+    array: &dyn Array,
+    buffers: &BufferPool,
+    geo: &ScanGeometry,
+    segment: u32,
+    visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8]),
+) -> Result<(Option<SegmentHeader>, u64)> {
+    walk_segment_counted(array, buffers, geo, segment, true, visit)
+}
+
+/// [`walk_segment`], also returning the bytes it read.
+fn walk_segment_counted(
+    array: &dyn Array,
+    buffers: &BufferPool,
+    geo: &ScanGeometry,
+    segment: u32,
+    sealed: bool,
+    mut visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8]),
+) -> Result<(Option<SegmentHeader>, u64)> {
     let gb = geo.grain_bytes;
     let gps = geo.grains_per_segment as usize;
     let base = segment as u64 * gps as u64;
     // Only what was written can be read (a sequential zone fails reads past its write pointer).
     let readable = (array.readable_grains(segment) as usize).min(gps);
     if readable == 0 {
-        return Ok(None);
+        return Ok((None, 0));
     }
     let gps = readable;
     let window_grains = (WINDOW_BYTES_MAX / gb).min(gps);
@@ -53,18 +149,17 @@ pub fn walk_segment(
         start: 0,
         len: 0,
         grains: window_grains,
+        bytes_read: 0,
     };
     // The first metadata page alone first, unless the caller knows the segment holds records
     // (a GC victim): most segments of a young pool were never written. The window then
     // holds what it read and the walk goes on from it.
     let first_read = if sealed { window_grains } else { 1 };
     array.read(base, &mut w.buf[..first_read * gb])?;
-    let header = match RecordMeta::decode(&w.buf[..gb]) {
-        Ok(m) if m.pool_id == geo.pool_id && m.segment == segment && m.start_grain == 0 => m.segment_header(),
-        _ => {
-            buffers.put(w.buf);
-            return Ok(None);
-        }
+    w.bytes_read += (first_read * gb) as u64;
+    let Some(header) = first_header(&w.buf[..gb], geo, segment) else {
+        buffers.put(w.buf);
+        return Ok((None, w.bytes_read));
     };
     w.start = 0;
     w.len = first_read;
@@ -72,20 +167,11 @@ pub fn walk_segment(
     let mut last_record = 0u64;
     while w.ensure(array, base, gps, gb, pos, 1)? {
         let off = (pos - w.start) * gb;
-        let window = &w.buf;
-        let Ok(meta) = RecordMeta::decode(&window[off..off + gb]) else {
+        let Some((meta, data_grains, span)) =
+            chained_record(&w.buf[off..off + gb], geo, segment, header.incarnation, pos, last_record, gps)
+        else {
             break;
         };
-        if meta.pool_id != geo.pool_id
-            || meta.segment != segment
-            || meta.incarnation != header.incarnation
-            || meta.start_grain as usize != pos
-            || meta.record_id <= last_record
-        {
-            break;
-        }
-        let Some(span) = meta.span_grains() else { break };
-        let data_grains = meta.data_pages() * meta.page_grains as usize;
         if !w.ensure(array, base, gps, gb, pos, 1 + data_grains)? {
             break;
         }
@@ -95,7 +181,153 @@ pub fn walk_segment(
         pos += span;
     }
     buffers.put(w.buf);
-    Ok(Some(header))
+    Ok((Some(header), w.bytes_read))
+}
+
+/// [`walk_segment`] of a sealed GC victim, returning the bytes it read, that reads only what
+/// the caller needs when that is a small part of the victim: the metadata pages first (one
+/// request per record, each naming where the next one starts), then the data pages for which
+/// `live(meta, slot, entry)` holds, in runs read at once (a victim mostly emptied by
+/// overwrites costs a few small reads instead of a whole segment). `visit(header, meta, data,
+/// held)` then sees every record, `held` saying which of its pages were read. When the live
+/// runs cover most of the victim, or it is larger than one read window, the victim is read
+/// whole and every page is held; so is a victim whose `valid_grains` (the pool's count of its
+/// live grains) already say so, without reading its metadata first.
+///
+/// `live` must be conservative: a page it calls dead must stay dead until the visit, or the
+/// visitor must read it itself (a page not held has unspecified bytes).
+pub fn walk_victim_live(
+    array: &dyn Array,
+    buffers: &BufferPool,
+    geo: &ScanGeometry,
+    segment: u32,
+    valid_grains: u32,
+    mut live: impl FnMut(&RecordMeta, usize, &MetaEntry) -> bool,
+    mut visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8], &HeldPages<'_>),
+) -> Result<(Option<SegmentHeader>, u64)> {
+    let gb = geo.grain_bytes;
+    let gps = (array.readable_grains(segment) as usize).min(geo.grains_per_segment as usize);
+    if gps == 0 || gps > WINDOW_BYTES_MAX / gb || valid_grains as f64 > LIVE_READ_VALID_SHARE_MAX * gps as f64 {
+        return walk_victim_whole(array, buffers, geo, segment, |h, m, d| visit(h, m, d, &HeldPages::ALL));
+    }
+    let base = segment as u64 * geo.grains_per_segment as u64;
+    let mut buf = buffers.get(gps * gb);
+    let result = walk_live_in(array, &mut buf, geo, segment, base, gps, &mut live, &mut visit);
+    buffers.put(buf);
+    result
+}
+
+/// [`walk_victim_live`] with a buffer of the victim's readable grains.
+#[allow(clippy::too_many_arguments)]
+fn walk_live_in(
+    array: &dyn Array,
+    buf: &mut AlignedBuf,
+    geo: &ScanGeometry,
+    segment: u32,
+    base: u64,
+    gps: usize,
+    live: &mut impl FnMut(&RecordMeta, usize, &MetaEntry) -> bool,
+    visit: &mut impl FnMut(&SegmentHeader, &RecordMeta, &[u8], &HeldPages<'_>),
+) -> Result<(Option<SegmentHeader>, u64)> {
+    let gb = geo.grain_bytes;
+    let mut bytes_read = 0u64;
+    let mut read_page = |pos: usize, buf: &mut AlignedBuf| -> Result<()> {
+        bytes_read += gb as u64;
+        array.read(base + pos as u64, &mut buf[pos * gb..(pos + 1) * gb])
+    };
+    // The chain of metadata pages, each read where the one before says it is.
+    read_page(0, buf)?;
+    let Some(header) = first_header(&buf[..gb], geo, segment) else {
+        return Ok((None, bytes_read));
+    };
+    let mut records = Vec::new();
+    let (mut pos, mut last_record) = (0usize, 0u64);
+    while pos < gps {
+        if pos > 0 {
+            read_page(pos, buf)?;
+        }
+        let Some((meta, data_grains, span)) = chained_record(
+            &buf[pos * gb..(pos + 1) * gb],
+            geo,
+            segment,
+            header.incarnation,
+            pos,
+            last_record,
+            gps,
+        ) else {
+            break;
+        };
+        last_record = meta.record_id;
+        records.push((pos, meta, data_grains));
+        pos += span;
+    }
+    let chain_end = records.last().map_or(0, |(pos, _, data_grains)| pos + 1 + data_grains);
+    // The live pages, as runs of grains `[start, end)` (ascending, gaps up to the bound read).
+    let gap_grains = LIVE_READ_GAP_BYTES / gb;
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut held: Vec<Vec<bool>> = Vec::with_capacity(records.len());
+    for (pos, meta, _) in &records {
+        let pg = meta.page_grains as usize;
+        let mut record_held = Vec::new();
+        for e in meta.entries.iter().filter(|e| matches!(e, MetaEntry::Data { .. })) {
+            let slot = record_held.len();
+            let is_live = live(meta, slot, e);
+            record_held.push(is_live);
+            if is_live {
+                let start = pos + 1 + slot * pg;
+                match runs.last_mut() {
+                    Some(last) if start <= last.1 + gap_grains => last.1 = start + pg,
+                    _ => runs.push((start, start + pg)),
+                }
+            }
+        }
+        held.push(record_held);
+    }
+    let run_grains: usize = runs.iter().map(|(s, e)| e - s).sum();
+    let whole = run_grains as f64 > LIVE_READ_SHARE_MAX * chain_end as f64;
+    if whole {
+        // Most of it is needed: one request for the whole chain.
+        bytes_read += (chain_end * gb) as u64;
+        array.read(base, &mut buf[..chain_end * gb])?;
+    } else {
+        bytes_read += (run_grains * gb) as u64;
+        read_runs(array, buf, base, gb, &runs)?;
+    }
+    for ((pos, meta, data_grains), record_held) in records.iter().zip(&held) {
+        let data = &buf[(pos + 1) * gb..(pos + 1 + data_grains) * gb];
+        let held = if whole { HeldPages::ALL } else { HeldPages(Some(record_held)) };
+        visit(&header, meta, data, &held);
+    }
+    Ok((Some(header), bytes_read))
+}
+
+/// Reads grain runs `[start, end)` of the segment at `base` into their places in `buf`, up to
+/// [`LIVE_READ_JOBS_MAX`] requests at once.
+fn read_runs(array: &dyn Array, buf: &mut [u8], base: u64, gb: usize, runs: &[(usize, usize)]) -> Result<()> {
+    // Each run's part of the buffer, cut off in ascending order.
+    let mut parts: Vec<(u64, &mut [u8])> = Vec::with_capacity(runs.len());
+    let mut rest = buf;
+    let mut at = 0usize;
+    for &(start, end) in runs {
+        let (_, tail) = rest.split_at_mut((start - at) * gb);
+        let (part, tail) = tail.split_at_mut((end - start) * gb);
+        parts.push((base + start as u64, part));
+        rest = tail;
+        at = end;
+    }
+    let jobs_count = parts.len().clamp(1, LIVE_READ_JOBS_MAX);
+    let mut jobs: Vec<Vec<(u64, &mut [u8])>> = (0..jobs_count).map(|_| Vec::new()).collect();
+    for (i, part) in parts.into_iter().enumerate() {
+        jobs[i % jobs_count].push(part);
+    }
+    let results = member_io::run_all(
+        jobs.into_iter()
+            .map(|job| move || job.into_iter().try_for_each(|(grain, part)| array.read(grain, part)))
+            .collect(),
+    );
+    results
+        .into_iter()
+        .try_for_each(|r| r.unwrap_or_else(|| Err(Error::Poisoned("a GC read panicked".into()))))
 }
 
 /// A sliding read window over one segment.
@@ -107,6 +339,8 @@ struct Window {
     len: usize,
     /// Capacity in grains.
     grains: usize,
+    /// Bytes read so far.
+    bytes_read: u64,
 }
 
 impl Window {
@@ -121,6 +355,7 @@ impl Window {
         }
         let len = self.grains.min(gps - from);
         array.read(base + from as u64, &mut self.buf[..len * gb])?;
+        self.bytes_read += (len * gb) as u64;
         self.start = from;
         self.len = len;
         Ok(true)

@@ -416,8 +416,9 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
             let array_wa = (members(&after) - members(&before)) as f64 / user;
             let pad = (after.pad_bytes_written - before.pad_bytes_written) as f64 / user;
             let gc_wa = (user + (after.gc_bytes_relocated - before.gc_bytes_relocated) as f64) / user;
+            let gc_read = (after.gc_bytes_read - before.gc_bytes_read) as f64 / user;
             say(format!(
-                "{name} round {round}: SALSA {} {:.1} MB/s, p99 {} us, p99.9 {} us, max {} us, all members written per user byte {array_wa:.2} (GC {gc_wa:.2}, padding {pad:.2}); {} syncs ({} ms), GC busy {} ms, {} stalls, {} writes paced",
+                "{name} round {round}: SALSA {} {:.1} MB/s, p99 {} us, p99.9 {} us, max {} us, all members written per user byte {array_wa:.2} (GC {gc_wa:.2}, padding {pad:.2}), GC read per user byte {gc_read:.2}; {} syncs ({} ms), GC busy {} ms, {} stalls, {} writes paced",
                 p.salsa_array.name(),
                 s.mbps,
                 s.p99_us,

@@ -81,6 +81,8 @@ pub struct Counters {
     pub user_bytes_written: AtomicU64,
     pub user_bytes_read: AtomicU64,
     pub gc_bytes_relocated: AtomicU64,
+    /// Bytes the GC read from victims (their metadata and live pages, or whole victims).
+    pub gc_bytes_read: AtomicU64,
     pub device_bytes_written: AtomicU64,
     pub meta_bytes_written: AtomicU64,
     pub gc_segments_cleaned: AtomicU64,
@@ -456,7 +458,32 @@ impl Log {
     /// [`Log::walk_segment`] of a GC victim: a sealed segment, known to hold records, read
     /// whole in one request rather than its first page first.
     pub fn walk_victim(&self, segment: u32, visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8])) -> Result<Option<SegmentHeader>> {
-        crate::scan::walk_segment(self.array(), &self.buffers, &self.scan_geometry(), segment, true, visit)
+        let (header, bytes_read) = crate::scan::walk_victim_whole(self.array(), &self.buffers, &self.scan_geometry(), segment, visit)?;
+        self.counters.gc_bytes_read.fetch_add(bytes_read, SeqCst);
+        Ok(header)
+    }
+
+    /// A GC victim's walk that reads only the data pages `live(meta, slot, entry)` asks for
+    /// when they are a small part of it (see [`crate::scan::walk_victim_live`]); `visit` is
+    /// told which pages were read.
+    pub fn walk_victim_live(
+        &self,
+        segment: u32,
+        live: impl FnMut(&RecordMeta, usize, &crate::format::MetaEntry) -> bool,
+        visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8], &crate::scan::HeldPages<'_>),
+    ) -> Result<Option<SegmentHeader>> {
+        let valid_grains = self.capacity.segment(segment).valid_grains.load(SeqCst);
+        let (header, bytes_read) = crate::scan::walk_victim_live(
+            self.array(),
+            &self.buffers,
+            &self.scan_geometry(),
+            segment,
+            valid_grains,
+            live,
+            visit,
+        )?;
+        self.counters.gc_bytes_read.fetch_add(bytes_read, SeqCst);
+        Ok(header)
     }
 
     // ----- errors -----

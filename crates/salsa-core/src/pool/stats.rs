@@ -28,6 +28,9 @@ pub struct Stats {
     /// GC releases that another's sync covered (group commit; see `Log::sync_for_release`).
     pub releases_sharing_a_sync: u64,
     pub gc_micros: u64,
+    /// Bytes the GC read from victims: their metadata and live pages where those are a small
+    /// part of them, whole victims otherwise.
+    pub gc_bytes_read: u64,
     pub throttled_allocations: u64,
     /// User writes paced while the GC was behind, the time they waited in all, and the rate
     /// writes are admitted at now, 0 when not pacing (see `pacing.rs`: the wait for the GC
@@ -179,6 +182,7 @@ impl Pool {
             sync_micros: c.sync_micros.load(SeqCst),
             releases_sharing_a_sync: c.releases_sharing_a_sync.load(SeqCst),
             gc_micros: c.gc_micros.load(SeqCst),
+            gc_bytes_read: c.gc_bytes_read.load(SeqCst),
             throttled_allocations: c.throttled_allocations.load(SeqCst),
             paced_writes: self.eng.pacer.paced_writes.load(SeqCst),
             paced_micros: self.eng.pacer.paced_micros.load(SeqCst),

@@ -46,6 +46,7 @@ use crate::log::payload::WriteBuffer;
 use crate::log::stream::{PageData, Streams};
 use crate::log::{Log, PageRead};
 use crate::policy::placement::Placement;
+use crate::scan::HeldPages;
 use crate::util::Decoder;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::BTreeMap;
@@ -671,7 +672,7 @@ impl Controller for DualVolume {
                     failure = self.relocate_small(log, victim, meta, data).err();
                 }
             } else {
-                self.dense.relocate_record(log, &map, &mut walk, meta, data);
+                self.dense.relocate_record(log, &map, &mut walk, meta, data, &HeldPages::ALL);
             }
         })?;
         if let Some(e) = failure {

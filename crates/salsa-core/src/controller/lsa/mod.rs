@@ -24,7 +24,8 @@ use crate::log::payload::WriteBuffer;
 use crate::log::stream::{PageData, Streams};
 use crate::log::{Log, PageRead, StorageClass};
 use crate::policy::placement::{Placement, Relocation, SegmentView, StreamLayout, UserWrite};
-use crate::util::Decoder;
+use crate::scan::HeldPages;
+use crate::util::{AlignedBuf, Decoder};
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
@@ -542,7 +543,7 @@ impl LsaVolume {
     /// Moves what is live in one record of a victim (a record of this volume's page size; the
     /// caller skips others) into the GC streams; trims are gathered for
     /// [`LsaVolume::finish_relocation`]. After a failure, later records are skipped.
-    pub fn relocate_record(&self, log: &Log, map: &PageMap, walk: &mut VictimWalk, meta: &RecordMeta, data: &[u8]) {
+    pub fn relocate_record(&self, log: &Log, map: &PageMap, walk: &mut VictimWalk, meta: &RecordMeta, data: &[u8], held: &HeldPages<'_>) {
         if walk.failure.is_some() || meta.page_grains != self.page_grains {
             return;
         }
@@ -559,16 +560,32 @@ impl LsaVolume {
             match *e {
                 MetaEntry::Data { page, seq, crc } => {
                     let grain = walk.base + meta.start_grain as u64 + 1 + (slot as u64) * self.page_grains as u64;
-                    let bytes = &data[slot * pb..(slot + 1) * pb];
+                    let this_slot = slot;
                     slot += 1;
-                    if self.shared.holds(grain) {
+                    let is_shared = self.shared.holds(grain);
+                    if !is_shared && (page >= map.pages() || map.load(page) != Entry::Mapped(grain)) {
+                        continue;
+                    }
+                    // The page's bytes as the walk read them; or, for a page the walk was told
+                    // was dead and that is live (no path makes one today), read now, so that
+                    // bytes not read can never be moved.
+                    let read_now;
+                    let bytes: &[u8] = if held.holds(this_slot) {
+                        &data[this_slot * pb..(this_slot + 1) * pb]
+                    } else {
+                        let mut buf = AlignedBuf::zeroed(pb);
+                        if let Err(err) = log.array().read(grain, &mut buf) {
+                            walk.failure = Some(err);
+                            return;
+                        }
+                        read_now = buf;
+                        &read_now
+                    };
+                    if is_shared {
                         if let Err(err) = self.relocate_shared(log, map, victim, walk.view, grain, *e, bytes) {
                             walk.failure = Some(err);
                             return;
                         }
-                        continue;
-                    }
-                    if page >= map.pages() || map.load(page) != Entry::Mapped(grain) {
                         continue;
                     }
                     let to = placing.placement.place_gc(&Relocation {
@@ -751,7 +768,19 @@ impl Controller for LsaVolume {
     fn relocate(&self, log: &Log, victim: u32) -> Result<()> {
         let map = self.map.read();
         let mut walk = VictimWalk::new(log, victim);
-        log.walk_victim(victim, |_, meta, data| self.relocate_record(log, &map, &mut walk, meta, data))?;
+        // Only the pages live now are read (when few are): one dead now stays dead, since
+        // nothing maps a page to a grain of a sealed segment except the GC moving it away.
+        let base = walk.base;
+        let live = |meta: &RecordMeta, slot: usize, e: &MetaEntry| match *e {
+            MetaEntry::Data { page, .. } if meta.page_grains == self.page_grains => {
+                let grain = base + meta.start_grain as u64 + 1 + slot as u64 * self.page_grains as u64;
+                self.shared.holds(grain) || (page < map.pages() && map.load(page) == Entry::Mapped(grain))
+            }
+            _ => false,
+        };
+        log.walk_victim_live(victim, live, |_, meta, data, held| {
+            self.relocate_record(log, &map, &mut walk, meta, data, held)
+        })?;
         self.finish_relocation(log, &map, walk)
     }
 
