@@ -317,17 +317,6 @@ impl<'a> Decoder<'a> {
     }
 }
 
-/// Lowers the calling thread's CPU priority to `nice` (Linux: a thread's nice value is its
-/// own). A failure (a sandbox that forbids it) only leaves the priority as it was, so it is
-/// logged, not returned.
-pub fn lower_thread_priority(nice: i32) {
-    // SAFETY: `gettid` and `setpriority` take plain integers and touch no memory of ours.
-    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
-    if r != 0 {
-        tracing::debug!("cannot lower the thread's priority: {}", std::io::Error::last_os_error());
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

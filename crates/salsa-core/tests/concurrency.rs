@@ -337,14 +337,18 @@ fn gc_workers_releasing_at_once_share_a_sync_and_lose_nothing() {
     pool.close().unwrap();
 }
 
-/// The GC workers run at a lower CPU priority than the threads that write (nice 10), so
-/// that a paced writer woken for its turn does not wait behind them for a core.
+/// The GC workers run at the CPU priority of the threads that write: once the GC read only
+/// victims' live pages, CPU bounded its pace, and at nice 10 paced writers outran it
+/// (docs/BENCHMARKS.md, "GC reads of live pages only").
 #[test]
-fn gc_workers_run_at_a_lower_cpu_priority() {
+fn gc_workers_run_at_the_writers_cpu_priority() {
+    // The 19th field of a thread's stat is its nice value; the 2nd, the command, is in
+    // parentheses.
+    let nice_of = |stat: &str| -> i32 { stat[stat.rfind(')').unwrap() + 2..].split(' ').nth(16).unwrap().parse().unwrap() };
+    let writer_nice = nice_of(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
     let (pool, _dev) = memory_pool(16, &OpenOptions::default());
     // The nice value of every thread named as a GC worker. Tests run in parallel in this
-    // process, so other pools' workers may be listed too, and a worker names itself and
-    // lowers its priority as it starts: look until four are there, all lowered.
+    // process, so other pools' workers may be listed too.
     let gc_nice = || -> Vec<i32> {
         let mut nice = Vec::new();
         for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
@@ -353,21 +357,24 @@ fn gc_workers_run_at_a_lower_cpu_priority() {
                 continue; // the thread ended meanwhile
             };
             if comm.starts_with("salsa-gc-") {
-                // The 19th field of stat is the nice value; the 2nd, the command, is in
-                // parentheses.
-                let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
-                nice.push(after_comm.split(' ').nth(16).unwrap().parse().unwrap());
+                nice.push(nice_of(&stat));
             }
         }
         nice
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let mut seen = gc_nice();
-    while !(seen.len() >= 4 && seen.iter().all(|&n| n == 10)) && std::time::Instant::now() < deadline {
+    while seen.len() < 4 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(10));
         seen = gc_nice();
     }
+    // A worker that changed its priority would do so as it starts; give it the time.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    seen = gc_nice();
     assert!(seen.len() >= 4, "four GC workers by default: {seen:?}");
-    assert!(seen.iter().all(|&n| n == 10), "GC workers' nice values: {seen:?}");
+    assert!(
+        seen.iter().all(|&n| n == writer_nice),
+        "GC workers' nice values {seen:?}, the writer's {writer_nice}"
+    );
     pool.close().unwrap();
 }

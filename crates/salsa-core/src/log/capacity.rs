@@ -190,16 +190,20 @@ impl Watermarks {
     }
 
     /// The watermarks of a pool whose user writes are paced (`crate::pacing`): the GC starts
-    /// and stops a few segments higher (1 in 128 of the pool, at most 8), so that the free
+    /// and stops a few segments higher (1 in 64 of the pool, at most 16), so that the free
     /// segments between its start and the writers' reserve absorb the GC's bursts (a victim's
     /// relocation, a release sync) while the pacer holds writers to the rate it sustains. With
     /// the narrow band, free segments touched the reserve at every burst and the pacer took
     /// the rate down each time: 353 against 505 MB/s on RAID-5 random writes of 1022
-    /// segments. A pool of fewer than 128 segments keeps its band: there each segment held
-    /// free is a share of the spare the data lacks (96 segments, 2 more each side: GC write
-    /// amplification 5.3 and 6.3 against 3.7; docs/BENCHMARKS.md).
+    /// segments. Once the GC read victims' live pages only, 1 in 128 (at most 8) was too
+    /// little at its higher pace: 21 to 42 stalls per 10 s, 757 MB/s with a p99 of 723 us,
+    /// against none, 954 MB/s and 498 us with 1 in 64 (a whole volume writes 1 to 4% more per
+    /// user byte for the segments held free). A pool of fewer than 128 segments keeps its
+    /// band: there each segment held free is a share of the spare the data lacks (96
+    /// segments, 2 more each side: GC write amplification 5.3 and 6.3 against 3.7;
+    /// docs/BENCHMARKS.md).
     pub fn widened_for_pacing(self, total: u32) -> Watermarks {
-        let extra = (total / 128).min(8);
+        let extra = if total < 128 { 0 } else { (total / 64).min(16) };
         Watermarks {
             low: self.low + extra,
             high: self.high + 2 * extra,

@@ -893,16 +893,13 @@ fn maintenance_worker(eng: Arc<Engine>) {
     }
 }
 
-/// The CPU priority (nice value) of the GC workers. On a host with few cores, user writes
-/// woken for their turn (paced, see [`crate::pacing`]) would otherwise wait behind the GC's
-/// copies and checksums for the scheduler: on RAID-5 random writes at
-/// QD 32 paced, p99 889 against 699 us and maximum 9.2 against 4.9 ms, throughput the same;
-/// unpaced the GC kept its pace (it is what stalled writers wait for, and they then leave it
-/// the CPU). docs/BENCHMARKS.md.
-const GC_THREAD_NICE: i32 = 10;
-
+/// GC workers run at the writers' CPU priority. They ran at nice 10 while a victim was read
+/// whole (so that a paced writer woken for its turn did not wait behind the GC's copies: p99
+/// 889 against 699 us then). Once the GC read only victims' live pages, it was CPU that
+/// bounded its pace, and nice 10 cost paced RAID-5 random writes to half the array 776
+/// against 954 MB/s, with a p99 of 540 against 498 us (docs/BENCHMARKS.md, "GC reads of live
+/// pages only").
 fn gc_worker(eng: Arc<Engine>) {
-    crate::util::lower_thread_priority(GC_THREAD_NICE);
     while !eng.shutting_down.load(SeqCst) {
         if eng.needs_gc_round() && !eng.log.is_poisoned() {
             if let Err(e) = eng.gc_round() {
