@@ -6,6 +6,11 @@
 //! pages follow (and how many grains of padding after them), and the next record starts right
 //! after them. The walk stops at the first page that is not a valid metadata page of this
 //! segment's current incarnation: left-overs of an earlier use of the segment, or a torn write.
+//!
+//! A victim is read whole ([`walk_victim_whole`]) or, when its caller can tell live pages
+//! from dead ones and few are live, in part ([`walk_victim_live`]): the chain of metadata
+//! pages first, then the live runs. Either way every record of the chain is visited, in
+//! order, and the visitor is told which data pages hold the bytes read ([`HeldPages`]).
 
 use crate::array::{member_io, Array};
 use crate::error::{Error, Result};
