@@ -197,9 +197,9 @@ impl Watermarks {
     /// the rate down each time: 353 against 505 MB/s on RAID-5 random writes of 1022
     /// segments. Once the GC read victims' live pages only, 1 in 128 (at most 8) was too
     /// little at its higher pace: 21 to 42 stalls per 10 s, 757 MB/s with a p99 of 723 us,
-    /// against none, 954 MB/s and 498 us with 1 in 64 (a whole volume writes 1 to 4% more per
-    /// user byte for the segments held free). A pool of fewer than 128 segments keeps its
-    /// band: there each segment held free is a share of the spare the data lacks (96
+    /// against 3 to 11 stalls, 954 MB/s and 498 us with 1 in 64 (a whole volume writes 1 to
+    /// 4% more per user byte for the segments held free). A pool of fewer than 128 segments
+    /// keeps its band: there each segment held free is a share of the spare the data lacks (96
     /// segments, 2 more each side: GC write amplification 5.3 and 6.3 against 3.7;
     /// docs/BENCHMARKS.md).
     pub fn widened_for_pacing(self, total: u32) -> Watermarks {
