@@ -559,11 +559,11 @@ impl LsaVolume {
         for e in &meta.entries {
             match *e {
                 MetaEntry::Data { page, seq, crc } => {
-                    let grain = walk.base + meta.start_grain as u64 + 1 + (slot as u64) * self.page_grains as u64;
+                    let grain = self.slot_grain(walk.base, meta, slot);
                     let this_slot = slot;
                     slot += 1;
                     let is_shared = self.shared.holds(grain);
-                    if !is_shared && (page >= map.pages() || map.load(page) != Entry::Mapped(grain)) {
+                    if !is_shared && !mapped_at(map, page, grain) {
                         continue;
                     }
                     // The page's bytes as the walk read them; or, for a page the walk was told
@@ -626,6 +626,12 @@ impl LsaVolume {
         }
     }
 
+    /// The grain of data page `slot` (counting data entries only) of `meta`, a record of this
+    /// volume's page size in the segment whose first grain is `segment_base`.
+    fn slot_grain(&self, segment_base: u64, meta: &RecordMeta, slot: usize) -> u64 {
+        segment_base + meta.start_grain as u64 + 1 + slot as u64 * self.page_grains as u64
+    }
+
     /// Ends a victim's relocation: moves its live tombstones, or reports the first failure.
     pub fn finish_relocation(&self, log: &Log, map: &PageMap, mut walk: VictimWalk) -> Result<()> {
         if let Some(e) = walk.failure {
@@ -685,6 +691,12 @@ impl LsaVolume {
         }
         Ok(())
     }
+}
+
+/// Whether the map still points `page` at `grain` (a page of a victim's record that no write,
+/// trim or GC move has replaced since).
+fn mapped_at(map: &PageMap, page: u64, grain: u64) -> bool {
+    page < map.pages() && map.load(page) == Entry::Mapped(grain)
 }
 
 /// For trim entries `(page, count, seq)` of one segment, clipped to `pages` pages: the page
@@ -770,11 +782,12 @@ impl Controller for LsaVolume {
         let mut walk = VictimWalk::new(log, victim);
         // Only the pages live now are read (when few are): one dead now stays dead, since
         // nothing maps a page to a grain of a sealed segment except the GC moving it away.
+        // The same test `relocate_record` makes before it moves a page.
         let base = walk.base;
         let live = |meta: &RecordMeta, slot: usize, e: &MetaEntry| match *e {
             MetaEntry::Data { page, .. } if meta.page_grains == self.page_grains => {
-                let grain = base + meta.start_grain as u64 + 1 + slot as u64 * self.page_grains as u64;
-                self.shared.holds(grain) || (page < map.pages() && map.load(page) == Entry::Mapped(grain))
+                let grain = self.slot_grain(base, meta, slot);
+                self.shared.holds(grain) || mapped_at(&map, page, grain)
             }
             _ => false,
         };
