@@ -65,17 +65,26 @@ def run(cmd, **kw):
     return r.stdout
 
 
+def retry(cmd, timeout, done=lambda: False):
+    """Runs `cmd` until it succeeds (or `done()` says its work is done anyway), every half
+    second for up to `timeout` seconds; returns None then, else the last attempt's error
+    output."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode == 0 or done():
+            return None
+        if time.monotonic() > deadline:
+            return r.stderr.strip()
+        time.sleep(0.5)
+
+
 def umount(mnt, timeout=30):
     """Unmounts `mnt`, retrying while it is busy: a database that has just stopped, or the
     kernel's last writeback, can hold it for a few seconds. Raises after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        r = subprocess.run(["umount", mnt], capture_output=True, text=True)
-        if r.returncode == 0 or not os.path.ismount(mnt):
-            return
-        if time.monotonic() > deadline:
-            raise SystemExit("umount %s still failing after %d s: %s" % (mnt, timeout, r.stderr.strip()))
-        time.sleep(0.5)
+    err = retry(["umount", mnt], timeout, done=lambda: not os.path.ismount(mnt))
+    if err is not None:
+        raise SystemExit("umount %s still failing after %d s: %s" % (mnt, timeout, err))
 
 
 def tear_down(mounts=(), loops=(), fuses=(), server=None, timeout=30):
@@ -86,15 +95,10 @@ def tear_down(mounts=(), loops=(), fuses=(), server=None, timeout=30):
     errors = []
 
     def attempt(what, cmd):
-        deadline = time.monotonic() + timeout
-        while True:
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode == 0:
-                return True
-            if time.monotonic() > deadline:
-                errors.append("%s: %s" % (what, r.stderr.strip()))
-                return False
-            time.sleep(0.5)
+        err = retry(cmd, timeout)
+        if err is not None:
+            errors.append("%s: %s" % (what, err))
+        return err is None
 
     def stop(proc, terminate):
         if terminate:
