@@ -713,7 +713,14 @@ fn main() -> ExitCode {
         } => format_pool(devices, format, *force, !no_default_volume),
         Command::Info { devices } => info(devices),
         Command::Check { devices, scrub, repair } => {
-            match check(devices).and_then(|ok| Ok(ok && (!*scrub || scrub_pool(devices, *repair)?))) {
+            // The scrub runs even after check found damage: repairing it is what it is for.
+            // Damage a member holds but the redundancy covers counts as fixed only when the
+            // scrub rewrote it.
+            let outcome = check(devices).and_then(|c| {
+                let scrub_clean = !*scrub || scrub_pool(devices, *repair)?;
+                Ok(c.problems == 0 && scrub_clean && (c.repairable_bytes == 0 || (*scrub && *repair)))
+            });
+            match outcome {
                 Ok(true) => Ok(()),
                 Ok(false) => return ExitCode::from(1),
                 Err(e) => Err(e),

@@ -638,6 +638,89 @@ fn salsa_check_passes_a_clean_pool_and_reports_damage() {
     assert_eq!(out.matches(": checksum mismatch").count(), 1, "{out}");
 }
 
+/// A bit flipped in a data page on one member of a RAID-5 pool of files: `salsa check`
+/// reads the page from the redundancy, says so, writes nothing and fails; `check --scrub`
+/// tells the damaged page from the parity; `check --scrub --repair` rewrites the page (not
+/// the parity) and passes; a check afterwards finds nothing, and the data reads back.
+#[test]
+fn check_and_scrub_find_and_repair_a_flipped_bit_on_a_raid5_member() {
+    require("nbdcopy");
+    let dir = test_dir("check-raid5");
+    let path = |i: usize| dir.join(format!("m{i}.img")).display().to_string();
+    let members: Vec<String> = (0..3).map(|i| format!("{}:24M", path(i))).collect();
+    let srv = Server::start_on(&dir, &members, &["--array", "raid5"]);
+    // Pages that each say which they are.
+    let data: Vec<u8> = (0..256u32)
+        .flat_map(|p| {
+            let mut page = vec![0u8; 4096];
+            for (i, b) in page.iter_mut().enumerate() {
+                *b = (p as usize * 31 + i * 7) as u8;
+            }
+            page[..16].copy_from_slice(format!("salsa page {p:05}").as_bytes());
+            page
+        })
+        .collect();
+    let image = dir.join("in.img");
+    std::fs::write(&image, &data).unwrap();
+    let (ok, out) = run(Command::new("nbdcopy").arg("--flush").arg(&image).arg(srv.uri()));
+    assert!(ok, "{out}");
+    assert!(srv.stop().success(), "{}", srv_log(&dir));
+    let salsa = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_salsa"));
+        cmd.args(args);
+        for i in 0..3 {
+            cmd.args(["--device", &path(i)]);
+        }
+        run(&mut cmd)
+    };
+    // Damage page 100 where it sits on a member.
+    let page = &data[100 * 4096..101 * 4096];
+    let (member, at) = (0..3)
+        .find_map(|i| {
+            let bytes = std::fs::read(path(i)).unwrap();
+            (0..bytes.len())
+                .step_by(4096)
+                .find(|&o| &bytes[o..o + 4096] == page)
+                .map(|o| (i, o))
+        })
+        .expect("page 100 on a member");
+    let mut bytes = std::fs::read(path(member)).unwrap();
+    bytes[at + 1000] ^= 0x10;
+    std::fs::write(path(member), &bytes).unwrap();
+
+    let (ok, out) = salsa(&["check", "--scrub"]);
+    assert!(!ok, "check passed a damaged member: {out}");
+    assert!(out.contains("0 problems, 4.0 KiB damaged on a member"), "{out}");
+    assert!(
+        out.contains("1 data pages failed their checksum on a member: 1 readable from redundancy, 0 rewritten"),
+        "{out}"
+    );
+    assert!(!out.contains("failed:"), "a read-only check took the member for failed: {out}");
+    assert_eq!(
+        std::fs::read(path(member)).unwrap(),
+        bytes,
+        "a check without --repair wrote to the member"
+    );
+
+    let (ok, out) = salsa(&["check", "--scrub", "--repair"]);
+    assert!(ok, "check --scrub --repair: {out}");
+    assert!(out.contains("1 rewritten"), "{out}");
+    let repaired = std::fs::read(path(member)).unwrap();
+    assert!(&repaired[at..at + 4096] == page, "the page was not rewritten on its member");
+
+    let (ok, out) = salsa(&["check", "--scrub"]);
+    assert!(ok && out.contains("0 problems") && out.contains("0 disagreed"), "{out}");
+    let srv = Server::start_on(&dir, &(0..3).map(path).collect::<Vec<_>>(), &[]);
+    let back = dir.join("out.img");
+    let (ok, out) = run(Command::new("nbdcopy").arg(srv.uri()).arg(&back));
+    assert!(ok, "{out}");
+    assert!(
+        std::fs::read(&back).unwrap()[..data.len()] == data[..],
+        "the data read back differs"
+    );
+    assert!(srv.stop().success());
+}
+
 /// NBD over TLS as nbdkit and qemu-nbd offer it: certificates and pre-shared keys, checked with
 /// libnbd's nbdinfo and nbdcopy (GnuTLS on the client side) and qemu-img (a data round trip
 /// each); a plaintext client is refused when TLS is required, and so are a wrong key, an

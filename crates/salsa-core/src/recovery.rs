@@ -62,7 +62,18 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
                                     _ => None,
                                 })
                                 .enumerate()
-                                .map(|(i, crc)| crc32c::crc32c(&data[i * size..(i + 1) * size]) == crc)
+                                .map(|(i, crc)| {
+                                    // A page that fails its checksum may be torn, or damaged on
+                                    // one member of a redundant array: then the redundancy
+                                    // holds it whole.
+                                    crc32c::crc32c(&data[i * size..(i + 1) * size]) == crc || {
+                                        let grain = s as u64 * geo.grains_per_segment as u64
+                                            + meta.start_grain as u64
+                                            + 1
+                                            + (i * meta.page_grains as usize) as u64;
+                                        eng.log.repair_page(grain, size, crc).is_some()
+                                    }
+                                })
                                 .collect();
                             out.push(Found {
                                 segment: s,

@@ -141,6 +141,22 @@ pub(crate) fn scrub_pool(devices: &Devices, repair: bool) -> Result<bool, String
         r.rows_repaired,
         pool.array_description()
     );
+    if r.pages_damaged > 0 {
+        println!(
+            "scrub: {} data pages failed their checksum on a member: {} readable from redundancy, {} rewritten{}",
+            r.pages_damaged,
+            r.pages_repairable,
+            r.pages_repaired,
+            if repair {
+                ""
+            } else {
+                " (`salsa check --scrub --repair` rewrites them)"
+            }
+        );
+    }
+    for m in pool.stats().members.iter().filter(|m| m.damaged_bytes > 0) {
+        println!("scrub: member {}: {} damaged", m.name, human(m.damaged_bytes));
+    }
     let clean = r.rows_mismatched == r.rows_repaired;
     if repair {
         pool.close().map_err(|e| e.to_string())?;
@@ -148,12 +164,22 @@ pub(crate) fn scrub_pool(devices: &Devices, repair: bool) -> Result<bool, String
     Ok(clean)
 }
 
-pub(crate) fn check(devices: &Devices) -> Result<bool, String> {
+/// What `salsa check` found.
+pub(crate) struct CheckOutcome {
+    /// Pages unreadable or mapped differently, and other damage no redundancy covers.
+    pub problems: u64,
+    /// Bytes that failed their checksum on one member and were read from the redundancy
+    /// instead: the data is intact, the member is not (check writes nothing).
+    pub repairable_bytes: u64,
+}
+
+pub(crate) fn check(devices: &Devices) -> Result<CheckOutcome, String> {
     // First as a server would open it (the checkpoint after a clean shutdown), remembering every
     // page's location; then again, rebuilding everything from the log alone. One at a time: the
     // pool is locked while open.
     let mut locations = std::collections::HashMap::new();
     let mut damage = 0u64;
+    let mut repairable_bytes = 0u64;
     // Pages found damaged at open: the scan's view reads the same bytes, so they are reported
     // once.
     let mut damaged: std::collections::HashSet<(String, u64, Option<u64>)> = std::collections::HashSet::new();
@@ -176,6 +202,14 @@ pub(crate) fn check(devices: &Devices) -> Result<bool, String> {
                 locs.push(loc);
             }
             locations.insert(name, locs);
+        }
+        for m in normal.stats().members.iter().filter(|m| m.damaged_bytes > 0) {
+            println!(
+                "member {}: {} failed their checksum there and were read from the redundancy (not rewritten: check writes nothing; `salsa check --scrub --repair` does)",
+                m.name,
+                human(m.damaged_bytes)
+            );
+            repairable_bytes += m.damaged_bytes;
         }
     }
     let scanned = devices.open_pool_with_progress(
@@ -223,10 +257,18 @@ pub(crate) fn check(devices: &Devices) -> Result<bool, String> {
         }
     }
     println!(
-        "checked {pages_checked} mapped pages in {} volumes: {damage} problems",
-        scanned.volume_names().len()
+        "checked {pages_checked} mapped pages in {} volumes: {damage} problems{}",
+        scanned.volume_names().len(),
+        if repairable_bytes > 0 {
+            format!(", {} damaged on a member but intact in the redundancy", human(repairable_bytes))
+        } else {
+            String::new()
+        }
     );
-    Ok(damage == 0)
+    Ok(CheckOutcome {
+        problems: damage,
+        repairable_bytes,
+    })
 }
 
 #[derive(Subcommand)]

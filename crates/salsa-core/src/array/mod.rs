@@ -42,12 +42,42 @@ fn zero_range(device: &dyn Device, offset: u64, len: u64) -> std::io::Result<()>
 /// What a scrub of redundancy found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ScrubCounts {
+    /// Segments in use checked (the pool counts them; an array's count of one is 0).
+    pub segments: u64,
     /// Rows (RAID-5) or mirrored ranges (RAID-1) compared.
     pub rows_checked: u64,
     /// Of those, whose parity or mirror copies disagreed with the data.
     pub rows_mismatched: u64,
-    /// Of those, rewritten from the data.
+    /// Of those, made to agree again: damaged data pages rewritten from redundancy, then the
+    /// redundancy rewritten from the data.
     pub rows_repaired: u64,
+    /// Data pages in the rows that disagreed which failed their checksum on a member.
+    pub pages_damaged: u64,
+    /// Of those, pages the redundancy holds a copy of that passes.
+    pub pages_repairable: u64,
+    /// Of those, rewritten on the member that was wrong.
+    pub pages_repaired: u64,
+}
+
+impl std::ops::AddAssign for ScrubCounts {
+    fn add_assign(&mut self, o: ScrubCounts) {
+        self.segments += o.segments;
+        self.rows_checked += o.rows_checked;
+        self.rows_mismatched += o.rows_mismatched;
+        self.rows_repaired += o.rows_repaired;
+        self.pages_damaged += o.pages_damaged;
+        self.pages_repairable += o.pages_repairable;
+        self.pages_repaired += o.pages_repaired;
+    }
+}
+
+/// A data page a scrub can check: `bytes` at pool grain `grain`, whose checksum is `crc` (as
+/// its record's metadata says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageCheck {
+    pub grain: u64,
+    pub bytes: u32,
+    pub crc: u32,
 }
 
 /// What the pool reports about one member.
@@ -67,6 +97,9 @@ pub struct MemberStatus {
     pub write_errors: u64,
     /// Bytes rewritten from redundancy after they failed their checksum on this member.
     pub repaired_bytes: u64,
+    /// Bytes found failing their checksum on this member, whether rewritten or not (a pool
+    /// opened read-only reads the good copy but writes nothing).
+    pub damaged_bytes: u64,
 }
 
 /// What the pool reports about a RAID-5 parity buffer.
@@ -173,9 +206,10 @@ pub trait Array: Send + Sync {
             .collect()
     }
     /// After `buf` (read at `grain`) failed `verify`: tries the array's redundancy for a copy
-    /// that passes, rewrites the member that was wrong, and leaves the good bytes in `buf`.
-    /// `Ok(false)` when there is no redundancy or no copy passes.
-    fn read_repair(&self, _grain: u64, _buf: &mut [u8], _verify: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+    /// that passes, leaves the good bytes in `buf` and, with `rewrite`, rewrites the member
+    /// that was wrong (a read-only pool passes false: it writes nothing). `Ok(false)` when
+    /// there is no redundancy or no copy passes.
+    fn read_repair(&self, _grain: u64, _buf: &mut [u8], _verify: &dyn Fn(&[u8]) -> bool, _rewrite: bool) -> Result<bool> {
         Ok(false)
     }
     /// Makes the redundancy of grains `[from_grain, to_grain)` of `segment` (rounded out to
@@ -228,9 +262,12 @@ pub trait Array: Send + Sync {
         false
     }
     /// Compares the redundancy of grains `[0, to_grain)` of `segment` (whole rows; rows still
-    /// being filled are skipped) with the data, and with `repair` rewrites what disagrees from
-    /// the data (whose pages the caller checks against their checksums).
-    fn scrub(&self, _segment: u32, _to_grain: u64, _repair: bool) -> Result<ScrubCounts> {
+    /// being filled are skipped) with the data. Where they disagree, the data pages `pages`
+    /// (the segment's, sorted by grain) in that range are checked against their checksums
+    /// first: a damaged one is rebuilt from the redundancy, never the redundancy from it. With
+    /// `repair`, damaged pages are rewritten and then the redundancy of the rows whose pages
+    /// all pass; a row with a page no copy of which passes is left as it is.
+    fn scrub(&self, _segment: u32, _to_grain: u64, _repair: bool, _pages: &[PageCheck]) -> Result<ScrubCounts> {
         Ok(ScrubCounts::default())
     }
     /// The devices (and their layouts) that hold a copy of the pool metadata: every member

@@ -450,6 +450,47 @@ impl Log {
         }
     }
 
+    /// Whether the array holds redundancy a damaged page can be rebuilt from (RAID-1, RAID-5
+    /// with no member failed beyond what it tolerates).
+    pub fn has_redundancy(&self) -> bool {
+        self.array.kind().tolerated_failures(self.array.members().len() as u32) > 0
+    }
+
+    /// A data page of `len` bytes at `grain` that failed checksum `crc` as read: the copy the
+    /// array's redundancy holds that passes (rewritten on the member that was wrong unless
+    /// the pool is read-only), or `None` when there is none. Recovery and the GC call it, so
+    /// that damage on one member is neither taken for a torn write nor moved into a new
+    /// segment, where its parity would make it permanent.
+    pub fn repair_page(&self, grain: u64, len: usize, crc: u32) -> Option<crate::util::AlignedBuf> {
+        if !self.has_redundancy() {
+            return None;
+        }
+        let mut buf = self.buffers.get(len);
+        let verify = |b: &[u8]| crc32c::crc32c(b) == crc;
+        match self.array.read_repair(grain, &mut buf, &verify, !self.read_only) {
+            Ok(true) => Some(buf),
+            _ => {
+                self.buffers.put(buf);
+                None
+            }
+        }
+    }
+
+    /// The bytes the GC moves for the data page at `grain`, read as `bytes`, whose record
+    /// gives checksum `crc`: `bytes` when they pass (or the array has no redundancy to ask),
+    /// else the copy the redundancy holds that passes. Damaged bytes moved as they are would
+    /// get new parity that agrees with them, and the damage would become permanent. When no
+    /// copy passes, `bytes` as they are: the page keeps its checksum and its reads still fail.
+    pub fn page_to_move<'a>(&self, grain: u64, bytes: &'a [u8], crc: u32) -> std::borrow::Cow<'a, [u8]> {
+        if !self.has_redundancy() || crc32c::crc32c(bytes) == crc {
+            return std::borrow::Cow::Borrowed(bytes);
+        }
+        match self.repair_page(grain, bytes.len(), crc) {
+            Some(good) => std::borrow::Cow::Owned(good.to_vec()),
+            None => std::borrow::Cow::Borrowed(bytes),
+        }
+    }
+
     /// Walks the record chain of `segment` on the device (see [`crate::scan::walk_segment`]).
     pub fn walk_segment(&self, segment: u32, visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8])) -> Result<Option<SegmentHeader>> {
         crate::scan::walk_segment(self.array(), &self.buffers, &self.scan_geometry(), segment, false, visit)
@@ -1212,12 +1253,12 @@ impl Log {
         if !buffered {
             memory_reads::allow_device_read()?;
             let verify = |b: &[u8]| crc32c::crc32c(b) == crc;
-            // A page that fails its checksum on one member is repaired from the array's
-            // redundancy where it has some.
+            // A page that fails its checksum on one member is read from the array's
+            // redundancy where it has some, and rewritten unless the pool is read-only.
             let read = |buf: &mut [u8]| -> Result<()> {
                 self.array.read(grain, buf)?;
                 if !verify(buf) && info.generation.load(SeqCst) == generation {
-                    self.array.read_repair(grain, buf, &verify)?;
+                    self.array.read_repair(grain, buf, &verify, !self.read_only)?;
                 }
                 Ok(())
             };

@@ -21,11 +21,12 @@ pub use rebuild::{RebuildOptions, RebuildReport};
 pub use stats::{Stats, VolumeStats};
 pub use volumes::{ShareRange, Volume, VolumeSpec, MAX_SHARE_OWNERS, MAX_SHARE_RANGES};
 
+use crate::array::PageCheck;
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 pub use crate::format::{ArrayKind, ControllerKind};
-use crate::format::{CheckpointRef, MAX_CHECKPOINT_SEGMENTS};
+use crate::format::{CheckpointRef, MetaEntry, MAX_CHECKPOINT_SEGMENTS};
 use crate::log::capacity::{Purpose, SegmentState};
 use crate::log::Geometry;
 use crate::policy::placement::StreamLayout;
@@ -63,17 +64,7 @@ pub struct PoolConfig {
 }
 
 /// What [`Pool::scrub`] found.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ScrubReport {
-    /// Segments in use that were checked.
-    pub segments: u64,
-    /// Rows (RAID-5) or mirrored ranges (RAID-1) compared.
-    pub rows_checked: u64,
-    /// Of those, whose parity or copies disagreed with the data.
-    pub rows_mismatched: u64,
-    /// Of those, rewritten.
-    pub rows_repaired: u64,
-}
+pub type ScrubReport = crate::array::ScrubCounts;
 
 /// Default stripe unit of RAID-0, as MD's chunk of old.
 pub const DEFAULT_RAID0_STRIPE_UNIT_BYTES: u32 = 64 << 10;
@@ -295,31 +286,50 @@ impl Pool {
     }
 
     /// Compares the array's redundancy (RAID-5 parity, RAID-1 mirror copies) with the data
-    /// of every segment in use, up to the end of its record chain, and with `repair` rewrites
-    /// what disagrees from the data. The GC waits while a segment is checked. Data pages are
-    /// checked against their checksums by reading them (`salsa check`); a page that fails on
-    /// one member is repaired on read.
+    /// of every segment in use, up to the end of its record chain. Where they disagree, the
+    /// data pages there are checked against the checksums their records carry: a page that
+    /// fails on one member is rebuilt from the redundancy, never the redundancy from a
+    /// damaged page. With `repair`, damaged pages are rewritten, then the redundancy of rows
+    /// whose pages all pass; a row with a page no copy of which passes is left as it is and
+    /// reported. The GC waits while a segment is checked.
     pub fn scrub(&self, repair: bool) -> Result<ScrubReport> {
+        if repair {
+            self.eng.log.check_writable()?;
+        }
         let mut report = ScrubReport::default();
-        for s in 0..self.eng.log.geo().total_segments {
+        let geo = self.eng.log.geo();
+        let gb = geo.grain_bytes as u64;
+        for s in 0..geo.total_segments {
             let _gc = self.eng.gc_lock.write();
             if self.eng.log.capacity().segment(s).state() == SegmentState::Free {
                 continue;
             }
+            let base = s as u64 * geo.grains_per_segment as u64;
             let mut end = 0u64;
+            let mut pages = Vec::new();
             let header = self.eng.log.walk_segment(s, |_, meta, _| {
                 end = end.max(meta.start_grain as u64 + meta.span_grains().unwrap_or(1) as u64);
+                let data = meta.entries.iter().filter_map(|e| match e {
+                    MetaEntry::Data { crc, .. } => Some(*crc),
+                    _ => None,
+                });
+                for (slot, crc) in data.enumerate() {
+                    pages.push(PageCheck {
+                        grain: base + meta.start_grain as u64 + 1 + slot as u64 * meta.page_grains as u64,
+                        bytes: (meta.page_grains as u64 * gb) as u32,
+                        crc,
+                    });
+                }
             })?;
             if header.is_none() {
                 continue;
             }
-            let c = self.eng.log.array().scrub(s, end, repair)?;
+            pages.sort_unstable_by_key(|p| p.grain);
+            let c = self.eng.log.array().scrub(s, end, repair, &pages)?;
+            report += c;
             report.segments += 1;
-            report.rows_checked += c.rows_checked;
-            report.rows_mismatched += c.rows_mismatched;
-            report.rows_repaired += c.rows_repaired;
         }
-        if repair && report.rows_repaired > 0 {
+        if repair && (report.rows_repaired > 0 || report.pages_repaired > 0) {
             self.eng.log.array().sync_all()?;
         }
         Ok(report)

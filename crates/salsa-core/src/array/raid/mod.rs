@@ -20,7 +20,7 @@ pub mod rows;
 pub mod stripe;
 
 use super::member_io;
-use super::{Array, ArrayKind, Member, MemberStatus, ScrubCounts};
+use super::{Array, ArrayKind, Member, MemberStatus, PageCheck, ScrubCounts};
 use crate::device::{Device, StorageType};
 use crate::error::{Error, Result};
 use crate::format::DeviceLayout;
@@ -51,6 +51,7 @@ struct Health {
     read_errors: AtomicU64,
     write_errors: AtomicU64,
     repaired_bytes: AtomicU64,
+    damaged_bytes: AtomicU64,
 }
 
 /// A RAID-0, RAID-1 or RAID-5 array.
@@ -326,6 +327,134 @@ impl RaidArray {
 
     /// Row `r` of `segment`'s parity member and the parity its data units on the devices
     /// give (what scrub compares and resync writes).
+    /// RAID-1: reads every healthy mirror's copy of `buf.len()` bytes at `offset` of
+    /// `segment`, leaves in `buf` the first that passes `verify`, counts the copies that fail
+    /// as damage and, with `rewrite`, overwrites them with it. Returns how many failed, or
+    /// `None` when none passes.
+    fn repair_mirrors(
+        &self,
+        segment: u32,
+        offset: u64,
+        buf: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> bool,
+        rewrite: bool,
+    ) -> Result<Option<usize>> {
+        let mut good = None;
+        let mut bad = Vec::new();
+        for m in (0..self.members.len() as u32).filter(|m| !self.is_failed(*m)) {
+            if good.is_some() {
+                // Every later mirror is compared with the good copy, not just checked.
+                let mut copy = self.scratch(buf.len());
+                if self.read_member(m, &mut copy.0, self.offset(m, segment, offset)).is_err() || !verify(&copy.0) {
+                    bad.push(m);
+                }
+            } else if self.read_member(m, buf, self.offset(m, segment, offset)).is_ok() && verify(buf) {
+                good = Some(m);
+            } else {
+                bad.push(m);
+            }
+        }
+        if good.is_none() {
+            return Ok(None);
+        }
+        for &m in &bad {
+            let h = &self.health[m as usize];
+            h.damaged_bytes.fetch_add(buf.len() as u64, SeqCst);
+            if rewrite && !self.is_failed(m) {
+                self.write_member(m, &[IoSlice::new(buf)], self.offset(m, segment, offset), 0)?;
+                h.repaired_bytes.fetch_add(buf.len() as u64, SeqCst);
+            }
+        }
+        Ok(Some(bad.len()))
+    }
+
+    /// Checks the data pages of `pages` that overlap segment bytes `[from, to)` against their
+    /// checksums, rebuilding (and with `repair` rewriting) those that fail from the
+    /// redundancy. Returns the counts, and whether every page now passes.
+    fn scrub_pages(&self, segment: u32, from: u64, to: u64, pages: &[PageCheck], repair: bool) -> Result<(ScrubCounts, bool)> {
+        let base = segment as u64 * self.grains_per_segment;
+        let mut counts = ScrubCounts::default();
+        let mut all_good = true;
+        let first = pages.partition_point(|p| (p.grain - base) * self.grain_bytes + p.bytes as u64 <= from);
+        for page in pages[first..].iter().take_while(|p| (p.grain - base) * self.grain_bytes < to) {
+            let mut buf = self.scratch(page.bytes as usize);
+            let verify = |b: &[u8]| crc32c::crc32c(b) == page.crc;
+            let intact = match self.stripe.kind {
+                // A mirror read takes one copy; each copy is checked.
+                ArrayKind::Raid1 => {
+                    match self.repair_mirrors(segment, (page.grain - base) * self.grain_bytes, &mut buf.0, &verify, repair)? {
+                        None => Some(false),
+                        Some(0) => None,
+                        Some(_) => Some(true),
+                    }
+                }
+                _ => {
+                    self.read(page.grain, &mut buf.0)?;
+                    if verify(&buf.0) {
+                        None
+                    } else {
+                        Some(self.read_repair(page.grain, &mut buf.0, &verify, repair)?)
+                    }
+                }
+            };
+            // None: intact; Some(found): damaged, and whether a good copy was found.
+            if let Some(found) = intact {
+                counts.pages_damaged += 1;
+                counts.pages_repairable += found as u64;
+                counts.pages_repaired += (found && repair) as u64;
+                all_good &= found && repair;
+            }
+        }
+        Ok((counts, all_good))
+    }
+
+    /// RAID-1: whether every healthy mirror holds the same `len` bytes at `at` of `segment`.
+    fn mirrors_agree(&self, segment: u32, at: u64, len: usize) -> Result<bool> {
+        let live: Vec<u32> = (0..self.members.len() as u32).filter(|m| !self.is_failed(*m)).collect();
+        let mut first = self.scratch(len);
+        let mut other = self.scratch(len);
+        self.read_member(live[0], &mut first.0, self.offset(live[0], segment, at))?;
+        for &m in &live[1..] {
+            self.read_member(m, &mut other.0, self.offset(m, segment, at))?;
+            if other.0[..] != first.0[..] {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// RAID-1: makes every healthy mirror's `len` bytes at `at` of `segment` those of the
+    /// first healthy one.
+    fn copy_first_mirror(&self, segment: u32, at: u64, len: usize) -> Result<()> {
+        let live: Vec<u32> = (0..self.members.len() as u32).filter(|m| !self.is_failed(*m)).collect();
+        let mut first = self.scratch(len);
+        let mut other = self.scratch(len);
+        self.read_member(live[0], &mut first.0, self.offset(live[0], segment, at))?;
+        for &m in &live[1..] {
+            let off = self.offset(m, segment, at);
+            self.read_member(m, &mut other.0, off)?;
+            if other.0[..] != first.0[..] {
+                self.write_member(m, &[IoSlice::new(&first.0)], off, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// RAID-5: whether row `r` of `segment` holds the parity of its data; with `rewrite`, a
+    /// parity that does not is rewritten from the data.
+    fn parity_agrees(&self, segment: u32, r: u64, rewrite: bool) -> Result<bool> {
+        let unit = self.stripe.unit_bytes;
+        let (p, parity) = self.row_parity(segment, r)?;
+        let mut on_disk = self.scratch(unit as usize);
+        let off = self.offset(p, segment, r * unit);
+        self.read_member(p, &mut on_disk.0, off)?;
+        let agrees = on_disk.0[..] == parity.0[..];
+        if !agrees && rewrite {
+            self.write_member(p, &[IoSlice::new(&parity.0)], off, unit)?;
+        }
+        Ok(agrees)
+    }
+
     fn row_parity(&self, segment: u32, r: u64) -> Result<(u32, AlignedScratch)> {
         let unit = self.stripe.unit_bytes;
         let p = self.stripe.parity_member(r).expect("RAID-5 rows have parity");
@@ -800,41 +929,16 @@ impl Array for RaidArray {
                 read_errors: h.read_errors.load(SeqCst),
                 write_errors: h.write_errors.load(SeqCst),
                 repaired_bytes: h.repaired_bytes.load(SeqCst),
+                damaged_bytes: h.damaged_bytes.load(SeqCst),
             })
             .collect()
     }
 
-    fn read_repair(&self, grain: u64, buf: &mut [u8], verify: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+    fn read_repair(&self, grain: u64, buf: &mut [u8], verify: &dyn Fn(&[u8]) -> bool, rewrite: bool) -> Result<bool> {
         let segment = (grain / self.grains_per_segment) as u32;
         let offset = (grain % self.grains_per_segment) * self.grain_bytes;
         match self.stripe.kind {
-            ArrayKind::Raid1 => {
-                let first = self.read_mirror(segment, offset, buf, None)?;
-                let mut good = None;
-                for m in 0..self.members.len() as u32 {
-                    if m == first || self.is_failed(m) {
-                        continue;
-                    }
-                    if self.read_member(m, buf, self.offset(m, segment, offset)).is_ok() && verify(buf) {
-                        good = Some(m);
-                        break;
-                    }
-                }
-                let Some(good) = good else { return Ok(false) };
-                // Every other mirror gets the good copy.
-                let mut check = self.scratch(buf.len());
-                for m in 0..self.members.len() as u32 {
-                    if m == good || self.is_failed(m) {
-                        continue;
-                    }
-                    let off = self.offset(m, segment, offset);
-                    if self.read_member(m, &mut check.0, off).is_err() || !verify(&check.0) {
-                        self.write_member(m, &[IoSlice::new(buf)], off, 0)?;
-                        self.health[m as usize].repaired_bytes.fetch_add(buf.len() as u64, SeqCst);
-                    }
-                }
-                Ok(true)
-            }
+            ArrayKind::Raid1 => Ok(self.repair_mirrors(segment, offset, buf, verify, rewrite)?.is_some()),
             ArrayKind::Raid5 => {
                 let pieces: Vec<Piece> = self.stripe.pieces(offset, buf.len() as u64).collect();
                 let mut members: Vec<u32> = pieces.iter().map(|p| p.member).collect();
@@ -850,10 +954,14 @@ impl Array for RaidArray {
                         self.reconstruct(segment, p, &mut buf[p.at as usize..(p.at + p.len) as usize])?;
                     }
                     if verify(buf) {
+                        let h = &self.health[suspect as usize];
                         for p in pieces.iter().filter(|p| p.member == suspect) {
-                            let bytes = &buf[p.at as usize..(p.at + p.len) as usize];
-                            self.write_member(suspect, &[IoSlice::new(bytes)], self.offset(suspect, segment, p.member_offset), 0)?;
-                            self.health[suspect as usize].repaired_bytes.fetch_add(p.len, SeqCst);
+                            h.damaged_bytes.fetch_add(p.len, SeqCst);
+                            if rewrite {
+                                let bytes = &buf[p.at as usize..(p.at + p.len) as usize];
+                                self.write_member(suspect, &[IoSlice::new(bytes)], self.offset(suspect, segment, p.member_offset), 0)?;
+                                h.repaired_bytes.fetch_add(p.len, SeqCst);
+                            }
                         }
                         return Ok(true);
                     }
@@ -997,7 +1105,7 @@ impl Array for RaidArray {
         self.ids.lock().clone()
     }
 
-    fn scrub(&self, segment: u32, to_grain: u64, repair: bool) -> Result<ScrubCounts> {
+    fn scrub(&self, segment: u32, to_grain: u64, repair: bool, pages: &[PageCheck]) -> Result<ScrubCounts> {
         let mut counts = ScrubCounts::default();
         if self.failed_count() > 0 || self.stripe.kind == ArrayKind::Raid0 {
             return Ok(counts); // nothing to compare against
@@ -1014,46 +1122,44 @@ impl Array for RaidArray {
             _ => (to_grain * self.grain_bytes).div_ceil(row) * row,
         };
         let to = to.min(self.stripe.segment_bytes);
-        let unit = self.stripe.unit_bytes;
         let mut at = 0;
         while at < to {
             match self.stripe.kind {
                 ArrayKind::Raid1 => {
                     let len = row.min(to - at) as usize;
-                    let mut first = self.scratch(len);
-                    let mut other = self.scratch(len);
-                    self.read_member(0, &mut first.0, self.offset(0, segment, at))?;
-                    let mut differs = false;
-                    for m in 1..self.members.len() as u32 {
-                        self.read_member(m, &mut other.0, self.offset(m, segment, at))?;
-                        if other.0[..] != first.0[..] {
-                            differs = true;
-                            if repair {
-                                self.write_member(m, &[IoSlice::new(&first.0)], self.offset(m, segment, at), 0)?;
-                            }
+                    if !self.mirrors_agree(segment, at, len)? {
+                        counts.rows_mismatched += 1;
+                        // The damaged pages first, from a copy that passes; what differs
+                        // beyond them (metadata, padding) then follows the first mirror.
+                        let (c, all_good) = self.scrub_pages(segment, at, at + len as u64, pages, repair)?;
+                        counts += c;
+                        if repair && all_good {
+                            self.copy_first_mirror(segment, at, len)?;
+                            counts.rows_repaired += 1;
                         }
                     }
                     counts.rows_checked += 1;
-                    counts.rows_mismatched += differs as u64;
-                    counts.rows_repaired += (differs && repair) as u64;
                     at += len as u64;
                 }
                 _ => {
                     let r = at / self.stripe.row_bytes();
+                    let row_from = at;
                     at += self.stripe.row_bytes();
                     if self.rows.is_open(segment, r) {
                         continue; // still being filled: its parity is in memory
                     }
-                    let (p, parity) = self.row_parity(segment, r)?;
-                    let mut tmp = self.scratch(unit as usize);
-                    self.read_member(p, &mut tmp.0, self.offset(p, segment, r * unit))?;
                     counts.rows_checked += 1;
-                    if tmp.0[..] != parity.0[..] {
-                        counts.rows_mismatched += 1;
-                        if repair {
-                            self.write_member(p, &[IoSlice::new(&parity.0)], self.offset(p, segment, r * unit), unit)?;
-                            counts.rows_repaired += 1;
-                        }
+                    if self.parity_agrees(segment, r, false)? {
+                        continue;
+                    }
+                    counts.rows_mismatched += 1;
+                    // A data page that fails its checksum is rebuilt from the parity; only when
+                    // every page passes is the parity rebuilt from the data.
+                    let (c, all_good) = self.scrub_pages(segment, row_from, at, pages, repair)?;
+                    counts += c;
+                    if repair && all_good {
+                        self.parity_agrees(segment, r, true)?;
+                        counts.rows_repaired += 1;
                     }
                 }
             }

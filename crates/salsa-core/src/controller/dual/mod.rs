@@ -442,6 +442,7 @@ impl DualVolume {
             if self.sparse.read().get(&small) != Some(&grain) {
                 continue;
             }
+            let bytes = &*log.page_to_move(grain, bytes, crc);
             let (new, moved) = streams.place_sized(log, streams.layout().last_gc(), Purpose::Gc, 1, Some(bytes), |new, rec| {
                 log.set_crc(new, crc);
                 rec.push(MetaEntry::Data { page: small, seq, crc });

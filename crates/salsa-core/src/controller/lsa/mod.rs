@@ -581,6 +581,7 @@ impl LsaVolume {
                         read_now = buf;
                         &read_now
                     };
+                    let bytes = &*log.page_to_move(grain, bytes, crc);
                     if is_shared {
                         if let Err(err) = self.relocate_shared(log, map, victim, walk.view, grain, *e, bytes) {
                             walk.failure = Some(err);
