@@ -45,12 +45,7 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
             "hits": c.hits, "misses": c.misses, "damaged_hits": c.damaged_hits,
         })),
         "array_write_amplification": s.array_write_amplification,
-        "members": s.members.iter().map(|m| serde_json::json!({
-            "name": m.name, "storage_type": m.storage_type, "state": if m.failed { "failed" } else if m.rebuilding { "rebuilding" } else { "ok" },
-            "bytes_read": m.bytes_read, "bytes_written": m.bytes_written,
-            "parity_bytes_written": m.parity_bytes_written, "read_errors": m.read_errors,
-            "write_errors": m.write_errors, "repaired_bytes": m.repaired_bytes,
-        })).collect::<Vec<_>>(),
+        "members": s.members.iter().map(member_json).collect::<Vec<_>>(),
         "volumes": s.volumes.iter().map(volume_json).collect::<Vec<_>>(),
     });
     // Outside the macro, whose recursion limit the object above has reached.
@@ -139,4 +134,22 @@ pub fn volume_json(v: &salsa_core::VolumeStats) -> serde_json::Value {
         j["map_runs"] = v.map_runs.into();
     }
     j
+}
+
+/// One member's line of `stats --json`.
+fn member_json(m: &salsa_core::MemberStatus) -> serde_json::Value {
+    let state = if m.failed {
+        "failed"
+    } else if m.rebuilding {
+        "rebuilding"
+    } else {
+        "ok"
+    };
+    serde_json::json!({
+        "name": m.name, "storage_type": m.storage_type, "state": state,
+        "bytes_read": m.bytes_read, "bytes_written": m.bytes_written,
+        "parity_bytes_written": m.parity_bytes_written, "read_errors": m.read_errors,
+        "write_errors": m.write_errors, "repaired_bytes": m.repaired_bytes,
+        "damaged_bytes": m.damaged_bytes,
+    })
 }

@@ -640,8 +640,10 @@ fn salsa_check_passes_a_clean_pool_and_reports_damage() {
 
 /// A bit flipped in a data page on one member of a RAID-5 pool of files: `salsa check`
 /// reads the page from the redundancy, says so, writes nothing and fails; `check --scrub`
-/// tells the damaged page from the parity; `check --scrub --repair` rewrites the page (not
-/// the parity) and passes; a check afterwards finds nothing, and the data reads back.
+/// tells the damaged page from the parity. Served, the pool reads every page right, rewrites
+/// the damaged one and counts it for the member (`salsa stats --json`). Damaged again,
+/// `check --scrub --repair` rewrites the page (not the parity) and passes; a check
+/// afterwards finds nothing.
 #[test]
 fn check_and_scrub_find_and_repair_a_flipped_bit_on_a_raid5_member() {
     require("nbdcopy");
@@ -702,6 +704,35 @@ fn check_and_scrub_find_and_repair_a_flipped_bit_on_a_raid5_member() {
         "a check without --repair wrote to the member"
     );
 
+    // Served, the pool repairs the page when it is read, and says so per member.
+    let all: Vec<String> = (0..3).map(path).collect();
+    let srv = Server::start_on(&dir, &all, &[]);
+    let back = dir.join("out.img");
+    let (ok, out) = run(Command::new("nbdcopy").arg(srv.uri()).arg(&back));
+    assert!(ok, "{out}");
+    assert!(
+        std::fs::read(&back).unwrap()[..data.len()] == data[..],
+        "the data read back differs"
+    );
+    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(["stats", "--json", "--device", &path(0)]));
+    assert!(ok, "salsa stats: {out}");
+    let stats: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let m = &stats["members"][member];
+    assert_eq!(
+        (m["damaged_bytes"].as_u64(), m["repaired_bytes"].as_u64()),
+        (Some(4096), Some(4096)),
+        "{m}"
+    );
+    assert!(srv.stop().success(), "{}", srv_log(&dir));
+    assert!(
+        &std::fs::read(path(member)).unwrap()[at..at + 4096] == page,
+        "the read did not rewrite the page"
+    );
+
+    // Damaged again, and repaired by the scrub this time.
+    let mut bytes = std::fs::read(path(member)).unwrap();
+    bytes[at + 2000] ^= 0x01;
+    std::fs::write(path(member), &bytes).unwrap();
     let (ok, out) = salsa(&["check", "--scrub", "--repair"]);
     assert!(ok, "check --scrub --repair: {out}");
     assert!(out.contains("1 rewritten"), "{out}");
@@ -710,15 +741,6 @@ fn check_and_scrub_find_and_repair_a_flipped_bit_on_a_raid5_member() {
 
     let (ok, out) = salsa(&["check", "--scrub"]);
     assert!(ok && out.contains("0 problems") && out.contains("0 disagreed"), "{out}");
-    let srv = Server::start_on(&dir, &(0..3).map(path).collect::<Vec<_>>(), &[]);
-    let back = dir.join("out.img");
-    let (ok, out) = run(Command::new("nbdcopy").arg(srv.uri()).arg(&back));
-    assert!(ok, "{out}");
-    assert!(
-        std::fs::read(&back).unwrap()[..data.len()] == data[..],
-        "the data read back differs"
-    );
-    assert!(srv.stop().success());
 }
 
 /// NBD over TLS as nbdkit and qemu-nbd offer it: certificates and pre-shared keys, checked with

@@ -46,7 +46,7 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     println!("array       {}", pool.array_description());
     for (i, m) in st.members.iter().enumerate() {
         println!(
-            "  member {i:<3} {:<9} {} ({})  read {}  written {} (parity {})  errors {}r/{}w  repaired {}",
+            "  member {i:<3} {:<9} {} ({})  read {}  written {} (parity {})  errors {}r/{}w  damaged {}  repaired {}",
             if m.failed { "FAILED" } else { "ok" },
             m.name,
             m.storage_type,
@@ -55,6 +55,7 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
             human(m.parity_bytes_written),
             m.read_errors,
             m.write_errors,
+            human(m.damaged_bytes),
             human(m.repaired_bytes)
         );
     }

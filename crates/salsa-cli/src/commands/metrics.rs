@@ -298,7 +298,7 @@ pub(crate) fn render(s: &Stats) -> String {
         e.metric(name, kind, help, &samples);
     }
     type MemberMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::MemberStatus) -> f64);
-    let member_metrics: [MemberMetric; 8] = [
+    let member_metrics: [MemberMetric; 9] = [
         ("member_read_bytes_total", c, "Bytes read from the member.", |m| m.bytes_read as f64),
         ("member_written_bytes_total", c, "Bytes written to the member.", |m| {
             m.bytes_written as f64
@@ -317,6 +317,12 @@ pub(crate) fn render(s: &Stats) -> String {
             c,
             "Bytes rewritten on the member from redundancy.",
             |m| m.repaired_bytes as f64,
+        ),
+        (
+            "member_damaged_bytes_total",
+            c,
+            "Bytes found failing their checksum on the member, rewritten or not.",
+            |m| m.damaged_bytes as f64,
         ),
         ("member_failed", g, "1 when the member has failed.", |m| m.failed as u8 as f64),
         ("member_rebuilding", g, "1 while the member is being rebuilt.", |m| {

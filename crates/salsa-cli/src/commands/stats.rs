@@ -135,14 +135,16 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
         for m in v["members"].as_array().into_iter().flatten() {
             let k = |key: &str| m[key].as_u64().unwrap_or(0);
             println!(
-                "  {:<7} {}  read {}  written {} (parity {})  errors {}r/{}w",
+                "  {:<7} {}  read {}  written {} (parity {})  errors {}r/{}w  damaged {}  repaired {}",
                 m["state"].as_str().unwrap_or("?"),
                 m["name"].as_str().unwrap_or("?"),
                 human(k("bytes_read")),
                 human(k("bytes_written")),
                 human(k("parity_bytes_written")),
                 k("read_errors"),
-                k("write_errors")
+                k("write_errors"),
+                human(k("damaged_bytes")),
+                human(k("repaired_bytes"))
             );
         }
     }
