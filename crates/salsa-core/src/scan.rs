@@ -14,7 +14,7 @@
 
 use crate::array::{member_io, Array};
 use crate::error::{Error, Result};
-use crate::format::{MetaEntry, RecordMeta, SegmentHeader};
+use crate::format::{FormatError, MetaEntry, RecordMeta, SegmentHeader};
 
 use crate::util::{AlignedBuf, BufferPool};
 
@@ -46,6 +46,9 @@ pub struct ScanGeometry {
     pub pool_id: u128,
     pub grain_bytes: usize,
     pub grains_per_segment: u32,
+    /// A metadata page rebuilt from the array's redundancy is written back over the damaged
+    /// copy (false when the pool is read-only).
+    pub rewrite_repairs: bool,
 }
 
 /// Which data pages of a record [`walk_victim_live`] read: those its caller asked for, or all.
@@ -90,6 +93,26 @@ fn chained_record(
         return None;
     }
     Some((meta, data_grains, span))
+}
+
+/// A metadata page at pool grain `grain` that has the record magic but fails its checksum (a
+/// torn write, or damage on one member): on a redundant array, the copy the redundancy holds
+/// that `accept`s is written into `page` (and back over the damaged copy, see
+/// [`ScanGeometry::rewrite_repairs`]); true when there was one. Pages without the magic are
+/// not tried: every walk of a segment not written to its end meets one, and a never-written
+/// segment starts with one.
+fn repair_meta(array: &dyn Array, geo: &ScanGeometry, grain: u64, page: &mut [u8], accept: &dyn Fn(&[u8]) -> bool) -> bool {
+    if !matches!(RecordMeta::decode(page), Err(FormatError::BadChecksum)) {
+        return false;
+    }
+    let mut copy = AlignedBuf::zeroed(page.len());
+    match array.read_repair(grain, &mut copy, accept, geo.rewrite_repairs) {
+        Ok(true) => {
+            page.copy_from_slice(&copy);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// The header named by a segment's first metadata page, when it is this pool's and the page
@@ -162,6 +185,10 @@ fn walk_segment_counted(
     let first_read = if sealed { window_grains } else { 1 };
     array.read(base, &mut w.buf[..first_read * gb])?;
     w.bytes_read += (first_read * gb) as u64;
+    let accept_first = |b: &[u8]| first_header(b, geo, segment).is_some();
+    if first_header(&w.buf[..gb], geo, segment).is_none() {
+        repair_meta(array, geo, base, &mut w.buf[..gb], &accept_first);
+    }
     let Some(header) = first_header(&w.buf[..gb], geo, segment) else {
         buffers.put(w.buf);
         return Ok((None, w.bytes_read));
@@ -172,9 +199,12 @@ fn walk_segment_counted(
     let mut last_record = 0u64;
     while w.ensure(array, base, gps, gb, pos, 1)? {
         let off = (pos - w.start) * gb;
-        let Some((meta, data_grains, span)) =
-            chained_record(&w.buf[off..off + gb], geo, segment, header.incarnation, pos, last_record, gps)
-        else {
+        let chained = |b: &[u8]| chained_record(b, geo, segment, header.incarnation, pos, last_record, gps);
+        let mut found = chained(&w.buf[off..off + gb]);
+        if found.is_none() && repair_meta(array, geo, base + pos as u64, &mut w.buf[off..off + gb], &|b| chained(b).is_some()) {
+            found = chained(&w.buf[off..off + gb]);
+        }
+        let Some((meta, data_grains, span)) = found else {
             break;
         };
         if !w.ensure(array, base, gps, gb, pos, 1 + data_grains)? {
@@ -242,6 +272,9 @@ fn walk_live_in(
     };
     // The chain of metadata pages, each read where the one before says it is.
     read_page(0, buf)?;
+    if first_header(&buf[..gb], geo, segment).is_none() {
+        repair_meta(array, geo, base, &mut buf[..gb], &|b| first_header(b, geo, segment).is_some());
+    }
     let Some(header) = first_header(&buf[..gb], geo, segment) else {
         return Ok((None, bytes_read));
     };
@@ -251,15 +284,13 @@ fn walk_live_in(
         if pos > 0 {
             read_page(pos, buf)?;
         }
-        let Some((meta, data_grains, span)) = chained_record(
-            &buf[pos * gb..(pos + 1) * gb],
-            geo,
-            segment,
-            header.incarnation,
-            pos,
-            last_record,
-            gps,
-        ) else {
+        let chained = |b: &[u8]| chained_record(b, geo, segment, header.incarnation, pos, last_record, gps);
+        let page = pos * gb..(pos + 1) * gb;
+        let mut found = chained(&buf[page.clone()]);
+        if found.is_none() && repair_meta(array, geo, base + pos as u64, &mut buf[page.clone()], &|b| chained(b).is_some()) {
+            found = chained(&buf[page]);
+        }
+        let Some((meta, data_grains, span)) = found else {
             break;
         };
         last_record = meta.record_id;

@@ -523,6 +523,46 @@ fn the_gc_moves_a_damaged_page_from_the_redundancy_not_as_it_is() {
     }
 }
 
+/// Metadata pages damaged on one member (every one member 0 holds): a scan at open rebuilds
+/// each from the redundancy instead of taking it for the end of its segment's chain, which
+/// would drop every record after it; every page reads back.
+#[test]
+fn a_scan_at_open_rebuilds_damaged_metadata_pages_from_the_redundancy() {
+    for (kind, n) in [(ArrayKind::Raid1, 2), (ArrayKind::Raid5, 3)] {
+        let (faults, devs) = members(n);
+        let pool = Pool::create(devs.clone(), &config(kind), &opts()).unwrap();
+        let vol = pool.create_volume("v", 4 * MIB, PAGE as u32).unwrap();
+        let model: Vec<u64> = (0..256).map(|p| p + 1).collect();
+        for (p, &v) in model.iter().enumerate() {
+            vol.write(p as u64 * PAGE as u64, &pattern(1, p as u64, v)).unwrap();
+        }
+        let mut padded = model.clone();
+        padded.resize((4 * MIB / PAGE as u64) as usize, 0);
+        pool.close().unwrap();
+        let mut damaged = 0;
+        let mut buf = vec![0u8; PAGE];
+        for off in (0..faults[0].size_bytes()).step_by(PAGE) {
+            faults[0].read_at(&mut buf, off).unwrap();
+            if buf.starts_with(b"SALSARC1") {
+                buf[200] ^= 0x5a;
+                faults[0].write_at(&buf, off).unwrap();
+                damaged += 1;
+            }
+        }
+        assert!(damaged >= 2, "{kind:?}: {damaged} metadata pages on member 0");
+        let pool = Pool::open(
+            devs.clone(),
+            &OpenOptions {
+                force_scan: true,
+                ..opts()
+            },
+        )
+        .unwrap();
+        verify(&pool, &padded);
+        pool.close().unwrap();
+    }
+}
+
 /// A pool opened read-only (`salsa check`, `salsa info`) that reads a page damaged on one
 /// member returns the good copy from the redundancy and counts the damage, but writes
 /// nothing, and does not take the member for failed when it cannot write it.

@@ -447,6 +447,7 @@ impl Log {
             pool_id: self.pool_id,
             grain_bytes: self.geo.grain_bytes as usize,
             grains_per_segment: self.geo.grains_per_segment,
+            rewrite_repairs: !self.read_only,
         }
     }
 
