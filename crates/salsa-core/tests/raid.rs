@@ -72,6 +72,14 @@ fn verify(pool: &Pool, model: &[u64]) {
     }
 }
 
+/// [`opts`], opened by scanning every segment's chain rather than from the checkpoint.
+fn scan_opts() -> OpenOptions {
+    OpenOptions {
+        force_scan: true,
+        ..opts()
+    }
+}
+
 /// No read cache: these tests are about what the array reads from its members.
 fn opts() -> OpenOptions {
     OpenOptions {
@@ -374,11 +382,8 @@ fn find_on_member(faults: &[Arc<FaultDevice>], target: &[u8]) -> (usize, u64) {
     panic!("page not found on any member");
 }
 
-/// A pool of `n` members with pages 0..64 written and closed, then page 7 damaged for good on
-/// the member that holds it (its bytes rewritten there, as by a bad sector): the members, the
-/// damaged member and offset, the page's good and damaged bytes.
-#[allow(clippy::type_complexity)]
-fn pool_with_a_damaged_page(kind: ArrayKind, n: usize) -> (Vec<Arc<FaultDevice>>, Vec<Arc<dyn Device>>, usize, u64, Vec<u8>, Vec<u8>) {
+/// A pool of `n` members, its volume `v` of 4 MiB with pages 0..64 written, closed.
+fn pool_of_64_pages(kind: ArrayKind, n: usize) -> (Vec<Arc<FaultDevice>>, Vec<Arc<dyn Device>>) {
     let (faults, devs) = members(n);
     let pool = Pool::create(devs.clone(), &config(kind), &opts()).unwrap();
     let vol = pool.create_volume("v", 4 * MIB, PAGE as u32).unwrap();
@@ -386,6 +391,15 @@ fn pool_with_a_damaged_page(kind: ArrayKind, n: usize) -> (Vec<Arc<FaultDevice>>
         vol.write(p * PAGE as u64, &pattern(1, p, 1)).unwrap();
     }
     pool.close().unwrap();
+    (faults, devs)
+}
+
+/// A pool of `n` members with pages 0..64 written and closed, then page 7 damaged for good on
+/// the member that holds it (its bytes rewritten there, as by a bad sector): the members, the
+/// damaged member and offset, the page's good and damaged bytes.
+#[allow(clippy::type_complexity)]
+fn pool_with_a_damaged_page(kind: ArrayKind, n: usize) -> (Vec<Arc<FaultDevice>>, Vec<Arc<dyn Device>>, usize, u64, Vec<u8>, Vec<u8>) {
+    let (faults, devs) = pool_of_64_pages(kind, n);
     let target = pattern(1, 7, 1);
     let (i, at) = find_on_member(&faults, &target);
     let mut bad = target.clone();
@@ -455,14 +469,7 @@ fn a_scan_at_open_takes_a_damaged_page_from_the_redundancy_not_for_a_torn_write(
     for (kind, n) in [(ArrayKind::Raid1, 2), (ArrayKind::Raid5, 3)] {
         let (faults, devs, i, at, target, _) = pool_with_a_damaged_page(kind, n);
 
-        let pool = Pool::open(
-            devs.clone(),
-            &OpenOptions {
-                force_scan: true,
-                ..opts()
-            },
-        )
-        .unwrap();
+        let pool = Pool::open(devs.clone(), &scan_opts()).unwrap();
         let mut buf = vec![0u8; PAGE];
         faults[i].read_at(&mut buf, at).unwrap();
         assert!(buf == target, "{kind:?}: the scan did not rewrite the damaged page on its member");
@@ -471,14 +478,7 @@ fn a_scan_at_open_takes_a_damaged_page_from_the_redundancy_not_for_a_torn_write(
         pool.close().unwrap();
         let other = (i + 1) % n;
         let without: Vec<Arc<dyn Device>> = (0..n).filter(|&m| m != other).map(|m| devs[m].clone()).collect();
-        let pool = Pool::open(
-            without,
-            &OpenOptions {
-                force_scan: true,
-                ..opts()
-            },
-        )
-        .unwrap();
+        let pool = Pool::open(without, &scan_opts()).unwrap();
         pool.volume("v").unwrap().read(7 * PAGE as u64, &mut buf).unwrap();
         assert!(buf == target, "{kind:?}: page 7 without member {other}");
         pool.close().unwrap();
@@ -550,15 +550,51 @@ fn a_scan_at_open_rebuilds_damaged_metadata_pages_from_the_redundancy() {
             }
         }
         assert!(damaged >= 2, "{kind:?}: {damaged} metadata pages on member 0");
-        let pool = Pool::open(
-            devs.clone(),
-            &OpenOptions {
-                force_scan: true,
-                ..opts()
-            },
-        )
-        .unwrap();
+        let pool = Pool::open(devs.clone(), &scan_opts()).unwrap();
         verify(&pool, &padded);
+        pool.close().unwrap();
+    }
+}
+
+/// A metadata page damaged on one member, in a pool opened read-only: the scrub counts it as
+/// a damaged page the redundancy holds, not as redundancy to rewrite, and writes nothing. In a
+/// writable pool the scrub's walk rebuilds it, and the redundancy agrees again.
+#[test]
+fn scrub_tells_a_damaged_metadata_page_from_bad_redundancy() {
+    for (kind, n) in [(ArrayKind::Raid1, 2), (ArrayKind::Raid5, 3)] {
+        let (faults, devs) = pool_of_64_pages(kind, n);
+        let mut page = vec![0u8; PAGE];
+        let at = (PAGE as u64..faults[0].size_bytes())
+            .step_by(PAGE)
+            .find(|&off| {
+                faults[0].read_at(&mut page, off).unwrap();
+                page.starts_with(b"SALSARC1")
+            })
+            .expect("a metadata page on member 0");
+        let good = page.clone();
+        page[200] ^= 0x5a;
+        faults[0].write_at(&page, at).unwrap();
+
+        let ro = OpenOptions { read_only: true, ..opts() };
+        let pool = Pool::open(devs.clone(), &ro).unwrap();
+        let found = pool.scrub(false).unwrap();
+        assert!(found.rows_mismatched >= 1, "{kind:?}: {found:?}");
+        assert!(
+            found.pages_damaged >= 1 && found.pages_repairable == found.pages_damaged,
+            "{kind:?}: {found:?}"
+        );
+        assert_eq!(found.rows_repaired, 0, "{kind:?}: {found:?}");
+        drop(pool);
+        let mut raw = vec![0u8; PAGE];
+        faults[0].read_at(&mut raw, at).unwrap();
+        assert!(raw == page, "{kind:?}: a read-only scrub wrote to the member");
+
+        let pool = Pool::open(devs.clone(), &opts()).unwrap();
+        pool.scrub(true).unwrap();
+        let again = pool.scrub(false).unwrap();
+        assert_eq!((again.rows_mismatched, again.pages_damaged), (0, 0), "{kind:?}: {again:?}");
+        faults[0].read_at(&mut raw, at).unwrap();
+        assert!(raw == good, "{kind:?}: the metadata page was not rebuilt on its member");
         pool.close().unwrap();
     }
 }

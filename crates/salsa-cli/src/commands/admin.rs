@@ -181,6 +181,7 @@ pub(crate) fn check(devices: &Devices) -> Result<CheckOutcome, String> {
     let mut locations = std::collections::HashMap::new();
     let mut damage = 0u64;
     let mut repairable_bytes = 0u64;
+    let damaged_at_read: Vec<salsa_core::MemberStatus>;
     // Pages found damaged at open: the scan's view reads the same bytes, so they are reported
     // once.
     let mut damaged: std::collections::HashSet<(String, u64, Option<u64>)> = std::collections::HashSet::new();
@@ -204,14 +205,7 @@ pub(crate) fn check(devices: &Devices) -> Result<CheckOutcome, String> {
             }
             locations.insert(name, locs);
         }
-        for m in normal.stats().members.iter().filter(|m| m.damaged_bytes > 0) {
-            println!(
-                "member {}: {} failed their checksum there and were read from the redundancy (not rewritten: check writes nothing; `salsa check --scrub --repair` does)",
-                m.name,
-                human(m.damaged_bytes)
-            );
-            repairable_bytes += m.damaged_bytes;
-        }
+        damaged_at_read = normal.stats().members;
     }
     let scanned = devices.open_pool_with_progress(
         OpenOptions {
@@ -220,6 +214,20 @@ pub(crate) fn check(devices: &Devices) -> Result<CheckOutcome, String> {
         },
         &progress_bar("scan"),
     )?;
+    // Damage the redundancy covered: data pages found by the reads of the first open, and
+    // metadata pages (and data pages of records not known durable) by the scan of the second.
+    // The larger count of the two per member: both may have met the same pages.
+    for (at_read, at_scan) in damaged_at_read.iter().zip(scanned.stats().members) {
+        let bytes = at_read.damaged_bytes.max(at_scan.damaged_bytes);
+        if bytes > 0 {
+            println!(
+                "member {}: {} failed their checksum there and were read from the redundancy (not rewritten: check writes nothing; `salsa check --scrub --repair` does)",
+                at_scan.name,
+                human(bytes)
+            );
+            repairable_bytes += bytes;
+        }
+    }
     let mut pages_checked = 0u64;
     for name in scanned.volume_names() {
         let b = scanned.volume(&name).map_err(|e| e.to_string())?;

@@ -51,7 +51,8 @@ pub struct ScrubCounts {
     /// Of those, made to agree again: damaged data pages rewritten from redundancy, then the
     /// redundancy rewritten from the data.
     pub rows_repaired: u64,
-    /// Data pages in the rows that disagreed which failed their checksum on a member.
+    /// Pages (data and metadata) in the rows that disagreed which failed their checksum on a
+    /// member.
     pub pages_damaged: u64,
     /// Of those, pages the redundancy holds a copy of that passes.
     pub pages_repairable: u64,
@@ -71,13 +72,24 @@ impl std::ops::AddAssign for ScrubCounts {
     }
 }
 
-/// A data page a scrub can check: `bytes` at pool grain `grain`, whose checksum is `crc` (as
-/// its record's metadata says).
+/// A page a scrub can check: `bytes` at pool grain `grain`, a data page whose checksum is
+/// `Some(crc)` (as its record's metadata says), or `None`: a record's metadata page, which
+/// carries its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageCheck {
     pub grain: u64,
     pub bytes: u32,
-    pub crc: u32,
+    pub crc: Option<u32>,
+}
+
+impl PageCheck {
+    /// Whether `page` (its bytes as read) passes its checksum.
+    pub fn passes(&self, page: &[u8]) -> bool {
+        match self.crc {
+            Some(crc) => crc32c::crc32c(page) == crc,
+            None => crate::format::RecordMeta::decode(page).is_ok(),
+        }
+    }
 }
 
 /// What the pool reports about one member.

@@ -287,9 +287,10 @@ impl Pool {
 
     /// Compares the array's redundancy (RAID-5 parity, RAID-1 mirror copies) with the data
     /// of every segment in use, up to the end of its record chain. Where they disagree, the
-    /// data pages there are checked against the checksums their records carry: a page that
-    /// fails on one member is rebuilt from the redundancy, never the redundancy from a
-    /// damaged page. With `repair`, damaged pages are rewritten, then the redundancy of rows
+    /// pages there are checked against their checksums (a data page's in its record, a
+    /// metadata page's its own): a page that fails on one member is rebuilt from the
+    /// redundancy, never the redundancy from a damaged page. (In a writable pool the chain
+    /// walk itself rewrites a damaged metadata page it rebuilds, as every read does.) With `repair`, damaged pages are rewritten, then the redundancy of rows
     /// whose pages all pass; a row with a page no copy of which passes is left as it is and
     /// reported. The GC waits while a segment is checked.
     pub fn scrub(&self, repair: bool) -> Result<ScrubReport> {
@@ -309,6 +310,11 @@ impl Pool {
             let mut pages = Vec::new();
             let header = self.eng.log.walk_segment(s, |_, meta, _| {
                 end = end.max(meta.start_grain as u64 + meta.span_grains().unwrap_or(1) as u64);
+                pages.push(PageCheck {
+                    grain: base + meta.start_grain as u64,
+                    bytes: gb as u32,
+                    crc: None,
+                });
                 let data = meta.entries.iter().filter_map(|e| match e {
                     MetaEntry::Data { crc, .. } => Some(*crc),
                     _ => None,
@@ -317,7 +323,7 @@ impl Pool {
                     pages.push(PageCheck {
                         grain: base + meta.start_grain as u64 + 1 + slot as u64 * meta.page_grains as u64,
                         bytes: (meta.page_grains as u64 * gb) as u32,
-                        crc,
+                        crc: Some(crc),
                     });
                 }
             })?;

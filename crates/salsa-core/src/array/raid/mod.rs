@@ -368,7 +368,7 @@ impl RaidArray {
         Ok(Some(bad.len()))
     }
 
-    /// Checks the data pages of `pages` that overlap segment bytes `[from, to)` against their
+    /// Checks the pages of `pages` that overlap segment bytes `[from, to)` against their
     /// checksums, rebuilding (and with `repair` rewriting) those that fail from the
     /// redundancy. Returns the counts, and whether every page now passes.
     fn scrub_pages(&self, segment: u32, from: u64, to: u64, pages: &[PageCheck], repair: bool) -> Result<(ScrubCounts, bool)> {
@@ -378,7 +378,7 @@ impl RaidArray {
         let first = pages.partition_point(|p| (p.grain - base) * self.grain_bytes + p.bytes as u64 <= from);
         for page in pages[first..].iter().take_while(|p| (p.grain - base) * self.grain_bytes < to) {
             let mut buf = self.scratch(page.bytes as usize);
-            let verify = |b: &[u8]| crc32c::crc32c(b) == page.crc;
+            let verify = |b: &[u8]| page.passes(b);
             let intact = match self.stripe.kind {
                 // A mirror read takes one copy; each copy is checked.
                 ArrayKind::Raid1 => {
