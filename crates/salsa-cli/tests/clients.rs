@@ -694,7 +694,7 @@ fn check_and_scrub_find_and_repair_a_flipped_bit_on_a_raid5_member() {
     assert!(!ok, "check passed a damaged member: {out}");
     assert!(out.contains("0 problems, 4.0 KiB damaged on a member"), "{out}");
     assert!(
-        out.contains("1 data pages failed their checksum on a member: 1 readable from redundancy, 0 rewritten"),
+        out.contains("pages failing their checksum on a member: 1, of which 1 readable from the redundancy, 0 rewritten"),
         "{out}"
     );
     assert!(!out.contains("failed:"), "a read-only check took the member for failed: {out}");
@@ -735,7 +735,8 @@ fn check_and_scrub_find_and_repair_a_flipped_bit_on_a_raid5_member() {
     std::fs::write(path(member), &bytes).unwrap();
     let (ok, out) = salsa(&["check", "--scrub", "--repair"]);
     assert!(ok, "check --scrub --repair: {out}");
-    assert!(out.contains("1 rewritten"), "{out}");
+    assert!(out.contains("of which 1 readable from the redundancy, 1 rewritten"), "{out}");
+    assert!(out.contains("4.0 KiB rewritten from the redundancy"), "{out}");
     let repaired = std::fs::read(path(member)).unwrap();
     assert!(&repaired[at..at + 4096] == page, "the page was not rewritten on its member");
 

@@ -144,7 +144,7 @@ pub(crate) fn scrub_pool(devices: &Devices, repair: bool) -> Result<bool, String
     );
     if r.pages_damaged > 0 {
         println!(
-            "scrub: {} data pages failed their checksum on a member: {} readable from redundancy, {} rewritten{}",
+            "scrub: pages failing their checksum on a member: {}, of which {} readable from the redundancy, {} rewritten{}",
             r.pages_damaged,
             r.pages_repairable,
             r.pages_repaired,
@@ -155,8 +155,13 @@ pub(crate) fn scrub_pool(devices: &Devices, repair: bool) -> Result<bool, String
             }
         );
     }
-    for m in pool.stats().members.iter().filter(|m| m.damaged_bytes > 0) {
-        println!("scrub: member {}: {} damaged", m.name, human(m.damaged_bytes));
+    // Also what the chain walks rebuilt and rewrote on the way (damaged metadata pages).
+    for m in pool.stats().members.iter().filter(|m| m.repaired_bytes > 0) {
+        println!(
+            "scrub: member {}: {} rewritten from the redundancy",
+            m.name,
+            human(m.repaired_bytes)
+        );
     }
     let clean = r.rows_mismatched == r.rows_repaired;
     if repair {
