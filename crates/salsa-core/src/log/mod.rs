@@ -451,8 +451,8 @@ impl Log {
         }
     }
 
-    /// Whether the array holds redundancy a damaged page can be rebuilt from (RAID-1, RAID-5
-    /// with no member failed beyond what it tolerates).
+    /// Whether the array's layout keeps redundancy a damaged page can be rebuilt from (RAID-1,
+    /// RAID-5); with members failed, the array finds what is left, or none.
     pub fn has_redundancy(&self) -> bool {
         self.array.kind().tolerated_failures(self.array.members().len() as u32) > 0
     }

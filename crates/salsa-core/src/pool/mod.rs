@@ -289,10 +289,11 @@ impl Pool {
     /// of every segment in use, up to the end of its record chain. Where they disagree, the
     /// pages there are checked against their checksums (a data page's in its record, a
     /// metadata page's its own): a page that fails on one member is rebuilt from the
-    /// redundancy, never the redundancy from a damaged page. (In a writable pool the chain
-    /// walk itself rewrites a damaged metadata page it rebuilds, as every read does.) With `repair`, damaged pages are rewritten, then the redundancy of rows
-    /// whose pages all pass; a row with a page no copy of which passes is left as it is and
-    /// reported. The GC waits while a segment is checked.
+    /// redundancy, never the redundancy from a damaged page. With `repair`, damaged pages
+    /// are rewritten, then the redundancy of rows whose pages all pass; a row with a page no
+    /// copy of which passes is left as it is and reported. (In a writable pool the chain walk
+    /// itself rewrites a damaged metadata page it rebuilds, as every read does.) The GC waits
+    /// while a segment is checked.
     pub fn scrub(&self, repair: bool) -> Result<ScrubReport> {
         if repair {
             self.eng.log.check_writable()?;

@@ -325,8 +325,6 @@ impl RaidArray {
         Ok(())
     }
 
-    /// Row `r` of `segment`'s parity member and the parity its data units on the devices
-    /// give (what scrub compares and resync writes).
     /// RAID-1: reads every healthy mirror's copy of `buf.len()` bytes at `offset` of
     /// `segment`, leaves in `buf` the first that passes `verify`, counts the copies that fail
     /// as damage and, with `rewrite`, overwrites them with it. Returns how many failed, or
@@ -455,6 +453,8 @@ impl RaidArray {
         Ok(agrees)
     }
 
+    /// Row `r` of `segment`'s parity member and the parity its data units on the devices
+    /// give (what scrub compares and resync writes).
     fn row_parity(&self, segment: u32, r: u64) -> Result<(u32, AlignedScratch)> {
         let unit = self.stripe.unit_bytes;
         let p = self.stripe.parity_member(r).expect("RAID-5 rows have parity");
