@@ -6,6 +6,9 @@
 //! pages follow (and how many grains of padding after them), and the next record starts right
 //! after them. The walk stops at the first page that is not a valid metadata page of this
 //! segment's current incarnation: left-overs of an earlier use of the segment, or a torn write.
+//! A page with the record magic that fails its checksum may also be damage on one member: on
+//! a redundant array the walk first asks the redundancy for a copy that continues the chain
+//! ([`repair_meta`]), so that damage does not cut off the records after it.
 //!
 //! A victim is read whole ([`walk_victim_whole`]) or, when its caller can tell live pages
 //! from dead ones and few are live, in part ([`walk_victim_live`]): the chain of metadata
