@@ -884,6 +884,20 @@ impl RecordMeta {
         self.entries.iter().map(|e| e.slots()).sum()
     }
 
+    /// The pool grain of data page `slot` (counting data entries only), the record lying in
+    /// the segment whose first grain is `segment_base`: its pages follow its metadata page.
+    pub fn data_grain(&self, segment_base: u64, slot: usize) -> u64 {
+        segment_base + self.start_grain as u64 + 1 + slot as u64 * self.page_grains as u64
+    }
+
+    /// The checksums of the record's data pages, in slot order.
+    pub fn data_crcs(&self) -> impl Iterator<Item = u32> + '_ {
+        self.entries.iter().filter_map(|e| match e {
+            MetaEntry::Data { crc, .. } => Some(*crc),
+            _ => None,
+        })
+    }
+
     /// Number of data pages the record carries.
     pub fn data_pages(&self) -> usize {
         self.entries.iter().filter(|e| matches!(e, MetaEntry::Data { .. })).count()

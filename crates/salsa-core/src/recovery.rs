@@ -10,7 +10,7 @@
 use crate::controller::{Reference, ScannedRecord};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::format::{decode_checkpoint_header, CheckpointRef, MetaEntry, RecordMeta, SegmentHeader, StreamKind};
+use crate::format::{decode_checkpoint_header, CheckpointRef, RecordMeta, SegmentHeader, StreamKind};
 use crate::log::capacity::SegmentState;
 use crate::pool::MAX_VOLUME_PAGES;
 use crate::scan::walk_segment;
@@ -54,25 +54,16 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
                         let pb = |m: &RecordMeta| m.page_grains as usize * geo.grain_bytes;
                         let h = walk_segment(eng.log.array(), eng.log.buffers(), geo, s, false, |header, meta, data| {
                             let size = pb(meta);
+                            let base = s as u64 * geo.grains_per_segment as u64;
                             let intact = meta
-                                .entries
-                                .iter()
-                                .filter_map(|e| match e {
-                                    MetaEntry::Data { crc, .. } => Some(*crc),
-                                    _ => None,
-                                })
+                                .data_crcs()
                                 .enumerate()
                                 .map(|(i, crc)| {
                                     // A page that fails its checksum may be torn, or damaged on
                                     // one member of a redundant array: then the redundancy
                                     // holds it whole.
-                                    crc32c::crc32c(&data[i * size..(i + 1) * size]) == crc || {
-                                        let grain = s as u64 * geo.grains_per_segment as u64
-                                            + meta.start_grain as u64
-                                            + 1
-                                            + (i * meta.page_grains as usize) as u64;
-                                        eng.log.repair_page(grain, size, crc).is_some()
-                                    }
+                                    crc32c::crc32c(&data[i * size..(i + 1) * size]) == crc
+                                        || eng.log.repair_page(meta.data_grain(base, i), size, crc).is_some()
                                 })
                                 .collect();
                             out.push(Found {

@@ -80,6 +80,12 @@ fn scan_opts() -> OpenOptions {
     }
 }
 
+/// The pool on `devs` opened with `o`, without member `gone`.
+fn open_without(devs: &[Arc<dyn Device>], gone: usize, o: &OpenOptions) -> Pool {
+    let rest: Vec<Arc<dyn Device>> = (0..devs.len()).filter(|&m| m != gone).map(|m| devs[m].clone()).collect();
+    Pool::open(rest, o).unwrap()
+}
+
 /// No read cache: these tests are about what the array reads from its members.
 fn opts() -> OpenOptions {
     OpenOptions {
@@ -450,8 +456,7 @@ fn scrub_rebuilds_a_damaged_page_from_the_redundancy_never_the_redundancy_from_i
 
         // The redundancy agrees with the good data: without another member, every page reads.
         let other = (i + 1) % n;
-        let without: Vec<Arc<dyn Device>> = (0..n).filter(|&m| m != other).map(|m| devs[m].clone()).collect();
-        let pool = Pool::open(without, &opts()).unwrap();
+        let pool = open_without(&devs, other, &opts());
         let vol = pool.volume("v").unwrap();
         for p in 0..64u64 {
             vol.read(p * PAGE as u64, &mut buf).unwrap();
@@ -477,8 +482,7 @@ fn a_scan_at_open_takes_a_damaged_page_from_the_redundancy_not_for_a_torn_write(
         assert!(buf == target, "{kind:?}: page 7 after the scan");
         pool.close().unwrap();
         let other = (i + 1) % n;
-        let without: Vec<Arc<dyn Device>> = (0..n).filter(|&m| m != other).map(|m| devs[m].clone()).collect();
-        let pool = Pool::open(without, &scan_opts()).unwrap();
+        let pool = open_without(&devs, other, &scan_opts());
         pool.volume("v").unwrap().read(7 * PAGE as u64, &mut buf).unwrap();
         assert!(buf == target, "{kind:?}: page 7 without member {other}");
         pool.close().unwrap();
@@ -511,8 +515,7 @@ fn the_gc_moves_a_damaged_page_from_the_redundancy_not_as_it_is() {
         }
         pool.close().unwrap();
         let other = (i + 1) % n;
-        let without: Vec<Arc<dyn Device>> = (0..n).filter(|&m| m != other).map(|m| devs[m].clone()).collect();
-        let pool = Pool::open(without, &opts()).unwrap();
+        let pool = open_without(&devs, other, &opts());
         let mut buf = vec![0u8; PAGE];
         pool.volume("v")
             .unwrap()

@@ -26,7 +26,7 @@ use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 pub use crate::format::{ArrayKind, ControllerKind};
-use crate::format::{CheckpointRef, MetaEntry, MAX_CHECKPOINT_SEGMENTS};
+use crate::format::{CheckpointRef, MAX_CHECKPOINT_SEGMENTS};
 use crate::log::capacity::{Purpose, SegmentState};
 use crate::log::Geometry;
 use crate::policy::placement::StreamLayout;
@@ -316,13 +316,9 @@ impl Pool {
                     bytes: gb as u32,
                     crc: None,
                 });
-                let data = meta.entries.iter().filter_map(|e| match e {
-                    MetaEntry::Data { crc, .. } => Some(*crc),
-                    _ => None,
-                });
-                for (slot, crc) in data.enumerate() {
+                for (slot, crc) in meta.data_crcs().enumerate() {
                     pages.push(PageCheck {
-                        grain: base + meta.start_grain as u64 + 1 + slot as u64 * meta.page_grains as u64,
+                        grain: meta.data_grain(base, slot),
                         bytes: (meta.page_grains as u64 * gb) as u32,
                         crc: Some(crc),
                     });

@@ -406,36 +406,26 @@ impl RaidArray {
         Ok((counts, all_good))
     }
 
-    /// RAID-1: whether every healthy mirror holds the same `len` bytes at `at` of `segment`.
-    fn mirrors_agree(&self, segment: u32, at: u64, len: usize) -> Result<bool> {
+    /// RAID-1: whether every healthy mirror holds the same `len` bytes at `at` of `segment`;
+    /// with `rewrite`, every mirror that does not gets the first healthy one's bytes.
+    fn mirrors_agree(&self, segment: u32, at: u64, len: usize, rewrite: bool) -> Result<bool> {
         let live: Vec<u32> = (0..self.members.len() as u32).filter(|m| !self.is_failed(*m)).collect();
         let mut first = self.scratch(len);
         let mut other = self.scratch(len);
         self.read_member(live[0], &mut first.0, self.offset(live[0], segment, at))?;
-        for &m in &live[1..] {
-            self.read_member(m, &mut other.0, self.offset(m, segment, at))?;
-            if other.0[..] != first.0[..] {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    /// RAID-1: makes every healthy mirror's `len` bytes at `at` of `segment` those of the
-    /// first healthy one.
-    fn copy_first_mirror(&self, segment: u32, at: u64, len: usize) -> Result<()> {
-        let live: Vec<u32> = (0..self.members.len() as u32).filter(|m| !self.is_failed(*m)).collect();
-        let mut first = self.scratch(len);
-        let mut other = self.scratch(len);
-        self.read_member(live[0], &mut first.0, self.offset(live[0], segment, at))?;
+        let mut agree = true;
         for &m in &live[1..] {
             let off = self.offset(m, segment, at);
             self.read_member(m, &mut other.0, off)?;
             if other.0[..] != first.0[..] {
+                agree = false;
+                if !rewrite {
+                    break;
+                }
                 self.write_member(m, &[IoSlice::new(&first.0)], off, 0)?;
             }
         }
-        Ok(())
+        Ok(agree)
     }
 
     /// RAID-5: whether row `r` of `segment` holds the parity of its data; with `rewrite`, a
@@ -1127,14 +1117,14 @@ impl Array for RaidArray {
             match self.stripe.kind {
                 ArrayKind::Raid1 => {
                     let len = row.min(to - at) as usize;
-                    if !self.mirrors_agree(segment, at, len)? {
+                    if !self.mirrors_agree(segment, at, len, false)? {
                         counts.rows_mismatched += 1;
                         // The damaged pages first, from a copy that passes; what differs
                         // beyond them (metadata, padding) then follows the first mirror.
                         let (c, all_good) = self.scrub_pages(segment, at, at + len as u64, pages, repair)?;
                         counts += c;
                         if repair && all_good {
-                            self.copy_first_mirror(segment, at, len)?;
+                            self.mirrors_agree(segment, at, len, true)?;
                             counts.rows_repaired += 1;
                         }
                     }

@@ -559,7 +559,7 @@ impl LsaVolume {
         for e in &meta.entries {
             match *e {
                 MetaEntry::Data { page, seq, crc } => {
-                    let grain = self.slot_grain(walk.base, meta, slot);
+                    let grain = meta.data_grain(walk.base, slot);
                     let this_slot = slot;
                     slot += 1;
                     let is_shared = self.shared.holds(grain);
@@ -625,12 +625,6 @@ impl LsaVolume {
                 MetaEntry::Share { page, count, grain, seq } => walk.shares.push((page, count, grain, seq)),
             }
         }
-    }
-
-    /// The grain of data page `slot` (counting data entries only) of `meta`, a record of this
-    /// volume's page size in the segment whose first grain is `segment_base`.
-    fn slot_grain(&self, segment_base: u64, meta: &RecordMeta, slot: usize) -> u64 {
-        segment_base + meta.start_grain as u64 + 1 + slot as u64 * self.page_grains as u64
     }
 
     /// Ends a victim's relocation: moves its live tombstones, or reports the first failure.
@@ -787,7 +781,7 @@ impl Controller for LsaVolume {
         let base = walk.base;
         let live = |meta: &RecordMeta, slot: usize, e: &MetaEntry| match *e {
             MetaEntry::Data { page, .. } if meta.page_grains == self.page_grains => {
-                let grain = self.slot_grain(base, meta, slot);
+                let grain = meta.data_grain(base, slot);
                 self.shared.holds(grain) || mapped_at(&map, page, grain)
             }
             _ => false,
