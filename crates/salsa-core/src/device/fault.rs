@@ -29,6 +29,9 @@ pub struct FaultPlan {
     pub write_delay: Option<std::time::Duration>,
     /// Every sync takes this long (a disk whose cache flush is slow).
     pub sync_delay: Option<std::time::Duration>,
+    /// Every read takes this long after it read its bytes: it returns what the device held
+    /// when it began (a slow disk, so a test can act while a copy is under way).
+    pub read_delay: Option<std::time::Duration>,
 }
 
 struct Counters {
@@ -82,11 +85,17 @@ impl Device for FaultDevice {
             return Err(injected("read"));
         }
         self.inner.read_at(buf, offset)?;
-        let plan = self.plan.lock();
-        for &at in &plan.flip_bits_at {
-            if at >= offset && at < offset + buf.len() as u64 {
-                buf[(at - offset) as usize] ^= 1;
+        let delay = {
+            let plan = self.plan.lock();
+            for &at in &plan.flip_bits_at {
+                if at >= offset && at < offset + buf.len() as u64 {
+                    buf[(at - offset) as usize] ^= 1;
+                }
             }
+            plan.read_delay
+        };
+        if let Some(delay) = delay {
+            std::thread::sleep(delay);
         }
         Ok(())
     }

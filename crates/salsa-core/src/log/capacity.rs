@@ -21,7 +21,10 @@
 //!   lose them, so a segment that reached zero stays empty;
 //! - a segment becomes Free only after a sync that covers every record created before it was
 //!   retired (invariant 4 of the design: the metadata recording the moves or overwrites that
-//!   emptied it is durable before it can be overwritten).
+//!   emptied it is durable before it can be overwritten);
+//! - a held segment ([`Capacity::hold`]: a rebuild or a scrub copying it between members)
+//!   does not become Free until the hold is let go, so it cannot be reused, and written by a
+//!   new owner, under the copy.
 
 use crate::device::StorageType;
 use crate::log::record::RecordBuf;
@@ -157,6 +160,8 @@ struct Queues {
     /// tier, `--storage fast|slow`), each with the segments its GC may open beyond the pool's
     /// reserve (one per GC stream of its volumes): other writers leave each that reserve.
     protected: Vec<(&'static [StorageType], u32)>,
+    /// Segments held by [`Capacity::hold`] (one entry per hold): not freed while here.
+    held: Vec<u32>,
 }
 
 /// Watermarks in segments.
@@ -303,6 +308,7 @@ impl Capacity {
                 to_discard: Vec::new(),
                 discarding: 0,
                 protected: Vec::new(),
+                held: Vec::new(),
             }),
             changed: Condvar::new(),
             watermarks,
@@ -338,7 +344,9 @@ impl Capacity {
                 SegmentState::PendingFree,
                 "discarded segment {s} changed state"
             );
-            self.queue_free(&mut q, s);
+            if !self.defer_while_held(&mut q, s) {
+                self.queue_free(&mut q, s);
+            }
         }
         q.discarding -= segments.len();
         self.changed.notify_all();
@@ -454,8 +462,9 @@ impl Capacity {
         let mut q = self.queues.lock();
         let before = q.pending.len();
         let mut freed = Vec::new();
-        q.pending.retain(|p| {
-            let take = segments.contains(&p.segment);
+        let Queues { pending, held, .. } = &mut *q;
+        pending.retain(|p| {
+            let take = segments.contains(&p.segment) && !held.contains(&p.segment);
             if take {
                 freed.push(p.segment);
             }
@@ -635,11 +644,53 @@ impl Capacity {
     pub fn unallocate(&self, s: u32) {
         let info = self.segment(s);
         assert!(info.is_empty(), "returning segment {s} with data");
-        info.set_state(SegmentState::Free);
         let mut q = self.queues.lock();
+        if self.defer_while_held(&mut q, s) {
+            return;
+        }
+        info.set_state(SegmentState::Free);
         q.queue_of(info).push_front(s);
         self.free_count.fetch_add(1, SeqCst);
         self.changed.notify_all();
+    }
+
+    /// A held segment about to be freed waits as pending instead, for the first release after
+    /// the hold is let go; returns whether it was held.
+    fn defer_while_held(&self, q: &mut Queues, s: u32) -> bool {
+        if !q.held.contains(&s) {
+            return false;
+        }
+        self.segment(s).set_state(SegmentState::PendingFree);
+        q.pending.push(Pending {
+            segment: s,
+            through_record: 0,
+            gc_moves: false,
+        });
+        true
+    }
+
+    /// Holds segment `s` while it is in use (not Free) and, given `generation`, still in that
+    /// generation of use; `None` otherwise. Until the hold is let go
+    /// ([`Capacity::let_go`]) the segment is not freed: a rebuild or a scrub that reads it
+    /// from one member and writes it to another must not write over what a new owner of the
+    /// segment wrote meanwhile.
+    pub fn hold(&self, s: u32, generation: Option<u64>) -> bool {
+        let info = self.segment(s);
+        // Under the queue lock, where every path to Free passes: once held, it stays in use.
+        let mut q = self.queues.lock();
+        if info.state() == SegmentState::Free || generation.is_some_and(|g| info.generation.load(SeqCst) != g) {
+            return false;
+        }
+        q.held.push(s);
+        true
+    }
+
+    /// Ends one hold of `s` taken by [`Capacity::hold`]; a release frees it if it is due.
+    pub fn let_go(&self, s: u32) {
+        let mut q = self.queues.lock();
+        let i = q.held.iter().position(|h| *h == s);
+        let i = i.unwrap_or_else(|| panic!("letting go of segment {s}, which is not held"));
+        q.held.swap_remove(i);
     }
 
     /// Marks an empty segment as waiting for a sync that covers record `tag` (or, with
@@ -667,7 +718,7 @@ impl Capacity {
         let mut i = 0;
         while i < q.pending.len() {
             let p = q.pending[i];
-            if p.through_record <= synced_through {
+            if p.through_record <= synced_through && !q.held.contains(&p.segment) {
                 q.pending.swap_remove(i);
                 self.make_free(&mut q, p.segment);
                 released += 1;
@@ -689,8 +740,11 @@ impl Capacity {
         info.tombstones.store(0, SeqCst);
         info.owner_volume.store(u32::MAX, SeqCst);
         info.unmovable.store(false, SeqCst);
-        info.set_state(SegmentState::Free);
         let mut q = self.queues.lock();
+        if self.defer_while_held(&mut q, s) {
+            return;
+        }
+        info.set_state(SegmentState::Free);
         q.queue_of(info).push_back(s);
         self.free_count.fetch_add(1, SeqCst);
         self.changed.notify_all();
@@ -801,6 +855,51 @@ mod tests {
         assert_eq!(c.release_segments(&c.gc_pending()), reserve as usize);
         assert_eq!(c.free_segments(), reserve);
         assert_eq!(c.try_allocate(&flash, Purpose::User), None);
+    }
+
+    #[test]
+    fn a_held_segment_is_freed_by_no_path_until_it_is_let_go() {
+        let flash = [StorageType::Flash];
+        let c = Capacity::new(vec![StorageType::Flash; 50], 256);
+        c.rebuild_queues();
+        let free = c.free_segments();
+        let s = c.try_allocate(&flash, Purpose::Gc).unwrap();
+        let generation = c.segment(s).generation.load(SeqCst);
+        assert!(!c.hold(s, Some(generation + 1)), "held in a generation it is not in");
+        assert!(c.hold(s, Some(generation)));
+        // Emptied and retired: neither a sync nor a GC release frees it.
+        assert!(c.retire(s, SegmentState::Staged, 1, true));
+        assert_eq!(c.release_synced(u64::MAX), 0);
+        assert_eq!(c.release_segments(&[s]), 0);
+        assert_eq!(c.segment(s).state(), SegmentState::PendingFree);
+        c.let_go(s);
+        assert_eq!(c.release_synced(1), 1);
+        assert_eq!(c.segment(s).state(), SegmentState::Free);
+        assert!(!c.hold(s, None), "a free segment is not held");
+        // A deleted volume's segment and an allocation given back wait as well.
+        let t = c.try_allocate(&flash, Purpose::Gc).unwrap();
+        let u = c.try_allocate(&flash, Purpose::Gc).unwrap();
+        assert!(c.hold(t, None) && c.hold(u, None));
+        c.free_now(t);
+        c.unallocate(u);
+        assert_eq!(c.free_segments(), free - 2);
+        c.let_go(t);
+        c.let_go(u);
+        assert_eq!(c.release_synced(0), 2);
+        assert_eq!(c.free_segments(), free);
+        // So does one whose discard ends while it is held.
+        c.set_discard(true);
+        let v = c.try_allocate(&flash, Purpose::Gc).unwrap();
+        assert!(c.retire(v, SegmentState::Staged, 1, false));
+        assert_eq!(c.release_synced(1), 1);
+        assert_eq!(c.take_to_discard(), vec![v]);
+        assert!(c.hold(v, None), "being discarded is still in use");
+        c.finish_discard(&[v]);
+        assert_eq!(c.segment(v).state(), SegmentState::PendingFree);
+        c.set_discard(false);
+        c.let_go(v);
+        assert_eq!(c.release_synced(0), 1);
+        assert_eq!(c.free_segments(), free);
     }
 
     #[test]

@@ -1054,6 +1054,12 @@ impl Log {
 
     // ----- segments -----
 
+    /// Holds segment `s` in use while a rebuild or a scrub copies it from member to member
+    /// (see [`Capacity::hold`]): `None` when it is free, or was reused since `generation`.
+    pub fn hold_segment(&self, s: u32, generation: Option<u64>) -> Option<SegmentHold<'_>> {
+        self.capacity.hold(s, generation).then(|| SegmentHold { log: self, segment: s })
+    }
+
     /// A stream is done with its open segment.
     pub fn seal_segment(&self, s: u32) {
         let info = self.capacity.segment(s);
@@ -1255,11 +1261,15 @@ impl Log {
             memory_reads::allow_device_read()?;
             let verify = |b: &[u8]| crc32c::crc32c(b) == crc;
             // A page that fails its checksum on one member is read from the array's
-            // redundancy where it has some, and rewritten unless the pool is read-only.
+            // redundancy where it has some, and rewritten unless the pool is read-only. The
+            // segment is held meanwhile: reused under the repair, its new owner's page would
+            // get the old one written over it on one member.
             let read = |buf: &mut [u8]| -> Result<()> {
                 self.array.read(grain, buf)?;
-                if !verify(buf) && info.generation.load(SeqCst) == generation {
-                    self.array.read_repair(grain, buf, &verify, !self.read_only)?;
+                if !verify(buf) {
+                    if let Some(_hold) = self.hold_segment(self.geo.segment_of(grain), Some(generation)) {
+                        self.array.read_repair(grain, buf, &verify, !self.read_only)?;
+                    }
                 }
                 Ok(())
             };
@@ -1457,6 +1467,21 @@ pub const HOLE_FILL_BATCH_BYTES: u64 = 8 << 20;
 /// Segments discarded before they are handed to the free queues together (a discard takes
 /// a millisecond or more; writers short of space wait for at most this many).
 const DISCARDS_PER_RELEASE: usize = 4;
+
+/// A segment held in use ([`Log::hold_segment`]); letting go frees it if it was emptied and
+/// its release is due.
+#[must_use = "the segment is held only while this lives"]
+pub struct SegmentHold<'a> {
+    log: &'a Log,
+    segment: u32,
+}
+
+impl Drop for SegmentHold<'_> {
+    fn drop(&mut self) {
+        self.log.capacity.let_go(self.segment);
+        self.log.release_synced();
+    }
+}
 
 #[cfg(test)]
 mod tests {

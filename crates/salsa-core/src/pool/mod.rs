@@ -294,16 +294,34 @@ impl Pool {
     /// copy of which passes is left as it is and reported. (In a writable pool the chain walk
     /// itself rewrites a damaged metadata page it rebuilds, as every read does.) The GC waits
     /// while a segment is checked.
+    ///
+    /// Only sealed segments are compared; a writable pool first closes its open segments, so
+    /// that everything written before the scrub began is checked. A segment still open may
+    /// hold past its current use's records (or, taken and not yet written, instead of them)
+    /// an earlier use's, which a member rebuilt since never got, and its records still being
+    /// written differ between members until they land: compared, it would report damage that
+    /// is none, and a repair would write old bytes under the new writes.
     pub fn scrub(&self, repair: bool) -> Result<ScrubReport> {
         if repair {
             self.eng.log.check_writable()?;
+        }
+        if !self.eng.log.is_read_only() {
+            self.eng.log.close_all_streams()?;
+            self.eng.flush()?;
         }
         let mut report = ScrubReport::default();
         let geo = self.eng.log.geo();
         let gb = geo.grain_bytes as u64;
         for s in 0..geo.total_segments {
             let _gc = self.eng.gc_lock.write();
-            if self.eng.log.capacity().segment(s).state() == SegmentState::Free {
+            // Not freed and reused while its copies are compared and rewritten.
+            let Some(_hold) = self.eng.log.hold_segment(s, None) else {
+                continue;
+            };
+            if !matches!(
+                self.eng.log.capacity().segment(s).state(),
+                SegmentState::Allocated | SegmentState::Victim
+            ) {
                 continue;
             }
             let base = s as u64 * geo.grains_per_segment as u64;

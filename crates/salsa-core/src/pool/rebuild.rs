@@ -78,10 +78,17 @@ pub(crate) fn run_rebuild(
         }
         eng.log.check_writable()?;
         {
-            // The GC may not free or reuse the segment while it is rebuilt.
+            // The GC waits (it would only move what is copied here). The hold keeps the
+            // segment from being freed and reused while it is copied: emptied by overwrites,
+            // released by any writer's sync and written by a new owner meanwhile, it would get
+            // the copy's old bytes over the new owner's on the new member. A segment still
+            // open was taken by its stream after the streams were closed above (allocated
+            // before the list was made): everything in it was written with the new member, and
+            // copying it would race with the writes still coming.
             let _gc = eng.gc_lock.write();
-            let info = eng.log.capacity().segment(s);
-            if info.state() != SegmentState::Free && info.generation.load(SeqCst) == generation {
+            let hold = eng.log.hold_segment(s, Some(generation));
+            let open = eng.log.capacity().segment(s).state() == SegmentState::Staged;
+            if hold.is_some() && !open {
                 // The whole share: a segment in use is full but for the open ones, and
                 // rebuilding an unwritten tail costs less than walking the chain to find it.
                 let gps = eng.log.geo().grains_per_segment as u64;
