@@ -6,9 +6,10 @@
 //! pages follow (and how many grains of padding after them), and the next record starts right
 //! after them. The walk stops at the first page that is not a valid metadata page of this
 //! segment's current incarnation: left-overs of an earlier use of the segment, or a torn write.
-//! A page with the record magic that fails its checksum may also be damage on one member: on
-//! a redundant array the walk first asks the redundancy for a copy that continues the chain
-//! ([`repair_meta`]), so that damage does not cut off the records after it.
+//! Such a page may also be damage on one member (a flipped bit in its checksummed bytes or
+//! in its record magic): on a redundant array the walk first asks the redundancy for a copy
+//! that continues the chain ([`repair_meta`]), so that damage does not cut off the records
+//! after it. Only a page of zeros, where unwritten space begins, ends the chain unasked.
 //!
 //! A victim is read whole ([`walk_victim_whole`]) or, when its caller can tell live pages
 //! from dead ones and few are live, in part ([`walk_victim_live`]): the chain of metadata
@@ -17,7 +18,7 @@
 
 use crate::array::{member_io, Array};
 use crate::error::{Error, Result};
-use crate::format::{FormatError, MetaEntry, RecordMeta, SegmentHeader};
+use crate::format::{MetaEntry, RecordMeta, SegmentHeader};
 
 use crate::util::{AlignedBuf, BufferPool};
 
@@ -98,14 +99,15 @@ fn chained_record(
     Some((meta, data_grains, span))
 }
 
-/// A metadata page at pool grain `grain` that has the record magic but fails its checksum (a
-/// torn write, or damage on one member): on a redundant array, the copy the redundancy holds
-/// that `accept`s is written into `page` (and back over the damaged copy, see
-/// [`ScanGeometry::rewrite_repairs`]); true when there was one. Pages without the magic are
-/// not tried: every walk of a segment not written to its end meets one, and a never-written
-/// segment starts with one.
+/// A page at pool grain `grain` where the chain wants a metadata page and finds none it
+/// `accept`s (a torn write, the chain's end, or damage on one member, its record magic
+/// included): on a redundant array, the copy the redundancy holds that `accept`s is written
+/// into `page` (and back over the damaged copy, see [`ScanGeometry::rewrite_repairs`]); true
+/// when there was one. A page of zeros is not tried: it is where a never-written segment or
+/// tail begins, the common end of a chain, and damage that zeroes a whole page is not what
+/// one member's flipped bits look like.
 fn repair_meta(array: &dyn Array, geo: &ScanGeometry, grain: u64, page: &mut [u8], accept: &dyn Fn(&[u8]) -> bool) -> bool {
-    if !matches!(RecordMeta::decode(page), Err(FormatError::BadChecksum)) {
+    if page.iter().all(|b| *b == 0) {
         return false;
     }
     let mut copy = AlignedBuf::zeroed(page.len());
@@ -116,6 +118,14 @@ fn repair_meta(array: &dyn Array, geo: &ScanGeometry, grain: u64, page: &mut [u8
         }
         _ => false,
     }
+}
+
+/// Whether a record may start at grain `pos` of a segment of `gps` grains after one of pages
+/// of `last_page_grains`: its stream sealed the segment once a metadata page and a page of
+/// its largest size (at least the last record's) no longer fitted, so past that point lie
+/// only an earlier use's bytes, not worth asking the redundancy about.
+fn may_follow(pos: usize, last_page_grains: usize, gps: usize) -> bool {
+    pos + 2 + last_page_grains <= gps
 }
 
 /// The header named by a segment's first metadata page, when it is this pool's and the page
@@ -200,11 +210,15 @@ fn walk_segment_counted(
     w.len = first_read;
     let mut pos = 0usize;
     let mut last_record = 0u64;
+    let mut last_page_grains = 0usize;
     while w.ensure(array, base, gps, gb, pos, 1)? {
         let off = (pos - w.start) * gb;
         let chained = |b: &[u8]| chained_record(b, geo, segment, header.incarnation, pos, last_record, gps);
         let mut found = chained(&w.buf[off..off + gb]);
-        if found.is_none() && repair_meta(array, geo, base + pos as u64, &mut w.buf[off..off + gb], &|b| chained(b).is_some()) {
+        if found.is_none()
+            && may_follow(pos, last_page_grains, gps)
+            && repair_meta(array, geo, base + pos as u64, &mut w.buf[off..off + gb], &|b| chained(b).is_some())
+        {
             found = chained(&w.buf[off..off + gb]);
         }
         let Some((meta, data_grains, span)) = found else {
@@ -216,6 +230,7 @@ fn walk_segment_counted(
         let off = (pos - w.start) * gb;
         visit(&header, &meta, &w.buf[off + gb..off + gb + data_grains * gb]);
         last_record = meta.record_id;
+        last_page_grains = meta.page_grains as usize;
         pos += span;
     }
     buffers.put(w.buf);
@@ -282,7 +297,7 @@ fn walk_live_in(
         return Ok((None, bytes_read));
     };
     let mut records = Vec::new();
-    let (mut pos, mut last_record) = (0usize, 0u64);
+    let (mut pos, mut last_record, mut last_page_grains) = (0usize, 0u64, 0usize);
     while pos < gps {
         if pos > 0 {
             read_page(pos, buf)?;
@@ -290,13 +305,17 @@ fn walk_live_in(
         let chained = |b: &[u8]| chained_record(b, geo, segment, header.incarnation, pos, last_record, gps);
         let page = pos * gb..(pos + 1) * gb;
         let mut found = chained(&buf[page.clone()]);
-        if found.is_none() && repair_meta(array, geo, base + pos as u64, &mut buf[page.clone()], &|b| chained(b).is_some()) {
+        if found.is_none()
+            && may_follow(pos, last_page_grains, gps)
+            && repair_meta(array, geo, base + pos as u64, &mut buf[page.clone()], &|b| chained(b).is_some())
+        {
             found = chained(&buf[page]);
         }
         let Some((meta, data_grains, span)) = found else {
             break;
         };
         last_record = meta.record_id;
+        last_page_grains = meta.page_grains as usize;
         records.push((pos, meta, data_grains));
         pos += span;
     }

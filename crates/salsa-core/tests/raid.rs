@@ -390,6 +390,22 @@ fn find_on_member(faults: &[Arc<FaultDevice>], target: &[u8]) -> (usize, u64) {
     panic!("page not found on any member");
 }
 
+/// Flips a byte of every metadata page on `member` (byte `byte_of(i)` of the `i`-th found), as
+/// a bad sector would; returns how many.
+fn damage_metadata_pages(member: &FaultDevice, byte_of: impl Fn(usize) -> usize) -> usize {
+    let mut damaged = 0;
+    let mut buf = vec![0u8; PAGE];
+    for off in (0..member.size_bytes()).step_by(PAGE) {
+        member.read_at(&mut buf, off).unwrap();
+        if buf.starts_with(b"SALSARC1") {
+            buf[byte_of(damaged)] ^= 0x5a;
+            member.write_at(&buf, off).unwrap();
+            damaged += 1;
+        }
+    }
+    damaged
+}
+
 /// A pool of `n` members, its volume `v` of 4 MiB with pages 0..64 written, closed.
 fn pool_of_64_pages(kind: ArrayKind, n: usize) -> (Vec<Arc<FaultDevice>>, Vec<Arc<dyn Device>>) {
     let (faults, devs) = members(n);
@@ -528,6 +544,47 @@ fn the_gc_moves_a_damaged_page_from_the_redundancy_not_as_it_is() {
     }
 }
 
+/// The GC walking a victim whose metadata pages have their record magic damaged on one member
+/// asks the redundancy for them instead of taking the first for the end of the chain (which
+/// left the victim unmovable, its live pages never accounted for): every page moves, and reads
+/// back with another member gone.
+#[test]
+fn the_gc_moves_a_victim_whose_metadata_magic_is_damaged_on_one_member() {
+    // One page of each record of 16 pages.
+    let kept = [5u64, 21, 37, 53];
+    for (kind, n) in [(ArrayKind::Raid1, 2), (ArrayKind::Raid5, 3)] {
+        let (faults, devs) = pool_of_64_pages(kind, n);
+        let damaged = damage_metadata_pages(&faults[0], |_| 3);
+        assert!(damaged >= 1, "{kind:?}: no metadata page on member 0");
+        let mut buf = vec![0u8; PAGE];
+        let pool = Pool::open(devs.clone(), &opts()).unwrap();
+        pool.grow_volume("v", pool.logical_capacity_bytes() / MIB * MIB).unwrap();
+        let vol = pool.volume("v").unwrap();
+        let before: Vec<_> = kept.iter().map(|&p| vol.page_location(p)).collect();
+        // Random overwrites of the other pages until the GC has moved the kept ones.
+        let mut rng = SmallRng::seed_from_u64(3);
+        let mut writes = 0u64;
+        while kept.iter().zip(&before).any(|(&p, b)| vol.page_location(p) == *b) {
+            assert!(writes < 500_000, "{kind:?}: the GC never moved pages {kept:?}");
+            let p = rng.gen_range(0..vol.pages());
+            if !kept.contains(&p) {
+                vol.write(p * PAGE as u64, &pattern(1, p, writes + 2)).unwrap();
+                writes += 1;
+            }
+        }
+        assert_eq!(pool.stats().unmovable_segments, 0, "{kind:?}");
+        pool.close().unwrap();
+        let pool = open_without(&devs, 1, &opts());
+        let vol = pool.volume("v").unwrap();
+        for p in kept {
+            vol.read(p * PAGE as u64, &mut buf)
+                .unwrap_or_else(|e| panic!("{kind:?}: page {p}: {e}"));
+            assert!(buf == pattern(1, p, 1), "{kind:?}: page {p} without member 1");
+        }
+        pool.close().unwrap();
+    }
+}
+
 /// Metadata pages damaged on one member (every one member 0 holds): a scan at open rebuilds
 /// each from the redundancy instead of taking it for the end of its segment's chain, which
 /// would drop every record after it; every page reads back.
@@ -544,17 +601,9 @@ fn a_scan_at_open_rebuilds_damaged_metadata_pages_from_the_redundancy() {
         let mut padded = model.clone();
         padded.resize((4 * MIB / PAGE as u64) as usize, 0);
         pool.close().unwrap();
-        let mut damaged = 0;
-        let mut buf = vec![0u8; PAGE];
-        for off in (0..faults[0].size_bytes()).step_by(PAGE) {
-            faults[0].read_at(&mut buf, off).unwrap();
-            if buf.starts_with(b"SALSARC1") {
-                buf[200] ^= 0x5a;
-                faults[0].write_at(&buf, off).unwrap();
-                damaged += 1;
-            }
-        }
-        assert!(damaged >= 2, "{kind:?}: {damaged} metadata pages on member 0");
+        // Every other one in its checksummed bytes, the rest in the record magic itself.
+        let damaged = damage_metadata_pages(&faults[0], |i| if i % 2 == 0 { 200 } else { 3 });
+        assert!(damaged >= 4, "{kind:?}: {damaged} metadata pages on member 0");
         let pool = Pool::open(devs.clone(), &scan_opts()).unwrap();
         verify(&pool, &padded);
         pool.close().unwrap();
