@@ -406,6 +406,25 @@ fn damage_metadata_pages(member: &FaultDevice, byte_of: impl Fn(usize) -> usize)
     damaged
 }
 
+/// Grows volume `v` to the pool's logical space, so that overwrites need the GC, and
+/// overwrites its pages but `kept` at random (from `seed`) until the GC has moved every page
+/// of `kept`.
+fn overwrite_until_the_gc_moves(pool: &Pool, kept: &[u64], seed: u64, kind: ArrayKind) {
+    pool.grow_volume("v", pool.logical_capacity_bytes() / MIB * MIB).unwrap();
+    let vol = pool.volume("v").unwrap();
+    let before: Vec<_> = kept.iter().map(|&p| vol.page_location(p)).collect();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut writes = 0u64;
+    while kept.iter().zip(&before).any(|(&p, b)| vol.page_location(p) == *b) {
+        assert!(writes < 500_000, "{kind:?}: the GC never moved pages {kept:?}");
+        let p = rng.gen_range(0..vol.pages());
+        if !kept.contains(&p) {
+            vol.write(p * PAGE as u64, &pattern(1, p, writes + 2)).unwrap();
+            writes += 1;
+        }
+    }
+}
+
 /// A pool of `n` members, its volume `v` of 4 MiB with pages 0..64 written, closed.
 fn pool_of_64_pages(kind: ArrayKind, n: usize) -> (Vec<Arc<FaultDevice>>, Vec<Arc<dyn Device>>) {
     let (faults, devs) = members(n);
@@ -515,22 +534,7 @@ fn the_gc_moves_a_damaged_page_from_the_redundancy_not_as_it_is() {
     for (kind, n) in [(ArrayKind::Raid1, 2), (ArrayKind::Raid5, 3)] {
         let (_, devs, i, _, target, _) = pool_with_a_damaged_page(kind, n);
         let pool = Pool::open(devs.clone(), &opts()).unwrap();
-        // The volume grown to the pool's logical space, so that the overwrites below need
-        // the GC.
-        pool.grow_volume("v", pool.logical_capacity_bytes() / MIB * MIB).unwrap();
-        let vol = pool.volume("v").unwrap();
-        let before = vol.page_location(7);
-        // Random overwrites of the other pages until the GC has moved page 7.
-        let mut rng = SmallRng::seed_from_u64(7);
-        let mut writes = 0u64;
-        while vol.page_location(7) == before {
-            assert!(writes < 500_000, "{kind:?}: the GC never moved page 7");
-            let p = rng.gen_range(0..vol.pages());
-            if p != 7 {
-                vol.write(p * PAGE as u64, &pattern(1, p, writes + 2)).unwrap();
-                writes += 1;
-            }
-        }
+        overwrite_until_the_gc_moves(&pool, &[7], 7, kind);
         pool.close().unwrap();
         let other = (i + 1) % n;
         let pool = open_without(&devs, other, &opts());
@@ -558,20 +562,7 @@ fn the_gc_moves_a_victim_whose_metadata_magic_is_damaged_on_one_member() {
         assert!(damaged >= 1, "{kind:?}: no metadata page on member 0");
         let mut buf = vec![0u8; PAGE];
         let pool = Pool::open(devs.clone(), &opts()).unwrap();
-        pool.grow_volume("v", pool.logical_capacity_bytes() / MIB * MIB).unwrap();
-        let vol = pool.volume("v").unwrap();
-        let before: Vec<_> = kept.iter().map(|&p| vol.page_location(p)).collect();
-        // Random overwrites of the other pages until the GC has moved the kept ones.
-        let mut rng = SmallRng::seed_from_u64(3);
-        let mut writes = 0u64;
-        while kept.iter().zip(&before).any(|(&p, b)| vol.page_location(p) == *b) {
-            assert!(writes < 500_000, "{kind:?}: the GC never moved pages {kept:?}");
-            let p = rng.gen_range(0..vol.pages());
-            if !kept.contains(&p) {
-                vol.write(p * PAGE as u64, &pattern(1, p, writes + 2)).unwrap();
-                writes += 1;
-            }
-        }
+        overwrite_until_the_gc_moves(&pool, &kept, 3, kind);
         assert_eq!(pool.stats().unmovable_segments, 0, "{kind:?}");
         pool.close().unwrap();
         let pool = open_without(&devs, 1, &opts());

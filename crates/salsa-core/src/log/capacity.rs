@@ -670,7 +670,7 @@ impl Capacity {
     }
 
     /// Holds segment `s` while it is in use (not Free) and, given `generation`, still in that
-    /// generation of use; `None` otherwise. Until the hold is let go
+    /// generation of use; false otherwise. Until the hold is let go
     /// ([`Capacity::let_go`]) the segment is not freed: a rebuild or a scrub that reads it
     /// from one member and writes it to another must not write over what a new owner of the
     /// segment wrote meanwhile.
@@ -685,12 +685,14 @@ impl Capacity {
         true
     }
 
-    /// Ends one hold of `s` taken by [`Capacity::hold`]; a release frees it if it is due.
-    pub fn let_go(&self, s: u32) {
+    /// Ends one hold of `s` taken by [`Capacity::hold`]; returns whether `s` waits for a
+    /// release (emptied meanwhile), which frees it if it is due.
+    pub fn let_go(&self, s: u32) -> bool {
         let mut q = self.queues.lock();
         let i = q.held.iter().position(|h| *h == s);
         let i = i.unwrap_or_else(|| panic!("letting go of segment {s}, which is not held"));
         q.held.swap_remove(i);
+        q.pending.iter().any(|p| p.segment == s)
     }
 
     /// Marks an empty segment as waiting for a sync that covers record `tag` (or, with
@@ -867,12 +869,14 @@ mod tests {
         let generation = c.segment(s).generation.load(SeqCst);
         assert!(!c.hold(s, Some(generation + 1)), "held in a generation it is not in");
         assert!(c.hold(s, Some(generation)));
+        assert!(c.hold(s, None));
+        assert!(!c.let_go(s), "in use, it waits for no release");
         // Emptied and retired: neither a sync nor a GC release frees it.
         assert!(c.retire(s, SegmentState::Staged, 1, true));
         assert_eq!(c.release_synced(u64::MAX), 0);
         assert_eq!(c.release_segments(&[s]), 0);
         assert_eq!(c.segment(s).state(), SegmentState::PendingFree);
-        c.let_go(s);
+        assert!(c.let_go(s), "it waits for a release");
         assert_eq!(c.release_synced(1), 1);
         assert_eq!(c.segment(s).state(), SegmentState::Free);
         assert!(!c.hold(s, None), "a free segment is not held");
@@ -883,8 +887,7 @@ mod tests {
         c.free_now(t);
         c.unallocate(u);
         assert_eq!(c.free_segments(), free - 2);
-        c.let_go(t);
-        c.let_go(u);
+        assert!(c.let_go(t) && c.let_go(u));
         assert_eq!(c.release_synced(0), 2);
         assert_eq!(c.free_segments(), free);
         // So does one whose discard ends while it is held.
@@ -897,7 +900,7 @@ mod tests {
         c.finish_discard(&[v]);
         assert_eq!(c.segment(v).state(), SegmentState::PendingFree);
         c.set_discard(false);
-        c.let_go(v);
+        assert!(c.let_go(v));
         assert_eq!(c.release_synced(0), 1);
         assert_eq!(c.free_segments(), free);
     }

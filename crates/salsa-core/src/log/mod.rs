@@ -1468,8 +1468,8 @@ pub const HOLE_FILL_BATCH_BYTES: u64 = 8 << 20;
 /// a millisecond or more; writers short of space wait for at most this many).
 const DISCARDS_PER_RELEASE: usize = 4;
 
-/// A segment held in use ([`Log::hold_segment`]); letting go frees it if it was emptied and
-/// its release is due.
+/// A segment held in use ([`Log::hold_segment`]); letting go frees it if it was emptied
+/// meanwhile and its release is due (a release runs only then: it may discard).
 #[must_use = "the segment is held only while this lives"]
 pub struct SegmentHold<'a> {
     log: &'a Log,
@@ -1478,8 +1478,9 @@ pub struct SegmentHold<'a> {
 
 impl Drop for SegmentHold<'_> {
     fn drop(&mut self) {
-        self.log.capacity.let_go(self.segment);
-        self.log.release_synced();
+        if self.log.capacity.let_go(self.segment) {
+            self.log.release_synced();
+        }
     }
 }
 
