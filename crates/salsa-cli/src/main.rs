@@ -501,9 +501,15 @@ enum Command {
         /// Run only these parts: randwrite_4k, seqwrite_1m, reads_rebuild (comma-separated).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
-        /// SALSA paces its writers while the GC is behind (`salsa serve --pace-writes`).
+        /// SALSA paces its writers while the GC is behind (`salsa serve --pace-writes`). Its
+        /// random writes are then kept in flight by one thread that acknowledges each at its
+        /// paced time, as the NBD server does.
         #[arg(long)]
         pace_writes: bool,
+        /// With --pace-writes: one thread per queue slot instead, each sleeping for its
+        /// write's turn (how the paced figures before 2026-11-28 were measured).
+        #[arg(long, requires = "pace_writes")]
+        paced_threads: bool,
         /// The share of the pool's capacity SALSA's volume takes, in percent; the writes of
         /// both sides go to as many bytes (100: the whole volume a pool of 20% spare offers;
         /// less: a working set smaller than the array, as in the SALSA paper's RAID-5 study).
@@ -798,9 +804,11 @@ fn main() -> ExitCode {
             salsa_array,
             salsa_stripe_unit,
             pace_writes,
+            paced_threads,
             volume_percent,
         } => bench::raid::run(&bench::raid::RaidBenchParams {
             pace_writes: *pace_writes,
+            paced_threads: *paced_threads,
             volume_fraction: *volume_percent as f64 / 100.0,
             salsa_stripe_unit: salsa_stripe_unit.map(|u| u.min(u32::MAX as u64) as u32),
             only: only.clone(),

@@ -388,3 +388,92 @@ fn the_server_exports_prometheus_metrics() {
     assert!(!out.status.success() && text.contains("cannot serve metrics"), "{text}");
     assert!(!fresh.join("pool.img").exists(), "a pool was created");
 }
+
+/// `--pace-writes` on a pool whose GC cannot keep up: the server writes a paced write at once
+/// and holds its reply until the write's turn (no thread sleeps per write). A client keeping 32
+/// writes in flight for two seconds gets every one answered, once, without error; the server
+/// paced writes; a disconnect with writes in flight gets every reply before the connection
+/// closes; and every page reads back its last write.
+#[test]
+fn paced_writes_are_answered_at_their_turn_each_once_and_read_back() {
+    use rand::{Rng, SeedableRng};
+    let dir = test_dir("paced-replies");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let srv = Server::start(&dir, "48M", &["--pace-writes", "--write-buffer-expire-ms", "1", "--metrics", &addr]);
+    let paced_writes = || -> f64 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out.lines()
+            .find_map(|l| l.strip_prefix("salsa_paced_writes_total "))
+            .and_then(|v| v.parse().ok())
+            .expect("salsa_paced_writes_total")
+    };
+    let mut c = RawClient::connect(&srv.socket, "default");
+    let pages = c.size / 4096 * 85 / 100;
+    let mut version = vec![0u64; pages as usize];
+    for p in 0..pages {
+        c.send(0, CMD_WRITE, p, p * 4096, 4096, &block(p, 0)).unwrap();
+        assert_eq!(c.reply(0).unwrap().1, 0);
+    }
+    // 32 writes in flight, never two to one page (their order would be the server's to pick).
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+    let mut in_flight = std::collections::HashMap::new(); // cookie -> page
+    let mut cookie = 1u64 << 32;
+    let mut send_one = |c: &mut RawClient, in_flight: &mut std::collections::HashMap<u64, u64>, version: &mut Vec<u64>| loop {
+        let p = rng.gen_range(0..pages);
+        if in_flight.values().all(|&q| q != p) {
+            cookie += 1;
+            version[p as usize] += 1;
+            c.send(0, CMD_WRITE, cookie, p * 4096, 4096, &block(p, version[p as usize]))
+                .unwrap();
+            in_flight.insert(cookie, p);
+            return;
+        }
+    };
+    for _ in 0..32 {
+        send_one(&mut c, &mut in_flight, &mut version);
+    }
+    let started = std::time::Instant::now();
+    let mut answered = 0u64;
+    while started.elapsed() < std::time::Duration::from_secs(2) {
+        let (got, err, _) = c.reply(0).unwrap();
+        assert_eq!(err, 0, "write {got}");
+        assert!(in_flight.remove(&got).is_some(), "reply {got} to no write in flight");
+        answered += 1;
+        send_one(&mut c, &mut in_flight, &mut version);
+    }
+    while !in_flight.is_empty() {
+        let (got, err, _) = c.reply(0).unwrap();
+        assert_eq!(err, 0, "write {got}");
+        assert!(in_flight.remove(&got).is_some(), "reply {got} to no write in flight");
+    }
+    assert!(paced_writes() > 0.0, "{answered} writes answered, none paced: {}", srv.log());
+    // A disconnect with 32 writes in flight, their replies held: each is answered before the
+    // server closes the connection.
+    for _ in 0..32 {
+        send_one(&mut c, &mut in_flight, &mut version);
+    }
+    c.send(0, CMD_DISC, 0, 0, 0, &[]).unwrap();
+    while !in_flight.is_empty() {
+        let (got, err, _) = c.reply(0).unwrap();
+        assert_eq!(err, 0, "write {got}");
+        assert!(in_flight.remove(&got).is_some(), "reply {got} to no write in flight");
+    }
+    assert_eq!(c.s.read(&mut [0u8; 1]).unwrap(), 0, "the server closes after the last reply");
+    drop(c);
+    // A clean stop completes every request read; the pool is closed and opened again.
+    assert!(srv.stop().success());
+    let srv = Server::start(&dir, "48M", &[]);
+    let mut c = RawClient::connect(&srv.socket, "default");
+    for p in 0..pages {
+        c.send(0, CMD_READ, p, p * 4096, 4096, &[]).unwrap();
+        let (_, err, data) = c.reply(4096).unwrap();
+        assert_eq!(err, 0);
+        assert!(data == block(p, version[p as usize]), "page {p} lost its last write");
+    }
+    drop(c);
+    assert!(srv.stop().success());
+}

@@ -153,6 +153,17 @@ impl Engine {
         }
     }
 
+    /// Admits one user write of `bytes` without waiting: the instant its turn comes while
+    /// writes are paced, before which it is not to be acknowledged (see
+    /// [`crate::pool::Volume::write_with_ack_time`]).
+    pub fn admit_user_write(&self, bytes: u64) -> Option<std::time::Instant> {
+        if self.pace_user_writes {
+            self.pacer.admit(bytes, || self.free_for_pacing(), &self.log.capacity().watermarks)
+        } else {
+            None
+        }
+    }
+
     /// Free segments as the pacer counts them: victims cleaned and waiting for their release
     /// sync are as good as free.
     fn free_for_pacing(&self) -> u32 {

@@ -35,6 +35,15 @@
 //! with 150 us at 610 to 630 MB/s and 420 to 495 us, with 1 us at 460 to 480 MB/s and 1.1 to
 //! 1.2 ms (docs/BENCHMARKS.md).
 //!
+//! A write need not sleep for its turn: [`WritePacer::admit`] (through
+//! [`crate::pool::Volume::write_with_ack_time`] and the NBD server's receiving-thread path,
+//! `Volume::write_paged_now`) admits it and returns when its turn comes, and the front-end
+//! writes at once and holds the acknowledgement until then. One thread holding many writes'
+//! acknowledgements wakes once for all that are due ([`sleep_until_ack_time`], 1 us of slack);
+//! 32 writers sleeping each for its own turn wake 32 threads, and on a 2-core host those
+//! wake-ups were most of a paced write's p99 (docs/BENCHMARKS.md). A client that waits for
+//! acknowledgements before it writes more is held to the rate either way.
+//!
 //! Invariants: no write waits longer than [`DELAY_MAX`] for its turn; the rate is at least
 //! [`RATE_MIN_BYTES_PER_SEC`], and its slow part falls to twice what writers wrote in the last
 //! interval when it is above that (a rate far above the load would say nothing when the load
@@ -72,6 +81,17 @@ const GAIN_SLOW: f64 = 0.01;
 const GAIN_FAST: f64 = 0.15;
 /// The timer slack of a paced write's sleep (see the module documentation).
 pub const SLEEP_SLACK: Duration = Duration::from_micros(150);
+/// The timer slack of a thread that holds many writes' acknowledgements until their turns
+/// ([`crate::pool::Volume::write_with_ack_time`]): one thread wakes for all of them, so each
+/// wake-up late delays every write it holds.
+const ACK_SLACK: Duration = Duration::from_micros(1);
+
+/// Sleeps until `at`, for a thread that holds writes' acknowledgements until their turns
+/// ([`crate::pool::Volume::write_with_ack_time`]), with a timer slack of 1 us: one thread
+/// wakes for all of them, so each wake-up late delays every write it holds.
+pub fn sleep_until_ack_time(at: Instant) {
+    sleep_with_slack(at.saturating_duration_since(Instant::now()), ACK_SLACK);
+}
 
 /// The pacer's controller state, corrected once per [`UPDATE_INTERVAL`].
 #[derive(Default)]
@@ -135,15 +155,18 @@ fn error(free: f64, wm: &Watermarks, stalled: bool) -> f64 {
     }
 }
 
-/// Sleeps `wait` with a timer slack of [`SLEEP_SLACK`], then puts the thread's slack back.
-fn sleep_coalesced(wait: Duration) {
+/// Sleeps `wait` with a timer slack of `slack`, then puts the thread's slack back.
+fn sleep_with_slack(wait: Duration, slack: Duration) {
+    if wait.is_zero() {
+        return;
+    }
     #[cfg(target_os = "linux")]
     {
         // SAFETY: PR_GET_TIMERSLACK and PR_SET_TIMERSLACK read and set a number of the calling
         // thread; no memory is passed.
         let before = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
         if before > 0 {
-            let slack = SLEEP_SLACK.as_nanos() as libc::c_ulong;
+            let slack = slack.as_nanos() as libc::c_ulong;
             // SAFETY: as above.
             unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack, 0, 0, 0) };
             std::thread::sleep(wait);
@@ -254,12 +277,20 @@ impl WritePacer {
     /// Admits a user write of `bytes`: corrects the rate if due, then waits for the write's
     /// turn while pacing. `free`: free segments now; `wm`: the GC's watermarks.
     pub fn pace(&self, bytes: u64, free: impl Fn() -> u32, wm: &Watermarks) {
+        if let Some(turn) = self.admit(bytes, free, wm) {
+            sleep_with_slack(turn.saturating_duration_since(Instant::now()), SLEEP_SLACK);
+        }
+    }
+
+    /// Admits a user write of `bytes` like [`WritePacer::pace`], without waiting: returns when
+    /// its turn comes, while pacing and at least [`SLEEP_MIN`] away (`None`: now).
+    pub fn admit(&self, bytes: u64, free: impl Fn() -> u32, wm: &Watermarks) -> Option<Instant> {
         self.bytes_admitted.fetch_add(bytes, Relaxed);
         let now = self.now_ns();
         self.update(now, free, wm);
         let rate = self.rate_bytes_per_sec.load(Relaxed);
         if rate == 0 {
-            return;
+            return None;
         }
         let share = (bytes as u128 * 1_000_000_000 / rate as u128) as u64;
         let latest = now + DELAY_MAX.as_nanos() as u64;
@@ -270,11 +301,12 @@ impl WritePacer {
             Some(turn + share)
         });
         let wait = Duration::from_nanos(turn - now);
-        if wait >= SLEEP_MIN {
-            sleep_coalesced(wait);
-            self.paced_writes.fetch_add(1, Relaxed);
-            self.paced_micros.fetch_add(wait.as_micros() as u64, Relaxed);
+        if wait < SLEEP_MIN {
+            return None;
         }
+        self.paced_writes.fetch_add(1, Relaxed);
+        self.paced_micros.fetch_add(wait.as_micros() as u64, Relaxed);
+        Some(self.epoch + Duration::from_nanos(turn))
     }
 }
 

@@ -7,8 +7,13 @@ mod common;
 
 use common::*;
 use salsa_core::device::MemoryDevice;
-use salsa_core::{Device, OpenOptions, Pool, PoolConfig, Volume};
+use salsa_core::{Device, OpenOptions, Pool, PoolConfig, Volume, WrittenNow};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The longest a paced write waits for its turn (`pacing::DELAY_MAX`).
+const DELAY_MAX: Duration = Duration::from_millis(20);
 
 const THREADS: u64 = 8;
 
@@ -62,36 +67,110 @@ fn writers_are_not_paced_unless_asked_or_when_they_clean_for_themselves() {
 }
 
 /// Writes a server takes on its receiving thread (`Volume::write_paged_now` into the write
-/// buffer, handed to a thread that may wait, `Volume::write_paged`, when that says no) are
-/// paced too: the rate is corrected on that path as well, and the writes it lets through are
-/// measured. (Before, `salsa serve --pace-writes`, whose writes all came this way, never
-/// paced one.) Every page reads back its last write.
+/// buffer; `Volume::write_paged` on a thread that may wait when that says not now) are paced
+/// too: the rate is corrected on that path as well, the writes it lets through are measured,
+/// and a paced one is written at once with the time it may be acknowledged, which the thread
+/// here waits for as a server holds its reply. (Before, `salsa serve --pace-writes`, whose
+/// writes all came this way, never paced one.) No acknowledgement is due later than the
+/// pacer's bound, and every page reads back its last write.
 #[test]
 fn writes_a_server_buffers_on_its_receiving_thread_are_paced_too() {
     let pool = pool_of_48_mib(&OpenOptions {
         pace_user_writes: true,
         // Room for the whole volume, written down at once: the receiving thread's path never
-        // runs out of room (as for a server whose buffer holds the working set), so only the
-        // pacer sends writes to the waiting path.
+        // runs out of room (as for a server whose buffer holds the working set).
         write_buffer_bytes: 64 * MIB,
         write_buffer_expire: std::time::Duration::from_millis(1),
         ..OpenOptions::default()
     });
+    let held = std::sync::atomic::AtomicU64::new(0);
     let through_the_buffer = |vol: &Volume, at: u64, data: &[u8]| {
         let mut payload = vol.paged_payload(at, PAGE).expect("a buffered volume");
         payload.pages_mut().for_each(|page| page.copy_from_slice(data));
-        if let Some(payload) = vol.write_paged_now(payload).unwrap() {
-            vol.write_paged(payload).unwrap();
+        let written = Instant::now();
+        match vol.write_paged_now(payload).unwrap() {
+            WrittenNow::Written { ack_at: None } => {}
+            WrittenNow::Written { ack_at: Some(ack_at) } => {
+                let mut buf = vec![0u8; PAGE];
+                vol.read(at, &mut buf).unwrap();
+                assert!(buf == data, "a write waiting for its acknowledgement is not read back");
+                let wait = ack_at.saturating_duration_since(written);
+                assert!(wait <= DELAY_MAX, "acknowledgement due {wait:?} after the write");
+                held.fetch_add(1, Relaxed);
+                salsa_core::sleep_until_ack_time(ack_at);
+            }
+            WrittenNow::NotNow(payload) => vol.write_paged(payload).unwrap(),
         }
     };
-    let two_seconds = Overwrite::For(std::time::Duration::from_secs(2));
+    let two_seconds = Overwrite::For(Duration::from_secs(2));
     overwrite_from_threads_with(&pool, THREADS, two_seconds, &through_the_buffer);
     let st = pool.stats();
     assert!(st.gc_segments_cleaned > 0, "the GC ran");
     assert!(
-        st.paced_writes > 0,
+        st.paced_writes > 0 && held.load(Relaxed) > 0,
         "writers stalled {} times on the GC and none was paced",
         st.throttled_allocations
     );
+    pool.close().unwrap();
+}
+
+/// One thread keeps 16 writes in flight (`Volume::write_with_ack_time`) and acknowledges each
+/// at its time, as a front-end holding its clients' replies does: the writes are paced (their
+/// acknowledgements come later than the writes, never past the bound), the GC keeps up
+/// without the writers stalling on its reserve more than the writers of the other tests do,
+/// and every page reads back its last write.
+#[test]
+fn one_thread_holding_acknowledgements_is_paced_like_many_writers_sleeping() {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    let pool = pool_of_48_mib(&OpenOptions {
+        pace_user_writes: true,
+        ..OpenOptions::default()
+    });
+    let pages = (pool.logical_capacity_bytes() * 85 / 100) / PAGE as u64;
+    let vol = pool.create_volume("v", pages * PAGE as u64, PAGE as u32).unwrap();
+    let mut last = vec![1u64; pages as usize];
+    for p in 0..pages {
+        vol.write(p * PAGE as u64, &pattern(1, p, 1)).unwrap();
+    }
+    let mut rng = SmallRng::seed_from_u64(5);
+    let started = Instant::now();
+    let mut slots: Vec<Option<Instant>> = vec![None; 16];
+    let (mut held, mut i) = (0u64, 1u64);
+    while started.elapsed() < Duration::from_secs(2) {
+        let now = Instant::now();
+        for slot in slots.iter_mut() {
+            if slot.is_none_or(|at| at <= now) {
+                i += 1;
+                let p = rng.gen_range(0..pages);
+                let written = Instant::now();
+                *slot = vol.write_with_ack_time(p * PAGE as u64, &pattern(1, p, i)).unwrap();
+                last[p as usize] = i;
+                if let Some(at) = *slot {
+                    assert!(
+                        at > written && at - written <= DELAY_MAX,
+                        "acknowledgement due {:?} after",
+                        at - written
+                    );
+                    held += 1;
+                }
+            }
+        }
+        if let Some(at) = slots.iter().flatten().min() {
+            salsa_core::sleep_until_ack_time(*at);
+        }
+    }
+    let st = pool.stats();
+    assert!(st.gc_segments_cleaned > 0, "the GC ran");
+    assert!(
+        held > 0 && st.paced_writes >= held,
+        "{held} writes held, stats: {} paced",
+        st.paced_writes
+    );
+    let mut buf = vec![0u8; PAGE];
+    for p in 0..pages {
+        vol.read(p * PAGE as u64, &mut buf).unwrap();
+        assert!(buf == pattern(1, p, last[p as usize]), "page {p} lost its last write");
+    }
     pool.close().unwrap();
 }

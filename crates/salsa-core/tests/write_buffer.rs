@@ -6,7 +6,7 @@
 mod common;
 use common::*;
 use salsa_core::device::{CrashDevice, CrashPlan, FaultDevice, FaultPlan};
-use salsa_core::{Device, OpenOptions, Pool};
+use salsa_core::{Device, OpenOptions, Pool, WrittenNow};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -417,14 +417,17 @@ fn a_paged_write_now_is_buffered_at_once_or_handed_back_untouched() {
     pool.flush().unwrap();
     let user_before = pool.stats().user_bytes_written;
     for r in 0..3 {
-        assert!(vol.write_paged_now(fill(r * run, 2)).unwrap().is_none(), "room for run {r}");
+        let done = vol.write_paged_now(fill(r * run, 2)).unwrap();
+        assert!(matches!(done, WrittenNow::Written { ack_at: None }), "room for run {r}");
     }
     let w = pool.stats().write_buffer.unwrap();
     assert_eq!(w.dirty_pages, 3 * run, "{w:?}");
     assert_eq!(pool.stats().user_bytes_written, user_before + 3 * run * PAGE as u64);
     check_range(&vol, 0..3 * run, 2);
     // A fourth run would take the buffer past its megabyte (each page counts 64 bytes more).
-    let back = vol.write_paged_now(fill(3 * run, 2)).unwrap().expect("no room without a wait");
+    let WrittenNow::NotNow(back) = vol.write_paged_now(fill(3 * run, 2)).unwrap() else {
+        panic!("no room without a wait")
+    };
     let after = pool.stats().write_buffer.unwrap();
     assert_eq!(
         (after.dirty_pages, after.dirty_bytes, after.pages_written, after.writer_waits),

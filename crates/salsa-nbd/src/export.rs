@@ -8,7 +8,7 @@
 //! server.
 
 use parking_lot::Mutex;
-use salsa_core::{AlignedBuf, Device, PagedPayload, Volume, WriteBuffer};
+use salsa_core::{AlignedBuf, Device, PagedPayload, Volume, WriteBuffer, WrittenNow};
 use std::sync::Arc;
 
 /// One NBD export's data path.
@@ -45,9 +45,11 @@ pub trait Export: Send + Sync {
         self.write(payload.offset(), &payload.to_vec())
     }
     /// [`Export::write_paged`] if it needs no wait (no device write, no wait for room):
-    /// `Ok(None)` once written, `Ok(Some(payload))` with nothing written otherwise.
-    fn write_paged_now(&self, payload: PagedPayload) -> salsa_core::Result<Option<PagedPayload>> {
-        Ok(Some(payload))
+    /// `Written` once written (with the instant before which it is not to be acknowledged,
+    /// while the pool paces writes), `NotNow(payload)` with nothing written otherwise
+    /// (`salsa_core::Volume::write_paged_now`).
+    fn write_paged_now(&self, payload: PagedPayload) -> salsa_core::Result<WrittenNow> {
+        Ok(WrittenNow::NotNow(payload))
     }
     fn flush(&self) -> salsa_core::Result<()>;
     /// Called after a write is answered when no other request of the client is under way:
@@ -104,7 +106,7 @@ impl Export for Volume {
     fn write_paged(&self, payload: PagedPayload) -> salsa_core::Result<()> {
         Volume::write_paged(self, payload)
     }
-    fn write_paged_now(&self, payload: PagedPayload) -> salsa_core::Result<Option<PagedPayload>> {
+    fn write_paged_now(&self, payload: PagedPayload) -> salsa_core::Result<WrittenNow> {
         Volume::write_paged_now(self, payload)
     }
     fn flush(&self) -> salsa_core::Result<()> {

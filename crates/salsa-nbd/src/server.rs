@@ -21,7 +21,9 @@ use crate::export::{Export, RawExport};
 use crate::proto::{self, Catalog, Command, ExportInfo, Negotiated, ProtocolError, RawRequest, Step, TlsMode};
 use parking_lot::{Condvar, Mutex};
 use salsa_core::{ErrorKind, Pool};
-use salsa_core::{PagedPayload, WriteBuffer};
+use salsa_core::{PagedPayload, WriteBuffer, WrittenNow};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::io::AsRawFd;
@@ -29,7 +31,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Requests one connection may have executing at once, whatever the configuration asks.
 pub const MAX_THREADS_PER_CONNECTION: usize = 256;
@@ -42,6 +44,14 @@ pub const MAX_PENDING_REPLY_BYTES: usize = 1 << 20;
 /// Replies to reads answered from memory are sent together once they reach this size (or
 /// sooner, see [`serve_requests`]).
 const MEMORY_REPLY_BATCH_BYTES: usize = 256 << 10;
+/// Replies to paced writes one connection holds for their turn, at most (see
+/// [`HeldReplies`]); a client with more writes in flight has the rest paced on threads that
+/// sleep for their turns.
+const MAX_HELD_REPLIES: usize = 1024;
+/// The timer slack of a connection's threads: the thread that holds replies wakes for each
+/// one's turn, and every microsecond late delays all the replies it holds (the default, 50
+/// us, gave paced writes a p99 a quarter higher in `salsa bench-raid`: docs/BENCHMARKS.md).
+const TIMER_SLACK: Duration = Duration::from_micros(1);
 /// Connections served at once; more are refused.
 pub const MAX_CONNECTIONS: usize = 256;
 /// Write payloads of rejected requests up to this size are read and discarded to keep the
@@ -247,6 +257,54 @@ struct Receiver {
     /// A write was answered by the receiving thread since it last waited for the socket: before
     /// it waits again, it asks the volume for write-behind ([`write_behind`]).
     wrote: bool,
+    /// Replies to paced writes, held until their turn.
+    held: HeldReplies,
+}
+
+/// Replies to writes the receiving thread wrote at once while the pool paces writes
+/// (`salsa_core::Volume::write_paged_now`), each held until its turn: a client that waits for
+/// its replies before it writes more is held to the pool's rate, and no thread sleeps per
+/// write (on a host of few cores, the wake-ups of threads sleeping per write were most of a
+/// paced write's latency tail: docs/BENCHMARKS.md). The thread that holds the receiver sends
+/// them when due, waking for them while it waits for the client, and sends them all when the
+/// request stream ends. At most [`MAX_HELD_REPLIES`]: a write that finds the queue full is
+/// executed by a thread that may wait, whose write the pacer holds by sleeping.
+#[derive(Default)]
+struct HeldReplies {
+    /// When each reply is due, and its request's cookie; the earliest first.
+    queue: BinaryHeap<Reverse<(Instant, u64)>>,
+}
+
+impl HeldReplies {
+    fn is_full(&self) -> bool {
+        self.queue.len() >= MAX_HELD_REPLIES
+    }
+
+    fn hold(&mut self, due: Instant, cookie: u64) {
+        self.queue.push(Reverse((due, cookie)));
+    }
+
+    /// Appends to `out` the replies due by `now` (a write's success is a simple reply with
+    /// or without structured replies, as [`status_reply`] sends it); returns when the next one
+    /// is due.
+    fn release(&mut self, out: &mut Vec<u8>, now: Instant) -> Option<Instant> {
+        while let Some(&Reverse((due, cookie))) = self.queue.peek() {
+            if due > now {
+                return Some(due);
+            }
+            self.queue.pop();
+            proto::simple_reply(out, cookie, 0, &[]);
+        }
+        None
+    }
+
+    /// Appends every held reply to `out`, due or not: the request stream ended, and the writes
+    /// are done.
+    fn release_all(&mut self, out: &mut Vec<u8>) {
+        while let Some(Reverse((_, cookie))) = self.queue.pop() {
+            proto::simple_reply(out, cookie, 0, &[]);
+        }
+    }
 }
 
 /// One connection, served by up to `max_threads` threads in turn (leader/follower): whichever
@@ -539,19 +597,24 @@ fn append_read_reply(
 
 /// Answers, into `answered`, a request that needs no wait, on the thread that received it: a
 /// read whose data is all in memory, or a write (without FUA) whose pages the write buffer
-/// takes at once. Gives the request back when a thread that may wait must execute it.
-fn answer_at_once(conn: &Connection, request: Request, answered: &mut Vec<u8>) -> Option<Request> {
+/// takes at once (its reply held in `replies` until its turn while the pool paces writes).
+/// Gives the request back when a thread that may wait must execute it.
+fn answer_at_once(conn: &Connection, request: Request, answered: &mut Vec<u8>, replies: &mut HeldReplies) -> Option<Request> {
     match request.cmd {
         Command::Read { .. } if answer_from_memory(conn, &request, answered) => None,
-        Command::Write { fua: false, .. } => {
+        Command::Write { fua: false, .. } if !replies.is_full() => {
             let Request { req, cmd, held } = request;
             let pages = match held {
                 Some(Held::Pages(pages)) => pages,
                 held => return Some(Request { req, cmd, held }),
             };
             let result = match conn.volume.write_paged_now(pages) {
-                Ok(None) => Ok(()),
-                Ok(Some(pages)) => {
+                Ok(WrittenNow::Written { ack_at: None }) => Ok(()),
+                Ok(WrittenNow::Written { ack_at: Some(due) }) => {
+                    replies.hold(due, req.cookie);
+                    return None;
+                }
+                Ok(WrittenNow::NotNow(pages)) => {
                     let held = Some(Held::Pages(pages));
                     return Some(Request { req, cmd, held });
                 }
@@ -679,6 +742,7 @@ fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, tls: &Tls, 
             inbox,
             ended: false,
             wrote: false,
+            held: HeldReplies::default(),
         }),
         outbox: Mutex::new(Outbox::default()),
         drained: Condvar::new(),
@@ -713,6 +777,7 @@ fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, tls: &Tls, 
 /// write or flush when the writers flush after every write and nothing else of the client has
 /// arrived: such a client sends nothing more until it is answered.
 fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>, conn: &'env Connection, stop: &'env AtomicBool) {
+    set_timer_slack(TIMER_SLACK);
     let mut out = Vec::new();
     let mut payload = Vec::new();
     let mut answered = Vec::new();
@@ -729,7 +794,7 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
                 match next_request(&mut rx, conn, stop, &mut payload, &mut answered) {
                     Ok(Some(r)) => {
                         let write = matches!(r.cmd, Command::Write { .. });
-                        let r = match answer_at_once(conn, r, &mut answered) {
+                        let r = match answer_at_once(conn, r, &mut answered, &mut rx.held) {
                             Some(r)
                                 if (write || r.cmd == Command::Flush)
                                     && rx.inbox.data().is_empty()
@@ -757,10 +822,12 @@ fn serve_requests<'scope, 'env>(scope: &'scope std::thread::Scope<'scope, 'env>,
                     }
                     Ok(None) => {
                         rx.ended = true;
+                        rx.held.release_all(&mut answered);
                         break None;
                     }
                     Err(e) => {
                         rx.ended = true;
+                        rx.held.release_all(&mut answered);
                         *conn.error.lock() = Some(e);
                         break None;
                     }
@@ -840,7 +907,13 @@ fn next_request(
     payload: &mut Vec<u8>,
     answered: &mut Vec<u8>,
 ) -> Result<Option<Request>, String> {
-    let Receiver { stream, inbox, wrote, .. } = rx;
+    let Receiver {
+        stream,
+        inbox,
+        wrote,
+        held,
+        ..
+    } = rx;
     loop {
         if stop.load(SeqCst) || conn.broken.load(SeqCst) {
             return Ok(None);
@@ -850,10 +923,11 @@ fn next_request(
             Ok(None) => {
                 send_answered(conn, answered);
                 if std::mem::take(wrote) {
-                    // Every request received is answered and the client has sent nothing
-                    // more yet.
+                    // Every request received is answered (or held for its turn) and the
+                    // client has sent nothing more yet.
                     write_behind(conn);
                 }
+                send_held_until_readable(stream, held, conn, answered);
                 if !inbox.fill(stream).map_err(|e| e.to_string())? {
                     return Ok(None); // client went away
                 }
@@ -913,6 +987,45 @@ fn next_request(
         }
         return Ok(Some(Request { req, cmd, held }));
     }
+}
+
+/// Sends the held replies as they come due until the client has sent something (or none is
+/// held): a client whose writes are all held sends nothing until they are answered.
+fn send_held_until_readable(stream: &Stream, held: &mut HeldReplies, conn: &Connection, out: &mut Vec<u8>) {
+    loop {
+        let next = held.release(out, Instant::now());
+        send_answered(conn, out);
+        let Some(due) = next else { return };
+        if conn.broken.load(SeqCst) || readable_within(stream, due.saturating_duration_since(Instant::now())) {
+            return;
+        }
+    }
+}
+
+/// Sets the calling thread's timer slack (how late the kernel may wake it from a timed
+/// wait, to wake several threads at once). A failure changes only when the thread wakes.
+fn set_timer_slack(slack: Duration) {
+    let nanos = slack.as_nanos().min(libc::c_ulong::MAX as u128) as libc::c_ulong;
+    // SAFETY: PR_SET_TIMERSLACK sets a number of the calling thread; no memory is passed.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, nanos, 0, 0, 0) };
+}
+
+/// Whether `stream` has bytes to read (or an end or error to report) within `wait`. A
+/// failed poll says yes: the read that follows reports what is wrong.
+fn readable_within(stream: &Stream, wait: Duration) -> bool {
+    let mut fd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let timeout = libc::timespec {
+        tv_sec: wait.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: wait.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `fd` and `timeout` are valid for the call, which reads one pollfd (and writes
+    // its `revents`) and the timespec; no signal mask is passed.
+    let rc = unsafe { libc::ppoll(&mut fd, 1, &timeout, std::ptr::null()) };
+    rc != 0
 }
 
 /// Fills `dest` with what the inbox holds, then from the socket. `Ok(false)` if the stream

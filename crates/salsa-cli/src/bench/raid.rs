@@ -48,6 +48,10 @@ pub struct RaidBenchParams {
     pub only: Vec<String>,
     /// SALSA paces its writers while the GC is behind.
     pub pace_writes: bool,
+    /// Paced random writes come from one thread per queue slot, each sleeping for its turn;
+    /// otherwise from one thread holding the queue's writes and acknowledging each at its
+    /// turn ([`drive_acknowledging`]).
+    pub paced_threads: bool,
     /// The share of the pool's logical capacity SALSA's volume takes; the write workloads of
     /// both sides cover as many bytes.
     pub volume_fraction: f64,
@@ -217,16 +221,71 @@ fn drive(threads: usize, seconds: u64, op: &(dyn Fn(usize, &mut SmallRng) -> Res
         })
     });
     res?;
-    let h = hist.into_inner();
-    let mut v = samples;
-    v.sort_by(|a, b| a.total_cmp(b));
-    Ok(Run {
-        mbps: v.get(v.len() / 2).copied().unwrap_or(0.0),
+    Ok(run_of(&hist.into_inner(), samples))
+}
+
+/// Writes one block and returns its bytes and when it may be acknowledged (`None`: at once).
+type AcknowledgedWriteFn<'a> = dyn Fn(&mut SmallRng) -> Result<(u64, Option<Instant>), String> + Sync + 'a;
+
+/// Keeps `queue_depth` writes in flight for `seconds` from one thread, as a front-end that
+/// holds its clients' acknowledgements does (the NBD server's receiving thread): `op` writes
+/// one block and returns its bytes and the instant before which it is not to be acknowledged
+/// (the pacer's turn; `None`: at once). The thread acknowledges every write whose time has
+/// come (a write's latency runs from its issue to then), issues the next in its slot, and
+/// sleeps until the earliest time still ahead. The client side of each slot waits for its
+/// acknowledgement before it writes again, as at any queue depth.
+fn drive_acknowledging(
+    queue_depth: usize,
+    seconds: u64,
+    op: &AcknowledgedWriteFn<'_>,
+) -> Result<Run, String> {
+    let moved = AtomicU64::new(0);
+    let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let (res, samples) = sampled(&moved, || -> Result<(), String> {
+        let mut rng = SmallRng::seed_from_u64(7919);
+        // Each slot: when its write was issued, when it may be acknowledged, its bytes.
+        let mut slots = Vec::with_capacity(queue_depth);
+        for _ in 0..queue_depth.max(1) {
+            let issued = Instant::now();
+            let (bytes, ack_at) = op(&mut rng)?;
+            slots.push((issued, ack_at, bytes));
+        }
+        while Instant::now() < deadline {
+            let now = Instant::now();
+            let mut next_ack: Option<Instant> = None;
+            for slot in slots.iter_mut() {
+                if slot.1.is_none_or(|at| at <= now) {
+                    h.saturating_record(now.duration_since(slot.0).as_micros().max(1) as u64);
+                    moved.fetch_add(slot.2, Relaxed);
+                    let issued = Instant::now();
+                    let (bytes, ack_at) = op(&mut rng)?;
+                    *slot = (issued, ack_at, bytes);
+                }
+                if let Some(at) = slot.1 {
+                    next_ack = Some(next_ack.map_or(at, |n| n.min(at)));
+                }
+            }
+            if let Some(at) = next_ack {
+                salsa_core::sleep_until_ack_time(at);
+            }
+        }
+        Ok(())
+    });
+    res?;
+    Ok(run_of(&h, samples))
+}
+
+/// A run's figures: the median of the throughput samples and the latency percentiles.
+fn run_of(h: &Histogram<u64>, mut samples: Vec<f64>) -> Run {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    Run {
+        mbps: samples.get(samples.len() / 2).copied().unwrap_or(0.0),
         p50_us: h.value_at_quantile(0.5),
         p99_us: h.value_at_quantile(0.99),
         p999_us: h.value_at_quantile(0.999),
         max_us: h.max(),
-    })
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -409,7 +468,21 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
                 warm_up(p, &pool, vol.size_bytes(), &write)?;
             }
             let before = pool.stats();
-            let s = run_workload(p, w, vol.size_bytes(), &write)?;
+            let s = match w {
+                Workload::Random4k if p.pace_writes && !p.paced_threads => {
+                    let blocks = vol.size_bytes() / 4096;
+                    let mut buf = salsa_core::AlignedBuf::zeroed(4096);
+                    SmallRng::seed_from_u64(0).fill(&mut buf[..]);
+                    let buf = Mutex::new(buf);
+                    drive_acknowledging(p.queue_depth, p.seconds, &|rng| {
+                        let mut buf = buf.lock();
+                        buf[0] = buf[0].wrapping_add(1);
+                        let ack_at = vol.write_with_ack_time(rng.gen_range(0..blocks) * 4096, &buf);
+                        Ok((4096, ack_at.map_err(|e| e.to_string())?))
+                    })?
+                }
+                _ => run_workload(p, w, vol.size_bytes(), &write)?,
+            };
             let after = pool.stats();
             let user = (after.user_bytes_written - before.user_bytes_written).max(1) as f64;
             let members = |st: &salsa_core::Stats| st.members.iter().map(|m| m.bytes_written).sum::<u64>();

@@ -19,7 +19,7 @@ pub use crate::controller::dual::default_sparse_pages;
 pub use open::{device_is_blank, first_non_blank, human_bytes, read_superblock};
 pub use rebuild::{RebuildOptions, RebuildReport};
 pub use stats::{Stats, VolumeStats};
-pub use volumes::{ShareRange, Volume, VolumeSpec, MAX_SHARE_OWNERS, MAX_SHARE_RANGES};
+pub use volumes::{ShareRange, Volume, VolumeSpec, WrittenNow, MAX_SHARE_OWNERS, MAX_SHARE_RANGES};
 
 use crate::array::PageCheck;
 use crate::device::Device;

@@ -13,6 +13,17 @@ use crate::policy::victim::VictimPolicy;
 use crate::policy::VictimParams;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
+use std::time::Instant;
+
+/// What [`Volume::write_paged_now`] did with a write.
+pub enum WrittenNow {
+    /// Written (into the write buffer). To be acknowledged at once (`None`), or not before the
+    /// instant given: the write's turn while user writes are paced ([`crate::pacing`]).
+    Written { ack_at: Option<Instant> },
+    /// Nothing written: the write needs a wait. Write it with [`Volume::write_paged`] on a
+    /// thread that may wait.
+    NotNow(PagedPayload),
+}
 
 /// What a new volume is: its controller, page size and policies.
 #[derive(Debug, Clone)]
@@ -422,6 +433,20 @@ impl Volume {
         self.write_from(offset, data, None)
     }
 
+    /// Writes `data` at `offset` like [`Volume::write`], but without waiting for its turn
+    /// while user writes are paced ([`crate::pacing`]): returns the instant before which the
+    /// write must not be acknowledged to its client (`None`: at once). For a front-end that
+    /// keeps many writes in flight on one thread: it holds each acknowledgement until its
+    /// time instead of a thread sleeping per write, and a client that waits for
+    /// acknowledgements before it writes more is held to the pacer's rate all the same.
+    pub fn write_with_ack_time(&self, offset: u64, data: &[u8]) -> Result<Option<Instant>> {
+        self.check_write(offset, data.len())?;
+        let ack_at = self.eng.admit_user_write(data.len() as u64);
+        self.write_unpaced(offset, data, None)?;
+        self.count_written(data.len());
+        Ok(ack_at)
+    }
+
     /// A buffer to receive a write's payload of `len` bytes into, for
     /// [`Volume::write_payload`]; `None` when `len` is outside the sizes worth it or the pool's
     /// budget of such buffers is spent (then write through [`Volume::write`]).
@@ -465,40 +490,48 @@ impl Volume {
         self.checked_write(offset, len, || self.eng.dirty.write_paged(&self.eng, &self.vol, payload))
     }
 
-    /// [`Volume::write_paged`] if it needs no wait: `Ok(None)` once the pages are buffered,
-    /// `Ok(Some(payload))` with nothing written when the write buffer would first have to make
-    /// room (or the volume does not buffer writes): then write it with
+    /// [`Volume::write_paged`] if it needs no wait: [`WrittenNow::Written`] once the pages are
+    /// buffered, [`WrittenNow::NotNow`] with nothing written when the write buffer would first
+    /// have to make room (or the volume does not buffer writes): then write it with
     /// [`Volume::write_paged`] on a thread that may wait. A front-end runs it on the thread
-    /// that received the write, as it does [`Volume::read_from_memory`].
-    pub fn write_paged_now(&self, payload: PagedPayload) -> Result<Option<PagedPayload>> {
+    /// that received the write, as it does [`Volume::read_from_memory`]. While user writes are
+    /// paced the write is not held for its turn either: the answer says when it may be
+    /// acknowledged, as [`Volume::write_with_ack_time`]'s does.
+    pub fn write_paged_now(&self, payload: PagedPayload) -> Result<WrittenNow> {
         let (offset, len) = (payload.offset(), payload.len());
         if !self.buffered() || !payload.has_pages_of(self.page_bytes() as usize) || self.passes_buffer() {
-            return Ok(Some(payload));
-        }
-        if self.eng.pacing_due() {
-            // A paced write waits: not on the thread that receives requests.
-            return Ok(Some(payload));
+            return Ok(WrittenNow::NotNow(payload));
         }
         self.check_write(offset, len)?;
-        let left = self.eng.dirty.write_paged_now(&self.eng, &self.vol, payload)?;
-        if left.is_none() {
-            self.count_written(len);
-            self.eng.count_unpaced_write(len as u64);
+        let paced = self.eng.pacing_due();
+        if let Some(payload) = self.eng.dirty.write_paged_now(&self.eng, &self.vol, payload)? {
+            return Ok(WrittenNow::NotNow(payload));
         }
-        Ok(left)
+        self.count_written(len);
+        let ack_at = if paced {
+            self.eng.admit_user_write(len as u64)
+        } else {
+            self.eng.count_unpaced_write(len as u64);
+            None
+        };
+        Ok(WrittenNow::Written { ack_at })
     }
 
     /// [`Volume::write`] of `data`, which is all of `payload` when one is given.
     fn write_from(&self, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
-        self.checked_write(offset, data.len(), || {
-            if !self.buffered() {
-                self.vol.write(&self.eng.log, offset, data, payload)
-            } else if self.passes_buffer() {
-                self.eng.dirty.write_through(&self.eng, &self.vol, offset, data)
-            } else {
-                self.eng.dirty.write(&self.eng, &self.vol, offset, data)
-            }
-        })
+        self.checked_write(offset, data.len(), || self.write_unpaced(offset, data, payload))
+    }
+
+    /// Writes `data` (all of `payload` when one is given) at `offset`, checked and paced by
+    /// the caller.
+    fn write_unpaced(&self, offset: u64, data: &[u8], payload: Option<&Arc<WriteBuffer>>) -> Result<()> {
+        if !self.buffered() {
+            self.vol.write(&self.eng.log, offset, data, payload)
+        } else if self.passes_buffer() {
+            self.eng.dirty.write_through(&self.eng, &self.vol, offset, data)
+        } else {
+            self.eng.dirty.write(&self.eng, &self.vol, offset, data)
+        }
     }
 
     /// Runs `write` of `len` bytes at `offset` once the range and the pool are checked, and
