@@ -57,7 +57,8 @@ one_run() {
     python3 - "$binary" "$dir/fio.json" "$before" "$after" <<'PY'
 import json, sys
 binary, path, a, b = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
-w = json.load(open(path))["jobs"][0]["write"]
+text = open(path).read()
+w = json.loads(text[text.index("{"):])["jobs"][0]["write"]  # fio's nbd engine prints a line first
 p = w["clat_ns"]["percentile"]
 us = lambda k: p[k] / 1000
 print(f"{binary}: {w['bw_bytes'] / 1e6:.1f} MB/s, p50 {us('50.000000'):.0f} us, p99 {us('99.000000'):.0f} us, "

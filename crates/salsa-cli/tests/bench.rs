@@ -520,6 +520,11 @@ fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
         "{half_bytes} bytes against {whole_bytes}"
     );
     assert!(half["randwrite_4k"]["salsa_mbps"].as_f64().unwrap() > 0.0, "{half}");
+    assert_eq!(
+        half["randwrite_4k"]["salsa_driver"], "one thread holding the acknowledgements",
+        "{half}"
+    );
+    assert_eq!(v["randwrite_4k"]["salsa_driver"], "a thread per queue slot", "{v}");
     assert!(half.get("seqwrite_1m").is_none(), "only the part asked for ran: {half}");
     let (ok, _, stderr) = short_raid_bench(&["--volume-percent", "0"]);
     assert!(!ok && stderr.contains("volume-percent"), "{stderr}");

@@ -57,6 +57,14 @@ pub struct RaidBenchParams {
     pub volume_fraction: f64,
 }
 
+impl RaidBenchParams {
+    /// Whether SALSA's paced random writes come from one thread holding the queue's
+    /// acknowledgements ([`drive_acknowledging`]).
+    fn holds_acknowledgements(&self) -> bool {
+        self.pace_writes && !self.paced_threads
+    }
+}
+
 fn open_direct(path: &Path) -> Result<Arc<dyn Device>, String> {
     Ok(Arc::new(super::raw::open_direct(path)?))
 }
@@ -234,11 +242,7 @@ type AcknowledgedWriteFn<'a> = dyn Fn(&mut SmallRng) -> Result<(u64, Option<Inst
 /// come (a write's latency runs from its issue to then), issues the next in its slot, and
 /// sleeps until the earliest time still ahead. The client side of each slot waits for its
 /// acknowledgement before it writes again, as at any queue depth.
-fn drive_acknowledging(
-    queue_depth: usize,
-    seconds: u64,
-    op: &AcknowledgedWriteFn<'_>,
-) -> Result<Run, String> {
+fn drive_acknowledging(queue_depth: usize, seconds: u64, op: &AcknowledgedWriteFn<'_>) -> Result<Run, String> {
     let moved = AtomicU64::new(0);
     let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(seconds);
@@ -469,7 +473,7 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
             }
             let before = pool.stats();
             let s = match w {
-                Workload::Random4k if p.pace_writes && !p.paced_threads => {
+                Workload::Random4k if p.holds_acknowledgements() => {
                     let blocks = vol.size_bytes() / 4096;
                     let mut buf = salsa_core::AlignedBuf::zeroed(4096);
                     SmallRng::seed_from_u64(0).fill(&mut buf[..]);
@@ -518,6 +522,11 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
             "in_place_p999_us": m(&base, |r| r.p999_us as f64), "salsa_p999_us": m(&ours, |r| r.p999_us as f64),
             "in_place_max_us": m(&base, |r| r.max_us as f64), "salsa_max_us": m(&ours, |r| r.max_us as f64),
             "salsa_array_write_amplification": median(wa),
+            "salsa_driver": match w {
+                Workload::Random4k if p.holds_acknowledgements() => "one thread holding the acknowledgements",
+                Workload::Random4k => "a thread per queue slot",
+                Workload::Sequential1m => "one thread",
+            },
         });
     }
     if wanted("flush_4k") {
