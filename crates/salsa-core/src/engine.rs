@@ -126,26 +126,6 @@ impl Engine {
         }
     }
 
-    /// Whether user writes are paced now (see [`crate::pacing`]); corrects the pacer's rate
-    /// when that is due, as a write that is not paced never reaches [`Engine::pace_user_write`]
-    /// (a write the write buffer takes on the receiving thread: then
-    /// [`Engine::count_unpaced_write`]).
-    pub fn pacing_due(&self) -> bool {
-        if !self.pace_user_writes {
-            return false;
-        }
-        self.pacer.refresh(|| self.free_for_pacing(), &self.log.capacity().watermarks);
-        self.pacer.pacing()
-    }
-
-    /// Counts a user write of `bytes` that [`Engine::pacing_due`] let through unpaced, for
-    /// the rate the pacer measures.
-    pub fn count_unpaced_write(&self, bytes: u64) {
-        if self.pace_user_writes {
-            self.pacer.count_unpaced(bytes);
-        }
-    }
-
     /// Paces one user write of `bytes` (see [`crate::pacing`]).
     pub fn pace_user_write(&self, bytes: u64) {
         if self.pace_user_writes {

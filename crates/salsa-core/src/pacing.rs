@@ -189,8 +189,9 @@ impl WritePacer {
         self.stalled.store(true, Relaxed);
     }
 
-    /// Whether writes are paced now.
-    pub fn pacing(&self) -> bool {
+    /// Whether writes are paced now (the tests' question; writers ask [`WritePacer::admit`]).
+    #[cfg(test)]
+    fn pacing(&self) -> bool {
         self.rate_bytes_per_sec.load(Relaxed) != 0
     }
 
@@ -260,18 +261,6 @@ impl WritePacer {
             (next as u64).max(RATE_MIN_BYTES_PER_SEC)
         };
         self.rate_bytes_per_sec.store(next, Relaxed);
-    }
-
-    /// Corrects the rate if an interval has passed (`free`: free segments now; `wm`: the GC's
-    /// watermarks), without admitting a write.
-    pub fn refresh(&self, free: impl Fn() -> u32, wm: &Watermarks) {
-        self.update(self.now_ns(), free, wm);
-    }
-
-    /// Counts a user write of `bytes` that was let through without [`WritePacer::pace`]
-    /// (pacing was off when it came), for the rate writers are measured at.
-    pub fn count_unpaced(&self, bytes: u64) {
-        self.bytes_admitted.fetch_add(bytes, Relaxed);
     }
 
     /// Admits a user write of `bytes`: corrects the rate if due, then waits for the write's

@@ -201,10 +201,15 @@ struct Run {
     max_us: u64,
 }
 
+/// A histogram of latencies in microseconds, 1 us to 10 minutes.
+fn latency_histogram() -> Result<Histogram<u64>, String> {
+    Histogram::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())
+}
+
 /// Runs `op(thread, rng)` (returning bytes moved) from `threads` threads for `seconds`.
 fn drive(threads: usize, seconds: u64, op: &(dyn Fn(usize, &mut SmallRng) -> Result<u64, String> + Sync)) -> Result<Run, String> {
     let moved = AtomicU64::new(0);
-    let hist = Mutex::new(Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?);
+    let hist = Mutex::new(latency_histogram()?);
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let (res, samples) = sampled(&moved, || {
         std::thread::scope(|s| -> Result<(), String> {
@@ -213,7 +218,7 @@ fn drive(threads: usize, seconds: u64, op: &(dyn Fn(usize, &mut SmallRng) -> Res
                     let (moved, hist) = (&moved, &hist);
                     s.spawn(move || -> Result<(), String> {
                         let mut rng = SmallRng::seed_from_u64(t as u64 * 7919 + 1);
-                        let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
+                        let mut h = latency_histogram()?;
                         while Instant::now() < deadline {
                             let t0 = Instant::now();
                             let n = op(t, &mut rng)?;
@@ -244,7 +249,7 @@ type AcknowledgedWriteFn<'a> = dyn Fn(&mut SmallRng) -> Result<(u64, Option<Inst
 /// acknowledgement before it writes again, as at any queue depth.
 fn drive_acknowledging(queue_depth: usize, seconds: u64, op: &AcknowledgedWriteFn<'_>) -> Result<Run, String> {
     let moved = AtomicU64::new(0);
-    let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).map_err(|e| e.to_string())?;
+    let mut h = latency_histogram()?;
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let (res, samples) = sampled(&moved, || -> Result<(), String> {
         let mut rng = SmallRng::seed_from_u64(7919);
