@@ -104,6 +104,7 @@ impl Engine {
         pace_user_writes: bool,
     ) -> Engine {
         let policy: Arc<dyn VictimPolicy> = Arc::from(policy);
+        let pacer = crate::pacing::WritePacer::new(Self::user_bytes_per_segment(&log));
         if policy.watch_writes(&Self::pool_shape(&log)) {
             log.write_watchers.set_pool(Some(policy.clone()));
         }
@@ -121,7 +122,7 @@ impl Engine {
             gc_budget: Mutex::new(GcBudget::default()),
             gc_budget_changed: Condvar::new(),
             dirty: crate::dirty::DirtyPages::default(),
-            pacer: crate::pacing::WritePacer::default(),
+            pacer,
             pace_user_writes,
         }
     }
@@ -340,6 +341,12 @@ impl Engine {
     /// What the pool's victim policy reports of its own state ([`VictimPolicy::state`]).
     pub fn victim_policy_state(&self) -> Vec<(String, f64)> {
         self.policy.state()
+    }
+
+    /// User bytes one segment holds: its data grains (the pacer counts the space the GC makes
+    /// in them).
+    fn user_bytes_per_segment(log: &Log) -> u64 {
+        log.geo().data_grains_per_segment() as u64 * log.geo().grain_bytes as u64
     }
 
     /// What a write-watching victim policy is told of the pool.

@@ -74,7 +74,7 @@ pub use log::read_cache::ReadCacheStats;
 pub use log::write_back::{WRITE_BACK_DEPTH, WRITE_BACK_DEPTH_MAX};
 pub use log::Geometry;
 pub use log::StorageClass;
-pub use pacing::sleep_until_ack_time;
+pub use pacing::{ack_due, sleep_until_ack_time};
 pub use policy::Registry;
 pub use pool::{
     ArrayKind, ControllerKind, OpenOptions, OpenedFrom, Pool, PoolConfig, RebuildOptions, RebuildReport, ScrubReport, ShareRange, Stats,

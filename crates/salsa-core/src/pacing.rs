@@ -11,8 +11,16 @@
 //! whole victim.
 //!
 //! The rate starts, when the GC falls behind (free segments below its low watermark), at the
-//! rate users wrote just before (or at the rate pacing last ended at, if lower: writers that
-//! had free segments to spend wrote faster than the GC sustains), and is corrected every
+//! rate the GC last sustained while it cleaned: what users wrote over the last
+//! [`SUSTAINED_SPAN`] plus the space the free segments gained (less what they lost), measured
+//! whenever the GC cleaned throughout the span; never above what users wrote just before.
+//! (Until that is measured, at the slow part pacing last ended at, if lower than what users
+//! wrote: writers that had free segments to spend wrote faster than the GC sustains.) The
+//! slow part pacing ended at is no guide once it has fallen far below what the GC sustains:
+//! each time pacing started again there, free segments filled, pacing stopped, writers spent
+//! them unpaced and pacing started at that rate again, and a rate that had fallen to 8 MB/s
+//! held RAID-5 random writes near it for seconds, with a p99 of 10 to 20 ms
+//! (docs/BENCHMARKS.md). The rate is corrected every
 //! [`UPDATE_INTERVAL`] by where free segments stand (averaged over a few intervals, victims
 //! waiting for their release sync counted as free) against a target, the GC's low watermark:
 //! the error runs from -1 at the reserve (or when a writer stalled on it) through 0 at the
@@ -42,12 +50,13 @@
 //! acknowledgements wakes once for all that are due ([`sleep_until_ack_time`], 1 us of slack);
 //! 32 writers sleeping each for its own turn wake 32 threads, and on a 2-core host those
 //! wake-ups were most of a paced write's p99 (docs/BENCHMARKS.md). A client that waits for
-//! acknowledgements before it writes more is held to the rate either way.
+//! acknowledgements before it writes more is held to the rate either way. An acknowledgement
+//! may go up to [`ACK_EARLY`] before its turn ([`ack_due`]): the turn clock holds the rate.
 //!
 //! Invariants: no write waits longer than [`DELAY_MAX`] for its turn; the rate is at least
-//! [`RATE_MIN_BYTES_PER_SEC`], and its slow part falls to twice what writers wrote in the last
-//! interval when it is above that (a rate far above the load would say nothing when the load
-//! rises);
+//! [`RATE_MIN_BYTES_PER_SEC`], and its slow part falls to twice what writers wrote in the more
+//! of the last two intervals when it is above that (a rate far above the load would say
+//! nothing when the load rises);
 //! trims and GC writes are never paced (trims make space; the GC is what writers wait for).
 //!
 //! Why it is off by default: writers held to what the GC sustains leave more segments free
@@ -79,12 +88,30 @@ const SLEEP_MIN: Duration = Duration::from_micros(10);
 const GAIN_SLOW: f64 = 0.01;
 /// How far the error moves the rate about its slow part (15% at an error of 1).
 const GAIN_FAST: f64 = 0.15;
+/// The span over which the rate the GC sustains is measured when pacing starts (see
+/// [`Control::sustained_rate`]): long enough that a segment more or less filled is a small
+/// error at the rates writers outrun the GC with.
+const SUSTAINED_SPAN: Duration = Duration::from_millis(40);
+/// Corrections remembered for it (at least `SUSTAINED_SPAN` of intervals).
+const HISTORY_LEN: usize = 10;
 /// The timer slack of a paced write's sleep (see the module documentation).
 pub const SLEEP_SLACK: Duration = Duration::from_micros(150);
 /// The timer slack of a thread that holds many writes' acknowledgements until their turns
 /// ([`crate::pool::Volume::write_with_ack_time`]): one thread wakes for all of them, so each
 /// wake-up late delays every write it holds.
 const ACK_SLACK: Duration = Duration::from_micros(1);
+/// How long before its turn a held acknowledgement may be sent ([`ack_due`]). The turn clock,
+/// not the acknowledgements, holds writers to the rate: a write acknowledged early makes its
+/// writer's next write sooner, whose turn is still the next one on the clock. Waking for each
+/// turn exactly cost the thread holding 32 writes most of a core in timers that expired as
+/// they were set (each an exit to the hypervisor) and gained nothing (docs/BENCHMARKS.md).
+pub const ACK_EARLY: Duration = Duration::from_micros(50);
+
+/// Whether an acknowledgement held until `at` ([`crate::pool::Volume::write_with_ack_time`])
+/// may be sent at `now`: up to [`ACK_EARLY`] before it.
+pub fn ack_due(at: Instant, now: Instant) -> bool {
+    at <= now + ACK_EARLY
+}
 
 /// Sleeps until `at`, for a thread that holds writes' acknowledgements until their turns
 /// ([`crate::pool::Volume::write_with_ack_time`]), with a timer slack of 1 us: one thread
@@ -105,13 +132,60 @@ struct Control {
     /// Free segments, averaged over the last few intervals.
     free_avg: f64,
     /// The slow part of the rate (bytes per second; 0 before pacing first started). Kept when
-    /// pacing stops, for where it starts again.
+    /// pacing stops, for where it starts again while `gc_sustained` is not measured.
     slow_rate: f64,
+    /// What writers wrote in the last fresh interval (bytes per second; 0: none).
+    last_measured: f64,
+    /// The last corrections of fresh intervals, oldest first, at most [`HISTORY_LEN`].
+    history: std::collections::VecDeque<Sample>,
+    /// Whether the GC cleans, as its watermarks say: from when free segments fall below the
+    /// low watermark until they reach the high one.
+    gc_cleaning: bool,
+    /// The rate the GC last sustained over [`SUSTAINED_SPAN`] while it cleaned throughout
+    /// (bytes per second; 0: not measured yet).
+    gc_sustained: f64,
+}
+
+/// What one correction saw.
+#[derive(Clone, Copy)]
+struct Sample {
+    at_ns: u64,
+    bytes_admitted: u64,
+    free_segments: u32,
+    gc_cleaning: bool,
+}
+
+impl Control {
+    /// The rate the GC sustained over the last [`SUSTAINED_SPAN`] (or what the history holds
+    /// of it) up to `now`: what users wrote plus the space the free segments gained (less
+    /// what they lost), each segment holding `user_bytes_per_segment`. While writers outrun
+    /// the GC the free segments fall, and what users wrote less that fall is what the GC made
+    /// room for. `None` without a remembered correction.
+    fn sustained_rate(&self, now: Sample, user_bytes_per_segment: u64) -> Option<f64> {
+        let since = now.at_ns.saturating_sub(SUSTAINED_SPAN.as_nanos() as u64);
+        let first = self.history.iter().find(|s| s.at_ns >= since).or(self.history.back())?;
+        if self.history.iter().any(|s| s.at_ns >= first.at_ns && !s.gc_cleaning) || !now.gc_cleaning {
+            return None; // the GC idled for some of the span: it says nothing of its pace
+        }
+        let span_ns = now.at_ns.checked_sub(first.at_ns).filter(|&d| d > 0)? as f64;
+        let written = now.bytes_admitted.saturating_sub(first.bytes_admitted) as f64;
+        let gained = (now.free_segments as f64 - first.free_segments as f64) * user_bytes_per_segment as f64;
+        Some((written + gained) * 1e9 / span_ns)
+    }
+
+    fn remember(&mut self, sample: Sample) {
+        if self.history.len() == HISTORY_LEN {
+            self.history.pop_front();
+        }
+        self.history.push_back(sample);
+    }
 }
 
 /// The admission rate of user writes (see the module documentation).
 pub struct WritePacer {
     epoch: Instant,
+    /// User bytes one segment holds (the rate the GC sustains is counted in them).
+    user_bytes_per_segment: u64,
     /// Bytes per second user writes are admitted at; 0 while not pacing.
     rate_bytes_per_sec: AtomicU64,
     /// The clock writes take turns on: when the next turn starts (ns since the epoch).
@@ -126,10 +200,12 @@ pub struct WritePacer {
     pub paced_micros: AtomicU64,
 }
 
-impl Default for WritePacer {
-    fn default() -> Self {
+impl WritePacer {
+    /// A pacer for a pool whose segments hold `user_bytes_per_segment` of user data each.
+    pub fn new(user_bytes_per_segment: u64) -> Self {
         WritePacer {
             epoch: Instant::now(),
+            user_bytes_per_segment,
             rate_bytes_per_sec: AtomicU64::new(0),
             next_turn_ns: AtomicU64::new(0),
             bytes_admitted: AtomicU64::new(0),
@@ -220,6 +296,28 @@ impl WritePacer {
         let fresh = dt <= STALE_AFTER.as_nanos() as u64;
         let stalled = self.stalled.swap(false, Relaxed);
         let free_now = free();
+        c.gc_cleaning = free_now < wm.low || (c.gc_cleaning && free_now < wm.high);
+        let sample = Sample {
+            at_ns: now,
+            bytes_admitted: bytes,
+            free_segments: free_now,
+            gc_cleaning: c.gc_cleaning,
+        };
+        if let Some(r) = fresh.then(|| c.sustained_rate(sample, self.user_bytes_per_segment)).flatten() {
+            c.gc_sustained = r.max(RATE_MIN_BYTES_PER_SEC as f64);
+        }
+        let sustained = (c.gc_sustained > 0.0).then_some(c.gc_sustained);
+        // The more writers wrote of the last two intervals: one in which they were held up (a
+        // thread descheduled, a write waiting for a sync) says little of their load, and each
+        // such cut took the rate down by half for a few hundred milliseconds.
+        let wrote = measured.max(c.last_measured);
+        if fresh {
+            c.remember(sample);
+            c.last_measured = measured;
+        } else {
+            c.history.clear();
+            c.last_measured = 0.0;
+        }
         c.free_avg = if c.free_avg == 0.0 {
             free_now as f64
         } else {
@@ -237,7 +335,11 @@ impl WritePacer {
         let next = if rate == 0 {
             // Not pacing: start when the GC falls behind.
             if fresh && (free_now < wm.low || stalled) {
-                c.slow_rate = if c.slow_rate > 0.0 { c.slow_rate.min(measured) } else { measured };
+                // At the rate the GC last sustained while it cleaned, or (not measured yet) the
+                // slow part pacing last ended at; never above what writers wrote.
+                c.slow_rate = sustained
+                    .or((c.slow_rate > 0.0).then_some(c.slow_rate))
+                    .map_or(measured, |r| r.min(measured));
                 c.slow_rate
             } else {
                 0.0
@@ -249,8 +351,9 @@ impl WritePacer {
             c.slow_rate *= 1.0 + GAIN_SLOW * e;
             if fresh {
                 // Writers that write less than the rate leave it nothing to measure: it falls
-                // to twice what they wrote, halving an interval at most.
-                c.slow_rate = c.slow_rate.min((2.0 * measured).max(c.slow_rate * 0.5));
+                // to twice what they wrote (the more of the last two intervals), halving an
+                // interval at most.
+                c.slow_rate = c.slow_rate.min((2.0 * wrote).max(c.slow_rate * 0.5));
             }
             c.slow_rate = c.slow_rate.max(RATE_MIN_BYTES_PER_SEC as f64);
             c.slow_rate * (1.0 + GAIN_FAST * e)
@@ -310,6 +413,7 @@ mod tests {
         release: 31,
     };
     const MS: u64 = 1_000_000;
+    const SEGMENT_BYTES: u64 = 1 << 20;
 
     /// Corrections of `p` over `intervals` intervals of 5 ms from time `at` (ms), writers
     /// having written `bytes_per_ms` each millisecond, with `free` segments; returns the time
@@ -326,7 +430,7 @@ mod tests {
 
     /// A pacer pacing at `rate` bytes a second (its slow part there too).
     fn pacing_at(rate: u64) -> WritePacer {
-        let p = WritePacer::default();
+        let p = WritePacer::new(SEGMENT_BYTES);
         p.rate_bytes_per_sec.store(rate, Relaxed);
         p.control.lock().slow_rate = rate as f64;
         p
@@ -342,7 +446,7 @@ mod tests {
 
     #[test]
     fn not_paced_until_the_gc_falls_behind_then_at_the_rate_users_wrote() {
-        let p = WritePacer::default();
+        let p = WritePacer::new(SEGMENT_BYTES);
         let t = run(&p, 0, 4, 1 << 20, WM.high);
         assert!(!p.pacing(), "the GC keeps up: no pacing");
         run(&p, t, 1, 1 << 20, WM.gc_reserve + 1);
@@ -422,6 +526,46 @@ mod tests {
             "{} against {ended_at}",
             p.rate_bytes_per_sec()
         );
+    }
+
+    /// A rate that fell far below what the GC sustains (writers held up while the GC made
+    /// room) is not where pacing starts again: it starts at what the GC sustained while it
+    /// cleaned. The rule before (the slow part pacing ended at, if lower than what writers
+    /// wrote) started it at a thirtieth of that.
+    #[test]
+    fn pacing_starts_again_at_what_the_gc_sustained_not_where_the_rate_had_fallen() {
+        // 200 MiB/s: a segment's worth (1 MiB) every interval of 5 ms.
+        let r = 200u64 << 20;
+        let p = pacing_at(r);
+        // The GC cleans (free segments below its low watermark) and writers keep to the rate.
+        let mut t = run(&p, 0, 10, r / 1000, WM.low - 1);
+        // Writers are held up for six intervals while the GC makes a segment of room in each.
+        for free in WM.low..WM.low + 6 {
+            t = run(&p, t, 1, 0, free);
+        }
+        let fallen = slow_rate(&p);
+        assert!(fallen < r as f64 / 16.0, "the slow part fell to {fallen}");
+        // The GC catches up and holds its high watermark: pacing stops.
+        let intervals = DISENGAGE_AFTER.as_millis() as u64 / 5 + 2;
+        t = run(&p, t, intervals, fallen as u64 / 1000, WM.high);
+        assert!(!p.pacing());
+        // Unpaced writers spend the free segments ten times as fast, and the GC falls behind.
+        run(&p, t, 1, 10 * r / 1000, WM.low - 1);
+        let rate = p.rate_bytes_per_sec() as f64;
+        assert!(p.pacing());
+        assert!((rate / r as f64 - 1.0).abs() < 0.05, "starts at {rate}, the GC sustained {r}");
+    }
+
+    /// One interval in which writers wrote nothing (held up) does not cut the rate; two do.
+    #[test]
+    fn one_held_up_interval_leaves_the_rate_two_halve_it() {
+        let r = 100u64 << 20;
+        let p = pacing_at(r);
+        let t = run(&p, 0, 1, r / 1000, WM.low);
+        let t = run(&p, t, 1, 0, WM.low);
+        assert!(close(slow_rate(&p), r as f64), "one held-up interval: {}", slow_rate(&p));
+        run(&p, t, 1, 0, WM.low);
+        assert!(close(slow_rate(&p), r as f64 * 0.5), "two: {}", slow_rate(&p));
     }
 
     #[test]

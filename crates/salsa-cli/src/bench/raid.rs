@@ -264,7 +264,7 @@ fn drive_acknowledging(queue_depth: usize, seconds: u64, op: &AcknowledgedWriteF
             let now = Instant::now();
             let mut next_ack: Option<Instant> = None;
             for slot in slots.iter_mut() {
-                if slot.1.is_none_or(|at| at <= now) {
+                if slot.1.is_none_or(|at| salsa_core::ack_due(at, now)) {
                     h.saturating_record(now.duration_since(slot.0).as_micros().max(1) as u64);
                     moved.fetch_add(slot.2, Relaxed);
                     let issued = Instant::now();

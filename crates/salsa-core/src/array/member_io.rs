@@ -9,51 +9,160 @@
 //!
 //! Owns: the shared threads ([`MEMBER_IO_THREADS`], named `salsa-io-N`, built on first use).
 //! Invariants: the first job runs on the caller's thread, so a request always makes progress
-//! even with every shared thread busy; at most [`MEMBER_IO_THREADS`] other jobs run at once,
-//! process-wide, the rest wait their turn in order; a job that panics is reported to its
-//! caller as `None`, never as a panic of the caller.
+//! even with every shared thread busy; the other jobs wait their turn in one queue, in order,
+//! taken by the [`MEMBER_IO_THREADS`] shared threads and by callers waiting for their own jobs
+//! (so a job that calls [`run_all`] itself always makes progress); [`run_all`] returns only
+//! once every job it was given has finished, so a job may borrow from its caller; a job that
+//! panics is reported to its caller as `None`, never as a panic of the caller, and leaves the
+//! shared thread that ran it serving.
 
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// Threads shared by every array of the process for member I/O beyond the caller's own.
 pub const MEMBER_IO_THREADS: usize = 16;
 
-/// The shared threads; `None` when they could not be started (jobs then run one after
-/// another on the caller's thread).
-fn threads() -> Option<&'static rayon::ThreadPool> {
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(MEMBER_IO_THREADS)
-            .thread_name(|i| format!("salsa-io-{i}"))
-            .build()
-            .inspect_err(|e| tracing::warn!("member I/O threads could not start ({e}); members are accessed one after another"))
-            .ok()
-    })
-    .as_ref()
+/// A job handed to the shared threads, its borrows' lifetime erased (see [`run_all`]).
+type Task = Box<dyn FnOnce() + Send + 'static>;
+
+/// The shared threads' queue. Idle threads sleep on `queued` and take tasks in order.
+///
+/// Why not a work-stealing pool: rayon's idle workers poll every other worker's queue and
+/// yield for a while before they sleep, and each member write woke several of them: on RAID-5
+/// random writes the 16 member I/O threads took 41% of a core and 134,000 involuntary context
+/// switches a second doing little else (docs/BENCHMARKS.md), on a host of two cores where the
+/// GC and the writers need that time.
+struct Shared {
+    tasks: Mutex<VecDeque<Task>>,
+    queued: Condvar,
 }
+
+/// How many of one call's tasks have not finished; its caller waits for none.
+struct Latch {
+    remaining: Mutex<usize>,
+    finished: Condvar,
+}
+
+/// The shared threads, started on first use; `None` when none could start (jobs then run one
+/// after another on the caller's thread).
+fn threads() -> Option<&'static Shared> {
+    static SHARED: Shared = Shared {
+        tasks: Mutex::new(VecDeque::new()),
+        queued: Condvar::new(),
+    };
+    static STARTED: OnceLock<bool> = OnceLock::new();
+    let started = *STARTED.get_or_init(|| {
+        let shared = &SHARED;
+        let mut started = 0;
+        for i in 0..MEMBER_IO_THREADS {
+            let spawned = std::thread::Builder::new().name(format!("salsa-io-{i}")).spawn(move || loop {
+                let task = {
+                    let mut tasks = shared.tasks.lock();
+                    loop {
+                        match tasks.pop_front() {
+                            Some(task) => break task,
+                            None => shared.queued.wait(&mut tasks),
+                        }
+                    }
+                };
+                task();
+            });
+            match spawned {
+                Ok(_) => started += 1,
+                Err(e) => {
+                    tracing::warn!("member I/O thread {i} could not start ({e})");
+                    break;
+                }
+            }
+        }
+        if started == 0 {
+            tracing::warn!("no member I/O thread could start; members are accessed one after another");
+        }
+        started > 0
+    });
+    started.then_some(&SHARED)
+}
+
+/// A pointer to a result slot of [`run_all`]'s caller, handed to the task that fills it.
+struct SlotPtr<T>(*mut Option<T>);
+// SAFETY: the slot is written by exactly one task, on one thread, and read by the caller only
+// after that task has finished (the latch orders the two); `T: Send` may move between threads.
+unsafe impl<T: Send> Send for SlotPtr<T> {}
 
 /// Runs every job at once (the first on this thread) and returns their results in order; a
 /// job that panicked gives `None`.
+///
+/// While its jobs run elsewhere the caller takes queued tasks (any caller's) and runs them
+/// too, so that a job that itself calls `run_all` (a GC read that reconstructs from parity)
+/// always makes progress, even with every shared thread waiting in such a call.
 pub fn run_all<T: Send, F: FnOnce() -> T + Send>(jobs: Vec<F>) -> Vec<Option<T>> {
     let run = |job: F| std::panic::catch_unwind(AssertUnwindSafe(job)).ok();
     let mut results: Vec<Option<T>> = (0..jobs.len()).map(|_| None).collect();
     let mut jobs = jobs.into_iter();
-    let (Some(first), Some((first_result, other_results))) = (jobs.next(), results.split_first_mut()) else {
+    let Some(first) = jobs.next() else {
         return results;
     };
-    match threads() {
-        Some(pool) if jobs.len() > 0 => pool.in_place_scope(|s| {
-            for (job, slot) in jobs.zip(other_results.iter_mut()) {
-                s.spawn(move |_| *slot = run(job));
-            }
-            *first_result = run(first);
-        }),
+    let shared = match threads() {
+        Some(shared) if jobs.len() > 0 => shared,
         _ => {
-            *first_result = run(first);
-            for (job, slot) in jobs.zip(other_results.iter_mut()) {
+            results[0] = run(first);
+            for (job, slot) in jobs.zip(results.iter_mut().skip(1)) {
                 *slot = run(job);
+            }
+            return results;
+        }
+    };
+    let latch = Arc::new(Latch {
+        remaining: Mutex::new(jobs.len()),
+        finished: Condvar::new(),
+    });
+    let Some((first_slot, other_slots)) = results.split_first_mut() else {
+        return results;
+    };
+    {
+        let mut tasks = shared.tasks.lock();
+        for (job, slot) in jobs.zip(other_slots.iter_mut()) {
+            let slot = SlotPtr(slot as *mut Option<T>);
+            let latch = latch.clone();
+            let task: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
+                let slot = slot;
+                let result = std::panic::catch_unwind(AssertUnwindSafe(job)).ok();
+                // SAFETY: `slot` points into `results`, which the caller neither reads nor
+                // moves until this task has counted itself finished below.
+                unsafe { *slot.0 = result };
+                let mut remaining = latch.remaining.lock();
+                *remaining -= 1;
+                if *remaining == 0 {
+                    latch.finished.notify_all();
+                }
+            });
+            // SAFETY: the task borrows what the caller's jobs borrow and the caller's
+            // `results`; the caller does not return (nor unwind: the jobs' panics are caught,
+            // and nothing else in the wait below panics) until every task has run and counted
+            // itself finished, so no borrow outlives its lender. The latch is shared by `Arc`,
+            // so a task may still touch it after the caller has gone.
+            let task: Task = unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + '_>, Task>(task) };
+            tasks.push_back(task);
+            shared.queued.notify_one();
+        }
+    }
+    *first_slot = run(first);
+    loop {
+        if *latch.remaining.lock() == 0 {
+            break;
+        }
+        let task = shared.tasks.lock().pop_front();
+        match task {
+            Some(task) => task(),
+            None => {
+                // Every task of this call is taken: wait for the last to finish.
+                let mut remaining = latch.remaining.lock();
+                while *remaining > 0 {
+                    latch.finished.wait(&mut remaining);
+                }
+                break;
             }
         }
     }
@@ -98,6 +207,35 @@ mod tests {
             })
             .collect();
         assert_eq!(run_all(jobs), vec![Some(0), Some(1), Some(2), Some(3)]);
+    }
+
+    /// Jobs that run jobs themselves (a GC read that reconstructs a page from parity) finish
+    /// with more of them than shared threads: a caller waiting for its jobs runs queued ones.
+    #[test]
+    fn nested_calls_finish_with_more_jobs_than_threads() {
+        let outer: Vec<_> = (0..2 * MEMBER_IO_THREADS as u64)
+            .map(|i| {
+                move || {
+                    let inner: Vec<_> = (0..4u64)
+                        .map(|j| {
+                            move || {
+                                std::thread::sleep(std::time::Duration::from_millis(1));
+                                i * 10 + j
+                            }
+                        })
+                        .collect();
+                    run_all(inner).into_iter().map(|r| r.expect("an inner job")).sum::<u64>()
+                }
+            })
+            .collect();
+        let expected: Vec<_> = (0..2 * MEMBER_IO_THREADS as u64).map(|i| Some(40 * i + 6)).collect();
+        // A deadlock fails the test instead of hanging the suite.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(run_all(outer)));
+        let out = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("nested calls did not finish in 60 s");
+        assert_eq!(out, expected);
     }
 
     #[test]
