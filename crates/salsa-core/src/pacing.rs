@@ -88,8 +88,8 @@ const SLEEP_MIN: Duration = Duration::from_micros(10);
 const GAIN_SLOW: f64 = 0.01;
 /// How far the error moves the rate about its slow part (15% at an error of 1).
 const GAIN_FAST: f64 = 0.15;
-/// The span over which the rate the GC sustains is measured when pacing starts (see
-/// [`Control::sustained_rate`]): long enough that a segment more or less filled is a small
+/// The span over which the rate the GC sustains is measured, at every correction while it
+/// cleans, for where pacing starts (see [`Control::sustained_rate`]): long enough that a segment more or less filled is a small
 /// error at the rates writers outrun the GC with.
 const SUSTAINED_SPAN: Duration = Duration::from_millis(40);
 /// Corrections remembered for it (at least `SUSTAINED_SPAN` of intervals).

@@ -285,8 +285,8 @@ impl HeldReplies {
     }
 
     /// Appends to `out` the replies due by `now` (or a little before: [`salsa_core::ack_due`];
-    /// a write's success is a simple reply with or without
-    /// structured replies, as [`status_reply`] sends it); returns when the next one is due.
+    /// a write's success is a simple reply with or without structured replies, as
+    /// [`status_reply`] sends it); returns when the next one is due.
     fn release(&mut self, out: &mut Vec<u8>, now: Instant) -> Option<Instant> {
         while let Some(&Reverse((due, cookie))) = self.queue.peek() {
             if !salsa_core::ack_due(due, now) {

@@ -101,14 +101,14 @@ pub fn run_all<T: Send, F: FnOnce() -> T + Send>(jobs: Vec<F>) -> Vec<Option<T>>
     let run = |job: F| std::panic::catch_unwind(AssertUnwindSafe(job)).ok();
     let mut results: Vec<Option<T>> = (0..jobs.len()).map(|_| None).collect();
     let mut jobs = jobs.into_iter();
-    let Some(first) = jobs.next() else {
+    let (Some(first), Some((first_slot, other_slots))) = (jobs.next(), results.split_first_mut()) else {
         return results;
     };
     let shared = match threads() {
         Some(shared) if jobs.len() > 0 => shared,
         _ => {
-            results[0] = run(first);
-            for (job, slot) in jobs.zip(results.iter_mut().skip(1)) {
+            *first_slot = run(first);
+            for (job, slot) in jobs.zip(other_slots.iter_mut()) {
                 *slot = run(job);
             }
             return results;
@@ -118,9 +118,6 @@ pub fn run_all<T: Send, F: FnOnce() -> T + Send>(jobs: Vec<F>) -> Vec<Option<T>>
         remaining: Mutex::new(jobs.len()),
         finished: Condvar::new(),
     });
-    let Some((first_slot, other_slots)) = results.split_first_mut() else {
-        return results;
-    };
     {
         let mut tasks = shared.tasks.lock();
         for (job, slot) in jobs.zip(other_slots.iter_mut()) {
