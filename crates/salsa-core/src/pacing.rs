@@ -27,7 +27,11 @@
 //! target to 1 at the high watermark. The rate is a slow part that the error moves by at most
 //! [`GAIN_SLOW`] an interval (an integral), times 1 plus [`GAIN_FAST`] times the error (a
 //! proportional part): it stays near what the GC sustains and leans against the free segments'
-//! swings, so the latency, which follows the rate, stays steady. The first rate controller
+//! swings, so the latency, which follows the rate, stays steady. The slow part never goes above
+//! [`SUSTAINED_HEADROOM`] times what the GC sustained (averaged over its measurements): while
+//! the GC idles between its watermarks the error stands above 0, and a slow part raised to
+//! twice what the GC sustains took 200 ms to come down once it cleaned again, with writers
+//! stalled on the reserve (docs/BENCHMARKS.md). The first rate controller
 //! stepped the rate itself (+2% an interval with room, -20% at a stall): on RAID-5 random
 //! writes it swung between 300 and 990 MB/s around 565, with about 200 stalls in 10 s, and
 //! every swing down lengthened every queued write's turn (docs/BENCHMARKS.md). Pacing stops
@@ -56,7 +60,7 @@
 //! Invariants: no write waits longer than [`DELAY_MAX`] for its turn; the rate is at least
 //! [`RATE_MIN_BYTES_PER_SEC`], and its slow part falls to twice what writers wrote in the more
 //! of the last two intervals when it is above that (a rate far above the load would say
-//! nothing when the load rises);
+//! nothing when the load rises), and to [`SUSTAINED_HEADROOM`] times what the GC sustained;
 //! trims and GC writes are never paced (trims make space; the GC is what writers wait for).
 //!
 //! Why it is off by default: writers held to what the GC sustains leave more segments free
@@ -92,6 +96,15 @@ const GAIN_FAST: f64 = 0.15;
 /// cleans, for where pacing starts (see [`Control::sustained_rate`]): long enough that a segment more or less filled is a small
 /// error at the rates writers outrun the GC with.
 const SUSTAINED_SPAN: Duration = Duration::from_millis(40);
+/// How far above what the GC sustained (averaged) the slow part may go. While the GC idles
+/// (free segments between its watermarks) the error stands above 0 and raised the slow part
+/// without bound: at twice what the GC sustained when it started cleaning again, the
+/// correction of 1% an interval took 200 ms to bring it down, while free segments ran to the
+/// reserve and writers stalled (RAID-5 random writes, docs/BENCHMARKS.md).
+const SUSTAINED_HEADROOM: f64 = 1.2;
+/// The weight of each new measurement of what the GC sustained in its average: one over 40 ms
+/// is off by a segment or two released at once, tens of percent at these rates.
+const SUSTAINED_AVG_WEIGHT: f64 = 0.2;
 /// Corrections remembered for it (at least `SUSTAINED_SPAN` of intervals).
 const HISTORY_LEN: usize = 10;
 /// The timer slack of a paced write's sleep (see the module documentation).
@@ -144,6 +157,9 @@ struct Control {
     /// The rate the GC last sustained over [`SUSTAINED_SPAN`] while it cleaned throughout
     /// (bytes per second; 0: not measured yet).
     gc_sustained: f64,
+    /// [`Control::gc_sustained`] averaged over its last measurements (0: none yet), which
+    /// bounds the slow part ([`SUSTAINED_HEADROOM`]).
+    gc_sustained_avg: f64,
 }
 
 /// What one correction saw.
@@ -305,6 +321,11 @@ impl WritePacer {
         };
         if let Some(r) = fresh.then(|| c.sustained_rate(sample, self.user_bytes_per_segment)).flatten() {
             c.gc_sustained = r.max(RATE_MIN_BYTES_PER_SEC as f64);
+            c.gc_sustained_avg = if c.gc_sustained_avg == 0.0 {
+                c.gc_sustained
+            } else {
+                (1.0 - SUSTAINED_AVG_WEIGHT) * c.gc_sustained_avg + SUSTAINED_AVG_WEIGHT * c.gc_sustained
+            };
         }
         let sustained = (c.gc_sustained > 0.0).then_some(c.gc_sustained);
         // The more writers wrote of the last two intervals: one in which they were held up (a
@@ -354,6 +375,9 @@ impl WritePacer {
                 // to twice what they wrote (the more of the last two intervals), halving an
                 // interval at most.
                 c.slow_rate = c.slow_rate.min((2.0 * wrote).max(c.slow_rate * 0.5));
+            }
+            if c.gc_sustained_avg > 0.0 {
+                c.slow_rate = c.slow_rate.min(SUSTAINED_HEADROOM * c.gc_sustained_avg);
             }
             c.slow_rate = c.slow_rate.max(RATE_MIN_BYTES_PER_SEC as f64);
             c.slow_rate * (1.0 + GAIN_FAST * e)
@@ -616,6 +640,32 @@ mod tests {
         let waited = t.elapsed();
         assert!(waited >= DELAY_MAX && waited < DELAY_MAX * 10, "waited {waited:?}");
     }
+
+    /// While the GC idles with free segments between its watermarks, the error stands above 0
+    /// and writers keep up with the rising rate: the slow part stops at [`SUSTAINED_HEADROOM`]
+    /// times what the GC sustained when it last cleaned. Without the bound it more than
+    /// doubled over these 100 intervals.
+    #[test]
+    fn the_slow_part_stays_near_what_the_gc_sustained_while_the_gc_idles() {
+        let r = 200u64 << 20;
+        let p = pacing_at(r);
+        // The GC cleans (free segments below its low watermark) and keeps up with writers at r.
+        let mut t = run(&p, 0, 12, r / 1000, WM.low - 1);
+        // The GC reaches its high watermark and idles; free segments stay just below it.
+        t = run(&p, t, 1, r / 1000, WM.high);
+        for _ in 0..100 {
+            // Writers write what the rate lets them (its fast part included).
+            let rate = p.rate_bytes_per_sec();
+            t = run(&p, t, 1, rate / 1000, WM.high - 1);
+        }
+        assert!(p.pacing());
+        let slow = slow_rate(&p);
+        assert!(
+            slow <= SUSTAINED_HEADROOM * r as f64 * 1.01,
+            "slow part {slow}, the GC sustained {r}"
+        );
+    }
+
     #[test]
     fn writes_rarer_than_the_interval_still_end_pacing() {
         // One write a second (large writes at a low rate): every interval is stale, and

@@ -316,27 +316,29 @@ fn volume_bytes(pool: &Pool, fraction: f64) -> u64 {
     (pool.logical_capacity_bytes() as f64 * fraction) as u64 / (1 << 20) * (1 << 20)
 }
 
-/// Random 4 KiB writes on SALSA's freshly filled volume until its GC has run for a while:
-/// the volume's first random writes fill the pool's free segments at the speed of sequential
-/// writes, which is not the steady state the measured run is for.
-fn warm_up(p: &RaidBenchParams, pool: &Pool, bytes: u64, write: &WriteFn<'_>) -> Result<(), String> {
-    let one_second = RaidBenchParams { seconds: 1, ..p.clone() };
-    let mut after_gc = 0;
+/// Random 4 KiB writes on SALSA's freshly filled volume until its GC has cleaned as many
+/// segments as the pool has, each segment then written by the random workload: the volume's
+/// first random writes fill the pool's free segments at the speed of sequential writes, and
+/// while victims written sequentially remain the GC cleans faster than it will (1.2 GB/s two
+/// seconds after it started, 600 MB/s a second later, on the RAID-5 bench), neither the
+/// steady state the measured run is for. `one_second` runs a second of the measured run's own
+/// workload and driver: a warm-up by 32 threads that each slept for their turn left a paced
+/// pool's rate half again above what the GC sustains (they had not kept up with it while the
+/// GC idled), and the one thread holding acknowledgements then ran free segments down to the
+/// reserve, with stalls through the measured run's first 200 ms (docs/BENCHMARKS.md).
+fn warm_up(pool: &Pool, one_second: &dyn Fn() -> Result<Run, String>) -> Result<(), String> {
+    let turnover = u64::from(pool.stats().total_segments);
     for _ in 0..WARM_UP_SECONDS_MAX {
-        run_workload(&one_second, Workload::Random4k, bytes, write)?;
-        if pool.stats().gc_segments_cleaned > 0 {
-            after_gc += 1;
-            if after_gc == WARM_UP_SECONDS_AFTER_GC {
-                return Ok(());
-            }
+        one_second()?;
+        if pool.stats().gc_segments_cleaned >= turnover {
+            return Ok(());
         }
     }
     Ok(())
 }
 
-/// The warm-up runs at most this long, and this long once the GC has started.
+/// The warm-up runs at most this long.
 const WARM_UP_SECONDS_MAX: u32 = 60;
-const WARM_UP_SECONDS_AFTER_GC: u32 = 2;
 
 /// A fresh SALSA RAID-5 pool on the members (with a parity buffer file beside them when
 /// `parity_buffer`), without volumes.
@@ -473,25 +475,26 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
             let pool = salsa_pool(p, p.volume_fraction, false)?;
             let vol = pool.volume("bench").map_err(|e| e.to_string())?;
             let write = |off, data: &[u8]| vol.write(off, data).map_err(|e| e.to_string());
+            let blocks = vol.size_bytes() / 4096;
+            let mut buf = salsa_core::AlignedBuf::zeroed(4096);
+            SmallRng::seed_from_u64(0).fill(&mut buf[..]);
+            let buf = Mutex::new(buf);
+            let write_held = |rng: &mut SmallRng| {
+                let mut buf = buf.lock();
+                buf[0] = buf[0].wrapping_add(1);
+                let ack_at = vol.write_with_ack_time(rng.gen_range(0..blocks) * 4096, &buf);
+                Ok((4096, ack_at.map_err(|e| e.to_string())?))
+            };
+            // The measured run's workload and driver for `seconds`.
+            let measure = |seconds: u64| match w {
+                Workload::Random4k if p.holds_acknowledgements() => drive_acknowledging(p.queue_depth, seconds, &write_held),
+                _ => run_workload(&RaidBenchParams { seconds, ..p.clone() }, w, vol.size_bytes(), &write),
+            };
             if let Workload::Random4k = w {
-                warm_up(p, &pool, vol.size_bytes(), &write)?;
+                warm_up(&pool, &|| measure(1))?;
             }
             let before = pool.stats();
-            let s = match w {
-                Workload::Random4k if p.holds_acknowledgements() => {
-                    let blocks = vol.size_bytes() / 4096;
-                    let mut buf = salsa_core::AlignedBuf::zeroed(4096);
-                    SmallRng::seed_from_u64(0).fill(&mut buf[..]);
-                    let buf = Mutex::new(buf);
-                    drive_acknowledging(p.queue_depth, p.seconds, &|rng| {
-                        let mut buf = buf.lock();
-                        buf[0] = buf[0].wrapping_add(1);
-                        let ack_at = vol.write_with_ack_time(rng.gen_range(0..blocks) * 4096, &buf);
-                        Ok((4096, ack_at.map_err(|e| e.to_string())?))
-                    })?
-                }
-                _ => run_workload(p, w, vol.size_bytes(), &write)?,
-            };
+            let s = measure(p.seconds)?;
             let after = pool.stats();
             let user = (after.user_bytes_written - before.user_bytes_written).max(1) as f64;
             let members = |st: &salsa_core::Stats| st.members.iter().map(|m| m.bytes_written).sum::<u64>();
