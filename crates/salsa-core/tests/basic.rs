@@ -162,7 +162,11 @@ fn bad_requests_are_refused_and_lose_nothing() {
 }
 
 /// Writes `volumes` volumes of uniform random pages to an 8 MiB volume on a 64 MiB pool and
-/// returns the pool's statistics and the most segments in use at any check.
+/// returns the pool's statistics and the most segments holding the volume's data (open or
+/// sealed) at any check. Victims being cleaned and segments waiting for their release sync are
+/// left out, as the garbage trigger leaves them out: four background workers each hold a
+/// victim while they move its live pages, and a check that counted them saw 21 segments on a
+/// loaded host, where open and sealed ones stay at 13 or 14.
 fn random_overwrites_on_a_roomy_pool(opts: &OpenOptions, volumes: u64) -> (salsa_core::Stats, u32) {
     let (pool, _dev) = memory_pool(64, opts);
     let vol = pool.create_volume("a", 8 * MIB, 4096).unwrap();
@@ -177,7 +181,8 @@ fn random_overwrites_on_a_roomy_pool(opts: &OpenOptions, volumes: u64) -> (salsa
         vol.write(p * PAGE as u64, &pattern(1, p, version[p as usize])).unwrap();
         if i % 256 == 0 {
             let st = pool.stats();
-            most_used = most_used.max(st.total_segments - st.free_segments);
+            let (open, sealed) = (st.segments_by_state[1], st.segments_by_state[2]);
+            most_used = most_used.max(open + sealed);
         }
     }
     let mut buf = vec![0u8; PAGE];
@@ -209,7 +214,7 @@ fn garbage_trigger_keeps_garbage_at_its_share_however_much_is_free() {
             "background {background_gc}: GC moved {}",
             st.gc_bytes_relocated
         );
-        assert!(most_used <= 20, "background {background_gc}: {most_used} segments in use");
+        assert!(most_used <= 16, "background {background_gc}: {most_used} segments hold data");
         assert!(
             st.gc_write_amplification > 1.5,
             "background {background_gc}: WA {}",
