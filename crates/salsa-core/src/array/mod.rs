@@ -25,6 +25,7 @@ pub use crate::format::ArrayKind;
 
 pub use linear::LinearArray;
 pub use raid::parity_buffer::ParityBuffer;
+pub use raid::write_parity::{ParityGeometry, WriteParity};
 pub use raid::RaidArray;
 
 /// Writes zeros over `len` bytes of `device` from `offset`, a megabyte at a time.
@@ -173,6 +174,18 @@ pub trait Array: Send + Sync {
     /// one device write. Where a segment must be written in order, the write waits until every
     /// write before it in the segment is done.
     fn write_vectored(&self, grain: u64, bufs: &[std::io::IoSlice<'_>]) -> Result<()>;
+    /// [`Array::write_vectored`], with the parity the writer computed of the bytes as it
+    /// filled them (`None`: none). An array with parity takes it instead of reading the bytes
+    /// again; it trusts [`WriteParity`]'s invariant. Others ignore it.
+    fn write_vectored_with_parity(&self, grain: u64, bufs: &[std::io::IoSlice<'_>], parity: Option<WriteParity>) -> Result<()> {
+        let _ = parity;
+        self.write_vectored(grain, bufs)
+    }
+    /// Where a write's parity goes, for a writer that computes it as it fills the write
+    /// ([`Array::write_vectored_with_parity`]); `None` for an array without parity.
+    fn parity_geometry(&self) -> Option<ParityGeometry> {
+        None
+    }
     /// Writes whole grains starting at a physical grain address.
     fn write(&self, grain: u64, buf: &[u8]) -> Result<()> {
         self.write_vectored(grain, &[std::io::IoSlice::new(buf)])

@@ -257,6 +257,9 @@ pub struct Log {
     /// A segment that closes, and a clean shutdown, pad the log to a multiple of this many
     /// grains (the array's [`Array::row_grains`]), so no row is left without its parity.
     pub(super) row_grains: u32,
+    /// Where a RAID-5 array's parity goes: records add their bytes' parity as they are filled
+    /// ([`crate::array::WriteParity`]); `None` for arrays without parity.
+    pub(super) parity_geometry: Option<crate::array::ParityGeometry>,
     /// Copies of pages read from the devices (see [`read_cache`]); unset: no cache.
     read_cache: OnceLock<read_cache::ReadCache>,
     /// Whether the writers flush after every write (see [`Log::write_behind_due`]).
@@ -322,6 +325,7 @@ impl Log {
         Log {
             flush_alignment_grains,
             row_grains,
+            parity_geometry: array.parity_geometry(),
             read_cache: OnceLock::new(),
             write_behind: WriteBehind::default(),
             pool_id,
@@ -726,6 +730,9 @@ impl Log {
         let res = {
             // One piece when the record holds no payload pages, else its pieces in order,
             // then the padding.
+            // The parity its writers computed as they filled it, taken before the bytes are
+            // read for the write (nothing adds to it once it is sealed).
+            let parity = r.buf.bytes.write().parity.take();
             let bytes = r.buf.bytes.read();
             let mut slices = bytes.io_slices(r.used_grains, gb);
             let mut pad = r.pad_grains as usize * gb;
@@ -735,7 +742,7 @@ impl Log {
                 slices.push(std::io::IoSlice::new(&zeros[..n]));
                 pad -= n;
             }
-            self.array.write_vectored(r.buf.first_grain, &slices)
+            self.array.write_vectored_with_parity(r.buf.first_grain, &slices, parity)
         };
         match res {
             Ok(()) => {

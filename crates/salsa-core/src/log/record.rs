@@ -5,6 +5,7 @@
 //! into the record's own buffer, or held where a write's payload already has them
 //! ([`RecordBytes`]); the device write then gathers the pieces.
 
+use crate::array::WriteParity;
 use crate::format::{MetaEntry, RecordMeta};
 use crate::log::payload::WriteBuffer;
 use crate::util::{AlignedBuf, BufferPool, IO_ALIGN_BYTES};
@@ -26,6 +27,9 @@ pub const MAX_HELD_RUNS: usize = 16;
 pub struct RecordBytes {
     pub own: AlignedBuf,
     held: Vec<HeldRun>,
+    /// On a RAID-5 array: the parity of every grain placed so far (and of the metadata page
+    /// once sealed), added as each is placed ([`RecordBytes::add_parity`]).
+    pub parity: Option<WriteParity>,
 }
 
 /// Grains `[grain, grain + grains)` of a record, which are bytes `[at, ..)` of `payload`.
@@ -37,8 +41,32 @@ struct HeldRun {
 }
 
 impl RecordBytes {
-    pub fn new(own: AlignedBuf) -> RecordBytes {
-        RecordBytes { own, held: Vec::new() }
+    /// A record's bytes in `own`, with `parity` (started at the record's first grain) when
+    /// its array has parity.
+    pub fn new(own: AlignedBuf, parity: Option<WriteParity>) -> RecordBytes {
+        RecordBytes {
+            own,
+            held: Vec::new(),
+            parity,
+        }
+    }
+
+    /// Adds grains `[grain, grain + grains)` of the record, as the device write will carry
+    /// them (copied or held), to its parity; the record starts at byte `record_start_bytes` of
+    /// its segment. Called once per grain, once the grain holds what will be written.
+    pub fn add_parity(&mut self, grain: u32, grains: u32, grain_bytes: usize, record_start_bytes: u64) {
+        let Some(parity) = self.parity.as_mut() else { return };
+        let at = record_start_bytes + grain as u64 * grain_bytes as u64;
+        match self.held.iter().find(|r| (r.grain..r.grain + r.grains).contains(&grain)) {
+            Some(r) => {
+                let from = r.at + (grain - r.grain) as usize * grain_bytes;
+                parity.add(at, &r.payload[from..from + grains as usize * grain_bytes]);
+            }
+            None => {
+                let from = grain as usize * grain_bytes;
+                parity.add(at, &self.own[from..from + grains as usize * grain_bytes]);
+            }
+        }
     }
 
     /// Holds `grains` grains from `grain` on in `payload` at byte `at` instead of copying them,
@@ -207,7 +235,7 @@ mod tests {
     #[test]
     fn held_runs_extend_interleave_with_copies_and_read_back_in_place() {
         let pool = PayloadPool::new(64 << 20, 0);
-        let mut r = RecordBytes::new(AlignedBuf::zeroed(32 * GB));
+        let mut r = RecordBytes::new(AlignedBuf::zeroed(32 * GB), None);
         r.own[..GB].fill(0xEE); // the metadata page
         let a = payload(&pool, 16, 10);
         let b = payload(&pool, 16, 100);
@@ -242,7 +270,7 @@ mod tests {
     #[test]
     fn misaligned_pieces_and_runs_past_the_limit_are_refused_for_copying() {
         let pool = PayloadPool::new(64 << 20, 0);
-        let mut r = RecordBytes::new(AlignedBuf::zeroed(32 * GB));
+        let mut r = RecordBytes::new(AlignedBuf::zeroed(32 * GB), None);
         let a = payload(&pool, 16, 1);
         assert!(!r.hold(1, 1, &a, 512, GB), "not aligned for direct I/O");
         assert!(!r.hold(1, 1, &a, 16 * GB, GB), "past the payload's end");

@@ -16,6 +16,7 @@ use super::capacity::Purpose;
 use super::payload::WriteBuffer;
 use super::record::{OpenRecord, RecordBuf, RecordBytes, SealedRecord};
 use super::Log;
+use crate::array::WriteParity;
 use crate::device::StorageType;
 use crate::error::Result;
 use crate::format::{RecordMeta, StreamKind};
@@ -171,6 +172,9 @@ impl Streams {
             bytes: RwLock::new(RecordBytes::new(
                 log.buffers
                     .get(((1 + geo.meta_interval_pages * self.page_grains) * geo.grain_bytes) as usize),
+                log.parity_geometry
+                    .as_ref()
+                    .map(|g| WriteParity::new(g.clone(), os.next_grain as u64 * geo.grain_bytes as u64)),
             )),
             recycle: log.buffers.clone(),
         });
@@ -241,6 +245,7 @@ impl Streams {
         {
             let mut b = rec.buf.bytes.write();
             rec.meta.encode_into(&mut b.own[..gb]);
+            b.add_parity(0, 1, gb, rec.meta.start_grain as u64 * gb as u64);
         }
         rec.buf.span_grains.store(used, SeqCst);
         log.tracker.mark_sealed(rec.buf.record_id);
@@ -461,6 +466,7 @@ impl Streams {
                                 } else {
                                     bytes.own[slot * gb..slot * gb + data.len()].copy_from_slice(data);
                                 }
+                                bytes.add_parity(slot as u32, pg, gb, rec.meta.start_grain as u64 * gb as u64);
                                 rec.data_grains += pg;
                                 let grain = rec.buf.first_grain + slot as u64;
                                 log.capacity.add_valid(rec.buf.segment, pg);

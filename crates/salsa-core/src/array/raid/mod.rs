@@ -18,6 +18,7 @@
 pub mod parity_buffer;
 pub mod rows;
 pub mod stripe;
+pub mod write_parity;
 
 use super::member_io;
 use super::{Array, ArrayKind, Member, MemberStatus, PageCheck, ScrubCounts};
@@ -31,6 +32,7 @@ use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use stripe::{Piece, Stripe};
+use write_parity::{ParityGeometry, WriteParity};
 
 /// Below this many bytes per member, an array write goes to the members one after another;
 /// above, to all of them at once.
@@ -641,7 +643,9 @@ impl RaidArray {
         .fold(Ok(()), Result::and)
     }
 
-    fn write_striped(&self, segment: u32, offset: u64, bufs: &[IoSlice<'_>]) -> Result<()> {
+    /// Writes `bufs` at byte `offset` of `segment`, striped; on RAID-5 with the parity of
+    /// full rows, from `parity` when the writer computed it (see [`WriteParity`]).
+    fn write_striped(&self, segment: u32, offset: u64, bufs: &[IoSlice<'_>], mut parity: Option<WriteParity>) -> Result<()> {
         let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         let pieces: Vec<Piece> = self.stripe.pieces(offset, len).collect();
         let mut per_member: Vec<Vec<Extent<'_>>> = vec![Vec::new(); self.members.len()];
@@ -659,7 +663,12 @@ impl RaidArray {
                 at += s.len() as u64;
             }
         };
-        let done = self.rows.contribute(segment, &pieces, piece_bytes);
+        if let Some(w) = &parity {
+            assert_eq!(w.start_bytes(), offset, "a write's parity computed for another offset");
+            #[cfg(debug_assertions)]
+            self.check_write_parity(offset, len, w, &piece_bytes, &pieces);
+        }
+        let done = self.rows.contribute(segment, &pieces, parity.as_mut(), piece_bytes);
         let parity_slices: Vec<(u32, u64, &[u8])> = done
             .iter()
             .map(|d| (d.member, d.row * self.stripe.unit_bytes, &d.parity[..]))
@@ -668,8 +677,38 @@ impl RaidArray {
             per_member[*m as usize].push((*off, vec![*bytes], bytes.len() as u64));
         }
         let r = self.write_runs(segment, per_member);
-        self.rows.finished(segment, &pieces, r.is_ok(), piece_bytes);
+        // The rows' parity is on the device: only the rows hold it now, and a row that
+        // closes gives its buffer back.
+        drop(parity_slices);
+        drop(done);
+        self.rows.finished(segment, &pieces, r.is_ok(), parity.as_ref(), piece_bytes);
         r
+    }
+
+    /// Debug builds: `w` is the parity of the write's bytes, row by row (its invariant).
+    #[cfg(debug_assertions)]
+    fn check_write_parity(
+        &self,
+        offset: u64,
+        len: u64,
+        w: &WriteParity,
+        piece_bytes: &impl Fn(&Piece, &mut dyn FnMut(u64, &[u8])),
+        pieces: &[Piece],
+    ) {
+        let geometry = self.parity_geometry().expect("a RAID-5 array has a parity geometry");
+        let mut again = WriteParity::new(geometry, offset);
+        for p in pieces {
+            piece_bytes(p, &mut |at, bytes| again.add(offset + p.at + at, bytes));
+        }
+        let row_bytes = self.stripe.row_bytes();
+        let zeros = vec![0u8; self.stripe.unit_bytes as usize];
+        for row in offset / row_bytes..(offset + len).div_ceil(row_bytes) {
+            assert_eq!(
+                w.row(row).unwrap_or(&zeros),
+                again.row(row).unwrap_or(&zeros),
+                "the parity computed for row {row} is not its bytes' parity"
+            );
+        }
     }
 
     /// Segments the array holds (as many on every member).
@@ -802,6 +841,10 @@ impl Array for RaidArray {
     }
 
     fn write_vectored(&self, grain: u64, bufs: &[IoSlice<'_>]) -> Result<()> {
+        self.write_vectored_with_parity(grain, bufs, None)
+    }
+
+    fn write_vectored_with_parity(&self, grain: u64, bufs: &[IoSlice<'_>], parity: Option<WriteParity>) -> Result<()> {
         let segment = (grain / self.grains_per_segment) as u32;
         let offset = (grain % self.grains_per_segment) * self.grain_bytes;
         let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
@@ -815,7 +858,12 @@ impl Array for RaidArray {
             }
             return Ok(());
         }
-        self.write_striped(segment, offset, bufs)
+        // RAID-0 ignores a parity it has no use for (there is none to compute).
+        self.write_striped(segment, offset, bufs, parity.filter(|_| self.stripe.kind == ArrayKind::Raid5))
+    }
+
+    fn parity_geometry(&self) -> Option<ParityGeometry> {
+        (self.stripe.kind == ArrayKind::Raid5).then(|| self.rows.geometry().clone())
     }
 
     fn sync_all(&self) -> Result<()> {

@@ -10,8 +10,13 @@
 //! the devices (`landed`): what a sync may make durable in the buffer, as those grains are
 //! durable on the members once their sync returns, while grains still in flight are not.
 //!
+//! A write whose writer computed its parity row by row ([`WriteParity`], the log's records)
+//! adds one stripe unit per row, or hands a row new to it its part as the parity; other writes
+//! are XORed from their bytes. Closed rows give their buffers back to the pool writers draw
+//! their parts from.
+//!
 //! The rows are kept in [`ROW_SHARDS`] maps by segment, each under its own lock: a record's
-//! write XORs its whole data into its rows' parity under the lock, and one lock for every
+//! write adds its parity to its rows' under the lock, and one lock for every
 //! segment made each record writer, GC writer and segment allocation (which forgets the
 //! reused segment's rows) wait for the others' XORs (up to a millisecond per allocation on
 //! RAID-5 random writes, docs/BENCHMARKS.md).
@@ -22,7 +27,8 @@
 //! for its writes and reconstructs from its in-memory parity and the grains it covers.
 
 use super::stripe::{Piece, Stripe};
-use crate::util::AlignedBuf;
+use super::write_parity::{xor_into, ParityGeometry, WriteParity};
+use crate::util::{AlignedBuf, BufferPool};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -60,6 +66,9 @@ pub struct RowSnapshot {
 /// Maps the open rows are kept in (by segment).
 pub const ROW_SHARDS: usize = 64;
 
+/// Most bytes of free unit buffers kept for reuse (rows' parity and writers' parts of it).
+const PARITY_BUFFERS_MAX_BYTES: usize = 8 << 20;
+
 /// The open rows of the segments whose number is this shard's modulo [`ROW_SHARDS`].
 #[derive(Default)]
 struct Shard {
@@ -71,6 +80,8 @@ struct Shard {
 /// The open rows of every segment.
 pub struct OpenRows {
     stripe: Stripe,
+    /// The stripe's parity geometry and the unit buffers rows and writers' parity share.
+    geometry: ParityGeometry,
     grain_bytes: u64,
     shards: Box<[Shard]>,
     /// Keep each row's landed parity (a parity buffer is in use).
@@ -90,12 +101,22 @@ pub struct DoneParity {
 impl OpenRows {
     pub fn new(stripe: Stripe, grain_bytes: u64, track_landed: bool) -> OpenRows {
         OpenRows {
+            geometry: ParityGeometry {
+                unit_bytes: stripe.unit_bytes,
+                row_bytes: stripe.row_bytes(),
+                buffers: Arc::new(BufferPool::new(PARITY_BUFFERS_MAX_BYTES)),
+            },
             stripe,
             grain_bytes,
             shards: (0..ROW_SHARDS).map(|_| Shard::default()).collect(),
             track_landed,
             landed_version: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// The parity geometry and unit buffers, for writers that compute their parity.
+    pub fn geometry(&self) -> &ParityGeometry {
+        &self.geometry
     }
 
     fn shard(&self, segment: u32) -> &Shard {
@@ -118,9 +139,7 @@ impl OpenRows {
         let in_unit = p.member_offset % self.stripe.unit_bytes;
         bytes_of(p, &mut |at, bytes| {
             let from = (in_unit + at) as usize;
-            for (d, s) in parity[from..from + bytes.len()].iter_mut().zip(bytes) {
-                *d ^= *s;
-            }
+            xor_into(&mut parity[from..from + bytes.len()], bytes);
         });
     }
 
@@ -137,13 +156,15 @@ impl OpenRows {
         (self.stripe.unit_bytes / self.grain_bytes) as usize
     }
 
-    /// Adds the data of `pieces` (bytes read through `bytes_of`) to their rows' parity, marks
-    /// each touched row as having one more write in flight, and returns the parity of every
-    /// row this write completes.
+    /// Adds the data of `pieces` to their rows' parity, marks each touched row as having one
+    /// more write in flight, and returns the parity of every row this write completes. The
+    /// data's parity comes from `parity` when the writer computed it (a row new to this write
+    /// takes its part as it is), else from the bytes read through `bytes_of`.
     pub fn contribute(
         &self,
         segment: u32,
         pieces: &[Piece],
+        mut parity_of_write: Option<&mut WriteParity>,
         mut bytes_of: impl FnMut(&Piece, &mut dyn FnMut(u64, &[u8])),
     ) -> Vec<DoneParity> {
         let row_grains = self.row_grains();
@@ -152,19 +173,37 @@ impl OpenRows {
         let mut touched: Vec<u64> = Vec::new();
         let mut done = Vec::new();
         for p in pieces {
-            let row = rows.entry((segment, p.row)).or_insert_with(|| Row {
-                parity: Arc::new(AlignedBuf::zeroed(unit as usize)),
-                contributed: vec![false; row_grains],
-                filled_grains: 0,
-                pending: 0,
-                landed: self.track_landed.then(|| (vec![0u8; unit as usize], vec![false; row_grains])),
+            let first_piece_of_row = touched.last() != Some(&p.row);
+            let row = rows.entry((segment, p.row)).or_insert_with(|| {
+                // A new row's parity is what this write adds to it; with a parity buffer the
+                // part is still needed once the write lands, so it is copied, not taken.
+                let parity = match parity_of_write.as_deref_mut() {
+                    Some(w) if !self.track_landed => w.take_row(p.row),
+                    _ => None,
+                };
+                Row {
+                    parity: Arc::new(parity.unwrap_or_else(|| self.geometry.zeroed_unit())),
+                    contributed: vec![false; row_grains],
+                    filled_grains: 0,
+                    pending: 0,
+                    landed: self.track_landed.then(|| (vec![0u8; unit as usize], vec![false; row_grains])),
+                }
             });
-            if touched.last() != Some(&p.row) {
+            if first_piece_of_row {
                 row.pending += 1;
                 touched.push(p.row);
             }
             let parity = Arc::get_mut(&mut row.parity).expect("an open row's parity is not shared until it is complete");
-            self.xor_piece(parity, p, &mut bytes_of);
+            match parity_of_write.as_deref() {
+                // Once per row: the part holds every piece of this write in the row (a part
+                // taken above left `None` here, and its row's parity already holds it).
+                Some(w) => {
+                    if let Some(part) = w.row(p.row).filter(|_| first_piece_of_row) {
+                        xor_into(parity, part);
+                    }
+                }
+                None => self.xor_piece(parity, p, &mut bytes_of),
+            }
             let (first, n) = self.grains_of(p);
             for c in &mut row.contributed[first..first + n] {
                 assert!(!*c, "grain of row {} of segment {segment} written twice", p.row);
@@ -185,16 +224,33 @@ impl OpenRows {
     /// The write of `pieces` of `segment` has finished its device I/O (`landed`: it succeeded,
     /// and `bytes_of` gives its data again, for the landed parity): complete rows with no write
     /// in flight close.
-    pub fn finished(&self, segment: u32, pieces: &[Piece], landed: bool, mut bytes_of: impl FnMut(&Piece, &mut dyn FnMut(u64, &[u8]))) {
+    pub fn finished(
+        &self,
+        segment: u32,
+        pieces: &[Piece],
+        landed: bool,
+        parity_of_write: Option<&WriteParity>,
+        mut bytes_of: impl FnMut(&Piece, &mut dyn FnMut(u64, &[u8])),
+    ) {
         let shard = self.shard(segment);
         let mut rows = shard.rows.lock();
         let row_grains = self.row_grains();
         if landed && self.track_landed {
+            let mut last_row = None;
             for p in pieces {
                 let (first, n) = self.grains_of(p);
+                let first_piece_of_row = last_row != Some(p.row);
+                last_row = Some(p.row);
                 let Some(row) = rows.get_mut(&(segment, p.row)) else { continue };
                 let Some((parity, covered)) = row.landed.as_mut() else { continue };
-                self.xor_piece(parity, p, &mut bytes_of);
+                match parity_of_write {
+                    Some(w) => {
+                        if let Some(part) = w.row(p.row).filter(|_| first_piece_of_row) {
+                            xor_into(parity, part);
+                        }
+                    }
+                    None => self.xor_piece(parity, p, &mut bytes_of),
+                }
                 for c in &mut covered[first..first + n] {
                     *c = true;
                 }
@@ -216,7 +272,12 @@ impl OpenRows {
                 None => false,
             };
             if close {
-                rows.remove(&key);
+                if let Some(row) = rows.remove(&key) {
+                    // Its parity is on the device: the buffer serves the next row.
+                    if let Ok(parity) = Arc::try_unwrap(row.parity) {
+                        self.geometry.buffers.put(parity);
+                    }
+                }
                 self.bump();
             }
         }
