@@ -51,6 +51,22 @@ impl RecordBytes {
         }
     }
 
+    /// [`RecordBytes::add_parity`] of grains `[grain, grain + grains)` just copied from
+    /// `data` into `own`: XORed from `data`, which the writer has in its cache (the copy's
+    /// destination may not be: XORing it back cost about as much as the write-back thread's
+    /// XOR of the whole record had), and from `own` past the end of `data`.
+    pub fn add_parity_copied(&mut self, grain: u32, grains: u32, grain_bytes: usize, record_start_bytes: u64, data: &[u8]) {
+        let Some(parity) = self.parity.as_mut() else { return };
+        let at = record_start_bytes + grain as u64 * grain_bytes as u64;
+        let len = grains as usize * grain_bytes;
+        let from_data = data.len().min(len);
+        parity.add(at, &data[..from_data]);
+        if from_data < len {
+            let first = grain as usize * grain_bytes;
+            parity.add(at + from_data as u64, &self.own[first + from_data..first + len]);
+        }
+    }
+
     /// Adds grains `[grain, grain + grains)` of the record, as the device write will carry
     /// them (copied or held), to its parity; the record starts at byte `record_start_bytes` of
     /// its segment. Called once per grain, once the grain holds what will be written.

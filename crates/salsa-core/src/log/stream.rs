@@ -461,12 +461,14 @@ impl Streams {
                             Some(PageData { bytes: data, held_in }) => {
                                 let slot = 1 + rec.data_grains as usize;
                                 let kept = held_in.is_some_and(|(payload, at)| bytes.hold(slot as u32, pg, payload, at, gb));
+                                let record_start = rec.meta.start_grain as u64 * gb as u64;
                                 if kept {
                                     held_bytes += data.len() as u64;
+                                    bytes.add_parity(slot as u32, pg, gb, record_start);
                                 } else {
                                     bytes.own[slot * gb..slot * gb + data.len()].copy_from_slice(data);
+                                    bytes.add_parity_copied(slot as u32, pg, gb, record_start, data);
                                 }
-                                bytes.add_parity(slot as u32, pg, gb, rec.meta.start_grain as u64 * gb as u64);
                                 rec.data_grains += pg;
                                 let grain = rec.buf.first_grain + slot as u64;
                                 log.capacity.add_valid(rec.buf.segment, pg);
