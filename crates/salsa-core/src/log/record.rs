@@ -73,16 +73,10 @@ impl RecordBytes {
     pub fn add_parity(&mut self, grain: u32, grains: u32, grain_bytes: usize, record_start_bytes: u64) {
         let Some(parity) = self.parity.as_mut() else { return };
         let at = record_start_bytes + grain as u64 * grain_bytes as u64;
-        match self.held.iter().find(|r| (r.grain..r.grain + r.grains).contains(&grain)) {
-            Some(r) => {
-                let from = r.at + (grain - r.grain) as usize * grain_bytes;
-                parity.add(at, &r.payload[from..from + grains as usize * grain_bytes]);
-            }
-            None => {
-                let from = grain as usize * grain_bytes;
-                parity.add(at, &self.own[from..from + grains as usize * grain_bytes]);
-            }
-        }
+        parity.add(
+            at,
+            &bytes_from(&self.held, &self.own, grain, grain_bytes)[..grains as usize * grain_bytes],
+        );
     }
 
     /// Holds `grains` grains from `grain` on in `payload` at byte `at` instead of copying them,
@@ -118,11 +112,7 @@ impl RecordBytes {
     /// Copies grains from `grain` on into `out` (a whole number of grains, or less than one).
     fn copy_out(&self, grain: u32, out: &mut [u8], grain_bytes: usize) {
         for (i, piece) in out.chunks_mut(grain_bytes).enumerate() {
-            let g = grain + i as u32;
-            let src = match self.held.iter().find(|r| (r.grain..r.grain + r.grains).contains(&g)) {
-                Some(r) => &r.payload[r.at + (g - r.grain) as usize * grain_bytes..],
-                None => &self.own[g as usize * grain_bytes..],
-            };
+            let src = bytes_from(&self.held, &self.own, grain + i as u32, grain_bytes);
             piece.copy_from_slice(&src[..piece.len()]);
         }
     }
@@ -143,6 +133,15 @@ impl RecordBytes {
             out.push(IoSlice::new(&self.own[next as usize * grain_bytes..grains as usize * grain_bytes]));
         }
         out
+    }
+}
+
+/// The bytes a record holds from grain `grain` on, where they are: in the payload of the held
+/// run that has the grain (up to that payload's end), else in `own`.
+fn bytes_from<'a>(held: &'a [HeldRun], own: &'a [u8], grain: u32, grain_bytes: usize) -> &'a [u8] {
+    match held.iter().find(|r| (r.grain..r.grain + r.grains).contains(&grain)) {
+        Some(r) => &r.payload[r.at + (grain - r.grain) as usize * grain_bytes..],
+        None => &own[grain as usize * grain_bytes..],
     }
 }
 

@@ -644,7 +644,8 @@ impl RaidArray {
     }
 
     /// Writes `bufs` at byte `offset` of `segment`, striped; on RAID-5 with the parity of
-    /// full rows, from `parity` when the writer computed it (see [`WriteParity`]).
+    /// full rows, from `parity` when the writer computed it (see [`WriteParity`]; RAID-0 has
+    /// none to compute and drops it).
     fn write_striped(&self, segment: u32, offset: u64, bufs: &[IoSlice<'_>], mut parity: Option<WriteParity>) -> Result<()> {
         let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         let pieces: Vec<Piece> = self.stripe.pieces(offset, len).collect();
@@ -858,8 +859,7 @@ impl Array for RaidArray {
             }
             return Ok(());
         }
-        // RAID-0 ignores a parity it has no use for (there is none to compute).
-        self.write_striped(segment, offset, bufs, parity.filter(|_| self.stripe.kind == ArrayKind::Raid5))
+        self.write_striped(segment, offset, bufs, parity)
     }
 
     fn parity_geometry(&self) -> Option<ParityGeometry> {

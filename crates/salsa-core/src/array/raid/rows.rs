@@ -143,6 +143,27 @@ impl OpenRows {
         });
     }
 
+    /// XORs piece `p` of a write into `parity` (one stripe unit): from the write's computed
+    /// parity when it has one, once per row (its part holds every piece of the write in the
+    /// row, so it goes in with the row's first piece), else from the piece's bytes.
+    fn add_piece(
+        &self,
+        parity: &mut [u8],
+        p: &Piece,
+        first_piece_of_row: bool,
+        parity_of_write: Option<&WriteParity>,
+        bytes_of: &mut impl FnMut(&Piece, &mut dyn FnMut(u64, &[u8])),
+    ) {
+        match parity_of_write {
+            Some(w) => {
+                if let Some(part) = w.row(p.row).filter(|_| first_piece_of_row) {
+                    xor_into(parity, part);
+                }
+            }
+            None => self.xor_piece(parity, p, bytes_of),
+        }
+    }
+
     fn bump(&self) {
         self.landed_version.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
@@ -194,16 +215,8 @@ impl OpenRows {
                 touched.push(p.row);
             }
             let parity = Arc::get_mut(&mut row.parity).expect("an open row's parity is not shared until it is complete");
-            match parity_of_write.as_deref() {
-                // Once per row: the part holds every piece of this write in the row (a part
-                // taken above left `None` here, and its row's parity already holds it).
-                Some(w) => {
-                    if let Some(part) = w.row(p.row).filter(|_| first_piece_of_row) {
-                        xor_into(parity, part);
-                    }
-                }
-                None => self.xor_piece(parity, p, &mut bytes_of),
-            }
+            // (A part taken above left `None` here: its row's parity already holds it.)
+            self.add_piece(parity, p, first_piece_of_row, parity_of_write.as_deref(), &mut bytes_of);
             let (first, n) = self.grains_of(p);
             for c in &mut row.contributed[first..first + n] {
                 assert!(!*c, "grain of row {} of segment {segment} written twice", p.row);
@@ -243,14 +256,7 @@ impl OpenRows {
                 last_row = Some(p.row);
                 let Some(row) = rows.get_mut(&(segment, p.row)) else { continue };
                 let Some((parity, covered)) = row.landed.as_mut() else { continue };
-                match parity_of_write {
-                    Some(w) => {
-                        if let Some(part) = w.row(p.row).filter(|_| first_piece_of_row) {
-                            xor_into(parity, part);
-                        }
-                    }
-                    None => self.xor_piece(parity, p, &mut bytes_of),
-                }
+                self.add_piece(parity, p, first_piece_of_row, parity_of_write, &mut bytes_of);
                 for c in &mut covered[first..first + n] {
                     *c = true;
                 }
