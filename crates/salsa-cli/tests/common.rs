@@ -97,13 +97,14 @@ impl Server {
         std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default()
     }
 
-    /// SIGTERM, then waits for a clean exit and returns the exit status.
-    pub fn stop(mut self) -> std::process::ExitStatus {
+    /// SIGTERM, then waits for the exit; fails the test, with the exit status and the server's
+    /// log, unless the server exited cleanly.
+    pub fn stop(mut self) {
         // SAFETY: kill only sends a signal to our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let st = self.child.wait().unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "the server did not stop cleanly ({status}): {}", self.log());
         std::mem::forget(self);
-        st
     }
 
     /// kill -9.

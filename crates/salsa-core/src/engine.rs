@@ -41,7 +41,13 @@ pub struct Engine {
     /// When set, the GC also runs while garbage exceeds this share of the data space of the
     /// sealed segments (SepBIT's trigger; see [`Engine::garbage_due`]).
     gc_garbage_ratio: Option<f64>,
+    /// Set by [`crate::Pool::close`] (and a dropped pool): the GC and maintenance workers end,
+    /// and a writer that would wait for them gets [`Error::ShuttingDown`] instead.
     pub shutting_down: AtomicBool,
+    /// Set by [`crate::Pool::begin_shutdown`]: long background jobs (a rebuild) stop at their
+    /// next step. The GC keeps running, because the pool still serves, and its close still
+    /// writes the write buffer down, until the close itself stops the GC.
+    pub stopping_long_jobs: AtomicBool,
     /// Set when the GC found nothing to clean while writers wait: the pool is really full.
     pub gc_stuck: AtomicBool,
     gc_wake: (Mutex<bool>, Condvar),
@@ -117,6 +123,7 @@ impl Engine {
             background_gc,
             gc_garbage_ratio,
             shutting_down: AtomicBool::new(false),
+            stopping_long_jobs: AtomicBool::new(false),
             gc_stuck: AtomicBool::new(false),
             gc_wake: (Mutex::new(false), Condvar::new()),
             gc_budget: Mutex::new(GcBudget::default()),

@@ -229,3 +229,36 @@ fn garbage_trigger_keeps_garbage_at_its_share_however_much_is_free() {
     let e = Pool::create(vec![dev], &tiny_config(), &bad).err().expect("0.5% refused");
     assert!(e.to_string().contains("garbage trigger"), "{e}");
 }
+
+/// A server asks long background jobs to stop (`begin_shutdown`) before it closes the pool.
+/// The pool still serves until the close: overwrites that need the GC's room succeed, and the
+/// close, which writes the write buffer down, succeeds and leaves a checkpoint with every
+/// page. Regression: the GC stopped at `begin_shutdown`, so a paced NBD server's clean stop
+/// failed with "the pool is shutting down" when its write buffer needed a segment
+/// (`paced_writes_are_answered_at_their_turn_each_once_and_read_back`, 1 run in 12).
+#[test]
+fn a_pool_asked_to_stop_long_jobs_still_serves_and_closes_cleanly() {
+    let opts = OpenOptions {
+        write_buffer_bytes: 4 * MIB,
+        ..OpenOptions::default()
+    };
+    let (pool, dev) = memory_pool(24, &opts);
+    pool.begin_shutdown();
+    overwrite_from_threads(&pool, 2, 3);
+    let vol = pool.volume("v").unwrap();
+    let pages = vol.size_bytes() / PAGE as u64;
+    let mut before = vec![0u8; (pages * PAGE as u64) as usize];
+    vol.read(0, &mut before).unwrap();
+    // Dirty pages for the close to write down.
+    for p in (0..pages).step_by(7) {
+        vol.write(p * PAGE as u64, &pattern(2, p, 9)).unwrap();
+        before[(p * PAGE as u64) as usize..][..PAGE].copy_from_slice(&pattern(2, p, 9));
+    }
+    drop(vol);
+    pool.close().expect("a clean close after begin_shutdown");
+    let pool = Pool::open(vec![dev], &inline_gc()).unwrap();
+    assert_eq!(pool.opened_from(), OpenedFrom::Checkpoint);
+    let mut after = vec![0u8; before.len()];
+    pool.volume("v").unwrap().read(0, &mut after).unwrap();
+    assert!(after == before, "a page changed across the close");
+}

@@ -464,8 +464,27 @@ impl Inbox {
                 Ok(true)
             }
             Err(e) if is_retry(&e) => Ok(true),
+            Err(e) if client_left(&e) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// Errors that mean the client closed its end: the connection ends as at end of stream, not
+/// as a failure (a health check that connects and leaves before the greeting is one).
+fn client_left(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
+    )
+}
+
+/// Writes a handshake message; `Ok(false)` when the client has left.
+fn send_handshake(stream: &mut Stream, bytes: &[u8]) -> Result<bool, String> {
+    match stream.write_all(bytes) {
+        Ok(()) => Ok(true),
+        Err(e) if client_left(&e) => Ok(false),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -689,7 +708,9 @@ fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, tls: &Tls, 
     stream.set_read_timeout(Some(POLL)).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     proto::Handshake::greeting(&mut out);
-    stream.write_all(&out).map_err(|e| e.to_string())?;
+    if !send_handshake(&mut stream, &out)? {
+        return Ok(());
+    }
     let mut hs = proto::Handshake::with_tls(if tls.server.is_some() { tls.mode } else { TlsMode::Off });
     let mut inbox = Inbox::new();
     let negotiated = loop {
@@ -697,8 +718,8 @@ fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, tls: &Tls, 
         out.clear();
         let step = hs.step(inbox.data(), &mut consumed, &mut out, exports);
         inbox.consume(consumed);
-        if !out.is_empty() {
-            stream.write_all(&out).map_err(|e| e.to_string())?;
+        if !out.is_empty() && !send_handshake(&mut stream, &out)? {
+            return Ok(());
         }
         match step {
             Ok(Step::Done(n)) => break n,
@@ -1434,6 +1455,27 @@ mod tests {
         assert!(read_exact_or_stop(&mut stream, &mut inbox, &mut [], &stop).unwrap());
         let mut dests: Vec<&mut [u8]> = vec![&mut [], &mut []];
         assert!(read_exact_vectored_or_stop(&mut stream, &mut inbox, &mut dests, &stop).unwrap());
+    }
+
+    /// A client that leaves before the greeting (a health check's connect and close) ends its
+    /// connection as an end of stream does, not as a failure to warn about.
+    #[test]
+    fn a_client_gone_before_the_greeting_is_not_a_failure() {
+        let dev: Arc<dyn salsa_core::Device> = Arc::new(salsa_core::device::MemoryDevice::new("mem0", 16 << 20));
+        let config = salsa_core::PoolConfig {
+            segment_bytes: Some(1 << 20),
+            ..salsa_core::PoolConfig::default()
+        };
+        let pool = Pool::create(vec![dev], &config, &salsa_core::OpenOptions::default()).unwrap();
+        let exports = Exports::new(Arc::new(pool), false);
+        let tls = Tls {
+            mode: TlsMode::Off,
+            server: None,
+        };
+        let (client, server) = UnixStream::pair().unwrap();
+        drop(client);
+        let stop = AtomicBool::new(false);
+        assert_eq!(handle(Stream::Unix(server), &exports, 1, &tls, &stop), Ok(()));
     }
 
     /// The stream ending mid-payload is reported as such, not as a full read.

@@ -68,7 +68,7 @@ pub(crate) fn run_rebuild(
     let total = segments.len() as u64;
     let mut last_saved = Instant::now();
     for (i, (s, generation)) in segments.into_iter().enumerate() {
-        if eng.shutting_down.load(SeqCst) {
+        if eng.shutting_down.load(SeqCst) || eng.stopping_long_jobs.load(SeqCst) {
             eng.log.array().sync_all()?;
             state.next_segment = s;
             save_progress(eng, Some(state))?;
@@ -292,11 +292,11 @@ impl Pool {
         self.eng.flush()
     }
 
-    /// Asks background work (GC, a rebuild) to stop at its next step; the pool still serves
-    /// until it is closed. A rebuild stopped this way resumes at the next open.
+    /// Asks long background jobs (a rebuild) to stop at their next step; a rebuild stopped
+    /// this way resumes at the next open. The pool still serves, and its GC still runs, until
+    /// it is closed: the close writes the write buffer down, which may need the GC's room.
     pub fn begin_shutdown(&self) {
-        self.eng.shutting_down.store(true, SeqCst);
-        self.eng.wake_gc();
+        self.eng.stopping_long_jobs.store(true, SeqCst);
     }
 
     /// Whether a member is being rebuilt.
