@@ -867,66 +867,6 @@ fn a_failed_member_is_replaced_and_rebuilt_while_the_pool_serves() {
     }
 }
 
-/// A server's clean stop during an online rebuild: `begin_shutdown` stops the rebuild at its
-/// next segment with a clear error while the pool keeps serving, writes that need the
-/// background GC's room still succeed, the close writes a checkpoint, and the next open
-/// resumes the rebuild where it stopped and ends with every block and every parity right.
-#[test]
-fn a_rebuild_stopped_by_a_clean_stop_resumes_at_the_next_open() {
-    let background = OpenOptions {
-        background_gc: true,
-        ..opts()
-    };
-    let (faults, devs) = members(4);
-    let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid5), &background).unwrap();
-    let size = pool.logical_capacity_bytes() * 8 / 10 / PAGE as u64 * PAGE as u64;
-    pool.create_volume("v", size, PAGE as u32).unwrap();
-    let mut model = vec![0u64; (size / PAGE as u64) as usize];
-    let ops = model.len() * 2;
-    churn(&pool, &mut model, 31, ops);
-    faults[1].set_plan(FaultPlan {
-        dead: true,
-        ..FaultPlan::default()
-    });
-    churn(&pool, &mut model, 32, 200);
-    assert!(pool.stats().members[1].failed);
-    let fresh: Arc<dyn Device> = Arc::new(MemoryDevice::new("fresh", MEMBER_MIB * MIB));
-    let rebuilt = AtomicU64::new(0);
-    let stopped = std::thread::scope(|s| {
-        let h = s.spawn(|| {
-            // Slow enough that the stop comes long before the end: 1 MiB of segments a second.
-            let slow = RebuildOptions {
-                rate_bytes_per_sec: Some(MIB),
-            };
-            pool.replace_member("m1", fresh.clone(), slow, &|done, _| rebuilt.store(done, SeqCst))
-        });
-        while rebuilt.load(SeqCst) == 0 && !h.is_finished() {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        pool.begin_shutdown();
-        h.join().unwrap()
-    });
-    let e = stopped.expect_err("the rebuild ran to its end after begin_shutdown");
-    assert!(e.to_string().contains("resumes when the pool opens again"), "{e}");
-    assert!(pool.stats().members[1].rebuilding, "{:?}", pool.stats().members[1]);
-    // Still serving, with the GC making room: the volume is overwritten once more.
-    let ops = model.len();
-    churn(&pool, &mut model, 33, ops);
-    pool.close().expect("a clean close after the rebuild stopped");
-    let mut with_new = devs.clone();
-    with_new[1] = fresh;
-    let pool = Pool::open(with_new, &background).unwrap();
-    assert_eq!(pool.opened_from(), OpenedFrom::Checkpoint);
-    assert!(pool.rebuild_in_progress(), "the rebuild did not resume");
-    wait_rebuilt(&pool);
-    let st = pool.stats();
-    assert!(st.members.iter().all(|m| !m.failed && !m.rebuilding), "{:?}", st.members);
-    verify(&pool, &model);
-    let scrub = pool.scrub(false).unwrap();
-    assert!(scrub.rows_checked > 0 && scrub.rows_mismatched == 0, "{scrub:?}");
-    pool.close().unwrap();
-}
-
 /// The scrub compares sealed segments only. After a member is replaced, a segment that was
 /// free while the rebuild passed holds an earlier use's records on the old mirror and zeros on
 /// the new one, and a stream that takes it has nothing of its own there until its first
@@ -1091,6 +1031,66 @@ fn rebuild_crash(crash_at: u64) -> bool {
     verify(&pool, &model);
     pool.close().unwrap();
     resumed
+}
+
+/// A server's clean stop during an online rebuild: `begin_shutdown` stops the rebuild at its
+/// next segment with a clear error while the pool keeps serving, writes that need the
+/// background GC's room still succeed, the close writes a checkpoint, and the next open
+/// resumes the rebuild where it stopped and ends with every block and every parity right.
+#[test]
+fn a_rebuild_stopped_by_a_clean_stop_resumes_at_the_next_open() {
+    let background = OpenOptions {
+        background_gc: true,
+        ..opts()
+    };
+    let (faults, devs) = members(4);
+    let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid5), &background).unwrap();
+    let size = pool.logical_capacity_bytes() * 8 / 10 / PAGE as u64 * PAGE as u64;
+    pool.create_volume("v", size, PAGE as u32).unwrap();
+    let mut model = vec![0u64; (size / PAGE as u64) as usize];
+    let ops = model.len() * 2;
+    churn(&pool, &mut model, 31, ops);
+    faults[1].set_plan(FaultPlan {
+        dead: true,
+        ..FaultPlan::default()
+    });
+    churn(&pool, &mut model, 32, 200);
+    assert!(pool.stats().members[1].failed);
+    let fresh: Arc<dyn Device> = Arc::new(MemoryDevice::new("fresh", MEMBER_MIB * MIB));
+    let rebuilt = AtomicU64::new(0);
+    let stopped = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            // Slow enough that the stop comes long before the end: 1 MiB of segments a second.
+            let slow = RebuildOptions {
+                rate_bytes_per_sec: Some(MIB),
+            };
+            pool.replace_member("m1", fresh.clone(), slow, &|done, _| rebuilt.store(done, SeqCst))
+        });
+        while rebuilt.load(SeqCst) == 0 && !h.is_finished() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        pool.begin_shutdown();
+        h.join().unwrap()
+    });
+    let e = stopped.expect_err("the rebuild ran to its end after begin_shutdown");
+    assert!(e.to_string().contains("resumes when the pool opens again"), "{e}");
+    assert!(pool.stats().members[1].rebuilding, "{:?}", pool.stats().members[1]);
+    // Still serving, with the GC making room: the volume is overwritten once more.
+    let ops = model.len();
+    churn(&pool, &mut model, 33, ops);
+    pool.close().expect("a clean close after the rebuild stopped");
+    let mut with_new = devs.clone();
+    with_new[1] = fresh;
+    let pool = Pool::open(with_new, &background).unwrap();
+    assert_eq!(pool.opened_from(), OpenedFrom::Checkpoint);
+    assert!(pool.rebuild_in_progress(), "the rebuild did not resume");
+    wait_rebuilt(&pool);
+    let st = pool.stats();
+    assert!(st.members.iter().all(|m| !m.failed && !m.rebuilding), "{:?}", st.members);
+    verify(&pool, &model);
+    let scrub = pool.scrub(false).unwrap();
+    assert!(scrub.rows_checked > 0 && scrub.rows_mismatched == 0, "{scrub:?}");
+    pool.close().unwrap();
 }
 
 /// A member dies at a random point of a seeded workload (writes, trims, flushes, GC), on
