@@ -1034,9 +1034,10 @@ fn rebuild_crash(crash_at: u64) -> bool {
 }
 
 /// A server's clean stop during an online rebuild: `begin_shutdown` stops the rebuild at its
-/// next segment with a clear error while the pool keeps serving, writes that need the
-/// background GC's room still succeed, the close writes a checkpoint, and the next open
-/// resumes the rebuild where it stopped and ends with every block and every parity right.
+/// next step with a clear error, even one paused for its rate limit (here 1 byte a second, a
+/// pause of days), while the pool keeps serving; writes that need the background GC's room
+/// still succeed, the close writes a checkpoint, and the next open resumes the rebuild where
+/// it stopped and ends with every block and every parity right.
 #[test]
 fn a_rebuild_stopped_by_a_clean_stop_resumes_at_the_next_open() {
     let background = OpenOptions {
@@ -1044,7 +1045,7 @@ fn a_rebuild_stopped_by_a_clean_stop_resumes_at_the_next_open() {
         ..opts()
     };
     let (faults, devs) = members(4);
-    let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid5), &background).unwrap();
+    let pool = Arc::new(Pool::create(devs.clone(), &config(ArrayKind::Raid5), &background).unwrap());
     let size = pool.logical_capacity_bytes() * 8 / 10 / PAGE as u64 * PAGE as u64;
     pool.create_volume("v", size, PAGE as u32).unwrap();
     let mut model = vec![0u64; (size / PAGE as u64) as usize];
@@ -1057,27 +1058,34 @@ fn a_rebuild_stopped_by_a_clean_stop_resumes_at_the_next_open() {
     churn(&pool, &mut model, 32, 200);
     assert!(pool.stats().members[1].failed);
     let fresh: Arc<dyn Device> = Arc::new(MemoryDevice::new("fresh", MEMBER_MIB * MIB));
-    let rebuilt = AtomicU64::new(0);
-    let stopped = std::thread::scope(|s| {
-        let h = s.spawn(|| {
-            // Slow enough that the stop comes long before the end: 1 MiB of segments a second.
+    let rebuilt = Arc::new(AtomicU64::new(0));
+    let h = {
+        let (pool, fresh, rebuilt) = (pool.clone(), fresh.clone(), rebuilt.clone());
+        std::thread::spawn(move || {
             let slow = RebuildOptions {
-                rate_bytes_per_sec: Some(MIB),
+                rate_bytes_per_sec: Some(1),
             };
-            pool.replace_member("m1", fresh.clone(), slow, &|done, _| rebuilt.store(done, SeqCst))
-        });
-        while rebuilt.load(SeqCst) == 0 && !h.is_finished() {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        pool.begin_shutdown();
-        h.join().unwrap()
-    });
-    let e = stopped.expect_err("the rebuild ran to its end after begin_shutdown");
+            pool.replace_member("m1", fresh, slow, &|done, _| rebuilt.store(done, SeqCst))
+        })
+    };
+    while rebuilt.load(SeqCst) == 0 && !h.is_finished() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    pool.begin_shutdown();
+    // Bounded, so that a rebuild that sleeps through the stop fails the test instead of
+    // hanging it (the pause after its first segment would last days).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !h.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "the rebuild slept through begin_shutdown");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let e = h.join().unwrap().expect_err("the rebuild ran to its end after begin_shutdown");
     assert!(e.to_string().contains("resumes when the pool opens again"), "{e}");
     assert!(pool.stats().members[1].rebuilding, "{:?}", pool.stats().members[1]);
     // Still serving, with the GC making room: the volume is overwritten once more.
     let ops = model.len();
     churn(&pool, &mut model, 33, ops);
+    let pool = Arc::try_unwrap(pool).ok().expect("the rebuild's thread let go of the pool");
     pool.close().expect("a clean close after the rebuild stopped");
     let mut with_new = devs.clone();
     with_new[1] = fresh;

@@ -51,6 +51,27 @@ fn live_segments(eng: &Engine, from: u32) -> Vec<(u32, u64)> {
         .collect()
 }
 
+/// Whether the pool asked its long jobs to stop ([`Pool::begin_shutdown`]) or is closing.
+fn stop_requested(eng: &Engine) -> bool {
+    eng.shutting_down.load(SeqCst) || eng.stopping_long_jobs.load(SeqCst)
+}
+
+/// The longest a rate-limited rebuild sleeps before it looks at [`stop_requested`] again.
+const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Sleeps `wait` (a rate limit's pause, which a low limit makes minutes long), ending early
+/// when a stop is requested: a server's stop waits for the rebuild's next step.
+fn sleep_unless_stopped(eng: &Engine, wait: Duration) {
+    let until = Instant::now() + wait;
+    while !stop_requested(eng) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(STOP_CHECK_INTERVAL));
+    }
+}
+
 /// Rebuilds `segments` onto slot `state.slot`, recording progress; stops early (and leaves the
 /// rest for the next open) when the pool shuts down.
 pub(crate) fn run_rebuild(
@@ -68,7 +89,7 @@ pub(crate) fn run_rebuild(
     let total = segments.len() as u64;
     let mut last_saved = Instant::now();
     for (i, (s, generation)) in segments.into_iter().enumerate() {
-        if eng.shutting_down.load(SeqCst) || eng.stopping_long_jobs.load(SeqCst) {
+        if stop_requested(eng) {
             eng.log.array().sync_all()?;
             state.next_segment = s;
             save_progress(eng, Some(state))?;
@@ -105,7 +126,7 @@ pub(crate) fn run_rebuild(
         if let Some(rate) = opts.rate_bytes_per_sec.filter(|r| *r > 0) {
             let due = Duration::from_secs_f64(report.bytes_written as f64 / rate as f64);
             if let Some(wait) = due.checked_sub(start.elapsed()) {
-                std::thread::sleep(wait);
+                sleep_unless_stopped(eng, wait);
             }
         }
         if last_saved.elapsed() >= Duration::from_secs(1) {
