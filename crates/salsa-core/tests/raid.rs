@@ -74,6 +74,14 @@ fn verify(pool: &Pool, model: &[u64]) {
     }
 }
 
+/// Creates volume "v" over `percent`% of `pool`'s logical capacity (whole pages) and returns
+/// its model: one version per page, 0 for never written.
+fn volume_with_model(pool: &Pool, percent: u64) -> Vec<u64> {
+    let size = pool.logical_capacity_bytes() * percent / 100 / PAGE as u64 * PAGE as u64;
+    pool.create_volume("v", size, PAGE as u32).unwrap();
+    vec![0u64; (size / PAGE as u64) as usize]
+}
+
 /// [`opts`], opened by scanning every segment's chain rather than from the checkpoint.
 fn scan_opts() -> OpenOptions {
     OpenOptions {
@@ -111,9 +119,7 @@ fn every_layout_keeps_data_through_gc_checkpoint_and_scan() {
         let (_, devs) = members(n);
         let pool = Pool::create(devs.clone(), &config(kind), &opts()).unwrap();
         assert_eq!(pool.array_layout(), kind.name());
-        let size = pool.logical_capacity_bytes() * 3 / 4 / PAGE as u64 * PAGE as u64;
-        pool.create_volume("v", size, PAGE as u32).unwrap();
-        let mut model = vec![0u64; (size / PAGE as u64) as usize];
+        let mut model = volume_with_model(&pool, 75);
         let ops = model.len() * 4;
         churn(&pool, &mut model, 1, ops);
         let st = pool.stats();
@@ -318,9 +324,7 @@ fn a_failed_member_leaves_a_redundant_pool_serving_and_is_remembered() {
     for (kind, n) in [(ArrayKind::Raid1, 2), (ArrayKind::Raid5, 3), (ArrayKind::Raid5, 4)] {
         let (faults, devs) = members(n);
         let pool = Pool::create(devs.clone(), &config(kind), &opts()).unwrap();
-        let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
-        pool.create_volume("v", size, PAGE as u32).unwrap();
-        let mut model = vec![0u64; (size / PAGE as u64) as usize];
+        let mut model = volume_with_model(&pool, 50);
         let n = model.len() * 2;
         churn(&pool, &mut model, 3, n);
         pool.flush().unwrap();
@@ -764,9 +768,7 @@ fn bad_layouts_are_refused_before_anything_is_written() {
 fn a_rebuild_reports_its_progress() {
     let (faults, devs) = members(3);
     let pool = Arc::new(Pool::create(devs, &config(ArrayKind::Raid5), &opts()).unwrap());
-    let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
-    pool.create_volume("v", size, PAGE as u32).unwrap();
-    let mut model = vec![0u64; (size / PAGE as u64) as usize];
+    let mut model = volume_with_model(&pool, 50);
     let ops = model.len();
     churn(&pool, &mut model, 31, ops);
     faults[2].set_plan(FaultPlan {
@@ -813,9 +815,7 @@ fn a_failed_member_is_replaced_and_rebuilt_while_the_pool_serves() {
     for (kind, n) in [(ArrayKind::Raid5, 4), (ArrayKind::Raid1, 2)] {
         let (faults, devs) = members(n);
         let pool = Arc::new(Pool::create(devs.clone(), &config(kind), &opts()).unwrap());
-        let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
-        pool.create_volume("v", size, PAGE as u32).unwrap();
-        let mut model = vec![0u64; (size / PAGE as u64) as usize];
+        let mut model = volume_with_model(&pool, 50);
         let ops = model.len() * 2;
         churn(&pool, &mut model, 11, ops);
         faults[1].set_plan(FaultPlan {
@@ -882,9 +882,8 @@ fn the_scrub_reports_no_damage_in_a_segment_taken_and_not_yet_written() {
         ..opts()
     };
     let pool = Pool::create(devs, &config(ArrayKind::Raid1), &keep).unwrap();
-    let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
-    pool.create_volume("v", size, PAGE as u32).unwrap();
-    let mut model = vec![0u64; (size / PAGE as u64) as usize];
+    let mut model = volume_with_model(&pool, 50);
+    let size = model.len() as u64 * PAGE as u64;
     // Written over many times the pool's size with the GC: every segment has been used.
     let ops = model.len() * 16;
     churn(&pool, &mut model, 31, ops);
@@ -977,9 +976,7 @@ fn rebuild_crash(crash_at: u64) -> bool {
     let slice = |i: u64| -> Arc<dyn Device> { Arc::new(SliceDevice::new(format!("s{i}"), crash.clone(), i * each, each).unwrap()) };
     let devs: Vec<Arc<dyn Device>> = (0..4).map(slice).collect();
     let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid5), &opts()).unwrap();
-    let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
-    pool.create_volume("v", size, PAGE as u32).unwrap();
-    let mut model = vec![0u64; (size / PAGE as u64) as usize];
+    let mut model = volume_with_model(&pool, 50);
     let ops = model.len() * 2;
     churn(&pool, &mut model, 21, ops);
     pool.close().unwrap();
@@ -1046,9 +1043,7 @@ fn a_rebuild_stopped_by_a_clean_stop_resumes_at_the_next_open() {
     };
     let (faults, devs) = members(4);
     let pool = Arc::new(Pool::create(devs.clone(), &config(ArrayKind::Raid5), &background).unwrap());
-    let size = pool.logical_capacity_bytes() * 8 / 10 / PAGE as u64 * PAGE as u64;
-    pool.create_volume("v", size, PAGE as u32).unwrap();
-    let mut model = vec![0u64; (size / PAGE as u64) as usize];
+    let mut model = volume_with_model(&pool, 80);
     let ops = model.len() * 2;
     churn(&pool, &mut model, 31, ops);
     faults[1].set_plan(FaultPlan {
@@ -1114,9 +1109,7 @@ fn a_member_killed_at_random_points_loses_nothing() {
         };
         let (faults, devs) = members(n);
         let pool = Pool::create(devs.clone(), &config(kind), &opts()).unwrap();
-        let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
-        pool.create_volume("v", size, PAGE as u32).unwrap();
-        let mut model = vec![0u64; (size / PAGE as u64) as usize];
+        let mut model = volume_with_model(&pool, 50);
         let mut rng = SmallRng::seed_from_u64(seed);
         let before = rng.gen_range(0..model.len() * 2);
         churn(&pool, &mut model, 100 + seed, before);
