@@ -583,6 +583,39 @@ enum DeviceCommand {
         /// The new device: PATH[:SIZE] (SIZE creates a missing file).
         new: DeviceSpec,
     },
+    /// Change the rate limit of the rebuild in progress, at once and for when it resumes after
+    /// a restart. Through the running server when one answers, else offline on --device.
+    RebuildRate {
+        #[command(flatten)]
+        target: ServerOrDevices,
+        /// Most bytes per second written to the new member (e.g. 200M), or `none` (0 too)
+        /// for no limit.
+        #[arg(value_parser = parse_rate)]
+        rate: Rate,
+    },
+}
+
+/// `salsa device ...`: each goes through the running server when one answers, else opens the
+/// pool on its devices.
+fn device(command: &DeviceCommand) -> Result<(), String> {
+    let (DeviceCommand::Fail { target, .. } | DeviceCommand::Replace { target, .. } | DeviceCommand::RebuildRate { target, .. }) = command;
+    let (devices, parity_buffer, control) = (&target.devices, target.parity_buffer.as_ref(), target.control.as_deref());
+    match command {
+        DeviceCommand::Fail { member, .. } => commands::device::fail(devices, parity_buffer, control, member),
+        DeviceCommand::Replace { rate, old, new, .. } => commands::device::replace(devices, parity_buffer, control, old, new, *rate),
+        DeviceCommand::RebuildRate { rate, .. } => commands::device::set_rebuild_rate(devices, parity_buffer, control, rate.0),
+    }
+}
+
+/// A rate limit on the command line: bytes a second, or none.
+#[derive(Clone, Copy, Debug)]
+struct Rate(Option<u64>);
+
+fn parse_rate(s: &str) -> Result<Rate, String> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(Rate(None));
+    }
+    parse_size(s).map(|r| Rate((r > 0).then_some(r)))
 }
 
 /// Prints a benchmark's report as pretty JSON on stdout.
@@ -733,20 +766,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Volume { command } => volume(command),
-        Command::Device {
-            command:
-                DeviceCommand::Replace {
-                    target:
-                        ServerOrDevices {
-                            devices,
-                            parity_buffer,
-                            control,
-                        },
-                    rate,
-                    old,
-                    new,
-                },
-        } => commands::device::replace(devices, parity_buffer.as_ref(), control.as_deref(), old, new, *rate),
+        Command::Device { command } => device(command),
         Command::BenchMapMemory { volume_size, seed } => bench::maps::run(*volume_size, *seed).and_then(print_report),
         Command::BenchShare {
             device,
@@ -822,18 +842,6 @@ fn main() -> ExitCode {
             rounds: *rounds,
         })
         .map(|v| println!("{v}")),
-        Command::Device {
-            command:
-                DeviceCommand::Fail {
-                    target:
-                        ServerOrDevices {
-                            devices,
-                            parity_buffer,
-                            control,
-                        },
-                    member,
-                },
-        } => commands::device::fail(devices, parity_buffer.as_ref(), control.as_deref(), member),
         Command::Policies => {
             let (victims, placements) = salsa_core::Registry::builtin().describe();
             // One column for the names of both lists, as wide as the longest.

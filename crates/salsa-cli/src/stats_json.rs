@@ -29,8 +29,9 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
             "device": device, "counter": counter, "value": value,
         })).collect::<Vec<_>>(),
         "array": s.array,
-        "rebuild": s.rebuild.map(|(slot, next, total)| serde_json::json!({
-            "slot": slot, "next_segment": next, "total_segments": total,
+        "rebuild": s.rebuild.map(|r| serde_json::json!({
+            "slot": r.slot, "next_segment": r.next_segment, "total_segments": r.total_segments,
+            "rate_bytes_per_sec": r.rate_bytes_per_sec,
         })),
         "pad_bytes_written": s.pad_bytes_written,
         "discarded_bytes": s.discarded_bytes,
@@ -138,15 +139,8 @@ pub fn volume_json(v: &salsa_core::VolumeStats) -> serde_json::Value {
 
 /// One member's line of `stats --json`.
 fn member_json(m: &salsa_core::MemberStatus) -> serde_json::Value {
-    let state = if m.failed {
-        "failed"
-    } else if m.rebuilding {
-        "rebuilding"
-    } else {
-        "ok"
-    };
     serde_json::json!({
-        "name": m.name, "storage_type": m.storage_type, "state": state,
+        "name": m.name, "storage_type": m.storage_type, "state": m.state(),
         "bytes_read": m.bytes_read, "bytes_written": m.bytes_written,
         "parity_bytes_written": m.parity_bytes_written, "read_errors": m.read_errors,
         "write_errors": m.write_errors, "repaired_bytes": m.repaired_bytes,

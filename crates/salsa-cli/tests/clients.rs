@@ -147,6 +147,95 @@ fn fio_random_writes_verify(name: &str, serve_args: &[&str]) -> serde_json::Valu
     stats
 }
 
+/// A rebuild's rate limit, kept across a crash and changed offline and online: `salsa device
+/// replace --rate 1` (one byte a second: after its first segment the rebuild pauses for days)
+/// shows its limit in `salsa stats`; the server is killed; `salsa info` shows the member
+/// being rebuilt and the limit; `salsa device rebuild-rate 2` changes it offline; the next
+/// server resumes the rebuild at that limit, and `salsa device rebuild-rate none` through its
+/// control socket lifts it, so that the rebuild finishes. With no rebuild left, and with a
+/// rate that is not one, the command fails with a clear message.
+#[test]
+fn a_rebuild_s_rate_limit_survives_a_crash_and_changes_offline_and_online() {
+    let dir = test_dir("rebuild-rate");
+    let path = |i: usize| dir.join(format!("m{i}.img")).display().to_string();
+    let members: Vec<String> = (0..4).map(|i| format!("{}:24M", path(i))).collect();
+    let salsa = |args: &[&str]| run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(args));
+    let srv = Server::start_on(&dir, &members, &["--array", "raid5", "--segment-size", "3M"]);
+    // Data in several segments, so that the rebuild has more than one to copy.
+    let mut c = RawClient::connect(&srv.socket, "default");
+    for i in 0..16u64 {
+        let block = vec![i as u8 + 1; 1 << 20];
+        let (error, _) = c.call(0, 1, i << 20, block.len() as u32, &block);
+        assert_eq!(error, 0, "write {i}");
+    }
+    assert_eq!(c.call(0, 3, 0, 0, &[]).0, 0, "flush");
+    drop(c);
+    let (ok, out) = salsa(&["device", "fail", "--device", &path(0), &path(1)]);
+    assert!(ok, "salsa device fail: {out}");
+    let new = format!("{}:24M", path(4));
+    let rebuild_stats = || {
+        let (ok, out) = salsa(&["stats", "--json", "--device", &path(0)]);
+        assert!(ok, "salsa stats: {out}");
+        serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["rebuild"].clone()
+    };
+    let wait_for = |what: &str, done: &dyn Fn(&serde_json::Value) -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let r = rebuild_stats();
+            if done(&r) {
+                return r;
+            }
+            assert!(std::time::Instant::now() < deadline, "{what}: {r}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    let mut replace = Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .args(["device", "replace", "--rate", "1", "--device", &path(0), &path(1), &new])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let r = wait_for("no rebuild in the statistics", &|r| r.is_object());
+    assert_eq!(r["rate_bytes_per_sec"], 1, "{r}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(replace.try_wait().unwrap().is_none(), "the rebuild ran past its rate limit");
+    srv.kill();
+    let out = replace.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("closed the control connection"), "{err}");
+    // Offline, on the pool as the crash left it.
+    let pool: Vec<String> = [0, 4, 2, 3].iter().map(|&i| path(i)).collect();
+    let on_pool = |first: &[&str]| {
+        let mut args: Vec<String> = first.iter().map(|a| a.to_string()).collect();
+        for p in &pool {
+            args.extend(["--device".to_string(), p.clone()]);
+        }
+        run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(args))
+    };
+    let (ok, out) = on_pool(&["info"]);
+    assert!(ok, "salsa info: {out}");
+    assert!(out.contains("DEGRADED: 1 being rebuilt") && out.contains("REBUILDING"), "{out}");
+    assert!(out.contains("rebuild     slot 1:") && out.contains("at most 1 B/s"), "{out}");
+    let (ok, out) = on_pool(&["device", "rebuild-rate", "2"]);
+    assert!(ok && out.contains("at most 2 B/s"), "salsa device rebuild-rate offline: {out}");
+    let srv = Server::start_on(&dir, &pool, &[]);
+    let r = rebuild_stats();
+    assert!(
+        r.is_object() && r["rate_bytes_per_sec"] == 2,
+        "the rebuild did not resume at its limit: {r}"
+    );
+    let (ok, out) = salsa(&["device", "rebuild-rate", "--device", &path(0), "none"]);
+    assert!(ok && out.contains("without a rate limit"), "salsa device rebuild-rate: {out}");
+    wait_for("the rebuild did not finish without its limit", &|r| r.is_null());
+    let (ok, out) = salsa(&["device", "rebuild-rate", "--device", &path(0), "10M"]);
+    assert!(!ok && out.contains("no rebuild is in progress"), "{out}");
+    let (ok, out) = salsa(&["device", "rebuild-rate", "--device", &path(0), "fast"]);
+    assert!(!ok && out.contains("fast"), "{out}");
+    srv.stop();
+    let (ok, out) = on_pool(&["check", "--scrub"]);
+    assert!(ok && out.contains("0 disagreed"), "salsa check --scrub after the rebuild: {out}");
+}
+
 /// fio over NBD on a RAID-5 pool of four files: random writes verified while the GC runs, and
 /// while one member is failed and rebuilt onto a fifth file through the control socket; then
 /// `salsa check --scrub` finds every parity right. Then a member file is removed and the pool,

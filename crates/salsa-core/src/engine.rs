@@ -20,7 +20,7 @@ use crate::log::{Log, SegmentSource, ANY_TYPE};
 use crate::policy::victim::{Candidate, PoolShape, VictimPolicy};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +48,10 @@ pub struct Engine {
     /// next step. The GC keeps running, because the pool still serves, and its close still
     /// writes the write buffer down, until the close itself stops the GC.
     pub stopping_long_jobs: AtomicBool,
+    /// The running rebuild's rate limit (bytes a second; 0: none), read before each of its
+    /// segments so that [`crate::Pool::set_rebuild_rate`] takes effect at once. The pool
+    /// metadata keeps it with the rebuild's progress.
+    pub rebuild_rate_bytes_per_sec: AtomicU64,
     /// Set when the GC found nothing to clean while writers wait: the pool is really full.
     pub gc_stuck: AtomicBool,
     gc_wake: (Mutex<bool>, Condvar),
@@ -124,6 +128,7 @@ impl Engine {
             gc_garbage_ratio,
             shutting_down: AtomicBool::new(false),
             stopping_long_jobs: AtomicBool::new(false),
+            rebuild_rate_bytes_per_sec: AtomicU64::new(0),
             gc_stuck: AtomicBool::new(false),
             gc_wake: (Mutex::new(false), Condvar::new()),
             gc_budget: Mutex::new(GcBudget::default()),

@@ -12,8 +12,9 @@ use crate::util::{Decoder, Encoder, Truncated};
 /// and settings to the volume table, and a copy of the pool metadata on every member. Version 7
 /// added the parity buffer's id to the pool metadata; version 8 a victim policy per volume;
 /// version 9 the members that hold log data; version 10 the AMF and extent controllers;
-/// version 11 share entries in records (SHARE's remap) and the shared pages in checkpoints.
-pub const FORMAT_VERSION: u32 = 11;
+/// version 11 share entries in records (SHARE's remap) and the shared pages in checkpoints;
+/// version 12 a rebuild's rate limit in the pool metadata (so that a resumed rebuild keeps it).
+pub const FORMAT_VERSION: u32 = 12;
 /// Oldest format version this build reads. A version-5 pool opens as it is (its superblocks
 /// decode as a linear array without member ids; its records and checkpoint are unchanged) and
 /// its pool metadata is rewritten as version 6 by the first write after it opens.
@@ -501,6 +502,9 @@ pub struct RebuildState {
     pub member_id: u64,
     /// Every segment below this one is rebuilt.
     pub next_segment: u32,
+    /// Most bytes a second the rebuild writes to the new member; 0: no limit. (Pools of
+    /// format 11 and older did not keep it: theirs read as 0.)
+    pub rate_bytes_per_sec: u64,
 }
 
 /// Where a clean-shutdown checkpoint lives.
@@ -513,9 +517,16 @@ pub struct CheckpointRef {
 
 impl PoolMeta {
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_as(FORMAT_VERSION)
+    }
+
+    /// The metadata as `version` lays it out, for version 11 or later: version 11 had no
+    /// rebuild rate (the test that reads a version-11 pool writes one this way).
+    fn encode_as(&self, version: u32) -> Vec<u8> {
+        assert!((11..=FORMAT_VERSION).contains(&version), "pool metadata of version {version}");
         let mut e = Encoder::default();
         e.raw(POOL_META_MAGIC)
-            .u32(FORMAT_VERSION)
+            .u32(version)
             .u128(self.pool_id)
             .u64(self.generation)
             .u64(self.session_id)
@@ -560,6 +571,9 @@ impl PoolMeta {
             }
             Some(r) => {
                 e.u8(1).u32(r.slot).u64(r.member_id).u32(r.next_segment);
+                if version >= 12 {
+                    e.u64(r.rate_bytes_per_sec);
+                }
             }
         }
         e.u64(self.parity_buffer_id);
@@ -700,6 +714,7 @@ impl PoolMeta {
                     slot: d.u32("rebuild slot")?,
                     member_id: d.u64("rebuild member")?,
                     next_segment: d.u32("rebuild progress")?,
+                    rate_bytes_per_sec: if version >= 12 { d.u64("rebuild rate")? } else { 0 },
                 };
                 if r.slot as usize >= member_ids.len() || member_ids[r.slot as usize] != r.member_id {
                     return Err(FormatError::Invalid("rebuild of a member not in the member list".into()));
@@ -1466,6 +1481,7 @@ mod tests {
                 slot: 1,
                 member_id: 42,
                 next_segment: 99,
+                rate_bytes_per_sec: 200 << 20,
             }),
             parity_buffer_id: 0xFEED,
             log_members: Some(vec![42, 5]),
@@ -1474,10 +1490,23 @@ mod tests {
         slot.resize(POOL_META_SLOT_BYTES, 0xAA);
         assert_eq!(PoolMeta::decode(&slot).unwrap(), pm);
         // Not known (a pool written before version 9): every member counts.
-        let unknown = PoolMeta { log_members: None, ..pm };
+        let unknown = PoolMeta {
+            log_members: None,
+            ..pm.clone()
+        };
         let mut slot = unknown.encode();
         slot.resize(POOL_META_SLOT_BYTES, 0xAA);
         assert_eq!(PoolMeta::decode(&slot).unwrap(), unknown);
+        // A pool of version 11 kept no rebuild rate: its rebuild reads back without a limit,
+        // and every field after it (the parity buffer, the log members) where it was.
+        let mut slot = pm.encode_as(11);
+        slot.resize(POOL_META_SLOT_BYTES, 0xAA);
+        let old = PoolMeta::decode(&slot).unwrap();
+        let rebuild = pm.rebuild.map(|r| RebuildState {
+            rate_bytes_per_sec: 0,
+            ..r
+        });
+        assert_eq!(old, PoolMeta { rebuild, ..pm });
     }
 
     /// Re-seals a pool-metadata block after a field was changed in place.

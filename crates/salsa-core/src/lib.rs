@@ -77,7 +77,7 @@ pub use log::StorageClass;
 pub use pacing::{ack_due, sleep_until_ack_time};
 pub use policy::Registry;
 pub use pool::{
-    ArrayKind, ControllerKind, OpenOptions, OpenedFrom, Pool, PoolConfig, RebuildOptions, RebuildReport, ScrubReport, ShareRange, Stats,
-    Volume, VolumeSpec, VolumeStats, WrittenNow,
+    ArrayKind, ControllerKind, OpenOptions, OpenedFrom, Pool, PoolConfig, RebuildOptions, RebuildProgress, RebuildReport, ScrubReport,
+    ShareRange, Stats, Volume, VolumeSpec, VolumeStats, WrittenNow,
 };
 pub use util::AlignedBuf;

@@ -15,8 +15,8 @@ use std::io::Read;
 use std::sync::Arc;
 
 /// The format version this build writes (version 7 added the RAID-5 parity buffer id to the
-/// pool metadata, version 8 a victim policy per volume).
-const CURRENT_VERSION: u32 = 11;
+/// pool metadata, version 8 a victim policy per volume, version 12 a rebuild's rate limit).
+const CURRENT_VERSION: u32 = 12;
 
 const MEMBER_BYTES: u64 = 24 * MIB;
 /// Offsets of the two pool-metadata slots on a flat member (format constants).

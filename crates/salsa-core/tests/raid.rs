@@ -795,8 +795,15 @@ fn a_rebuild_reports_its_progress() {
         seen
     });
     assert!(!seen.is_empty(), "no progress was reported while the rebuild ran");
-    assert!(seen.iter().all(|&(slot, next, total)| slot == 2 && next <= total), "{seen:?}");
-    assert!(seen.windows(2).all(|w| w[0].1 <= w[1].1), "progress only grows: {seen:?}");
+    assert!(
+        seen.iter()
+            .all(|r| r.slot == 2 && r.next_segment <= r.total_segments && r.rate_bytes_per_sec == Some(4 << 20)),
+        "{seen:?}"
+    );
+    assert!(
+        seen.windows(2).all(|w| w[0].next_segment <= w[1].next_segment),
+        "progress only grows: {seen:?}"
+    );
     assert_eq!(pool.stats().rebuild, None);
     verify(&pool, &model);
 }
@@ -1034,7 +1041,8 @@ fn rebuild_crash(crash_at: u64) -> bool {
 /// next step with a clear error, even one paused for its rate limit (here 1 byte a second, a
 /// pause of days), while the pool keeps serving; writes that need the background GC's room
 /// still succeed, the close writes a checkpoint, and the next open resumes the rebuild where
-/// it stopped and ends with every block and every parity right.
+/// it stopped, at the same rate limit, until the limit is lifted; then it ends with every
+/// block and every parity right.
 #[test]
 fn a_rebuild_stopped_by_a_clean_stop_resumes_at_the_next_open() {
     let background = OpenOptions {
@@ -1087,9 +1095,20 @@ fn a_rebuild_stopped_by_a_clean_stop_resumes_at_the_next_open() {
     let pool = Pool::open(with_new, &background).unwrap();
     assert_eq!(pool.opened_from(), OpenedFrom::Checkpoint);
     assert!(pool.rebuild_in_progress(), "the rebuild did not resume");
+    let resumed = pool.stats().rebuild.expect("the resumed rebuild's progress");
+    assert_eq!(resumed.rate_bytes_per_sec, Some(1), "{resumed:?}");
+    // At 1 byte a second the resumed rebuild pauses for days after its first segment.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(pool.rebuild_in_progress(), "the resumed rebuild ran without its rate limit");
+    // Lifted while it sleeps: it wakes and finishes.
+    pool.set_rebuild_rate(None).unwrap();
+    assert_eq!(pool.stats().rebuild.map(|r| r.rate_bytes_per_sec), Some(None));
     wait_rebuilt(&pool);
     let st = pool.stats();
     assert!(st.members.iter().all(|m| !m.failed && !m.rebuilding), "{:?}", st.members);
+    assert!(st.rebuild.is_none(), "{:?}", st.rebuild);
+    let e = pool.set_rebuild_rate(Some(1 << 20)).expect_err("a rate for no rebuild");
+    assert!(e.to_string().contains("no rebuild is in progress"), "{e}");
     verify(&pool, &model);
     let scrub = pool.scrub(false).unwrap();
     assert!(scrub.rows_checked > 0 && scrub.rows_mismatched == 0, "{scrub:?}");

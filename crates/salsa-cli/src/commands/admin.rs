@@ -45,9 +45,13 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     }
     println!("array       {}", pool.array_description());
     for (i, m) in st.members.iter().enumerate() {
+        // What needs attention in capitals.
+        let state = match m.state() {
+            "ok" => "ok".to_string(),
+            other => other.to_uppercase(),
+        };
         println!(
-            "  member {i:<3} {:<9} {} ({})  read {}  written {} (parity {})  errors {}r/{}w  damaged {}  repaired {}",
-            if m.failed { "FAILED" } else { "ok" },
+            "  member {i:<3} {state:<10} {} ({})  read {}  written {} (parity {})  errors {}r/{}w  damaged {}  repaired {}",
             m.name,
             m.storage_type,
             human(m.bytes_read),
@@ -57,6 +61,16 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
             m.write_errors,
             human(m.damaged_bytes),
             human(m.repaired_bytes)
+        );
+    }
+    if let Some(r) = st.rebuild {
+        let limit = match r.rate_bytes_per_sec {
+            Some(rate) => format!("at most {}/s", human(rate)),
+            None => "no rate limit".into(),
+        };
+        println!(
+            "rebuild     slot {}: {} of {} segments passed, {limit}; it resumes when the pool opens for writing",
+            r.slot, r.next_segment, r.total_segments
         );
     }
     println!("physical    {}", human(g.total_grains * g.grain_bytes as u64));

@@ -1,14 +1,16 @@
-//! `salsa device fail` and `salsa device replace`: take a member out, and replace a member of a redundant pool and rebuild it, offline (the
-//! command opens the pool itself) or online (through the running server's control socket,
-//! while it serves), with a progress bar and an optional rate limit.
+//! `salsa device fail`, `salsa device replace` and `salsa device rebuild-rate`: take a member
+//! out, replace a member of a redundant pool and rebuild it, and change the running rebuild's
+//! rate limit; offline (the command opens the pool itself) or online (through the running
+//! server's control socket, while it serves), with a progress bar and an optional rate limit.
 //!
 //! The control socket speaks lines: a client sends one request line (`stats`, `scrub`,
 //! `scrub repair`, `fail <member>`, `volume-set <volume> [placement=<policy>]
-//! [victim=<policy>]`, `share <volume> <dst>:<src>:<len> ...`, or `replace <member> <new device
-//! spec> [<bytes per second>]`); the server answers `stats` and `scrub` with one JSON line,
-//! `fail`, `volume-set` and `share` with `ok` or `error`, and `replace` with `progress <done> <total>` lines and a final `ok <json>` or
-//! `error <message>` line. A client that sends
-//! nothing gets the statistics (what `salsa stats` did before requests existed).
+//! [victim=<policy>]`, `share <volume> <dst>:<src>:<len> ...`, `replace <member> <new device
+//! spec> [<bytes per second>]`, or `rebuild-rate <bytes per second, 0: no limit>`); the server
+//! answers `stats` and `scrub` with one JSON line, `fail`, `volume-set`, `share` and
+//! `rebuild-rate` with `ok` or `error`, and `replace` with `progress <done> <total>` lines and
+//! a final `ok <json>` or `error <message>` line. A client that sends nothing gets the
+//! statistics (what `salsa stats` did before requests existed).
 
 use super::{serve, stats};
 use crate::*;
@@ -31,6 +33,19 @@ pub(crate) fn open_offline(devices: &[DeviceSpec], parity_buffer: Option<&Device
     let devs: Vec<_> = devices.iter().map(|d| d.open_existing(false)).collect::<Result<_, _>>()?;
     let opts = with_parity_buffer(rw_options(), parity_buffer, None)?;
     Pool::open(devs, &opts).map_err(|e| e.to_string())
+}
+
+/// Sends one request line to the server at `control` and returns its one-line answer, or the
+/// error it answered with.
+pub(crate) fn request(control: &std::path::Path, line: &str) -> Result<String, String> {
+    let mut s = std::os::unix::net::UnixStream::connect(control).map_err(|e| format!("{}: {e}", control.display()))?;
+    writeln!(s, "{line}").map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    BufReader::new(s).read_line(&mut answer).map_err(|e| e.to_string())?;
+    match answer.trim().strip_prefix("error ") {
+        Some(e) => Err(e.to_string()),
+        None => Ok(answer.trim().to_string()),
+    }
 }
 
 /// Offline or online replacement of member `old` by `new`.
@@ -116,22 +131,37 @@ pub(crate) fn fail(
     member: &str,
 ) -> Result<(), String> {
     if let Some(path) = running_server(devices, control) {
-        let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        writeln!(s, "fail {member}").map_err(|e| e.to_string())?;
-        let mut line = String::new();
-        BufReader::new(s).read_line(&mut line).map_err(|e| e.to_string())?;
-        return match line.trim().strip_prefix("error ") {
-            Some(e) => Err(e.to_string()),
-            None => {
-                println!("member {member} marked failed; replace it with: salsa device replace {member} NEW");
-                Ok(())
-            }
-        };
+        request(&path, &format!("fail {member}"))?;
+    } else {
+        let pool = open_offline(devices, parity_buffer)?;
+        pool.fail_member(member).map_err(|e| e.to_string())?;
+        pool.close().map_err(|e| e.to_string())?;
     }
-    let pool = open_offline(devices, parity_buffer)?;
-    pool.fail_member(member).map_err(|e| e.to_string())?;
     println!("member {member} marked failed; replace it with: salsa device replace {member} NEW");
-    pool.close().map_err(|e| e.to_string())
+    Ok(())
+}
+
+/// Offline or online: changes the rate limit of the rebuild in progress (`None`: no limit).
+/// Offline, the pool opens (resuming its rebuild in the background for as long as it is
+/// open) and keeps the new limit for the next open.
+pub(crate) fn set_rebuild_rate(
+    devices: &[DeviceSpec],
+    parity_buffer: Option<&DeviceSpec>,
+    control: Option<&std::path::Path>,
+    rate: Option<u64>,
+) -> Result<(), String> {
+    if let Some(path) = running_server(devices, control) {
+        request(&path, &format!("rebuild-rate {}", rate.unwrap_or(0)))?;
+    } else {
+        let pool = open_offline(devices, parity_buffer)?;
+        pool.set_rebuild_rate(rate).map_err(|e| e.to_string())?;
+        pool.close().map_err(|e| e.to_string())?;
+    }
+    match rate {
+        Some(r) => println!("the rebuild now writes at most {}/s", human(r)),
+        None => println!("the rebuild now runs without a rate limit"),
+    }
+    Ok(())
 }
 
 /// Offline or online: changes a volume's placement and/or victim policy (`Some("")`: the
@@ -144,21 +174,14 @@ pub(crate) fn set_volume_policies(
     victim: Option<&str>,
 ) -> Result<(), String> {
     if let Some(path) = running_server(devices, None) {
-        let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut request = format!("volume-set {name}");
+        let mut line = format!("volume-set {name}");
         if let Some(p) = placement {
-            request += &format!(" placement={p}");
+            line += &format!(" placement={p}");
         }
         if let Some(v) = victim {
-            request += &format!(" victim={v}");
+            line += &format!(" victim={v}");
         }
-        writeln!(s, "{request}").map_err(|e| e.to_string())?;
-        let mut line = String::new();
-        BufReader::new(s).read_line(&mut line).map_err(|e| e.to_string())?;
-        return match line.trim().strip_prefix("error ") {
-            Some(e) => Err(e.to_string()),
-            None => Ok(()),
-        };
+        return request(&path, &line).map(|_| ());
     }
     let pool = open_offline(devices, parity_buffer)?;
     pool.set_volume_policies(name, placement, victim).map_err(|e| e.to_string())?;
@@ -236,7 +259,14 @@ pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
             }
         }
         Some("share") => super::share::answer(pool, words),
-        Some(other) => format!("error unknown request {other:?} (stats, scrub [repair], fail, replace, volume-set, share)"),
+        Some("rebuild-rate") => match words.next().map(|r| r.parse::<u64>()) {
+            Some(Ok(rate)) => match pool.set_rebuild_rate((rate > 0).then_some(rate)) {
+                Ok(()) => "ok".into(),
+                Err(e) => format!("error {e}"),
+            },
+            _ => "error usage: rebuild-rate <bytes per second, 0: no limit>".into(),
+        },
+        Some(other) => format!("error unknown request {other:?} (stats, scrub [repair], fail, replace, rebuild-rate, volume-set, share)"),
     };
     let _ = writeln!(s, "{reply}");
 }

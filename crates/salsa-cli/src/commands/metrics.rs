@@ -340,12 +340,19 @@ pub(crate) fn render(s: &Stats) -> String {
             e.metric(name, kind, help, &samples);
         }
     }
-    if let Some((slot, next, total)) = s.rebuild {
+    if let Some(r) = s.rebuild {
+        let l = format!("{{slot=\"{}\",segments=\"{}\"}}", r.slot, r.total_segments);
         e.metric(
             "rebuild_segments_passed",
             g,
             "Segments a rebuild has passed, of segments.",
-            &[(format!("{{slot=\"{slot}\",segments=\"{total}\"}}"), next as f64)],
+            &[(l.clone(), r.next_segment as f64)],
+        );
+        e.metric(
+            "rebuild_rate_limit_bytes_per_second",
+            g,
+            "The rebuild's rate limit in bytes a second (0: none).",
+            &[(l, r.rate_bytes_per_sec.unwrap_or(0) as f64)],
         );
     }
     if let Some(b) = &s.parity_buffer {

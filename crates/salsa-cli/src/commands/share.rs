@@ -3,10 +3,9 @@
 //! <json>` or `error <message>`) or offline on the pool's devices. The batch is atomic and
 //! durable when the command returns.
 
-use super::device::{open_offline, running_server};
+use super::device::{open_offline, request, running_server};
 use crate::*;
 use salsa_core::ShareRange;
-use std::io::{BufRead, BufReader, Write};
 
 /// Parses `DST:SRC:LEN` (byte offsets and length, size suffixes allowed).
 pub(crate) fn parse_range(s: &str) -> Result<ShareRange, String> {
@@ -68,18 +67,11 @@ pub(crate) fn share(
         return Err("a volume name with spaces cannot go through the control socket".into());
     }
     if let Some(path) = running_server(devices, control) {
-        let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let request: Vec<String> = parsed
+        let ranges: Vec<String> = parsed
             .iter()
             .map(|r| format!("{}:{}:{}", r.dst_offset, r.src_offset, r.len_bytes))
             .collect();
-        writeln!(s, "share {volume} {}", request.join(" ")).map_err(|e| e.to_string())?;
-        let mut line = String::new();
-        BufReader::new(s).read_line(&mut line).map_err(|e| e.to_string())?;
-        let line = line.trim();
-        if let Some(e) = line.strip_prefix("error ") {
-            return Err(e.to_string());
-        }
+        let line = request(&path, &format!("share {volume} {}", ranges.join(" ")))?;
         let j = line
             .strip_prefix("ok ")
             .and_then(|j| serde_json::from_str(j).ok())

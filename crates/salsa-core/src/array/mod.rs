@@ -115,6 +115,20 @@ pub struct MemberStatus {
     pub damaged_bytes: u64,
 }
 
+impl MemberStatus {
+    /// Its state in one word, as `salsa info` and `salsa stats` show it: `failed`,
+    /// `rebuilding` or `ok`.
+    pub fn state(&self) -> &'static str {
+        if self.failed {
+            "failed"
+        } else if self.rebuilding {
+            "rebuilding"
+        } else {
+            "ok"
+        }
+    }
+}
+
 /// What the pool reports about a RAID-5 parity buffer.
 #[derive(Debug, Clone, Default)]
 pub struct ParityBufferStatus {

@@ -18,7 +18,7 @@ pub use crate::controller::amf::default_segment_bytes as default_amf_segment_byt
 pub use crate::controller::dual::default_sparse_pages;
 pub use open::{device_is_blank, first_non_blank, human_bytes, read_superblock};
 pub use rebuild::{RebuildOptions, RebuildReport};
-pub use stats::{Stats, VolumeStats};
+pub use stats::{RebuildProgress, Stats, VolumeStats};
 pub use volumes::{ShareRange, Volume, VolumeSpec, WrittenNow, MAX_SHARE_OWNERS, MAX_SHARE_RANGES};
 
 use crate::array::PageCheck;

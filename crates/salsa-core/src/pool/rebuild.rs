@@ -56,19 +56,48 @@ fn stop_requested(eng: &Engine) -> bool {
     eng.shutting_down.load(SeqCst) || eng.stopping_long_jobs.load(SeqCst)
 }
 
-/// The longest a rate-limited rebuild sleeps before it looks at [`stop_requested`] again.
+/// The longest a rate-limited rebuild sleeps before it looks at [`stop_requested`] and its
+/// rate again.
 const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
-/// Sleeps `wait` (a rate limit's pause, which a low limit makes minutes long), ending early
-/// when a stop is requested: a server's stop waits for the rebuild's next step.
-fn sleep_unless_stopped(eng: &Engine, wait: Duration) {
-    let until = Instant::now() + wait;
-    while !stop_requested(eng) {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+/// Holds a rebuild to its rate limit, which may change while it runs
+/// ([`Pool::set_rebuild_rate`]): the bytes written since the limit last changed, over the
+/// time since then.
+struct RatePace {
+    rate_bytes_per_sec: u64,
+    since: Instant,
+    bytes: u64,
+}
+
+impl RatePace {
+    fn new(eng: &Engine) -> RatePace {
+        RatePace {
+            rate_bytes_per_sec: eng.rebuild_rate_bytes_per_sec.load(SeqCst),
+            since: Instant::now(),
+            bytes: 0,
+        }
+    }
+
+    /// Counts `bytes` written, then sleeps until the rate allows more, ending early when a
+    /// stop is requested (a server's stop waits for the rebuild's next step) or the rate
+    /// changes (the pause of a low limit is minutes long).
+    fn wrote(&mut self, eng: &Engine, bytes: u64) {
+        let rate = eng.rebuild_rate_bytes_per_sec.load(SeqCst);
+        if rate != self.rate_bytes_per_sec {
+            *self = RatePace::new(eng);
+        }
+        self.bytes += bytes;
+        if self.rate_bytes_per_sec == 0 {
             return;
         }
-        std::thread::sleep(left.min(STOP_CHECK_INTERVAL));
+        let until = self.since + Duration::from_secs_f64(self.bytes as f64 / self.rate_bytes_per_sec as f64);
+        while !stop_requested(eng) && eng.rebuild_rate_bytes_per_sec.load(SeqCst) == self.rate_bytes_per_sec {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(left.min(STOP_CHECK_INTERVAL));
+        }
     }
 }
 
@@ -78,10 +107,10 @@ pub(crate) fn run_rebuild(
     eng: &Engine,
     mut state: RebuildState,
     segments: Vec<(u32, u64)>,
-    opts: RebuildOptions,
     progress: &dyn Fn(u64, u64),
 ) -> Result<RebuildReport> {
     let start = Instant::now();
+    let mut pace = RatePace::new(eng);
     let mut report = RebuildReport {
         segments_total: eng.log.geo().total_segments as u64,
         ..RebuildReport::default()
@@ -98,6 +127,7 @@ pub(crate) fn run_rebuild(
             )));
         }
         eng.log.check_writable()?;
+        let mut bytes_written = 0;
         {
             // The GC waits (it would only move what is copied here). The hold keeps the
             // segment from being freed and reused while it is copied: emptied by overwrites,
@@ -113,22 +143,17 @@ pub(crate) fn run_rebuild(
                 // The whole share: a segment in use is full but for the open ones, and
                 // rebuilding an unwritten tail costs less than walking the chain to find it.
                 let gps = eng.log.geo().grains_per_segment as u64;
-                let bytes = eng
+                bytes_written = eng
                     .log
                     .array()
                     .rebuild_segment(state.slot, s, gps)
                     .inspect_err(|e| eng.log.poison(e))?;
-                report.bytes_written += bytes;
+                report.bytes_written += bytes_written;
                 report.segments_rebuilt += 1;
             }
         }
         progress(i as u64 + 1, total);
-        if let Some(rate) = opts.rate_bytes_per_sec.filter(|r| *r > 0) {
-            let due = Duration::from_secs_f64(report.bytes_written as f64 / rate as f64);
-            if let Some(wait) = due.checked_sub(start.elapsed()) {
-                sleep_unless_stopped(eng, wait);
-            }
-        }
+        pace.wrote(eng, bytes_written);
         if last_saved.elapsed() >= Duration::from_secs(1) {
             // Rebuilt data is durable before the progress that skips it.
             eng.log.array().sync_all()?;
@@ -152,10 +177,15 @@ pub(crate) fn run_rebuild(
     Ok(report)
 }
 
+/// Writes the rebuild's progress (`None`: done) into the pool metadata, with the rate limit
+/// it runs at now.
 fn save_progress(eng: &Engine, state: Option<RebuildState>) -> Result<()> {
     let mut meta = eng.log.meta().lock();
     let mut next = meta.clone();
-    next.rebuild = state;
+    next.rebuild = state.map(|s| RebuildState {
+        rate_bytes_per_sec: eng.rebuild_rate_bytes_per_sec.load(SeqCst),
+        ..s
+    });
     next.member_ids = eng.log.array().member_ids();
     next.failed_members = eng.log.array().failed_ids();
     eng.log.write_pool_meta(&mut next)?;
@@ -254,10 +284,13 @@ impl Pool {
         // `a_member_killed_at_random_points_loses_nothing` read a page back damaged once the
         // other mirror was gone.
         self.eng.flush()?;
+        let rate = opts.rate_bytes_per_sec.unwrap_or(0);
+        self.eng.rebuild_rate_bytes_per_sec.store(rate, SeqCst);
         let state = RebuildState {
             slot,
             member_id,
             next_segment: 0,
+            rate_bytes_per_sec: rate,
         };
         save_progress(&self.eng, Some(state))?;
         tracing::info!(
@@ -266,7 +299,7 @@ impl Pool {
             segments.len(),
             self.eng.log.geo().total_segments
         );
-        run_rebuild(&self.eng, state, segments, opts, progress)
+        run_rebuild(&self.eng, state, segments, progress)
     }
 
     /// Resumes a rebuild that an earlier session left unfinished (in the background).
@@ -290,16 +323,51 @@ impl Pool {
         }
         let eng = self.eng.clone();
         let segments = live_segments(&eng, state.next_segment);
-        tracing::info!("resuming the rebuild of slot {} at segment {}", state.slot, state.next_segment);
+        eng.rebuild_rate_bytes_per_sec.store(state.rate_bytes_per_sec, SeqCst);
+        let limit = match state.rate_bytes_per_sec {
+            0 => String::new(),
+            rate => format!(", at most {}/s", human_bytes(rate)),
+        };
+        tracing::info!(
+            "resuming the rebuild of slot {} at segment {}{limit}",
+            state.slot,
+            state.next_segment
+        );
         let h = std::thread::Builder::new()
             .name("salsa-rebuild".into())
             .spawn(move || {
-                if let Err(e) = run_rebuild(&eng, state, segments, RebuildOptions::default(), &|_, _| {}) {
-                    tracing::error!("rebuild of slot {} failed: {e}", state.slot);
+                match run_rebuild(&eng, state, segments, &|_, _| {}) {
+                    // Stopped by the close (or a server's stop): it resumes at the next open.
+                    Err(e) if stop_requested(&eng) => tracing::info!("rebuild of slot {}: {e}", state.slot),
+                    Err(e) => tracing::error!("rebuild of slot {} failed: {e}", state.slot),
+                    Ok(_) => {}
                 }
             })
             .map_err(|e| Error::InvalidConfig(format!("cannot start the rebuild thread: {e}")))?;
         self.gc_threads.lock().push(h);
+        Ok(())
+    }
+
+    /// Changes the rate limit of the rebuild in progress (`None`: no limit), at once and in
+    /// the pool metadata, so that the rebuild keeps it when it resumes at the next open.
+    /// Refused when no rebuild is in progress.
+    pub fn set_rebuild_rate(&self, rate_bytes_per_sec: Option<u64>) -> Result<()> {
+        self.eng.log.check_writable()?;
+        // Under the metadata lock, as the rebuild saves its progress: what it saves next
+        // carries the new rate, and its end (no progress left) cannot slip in between.
+        let mut meta = self.eng.log.meta().lock();
+        let Some(state) = meta.rebuild else {
+            return Err(Error::InvalidArgument("no rebuild is in progress".into()));
+        };
+        let rate = rate_bytes_per_sec.unwrap_or(0);
+        let mut next = meta.clone();
+        next.rebuild = Some(RebuildState {
+            rate_bytes_per_sec: rate,
+            ..state
+        });
+        self.eng.log.write_pool_meta(&mut next)?;
+        *meta = next;
+        self.eng.rebuild_rate_bytes_per_sec.store(rate, SeqCst);
         Ok(())
     }
 

@@ -87,15 +87,27 @@ pub struct Stats {
     /// Bytes written to all members (data, metadata, padding, parity and mirror copies) per
     /// user byte written; for a linear array the same as `write_amplification`.
     pub array_write_amplification: f64,
-    /// A member being rebuilt: (slot, segments below this one are done, segments in the pool).
-    /// Progress is recorded about once a second.
-    pub rebuild: Option<(u32, u32, u32)>,
+    /// A member being rebuilt, and how far.
+    pub rebuild: Option<RebuildProgress>,
     /// The RAID-5 parity buffer, when the pool has one.
     pub parity_buffer: Option<crate::array::ParityBufferStatus>,
     /// The DRAM read cache, when the pool has one.
     pub read_cache: Option<crate::log::read_cache::ReadCacheStats>,
     /// The DRAM write buffer, when the pool has one.
     pub write_buffer: Option<crate::dirty::WriteBufferStats>,
+}
+
+/// A member's rebuild in progress ([`Stats::rebuild`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RebuildProgress {
+    /// The slot being rebuilt.
+    pub slot: u32,
+    /// Every segment below this one is done (recorded about once a second).
+    pub next_segment: u32,
+    /// Segments in the pool.
+    pub total_segments: u32,
+    /// The rebuild's rate limit; `None`: none.
+    pub rate_bytes_per_sec: Option<u64>,
 }
 
 /// A volume's statistics, as its controller reports them.
@@ -142,13 +154,12 @@ impl Pool {
         } else {
             array_bytes
         };
-        let rebuild = self
-            .eng
-            .log
-            .meta()
-            .lock()
-            .rebuild
-            .map(|r| (r.slot, r.next_segment, self.eng.log.geo().total_segments));
+        let rebuild = self.eng.log.meta().lock().rebuild.map(|r| RebuildProgress {
+            slot: r.slot,
+            next_segment: r.next_segment,
+            total_segments: self.eng.log.geo().total_segments,
+            rate_bytes_per_sec: (r.rate_bytes_per_sec > 0).then_some(r.rate_bytes_per_sec),
+        });
         Stats {
             rebuild,
             parity_buffer: self.eng.log.array().parity_buffer_status(),

@@ -902,9 +902,13 @@ impl Array for RaidArray {
     fn describe(&self) -> String {
         let n = self.members.len();
         let unit = crate::pool::human_bytes(self.stripe.unit_bytes);
-        let failed = match self.failed_count() {
-            0 => String::new(),
-            f => format!(", DEGRADED: {f} failed"),
+        // A member being rebuilt is not read from either, but it is no longer missing.
+        let rebuilding = (0..n).filter(|&m| self.health[m].rebuilding.load(SeqCst)).count() as u32;
+        let failed = match (self.failed_count() - rebuilding, rebuilding) {
+            (0, 0) => String::new(),
+            (0, r) => format!(", DEGRADED: {r} being rebuilt"),
+            (f, 0) => format!(", DEGRADED: {f} failed"),
+            (f, r) => format!(", DEGRADED: {f} failed, {r} being rebuilt"),
         };
         match self.stripe.kind {
             ArrayKind::Raid0 => format!("raid0 ({n} devices, stripe unit {unit}, no redundancy{failed})"),
