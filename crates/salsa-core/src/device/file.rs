@@ -31,6 +31,14 @@ pub struct FileDevice {
     discard_supported: std::sync::atomic::AtomicBool,
 }
 
+impl AsRawFd for FileDevice {
+    /// The open file, for a caller that does its own I/O on it (the in-place RAID-5 baseline
+    /// of `salsa bench-raid` submits its pairs of I/O through io_uring).
+    fn as_raw_fd(&self) -> std::os::unix::io::RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
 /// How to open a file device.
 #[derive(Debug, Clone, Copy)]
 pub struct FileOpenOptions {
