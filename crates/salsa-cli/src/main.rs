@@ -297,6 +297,12 @@ enum Command {
         /// members, read cache, device counters).
         #[arg(long, value_name = "HOST:PORT")]
         metrics: Option<std::net::SocketAddr>,
+        /// Run CMD (with `sh -c`) when a member changes state: it fails or is missing, its
+        /// replacement is being rebuilt, or it is in service again. The command gets
+        /// SALSA_EVENT (member-failed, member-rebuilding, member-ok), SALSA_SLOT,
+        /// SALSA_MEMBER, SALSA_STATE, SALSA_PREVIOUS_STATE and SALSA_ARRAY.
+        #[arg(long, value_name = "CMD")]
+        on_event: Option<String>,
         /// A RAID-5 pool's parity buffer, PATH[:SIZE] (see `salsa format --help`); created with
         /// a new pool when missing.
         #[arg(long, value_name = "PATH[:SIZE]")]
@@ -698,6 +704,7 @@ fn main() -> ExitCode {
             write_buffer_expire_ms,
             pace_writes,
             metrics,
+            on_event,
             raw,
             no_discard,
             tls,
@@ -720,6 +727,7 @@ fn main() -> ExitCode {
                 write_buffer_expire: std::time::Duration::from_millis(*write_buffer_expire_ms),
                 pace_writes: *pace_writes,
                 metrics: *metrics,
+                on_event: on_event.clone(),
                 raw: *raw,
                 discard: !*no_discard,
                 tls: *tls,

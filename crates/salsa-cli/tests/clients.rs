@@ -153,14 +153,32 @@ fn fio_random_writes_verify(name: &str, serve_args: &[&str]) -> serde_json::Valu
 /// being rebuilt and the limit; `salsa device rebuild-rate 2` changes it offline; the next
 /// server resumes the rebuild at that limit, and `salsa device rebuild-rate none` through its
 /// control socket lifts it, so that the rebuild finishes. With no rebuild left, and with a
-/// rate that is not one, the command fails with a clear message.
+/// rate that is not one, the command fails with a clear message. Both servers run an
+/// `--on-event` command, which hears of every change of the member's state.
 #[test]
 fn a_rebuild_s_rate_limit_survives_a_crash_and_changes_offline_and_online() {
     let dir = test_dir("rebuild-rate");
     let path = |i: usize| dir.join(format!("m{i}.img")).display().to_string();
     let members: Vec<String> = (0..4).map(|i| format!("{}:24M", path(i))).collect();
     let salsa = |args: &[&str]| run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(args));
-    let srv = Server::start_on(&dir, &members, &["--array", "raid5", "--segment-size", "3M"]);
+    let events_log = dir.join("events.log");
+    let on_event = format!(
+        "echo \"$SALSA_EVENT $SALSA_SLOT $SALSA_MEMBER $SALSA_PREVIOUS_STATE\" >> {}",
+        events_log.display()
+    );
+    let events = || std::fs::read_to_string(&events_log).unwrap_or_default();
+    let wait_for_event = |line: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !events().lines().any(|l| l == line) {
+            assert!(std::time::Instant::now() < deadline, "no event {line:?}: {:?}", events());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    let srv = Server::start_on(
+        &dir,
+        &members,
+        &["--array", "raid5", "--segment-size", "3M", "--on-event", &on_event],
+    );
     // Data in several segments, so that the rebuild has more than one to copy.
     let mut c = RawClient::connect(&srv.socket, "default");
     for i in 0..16u64 {
@@ -172,6 +190,7 @@ fn a_rebuild_s_rate_limit_survives_a_crash_and_changes_offline_and_online() {
     drop(c);
     let (ok, out) = salsa(&["device", "fail", "--device", &path(0), &path(1)]);
     assert!(ok, "salsa device fail: {out}");
+    wait_for_event(&format!("member-failed 1 {} ok", path(1)));
     let new = format!("{}:24M", path(4));
     let rebuild_stats = || {
         let (ok, out) = salsa(&["stats", "--json", "--device", &path(0)]);
@@ -199,6 +218,7 @@ fn a_rebuild_s_rate_limit_survives_a_crash_and_changes_offline_and_online() {
     assert_eq!(r["rate_bytes_per_sec"], 1, "{r}");
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(replace.try_wait().unwrap().is_none(), "the rebuild ran past its rate limit");
+    wait_for_event(&format!("member-rebuilding 1 {} failed", path(4)));
     srv.kill();
     let out = replace.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -218,15 +238,19 @@ fn a_rebuild_s_rate_limit_survives_a_crash_and_changes_offline_and_online() {
     assert!(out.contains("rebuild     slot 1:") && out.contains("at most 1 B/s"), "{out}");
     let (ok, out) = on_pool(&["device", "rebuild-rate", "2"]);
     assert!(ok && out.contains("at most 2 B/s"), "salsa device rebuild-rate offline: {out}");
-    let srv = Server::start_on(&dir, &pool, &[]);
+    let srv = Server::start_on(&dir, &pool, &["--on-event", &on_event]);
     let r = rebuild_stats();
     assert!(
         r.is_object() && r["rate_bytes_per_sec"] == 2,
         "the rebuild did not resume at its limit: {r}"
     );
+    // A server that starts with a member being rebuilt says so.
+    wait_for_event(&format!("member-rebuilding 1 {} ok", path(4)));
     let (ok, out) = salsa(&["device", "rebuild-rate", "--device", &path(0), "none"]);
     assert!(ok && out.contains("without a rate limit"), "salsa device rebuild-rate: {out}");
     wait_for("the rebuild did not finish without its limit", &|r| r.is_null());
+    wait_for_event(&format!("member-ok 1 {} rebuilding", path(4)));
+    assert_eq!(events().lines().count(), 4, "each change once: {}", events());
     let (ok, out) = salsa(&["device", "rebuild-rate", "--device", &path(0), "10M"]);
     assert!(!ok && out.contains("no rebuild is in progress"), "{out}");
     let (ok, out) = salsa(&["device", "rebuild-rate", "--device", &path(0), "fast"]);

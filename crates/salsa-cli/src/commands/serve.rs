@@ -19,6 +19,8 @@ pub(crate) struct ServeArgs {
     pub(crate) pace_writes: bool,
     /// Serve Prometheus metrics at `http://ADDR/metrics`.
     pub(crate) metrics: Option<std::net::SocketAddr>,
+    /// A command run when a member changes state (see `commands/events.rs`).
+    pub(crate) on_event: Option<String>,
     /// Serve the device raw, without a pool (a baseline).
     pub(crate) raw: bool,
     /// Discard freed segments on the devices.
@@ -177,8 +179,8 @@ fn serve_raw(specs: &[DeviceSpec], args: &ServeArgs) -> Result<(), String> {
     let [spec] = specs else {
         return Err("--raw serves exactly one device".into());
     };
-    if args.parity_buffer.is_some() || args.metrics.is_some() {
-        return Err("--raw serves a device without a pool: --parity-buffer and --metrics do not apply".into());
+    if args.parity_buffer.is_some() || args.metrics.is_some() || args.on_event.is_some() {
+        return Err("--raw serves a device without a pool: --parity-buffer, --metrics and --on-event do not apply".into());
     }
     let dev = spec.open_with(args.read_only, args.page_cache)?;
     if salsa_core::pool::read_superblock(dev.as_ref()).is_ok() {
@@ -304,11 +306,15 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         let (pool, stop) = (pool.clone(), stop.clone());
         std::thread::spawn(move || super::metrics::metrics_thread(listener, pool, stop))
     });
+    let events_thread = args.on_event.clone().map(|command| {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        std::thread::spawn(move || super::events::events_thread(pool, command, stop))
+    });
     let stopped = stop.clone();
     listening.run(stop);
     // However the listeners ended, the helper threads end too.
     stopped.store(true, std::sync::atomic::Ordering::SeqCst);
-    if let Some(h) = metrics_thread {
+    for h in metrics_thread.into_iter().chain(events_thread) {
         let _ = h.join();
     }
     // A rebuild in progress stops at its next segment (and resumes at the next start).
