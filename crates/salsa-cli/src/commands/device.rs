@@ -42,9 +42,12 @@ pub(crate) fn request(control: &std::path::Path, line: &str) -> Result<String, S
     writeln!(s, "{line}").map_err(|e| e.to_string())?;
     let mut answer = String::new();
     BufReader::new(s).read_line(&mut answer).map_err(|e| e.to_string())?;
-    match answer.trim().strip_prefix("error ") {
-        Some(e) => Err(e.to_string()),
-        None => Ok(answer.trim().to_string()),
+    match answer.trim() {
+        "" => Err("the server closed the control connection without an answer".into()),
+        a => match a.strip_prefix("error ") {
+            Some(e) => Err(e.to_string()),
+            None => Ok(a.to_string()),
+        },
     }
 }
 

@@ -90,9 +90,13 @@ impl RatePace {
         if self.rate_bytes_per_sec == 0 {
             return;
         }
-        let until = self.since + Duration::from_secs_f64(self.bytes as f64 / self.rate_bytes_per_sec as f64);
+        // The limit comes from the user or the pool metadata: a pause past what an instant
+        // can hold lasts until a stop or a new limit.
+        let until = Duration::try_from_secs_f64(self.bytes as f64 / self.rate_bytes_per_sec as f64)
+            .ok()
+            .and_then(|d| self.since.checked_add(d));
         while !stop_requested(eng) && eng.rebuild_rate_bytes_per_sec.load(SeqCst) == self.rate_bytes_per_sec {
-            let left = until.saturating_duration_since(Instant::now());
+            let left = until.map_or(STOP_CHECK_INTERVAL, |u| u.saturating_duration_since(Instant::now()));
             if left.is_zero() {
                 return;
             }
