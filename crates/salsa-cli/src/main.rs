@@ -644,6 +644,14 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
+/// A rebuild's rate limit as `salsa info`, `salsa stats` and `salsa device rebuild-rate` say it.
+fn rate_limit_text(rate_bytes_per_sec: Option<u64>) -> String {
+    match rate_bytes_per_sec {
+        Some(rate) => format!("at most {}/s", human(rate)),
+        None => "no rate limit".into(),
+    }
+}
+
 fn human(bytes: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = bytes as f64;

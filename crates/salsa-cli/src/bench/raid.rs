@@ -6,8 +6,8 @@
 //! parity from the new data; any other write reads the old data and the old parity of what it
 //! touches, and writes the new data and the new parity (read-modify-write), holding the row's
 //! lock meanwhile, as MD does for a partial-stripe write: both reads at once, then both writes
-//! at once (through the writing thread's io_uring, so that the kernel has both in flight). Its whole-device resync reads every
-//! surviving member from start to end and writes the new one.
+//! at once (through the writing thread's io_uring, so that the kernel has both in flight). Its
+//! whole-device resync reads every surviving member from start to end and writes the new one.
 //!
 //! Measured: 4 KiB random writes at a queue depth and 1 MiB sequential writes (throughput and
 //! latency percentiles, and for SALSA the bytes written to all members per user byte, parity
@@ -76,7 +76,7 @@ fn open_direct(path: &Path) -> Result<Arc<dyn Device>, String> {
 const IN_PLACE_METHOD: &str = "read-modify-write: old data and old parity read at once, then new data and new parity written at once";
 
 thread_local! {
-    /// Each writing thread's own ring for the baseline's pairs of I/O (see [`at_once`]).
+    /// Each writing thread's own ring for the baseline's pairs of I/O (see [`in_flight_together`]).
     static RING: std::cell::RefCell<Option<io_uring::IoUring>> = const { std::cell::RefCell::new(None) };
 }
 

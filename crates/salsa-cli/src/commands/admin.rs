@@ -64,13 +64,12 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
         );
     }
     if let Some(r) = st.rebuild {
-        let limit = match r.rate_bytes_per_sec {
-            Some(rate) => format!("at most {}/s", human(rate)),
-            None => "no rate limit".into(),
-        };
         println!(
-            "rebuild     slot {}: {} of {} segments passed, {limit}; it resumes when the pool opens for writing",
-            r.slot, r.next_segment, r.total_segments
+            "rebuild     slot {}: {} of {} segments passed, {}; it resumes when the pool opens for writing",
+            r.slot,
+            r.next_segment,
+            r.total_segments,
+            rate_limit_text(r.rate_bytes_per_sec)
         );
     }
     println!("physical    {}", human(g.total_grains * g.grain_bytes as u64));

@@ -59,7 +59,7 @@ pub(crate) fn changes(before: &[(String, &'static str)], now: &[(String, &'stati
 }
 
 fn member_states(pool: &Pool) -> Vec<(String, &'static str)> {
-    pool.stats().members.iter().map(|m| (m.name.clone(), m.state())).collect()
+    pool.members().iter().map(|m| (m.name.clone(), m.state())).collect()
 }
 
 /// Runs until `stop`: reports every change of a member's state with `command`.
@@ -98,8 +98,7 @@ pub(crate) fn events_thread(pool: Arc<Pool>, command: String, stop: Arc<AtomicBo
         seen = now;
         std::thread::sleep(POLL_INTERVAL);
     }
-    // Commands still running finish on their own; the finished ones are reaped.
-    running.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_)) | Err(_)));
+    // Commands still running finish on their own.
 }
 
 #[cfg(test)]

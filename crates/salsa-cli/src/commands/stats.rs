@@ -125,10 +125,7 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
         }
         if let Some(r) = v["rebuild"].as_object() {
             let k = |key: &str| r.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
-            let limit = match k("rate_bytes_per_sec") {
-                0 => "no rate limit".to_string(),
-                rate => format!("at most {}/s", human(rate)),
-            };
+            let limit = rate_limit_text(Some(k("rate_bytes_per_sec")).filter(|r| *r > 0));
             println!(
                 "rebuilding        slot {}: {} of {} segments passed, {limit}",
                 k("slot"),

@@ -114,6 +114,12 @@ pub struct RebuildProgress {
 pub type VolumeStats = crate::controller::ControllerStats;
 
 impl Pool {
+    /// Each member's state and counters (what [`Pool::stats`] reports as `members`), without
+    /// the rest of the statistics.
+    pub fn members(&self) -> Vec<crate::MemberStatus> {
+        self.eng.log.array().member_status()
+    }
+
     /// Current statistics.
     pub fn stats(&self) -> Stats {
         let c = self.eng.log.counters();
@@ -144,7 +150,7 @@ impl Pool {
                 device_counters.push((m.device.name().to_string(), k, v));
             }
         }
-        let mut members = self.eng.log.array().member_status();
+        let mut members = self.members();
         for (status, m) in members.iter_mut().zip(self.eng.log.array().members()) {
             status.storage_type = m.device.storage_type().name().to_string();
         }

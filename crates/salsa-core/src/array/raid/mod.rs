@@ -902,9 +902,15 @@ impl Array for RaidArray {
     fn describe(&self) -> String {
         let n = self.members.len();
         let unit = crate::pool::human_bytes(self.stripe.unit_bytes);
-        // A member being rebuilt is not read from either, but it is no longer missing.
-        let rebuilding = (0..n).filter(|&m| self.health[m].rebuilding.load(SeqCst)).count() as u32;
-        let failed = match (self.failed_count() - rebuilding, rebuilding) {
+        // A member being rebuilt is not read from either, but it is no longer missing; one
+        // that failed while being rebuilt counts as failed (as `MemberStatus::state` says).
+        let failed = self.health.iter().filter(|h| h.failed.load(SeqCst)).count();
+        let rebuilding = self
+            .health
+            .iter()
+            .filter(|h| h.rebuilding.load(SeqCst) && !h.failed.load(SeqCst))
+            .count();
+        let failed = match (failed, rebuilding) {
             (0, 0) => String::new(),
             (0, r) => format!(", DEGRADED: {r} being rebuilt"),
             (f, 0) => format!(", DEGRADED: {f} failed"),
