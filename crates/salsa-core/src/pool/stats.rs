@@ -117,7 +117,11 @@ impl Pool {
     /// Each member's state and counters (what [`Pool::stats`] reports as `members`), without
     /// the rest of the statistics.
     pub fn members(&self) -> Vec<crate::MemberStatus> {
-        self.eng.log.array().member_status()
+        let mut members = self.eng.log.array().member_status();
+        for (status, m) in members.iter_mut().zip(self.eng.log.array().members()) {
+            status.storage_type = m.device.storage_type().name().to_string();
+        }
+        members
     }
 
     /// Current statistics.
@@ -150,10 +154,7 @@ impl Pool {
                 device_counters.push((m.device.name().to_string(), k, v));
             }
         }
-        let mut members = self.members();
-        for (status, m) in members.iter_mut().zip(self.eng.log.array().members()) {
-            status.storage_type = m.device.storage_type().name().to_string();
-        }
+        let members = self.members();
         let array_bytes: u64 = members.iter().map(|m| m.bytes_written).sum();
         let array_bytes = if self.eng.log.array().kind() == crate::ArrayKind::Linear {
             dev
