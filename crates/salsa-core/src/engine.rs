@@ -100,6 +100,7 @@ impl Drop for GcAdmission<'_> {
 /// writers wait for the GC: enough that they do not stop at every segment, small enough that
 /// the bound is what the user asked for.
 const GARBAGE_SLACK: f64 = 0.01;
+
 impl Engine {
     /// The engine over `log`, cleaning with `policy`. Call [`Engine::attach`] once it is in an
     /// `Arc`, so that the log's streams get their segments from it.
@@ -516,7 +517,9 @@ impl Engine {
         // cache flush each. Release them in batches, or at once when the GC itself runs dry.
         let pending = self.log.capacity().pending_counts();
         let free = self.log.capacity().free_segments();
-        if pending.gc > 0 && (pending.gc >= self.gc_release_batch() || free <= 1) {
+        let wm = self.log.capacity().watermarks;
+        let batch = wm.gc_release_batch(self.log.geo().total_segments);
+        if pending.gc > 0 && (pending.gc >= batch || free <= wm.gc_early_release_at(batch)) {
             self.gc_release()?;
             return Ok(true);
         }
@@ -668,11 +671,6 @@ impl Engine {
     /// `free`). A flush would free none of them, only cut every stream's open record short.
     fn wait_for_discards(&self, free: u32) {
         self.log.capacity().wait_for_free(&StorageType::ALL, free, Duration::from_millis(5));
-    }
-
-    /// How many cleaned segments the GC lets wait for one shared sync.
-    fn gc_release_batch(&self) -> u32 {
-        (self.log.geo().total_segments / 512).clamp(2, 16)
     }
 
     /// Whether the background worker has work: free segments below the low watermark, or

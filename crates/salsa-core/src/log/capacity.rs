@@ -190,7 +190,9 @@ impl Watermarks {
             gc_reserve,
             low: gc_reserve + step + 1,
             high,
-            release: (total / 32).clamp(high, 256),
+            // At most 256, never below `high` (a clamp would panic for pools of 129,024
+            // segments or more, where `high` passes 256).
+            release: (total / 32).min(256).max(high),
         }
     }
 
@@ -216,7 +218,36 @@ impl Watermarks {
             ..self
         }
     }
+
+    /// How many cleaned segments the GC lets wait for one shared sync in a pool of `total`
+    /// segments: 1 in 512 of the pool, or half the band between the writers' reserve and the
+    /// GC's start where a paced pool widened it ([`Watermarks::widened_for_pacing`]), 2 to 16.
+    /// Each release is a cache flush of every member: on a paced RAID-5 of 1022 segments (band
+    /// 17) a batch of 8 against 2 took 4 KiB random writes at 42% of the volume from 600-754 to
+    /// 680-743 MB/s and over the whole volume from 152-199 to 200 MB/s (docs/BENCHMARKS.md).
+    pub fn gc_release_batch(self, total: u32) -> u32 {
+        let band_half = self.low.saturating_sub(self.gc_reserve) / 2;
+        (total / 512).max(band_half).clamp(GC_RELEASE_BATCH_MIN, 16)
+    }
+
+    /// Free segments at which the GC releases its cleaned victims without waiting for a full
+    /// `batch`. With the smallest batch that is when the GC itself runs dry (1 free): one
+    /// victim waiting costs one segment. A larger batch holds up to `batch - 1` segments, so it
+    /// is released while that many free segments are still above the writers' reserve (`low -
+    /// batch`), or the writers would stall behind it. (Releasing early in small pools too cut
+    /// the victims the crash tests' workloads clean below the crash points they need.)
+    pub fn gc_early_release_at(self, batch: u32) -> u32 {
+        if batch <= GC_RELEASE_BATCH_MIN {
+            1
+        } else {
+            self.low.saturating_sub(batch).max(self.gc_reserve + 1)
+        }
+    }
 }
+
+/// The smallest number of cleaned victims released by one sync
+/// ([`Watermarks::gc_release_batch`]).
+const GC_RELEASE_BATCH_MIN: u32 = 2;
 
 /// The extra reserve of `types` when it is a protected class.
 fn extra_of(q: &Queues, types: &[StorageType]) -> u32 {
@@ -806,6 +837,24 @@ mod tests {
         c.rebuild_queues();
         c.mark_free_holes(holes);
         c
+    }
+
+    #[test]
+    fn a_paced_pool_releases_cleaned_victims_in_larger_batches_before_writers_run_short() {
+        let plain = Watermarks::for_segments(1022);
+        assert_eq!((plain.gc_release_batch(1022), plain.gc_early_release_at(2)), (2, 1));
+        let paced = plain.widened_for_pacing(1022);
+        let batch = paced.gc_release_batch(1022);
+        assert_eq!(batch, (paced.low - paced.gc_reserve) / 2);
+        let early = paced.gc_early_release_at(batch);
+        // Released while the batch still fits above the writers' reserve.
+        assert!(early > paced.gc_reserve && early + batch <= paced.low, "{early} {batch} {paced:?}");
+        // A small pool keeps its band, so its batch and threshold too.
+        let small = Watermarks::for_segments(96).widened_for_pacing(96);
+        assert_eq!((small.gc_release_batch(96), small.gc_early_release_at(2)), (2, 1));
+        // A large pool batches by its size, up to 16.
+        let large = Watermarks::for_segments(1 << 20);
+        assert_eq!(large.gc_release_batch(1 << 20), 16);
     }
 
     #[test]
