@@ -100,7 +100,6 @@ impl Drop for GcAdmission<'_> {
 /// writers wait for the GC: enough that they do not stop at every segment, small enough that
 /// the bound is what the user asked for.
 const GARBAGE_SLACK: f64 = 0.01;
-
 impl Engine {
     /// The engine over `log`, cleaning with `policy`. Call [`Engine::attach`] once it is in an
     /// `Arc`, so that the log's streams get their segments from it.
@@ -514,7 +513,8 @@ impl Engine {
         let _g = self.gc_lock.read();
         self.log.check_writable()?;
         // Victims wait for one sync to become free; syncing per victim would cost a device
-        // cache flush each. Release them in batches, or at once when the GC itself runs dry.
+        // cache flush each. Release them in batches, or at once when free segments run low
+        // ([`crate::log::capacity::Watermarks::gc_early_release_at`]).
         let pending = self.log.capacity().pending_counts();
         let free = self.log.capacity().free_segments();
         let wm = self.log.capacity().watermarks;

@@ -223,8 +223,8 @@ impl Watermarks {
     /// segments: 1 in 512 of the pool, or half the band between the writers' reserve and the
     /// GC's start where a paced pool widened it ([`Watermarks::widened_for_pacing`]), 2 to 16.
     /// Each release is a cache flush of every member: on a paced RAID-5 of 1022 segments (band
-    /// 17) a batch of 8 against 2 took 4 KiB random writes at 42% of the volume from 600-754 to
-    /// 680-743 MB/s and over the whole volume from 152-199 to 200 MB/s (docs/BENCHMARKS.md).
+    /// 17) a batch of 8 against 2 took paced 4 KiB random writes over the whole volume from a
+    /// median of 155 to 195 MB/s, and at 42% of it from 678 to 720 MB/s (docs/BENCHMARKS.md).
     pub fn gc_release_batch(self, total: u32) -> u32 {
         let band_half = self.low.saturating_sub(self.gc_reserve) / 2;
         (total / 512).max(band_half).clamp(GC_RELEASE_BATCH_MIN, 16)
@@ -234,8 +234,10 @@ impl Watermarks {
     /// `batch`. With the smallest batch that is when the GC itself runs dry (1 free): one
     /// victim waiting costs one segment. A larger batch holds up to `batch - 1` segments, so it
     /// is released while that many free segments are still above the writers' reserve (`low -
-    /// batch`), or the writers would stall behind it. (Releasing early in small pools too cut
-    /// the victims the crash tests' workloads clean below the crash points they need.)
+    /// batch`) where the band is that wide (a paced pool's), else one above the reserve (a
+    /// large pool's narrow band), or the writers would stall behind it. (Releasing early in
+    /// small pools too cut the victims the crash tests' workloads clean below the crash points
+    /// they need.)
     pub fn gc_early_release_at(self, batch: u32) -> u32 {
         if batch <= GC_RELEASE_BATCH_MIN {
             1
@@ -855,6 +857,8 @@ mod tests {
         // A large pool batches by its size, up to 16.
         let large = Watermarks::for_segments(1 << 20);
         assert_eq!(large.gc_release_batch(1 << 20), 16);
+        assert!(large.gc_early_release_at(16) > large.gc_reserve);
+        assert!(large.release >= large.high);
     }
 
     #[test]
