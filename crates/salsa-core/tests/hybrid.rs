@@ -96,6 +96,8 @@ fn a_hybrid_volume_needs_a_slow_and_a_fast_device() {
 fn data_stays_on_the_slow_tier_and_hot_groups_are_read_from_the_fast_one() {
     let opts = inline_gc();
     let pool = Pool::create(vec![disk(20), flash(16)], &tiny_config(), &opts).unwrap();
+    let types: Vec<String> = pool.members().into_iter().map(|m| m.storage_type).collect();
+    assert_eq!(types, ["hdd", "flash"], "each member reports the type it was formatted with");
     let size = 8 * MIB;
     let vol = pool.create_volume_spec("h", size, &hybrid_spec()).unwrap();
     let mut model: Vec<u8> = (0..size / PAGE as u64).flat_map(|p| pattern(1, p, 0)).collect();

@@ -240,6 +240,7 @@ pub trait Array: Send + Sync {
             .iter()
             .map(|m| MemberStatus {
                 name: m.device.name().to_string(),
+                storage_type: m.device.storage_type().name().to_string(),
                 ..MemberStatus::default()
             })
             .collect()

@@ -117,11 +117,7 @@ impl Pool {
     /// Each member's state and counters (what [`Pool::stats`] reports as `members`), without
     /// the rest of the statistics.
     pub fn members(&self) -> Vec<crate::MemberStatus> {
-        let mut members = self.eng.log.array().member_status();
-        for (status, m) in members.iter_mut().zip(self.eng.log.array().members()) {
-            status.storage_type = m.device.storage_type().name().to_string();
-        }
-        members
+        self.eng.log.array().member_status()
     }
 
     /// Current statistics.

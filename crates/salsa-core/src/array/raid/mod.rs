@@ -966,9 +966,11 @@ impl Array for RaidArray {
         self.slots
             .iter()
             .zip(&self.health)
-            .map(|(slot, h)| MemberStatus {
+            .zip(&self.members)
+            .map(|((slot, h), m)| MemberStatus {
                 name: slot.read().0.name().to_string(),
-                storage_type: String::new(),
+                // The type the pool was formatted with: a replacement takes its slot's type.
+                storage_type: m.device.storage_type().name().to_string(),
                 failed: h.failed.load(SeqCst),
                 rebuilding: h.rebuilding.load(SeqCst),
                 bytes_read: h.bytes_read.load(SeqCst),
