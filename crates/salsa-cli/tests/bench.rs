@@ -488,6 +488,11 @@ fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
         // Parity is written: every user byte costs at least 4/3 bytes on the members.
         assert!(r["salsa_array_write_amplification"].as_f64().unwrap() >= 1.3, "{part}: {v}");
     }
+    // Random overwrites of the whole volume make the GC read its victims; sequential ones
+    // leave victims nearly empty, and a full-stripe write itself reads nothing.
+    let read = |part: &str| v[part]["salsa_array_read_per_user_byte"].as_f64().unwrap();
+    assert!(read("randwrite_4k") > 0.5, "{v}");
+    assert!(read("seqwrite_1m") < 0.1, "{v}");
     // Flush-heavy writes: the parity buffer takes the padding away.
     let f = &v["flush_4k"];
     for k in ["in_place_mbps", "salsa_padding_mbps", "salsa_parity_buffer_mbps"] {

@@ -574,6 +574,7 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
         let mut base = Vec::new();
         let mut ours = Vec::new();
         let mut wa = Vec::new();
+        let mut read = Vec::new();
         for round in 0..p.rounds {
             for path in &paths[..p.members] {
                 preallocate(path, p.member_bytes)?;
@@ -611,13 +612,20 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
             let s = measure(p.seconds)?;
             let after = pool.stats();
             let user = (after.user_bytes_written - before.user_bytes_written).max(1) as f64;
-            let members = |st: &salsa_core::Stats| st.members.iter().map(|m| m.bytes_written).sum::<u64>();
-            let array_wa = (members(&after) - members(&before)) as f64 / user;
+            // Bytes every member moved between the two snapshots, per user byte.
+            let per_user_byte = |f: fn(&salsa_core::MemberStatus) -> u64| {
+                let sum = |st: &salsa_core::Stats| st.members.iter().map(f).sum::<u64>();
+                (sum(&after) - sum(&before)) as f64 / user
+            };
+            let array_wa = per_user_byte(|m| m.bytes_written);
+            // With the GC's reads of whole victims, the parity units between each member's
+            // data units are read through (one request per member).
+            let array_read = per_user_byte(|m| m.bytes_read);
             let pad = (after.pad_bytes_written - before.pad_bytes_written) as f64 / user;
             let gc_wa = (user + (after.gc_bytes_relocated - before.gc_bytes_relocated) as f64) / user;
             let gc_read = (after.gc_bytes_read - before.gc_bytes_read) as f64 / user;
             say(format!(
-                "{name} round {round}: SALSA {} {:.1} MB/s, p99 {} us, p99.9 {} us, max {} us, all members written per user byte {array_wa:.2} (GC {gc_wa:.2}, padding {pad:.2}), GC read per user byte {gc_read:.2}; {} syncs ({} ms), GC busy {} ms, {} stalls, {} writes paced",
+                "{name} round {round}: SALSA {} {:.1} MB/s, p99 {} us, p99.9 {} us, max {} us, all members written per user byte {array_wa:.2} (GC {gc_wa:.2}, padding {pad:.2}), GC read per user byte {gc_read:.2}, all members read per user byte {array_read:.2}; {} syncs ({} ms), GC busy {} ms, {} stalls, {} writes paced",
                 p.salsa_array.name(),
                 s.mbps,
                 s.p99_us,
@@ -631,6 +639,7 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
             ));
             ours.push(s);
             wa.push(array_wa);
+            read.push(array_read);
             drop(vol);
             pool.close().map_err(|e| e.to_string())?;
         }
@@ -644,6 +653,7 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
             "in_place_p999_us": m(&base, |r| r.p999_us as f64), "salsa_p999_us": m(&ours, |r| r.p999_us as f64),
             "in_place_max_us": m(&base, |r| r.max_us as f64), "salsa_max_us": m(&ours, |r| r.max_us as f64),
             "salsa_array_write_amplification": median(wa),
+            "salsa_array_read_per_user_byte": median(read),
             "in_place_method": IN_PLACE_METHOD,
             "salsa_driver": match w {
                 Workload::Random4k if p.holds_acknowledgements() => "one thread holding the acknowledgements",
