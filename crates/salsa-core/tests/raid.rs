@@ -832,7 +832,13 @@ fn a_failed_member_is_replaced_and_rebuilt_while_the_pool_serves() {
             ..FaultPlan::default()
         });
         churn(&pool, &mut model, 12, 500);
-        assert!(pool.stats().members[1].failed);
+        let before = pool.stats();
+        assert!(
+            before.members[1].failed && before.members[1].bytes_written > 0,
+            "{:?}",
+            before.members[1]
+        );
+        let array_bytes = |st: &salsa_core::Stats| st.array_write_amplification * st.user_bytes_written as f64;
         // Replace it while a writer keeps going.
         let fresh: Arc<dyn Device> = Arc::new(MemoryDevice::new("fresh", MEMBER_MIB * MIB));
         let total = pool.geometry().total_segments as u64;
@@ -851,6 +857,34 @@ fn a_failed_member_is_replaced_and_rebuilt_while_the_pool_serves() {
         assert!(!st.members[1].failed && !st.members[1].rebuilding, "{kind:?}: {:?}", st.members[1]);
         assert_eq!(st.rebuild, None, "{kind:?}: the rebuild's progress is cleared when it is done");
         assert_eq!(st.members[1].name, "fresh");
+        // Its counters are the new device's: what the rebuild and the writer wrote to it, no
+        // errors or damage of the old one; the array's total still counts the old one's writes.
+        let m = &st.members[1];
+        assert!(m.bytes_written >= report.bytes_written, "{kind:?}: {m:?} after {report:?}");
+        assert_eq!(
+            (m.read_errors, m.write_errors, m.damaged_bytes, m.repaired_bytes),
+            (0, 0, 0, 0),
+            "{kind:?}: {m:?}"
+        );
+        assert!(array_bytes(&st) > array_bytes(&before), "{kind:?}");
+        // Replaced again with nothing else running: the new device has written what the
+        // rebuild wrote, not what its slot's earlier devices did.
+        let fresh: Arc<dyn Device> = Arc::new(MemoryDevice::new("again", MEMBER_MIB * MIB));
+        let report = pool
+            .replace_member("fresh", fresh.clone(), RebuildOptions::default(), &|_, _| {})
+            .unwrap();
+        let m = &pool.stats().members[1];
+        // (Beyond the rebuild: the rows that closing the open streams padded.)
+        let segment_bytes = pool.geometry().segment_bytes;
+        assert!(
+            m.bytes_written >= report.bytes_written && m.bytes_written < report.bytes_written + segment_bytes,
+            "{kind:?}: {m:?} after {report:?}, the slot's device before wrote {}",
+            st.members[1].bytes_written
+        );
+        assert!(
+            st.members[1].bytes_written > segment_bytes,
+            "{kind:?}: the test tells a reset apart"
+        );
         verify(&pool, &model);
         let scrub = pool.scrub(false).unwrap();
         assert!(scrub.rows_checked > 0 && scrub.rows_mismatched == 0, "{kind:?}: {scrub:?}");

@@ -93,7 +93,8 @@ impl PageCheck {
     }
 }
 
-/// What the pool reports about one member.
+/// What the pool reports about one member: the device now in its slot. The counters run
+/// from when the pool was opened, or from the device's replacement of an earlier one.
 #[derive(Debug, Clone, Default)]
 pub struct MemberStatus {
     pub name: String,
@@ -258,10 +259,17 @@ pub trait Array: Send + Sync {
     fn resync(&self, _segment: u32, _from_grain: u64, _to_grain: u64) -> Result<()> {
         Ok(())
     }
+    /// Bytes written to members that have since been replaced: the counters of
+    /// [`Array::member_status`] describe the device now in each slot, and the array's
+    /// write amplification counts these too.
+    fn replaced_bytes_written(&self) -> u64 {
+        0
+    }
     /// Puts `device` (id `member_id`, laid out as `layout`) in slot `slot` as a replacement
     /// being rebuilt: from now on it takes every write and is not read from, until
-    /// [`Array::finish_rebuild`]. Fails on a layout without redundancy, or when the other
-    /// members cannot rebuild it.
+    /// [`Array::finish_rebuild`]; the slot's counters start again from zero for it (see
+    /// [`Array::replaced_bytes_written`]). Fails on a layout without redundancy, or when the
+    /// other members cannot rebuild it.
     fn replace_member(&self, _slot: u32, _device: Arc<dyn Device>, _member_id: u64, _layout: DeviceLayout) -> Result<()> {
         Err(crate::error::Error::InvalidArgument(format!(
             "a {} array has no redundancy to rebuild a member from",

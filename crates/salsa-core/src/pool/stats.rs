@@ -151,7 +151,7 @@ impl Pool {
             }
         }
         let members = self.members();
-        let array_bytes: u64 = members.iter().map(|m| m.bytes_written).sum();
+        let array_bytes: u64 = members.iter().map(|m| m.bytes_written).sum::<u64>() + self.eng.log.array().replaced_bytes_written();
         let array_bytes = if self.eng.log.array().kind() == crate::ArrayKind::Linear {
             dev
         } else {

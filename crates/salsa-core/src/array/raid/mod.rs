@@ -56,6 +56,24 @@ struct Health {
     damaged_bytes: AtomicU64,
 }
 
+impl Health {
+    /// Zeroes the counters for a new device in the slot; returns the bytes the old one had
+    /// written.
+    fn reset_counters(&self) -> u64 {
+        for c in [
+            &self.bytes_read,
+            &self.parity_bytes_written,
+            &self.read_errors,
+            &self.write_errors,
+            &self.repaired_bytes,
+            &self.damaged_bytes,
+        ] {
+            c.store(0, SeqCst);
+        }
+        self.bytes_written.swap(0, SeqCst)
+    }
+}
+
 /// A RAID-0, RAID-1 or RAID-5 array.
 pub struct RaidArray {
     /// As opened (for reporting the original layout); I/O goes through `slots`.
@@ -76,6 +94,8 @@ pub struct RaidArray {
     /// Held from taking the open rows' landed parity to persisting it, so that banks are
     /// written in the order their contents were taken.
     parity_sync: Mutex<()>,
+    /// What members since replaced had written ([`Array::replaced_bytes_written`]).
+    replaced_bytes_written: AtomicU64,
 }
 
 /// The bytes `[at, at + len)` of the concatenation of `bufs`, as slices.
@@ -148,6 +168,7 @@ impl RaidArray {
             failure_changed: AtomicBool::new(false),
             parity_buffer,
             parity_sync: Mutex::new(()),
+            replaced_bytes_written: AtomicU64::new(0),
         };
         let row_grains = (a.stripe.row_bytes() / grain_bytes) as usize;
         let grains = a.grains_per_segment;
@@ -966,11 +987,10 @@ impl Array for RaidArray {
         self.slots
             .iter()
             .zip(&self.health)
-            .zip(&self.members)
-            .map(|((slot, h), m)| MemberStatus {
+            .map(|(slot, h)| MemberStatus {
                 name: slot.read().0.name().to_string(),
-                // The type the pool was formatted with: a replacement takes its slot's type.
-                storage_type: m.device.storage_type().name().to_string(),
+                // A replacement's is what its superblock records (see `Pool::replace_member`).
+                storage_type: slot.read().0.storage_type().name().to_string(),
                 failed: h.failed.load(SeqCst),
                 rebuilding: h.rebuilding.load(SeqCst),
                 bytes_read: h.bytes_read.load(SeqCst),
@@ -1036,12 +1056,16 @@ impl Array for RaidArray {
         *self.slots[slot as usize].write() = (device, layout);
         self.ids.lock()[slot as usize] = member_id;
         let h = &self.health[slot as usize];
+        // The counters describe the device in the slot: a new disk has read, written,
+        // failed and been repaired nothing (the array's total keeps the old one's writes).
+        self.replaced_bytes_written.fetch_add(h.reset_counters(), SeqCst);
         h.rebuilding.store(true, SeqCst);
         h.failed.store(false, SeqCst);
-        for c in [&h.read_errors, &h.write_errors] {
-            c.store(0, SeqCst);
-        }
         Ok(())
+    }
+
+    fn replaced_bytes_written(&self) -> u64 {
+        self.replaced_bytes_written.load(SeqCst)
     }
 
     fn rebuild_segment(&self, slot: u32, segment: u32, to_grain: u64) -> Result<u64> {
