@@ -136,9 +136,10 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
         for m in v["members"].as_array().into_iter().flatten() {
             let k = |key: &str| m[key].as_u64().unwrap_or(0);
             println!(
-                "  {:<7} {}  read {}  written {} (parity {})  errors {}r/{}w  damaged {}  repaired {}",
+                "  {:<7} {} ({})  read {}  written {} (parity {})  errors {}r/{}w  damaged {}  repaired {}",
                 m["state"].as_str().unwrap_or("?"),
                 m["name"].as_str().unwrap_or("?"),
+                m["storage_type"].as_str().unwrap_or("?"),
                 human(k("bytes_read")),
                 human(k("bytes_written")),
                 human(k("parity_bytes_written")),
