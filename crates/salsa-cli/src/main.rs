@@ -30,7 +30,8 @@ struct Devices {
     /// A pool member: a file or block device, PATH[:SIZE] (SIZE creates a missing file), or a
     /// device model (ssd:, dmsmr:, hmsmr:, zoned:, hdd:size=SIZE,...). A trailing @TYPE (flash,
     /// hdd, nvm) declares its storage type at format (hybrid volumes keep data on hdd and hot
-    /// copies on flash). Repeat for several devices, combined linearly.
+    /// copies on flash). Repeat for several devices; `salsa format --array` chose how they
+    /// combine (linearly by default).
     #[arg(long = "device", short = 'd', required = true, value_name = "PATH[:SIZE][@TYPE]")]
     devices: Vec<DeviceSpec>,
     /// RAID-5 only: a small fast device (a file or block device; on real hardware NVM, an NVMe
