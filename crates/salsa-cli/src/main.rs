@@ -61,12 +61,19 @@ struct ServerOrDevices {
 impl Devices {
     /// Opens (creating missing files at the sizes given): for `format`.
     fn open(&self, read_only: bool) -> Result<Vec<Arc<dyn salsa_core::Device>>, String> {
+        self.check_distinct()?;
         self.devices.iter().map(|d| d.open(read_only)).collect()
     }
 
     /// Opens devices that must exist: for the commands that only look at or change a pool.
     fn open_existing(&self, read_only: bool) -> Result<Vec<Arc<dyn salsa_core::Device>>, String> {
+        self.check_distinct()?;
         self.devices.iter().map(|d| d.open_existing(read_only)).collect()
+    }
+
+    /// Every device, the parity buffer too, named once.
+    fn check_distinct(&self) -> Result<(), String> {
+        salsa_core::spec::check_distinct(self.devices.iter().chain(&self.parity_buffer))
     }
 
     /// Opens the existing pool on these devices (and its parity buffer) with `opts`.

@@ -32,12 +32,14 @@ pub enum Error {
     #[error("device {device} belongs to pool {found:032x}, not to pool {expected:032x}")]
     ForeignDevice { device: String, expected: u128, found: u128 },
     /// The pool has members that were not given.
-    #[error("pool {pool:032x} has {expected} devices but {given} were given; missing member index {missing}")]
+    #[error("pool {pool:032x} has {expected} devices but {given} were given; missing member index {missing}: {why}")]
     MissingMember {
         pool: u128,
         expected: u32,
         given: u32,
         missing: u32,
+        /// Why the pool cannot open without it.
+        why: String,
     },
     /// Device format written by a newer SALSA.
     #[error("device {device} uses format version {found}, this SALSA reads up to version {supported}; upgrade SALSA")]

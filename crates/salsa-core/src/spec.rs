@@ -321,6 +321,49 @@ impl DeviceSpec {
     }
 }
 
+/// Refuses a list of devices (members, then any parity buffer) that names one file twice,
+/// by two paths or one: the second open would find it locked by the first and blame another
+/// process. Files that do not exist yet are compared by where they would be created.
+pub fn check_distinct<'a>(specs: impl IntoIterator<Item = &'a DeviceSpec>) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    // A file's device and inode, or where a missing one would be created.
+    type FileId = Result<(u64, u64), PathBuf>;
+    let mut seen: Vec<(&'a DeviceSpec, FileId)> = Vec::new();
+    for spec in specs {
+        if spec.path.as_os_str().is_empty() {
+            continue; // a model kept in memory
+        }
+        let id = match std::fs::metadata(&spec.path) {
+            Ok(m) => Ok((m.dev(), m.ino())),
+            // Not there yet: where it would be created.
+            Err(_) => Err(match (spec.path.parent(), spec.path.file_name()) {
+                (Some(dir), Some(name)) => {
+                    let dir = if dir.as_os_str().is_empty() {
+                        std::path::Path::new(".")
+                    } else {
+                        dir
+                    };
+                    dir.canonicalize().map_or_else(|_| spec.path.clone(), |d| d.join(name))
+                }
+                _ => spec.path.clone(),
+            }),
+        };
+        if let Some((other, _)) = seen.iter().find(|(_, seen_id)| *seen_id == id) {
+            return Err(if other.path == spec.path {
+                format!("{} is given twice: name each device once", spec.path.display())
+            } else {
+                format!(
+                    "{} and {} are the same file: name each device once",
+                    other.path.display(),
+                    spec.path.display()
+                )
+            });
+        }
+        seen.push((spec, id));
+    }
+    Ok(())
+}
+
 /// The control socket `salsa serve` answers next to its first device (`pool.img` ->
 /// `pool.ctl`).
 pub fn control_path_for(device: &std::path::Path) -> std::path::PathBuf {
@@ -330,6 +373,39 @@ pub fn control_path_for(device: &std::path::Path) -> std::path::PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_named_twice_is_refused_by_either_name() {
+        let dir = std::env::temp_dir().join(format!("salsa-distinct-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = dir.join("a.img");
+        std::fs::write(&a, b"x").unwrap();
+        std::fs::write(dir.join("b.img"), b"x").unwrap();
+        let spec = |p: &str| p.parse::<DeviceSpec>().unwrap();
+        let (a_str, b_str) = (a.to_str().unwrap().to_string(), dir.join("b.img").to_str().unwrap().to_string());
+        std::os::unix::fs::symlink(&a, dir.join("link.img")).unwrap();
+        let other_name = dir.join("link.img").to_str().unwrap().to_string();
+        let missing = dir.join("new.img").to_str().unwrap().to_string();
+        assert!(check_distinct(&[spec(&a_str), spec(&b_str), spec(&missing)]).is_ok());
+        let e = check_distinct(&[spec(&a_str), spec(&b_str), spec(&a_str)]).unwrap_err();
+        assert!(e.contains("given twice"), "{e}");
+        let e = check_distinct(&[spec(&a_str), spec(&other_name)]).unwrap_err();
+        assert!(e.contains("are the same file"), "{e}");
+        let e = check_distinct(&[spec(&format!("{missing}:1M")), spec(&missing)]).unwrap_err();
+        assert!(e.contains("given twice"), "{e}");
+        let missing_other_name = dir
+            .join("..")
+            .join(dir.file_name().unwrap())
+            .join("new.img")
+            .to_str()
+            .unwrap()
+            .to_string();
+        let e = check_distinct(&[spec(&missing), spec(&missing_other_name)]).unwrap_err();
+        assert!(e.contains("are the same file"), "{e}");
+        // Models kept in memory have no file.
+        assert!(check_distinct(&[spec("ssd:size=64M"), spec("ssd:size=64M")]).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn sizes_and_specs_parse() {

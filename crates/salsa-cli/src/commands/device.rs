@@ -30,6 +30,7 @@ pub(crate) fn open_offline(devices: &[DeviceSpec], parity_buffer: Option<&Device
     if devices.is_empty() {
         return Err("give the pool's devices (--device), or --control of the server that serves it".into());
     }
+    salsa_core::spec::check_distinct(devices.iter().chain(parity_buffer))?;
     let devs: Vec<_> = devices.iter().map(|d| d.open_existing(false)).collect::<Result<_, _>>()?;
     let opts = with_parity_buffer(rw_options(), parity_buffer, None)?;
     Pool::open(devs, &opts).map_err(|e| e.to_string())

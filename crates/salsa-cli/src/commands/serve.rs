@@ -102,6 +102,7 @@ pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, answer:
 /// Opens the pool on `specs`, or creates it when every device is blank; refuses anything else.
 pub(crate) fn open_or_create(specs: &[DeviceSpec], args: &ServeArgs, format: &FormatArgs) -> Result<Pool, String> {
     let (parity_buffer, read_only) = (args.parity_buffer.as_ref(), args.read_only);
+    salsa_core::spec::check_distinct(specs.iter().chain(parity_buffer))?;
     for s in specs {
         if let Some(dir) = s
             .path

@@ -498,11 +498,19 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
     let missing: Vec<u32> = (0..first.device_count).filter(|i| ordered[*i as usize].is_none()).collect();
     if let Some(&slot) = missing.first() {
         if missing.len() as u32 > tolerated {
+            let slots: Vec<String> = missing.iter().map(|s| s.to_string()).collect();
             return Err(Error::MissingMember {
                 pool: first.pool_id,
                 expected: first.device_count,
                 given: devices.len() as u32,
                 missing: slot,
+                why: format!(
+                    "{} missing (slots {}) and a {} array of {} can do without at most {tolerated}",
+                    missing.len(),
+                    slots.join(", "),
+                    first.array.name(),
+                    first.device_count
+                ),
             });
         }
         // (A linear pool's missing members are judged against the pool metadata later.)
@@ -581,6 +589,7 @@ fn check_missing_hold_no_log(first: &Superblock, meta: &PoolMeta, slots: &[u32],
                 expected: first.device_count,
                 given: given as u32,
                 missing: slot,
+                why: "it holds log data, and a linear pool needs every member its log was written to".into(),
             });
         }
         tracing::warn!(
