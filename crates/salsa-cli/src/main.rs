@@ -592,6 +592,10 @@ enum DeviceCommand {
         /// Most bytes per second written to the new member (e.g. 200M); default: no limit.
         #[arg(long, value_parser = parse_size)]
         rate: Option<u64>,
+        /// Take a new device that holds data or another pool (refused otherwise, as by
+        /// `salsa format`).
+        #[arg(long)]
+        force: bool,
         /// The member to replace: its device path as the pool knows it, or its slot number.
         old: String,
         /// The new device: PATH[:SIZE] (SIZE creates a missing file).
@@ -616,7 +620,13 @@ fn device(command: &DeviceCommand) -> Result<(), String> {
     let (devices, parity_buffer, control) = (&target.devices, target.parity_buffer.as_ref(), target.control.as_deref());
     match command {
         DeviceCommand::Fail { member, .. } => commands::device::fail(devices, parity_buffer, control, member),
-        DeviceCommand::Replace { rate, old, new, .. } => commands::device::replace(devices, parity_buffer, control, old, new, *rate),
+        DeviceCommand::Replace { rate, force, old, new, .. } => {
+            let opts = salsa_core::RebuildOptions {
+                rate_bytes_per_sec: *rate,
+                overwrite: *force,
+            };
+            commands::device::replace(devices, parity_buffer, control, old, new, opts)
+        }
         DeviceCommand::RebuildRate { rate, .. } => commands::device::set_rebuild_rate(devices, parity_buffer, control, rate.0),
     }
 }

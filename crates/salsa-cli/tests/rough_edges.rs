@@ -241,21 +241,7 @@ fn a_device_named_twice_or_too_few_members_get_a_clear_error() {
     );
     assert!(!ok && out.contains("a.img and ./a.img are the same file"), "{out}");
     assert!(!dir.join("a.img").exists() && !dir.join("b.img").exists(), "nothing is created");
-    let (ok, out) = salsa(
-        &dir,
-        &[
-            "format",
-            "--array",
-            "raid5",
-            "-d",
-            "a.img:64M",
-            "-d",
-            "b.img:64M",
-            "-d",
-            "c.img:64M",
-        ],
-    );
-    assert!(ok, "{out}");
+    format_raid5_of_three(&dir);
     for args in [
         vec!["info", "-d", "a.img", "-d", "b.img", "-d", "a.img"],
         vec!["info", "-d", "a.img", "-d", "b.img", "-d", "c.img", "--parity-buffer", "b.img"],
@@ -273,4 +259,36 @@ fn a_device_named_twice_or_too_few_members_get_a_clear_error() {
     let (ok, out) = salsa(&dir, &["info", "-d", "a.img", "-d", "c.img"]);
     assert!(ok, "one member missing: the pool opens degraded: {out}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `salsa device replace` onto a device that holds another pool is refused with a pointer to
+/// `--force`, the device untouched; with `--force` the rebuild runs.
+#[test]
+fn device_replace_refuses_a_device_holding_another_pool_without_force() {
+    let dir = scratch("replace-force");
+    format_raid5_of_three(&dir);
+    let (ok, out) = salsa(&dir, &["format", "-d", "other.img:64M"]);
+    assert!(ok, "{out}");
+    let other_before = std::fs::read(dir.join("other.img")).unwrap();
+    let pool = ["-d", "a.img", "-d", "b.img", "-d", "c.img"];
+    let mut replace = vec!["device", "replace"];
+    replace.extend(pool);
+    replace.extend(["c.img", "other.img"]);
+    let (ok, out) = salsa(&dir, &replace);
+    assert!(!ok && out.contains("holds SALSA pool") && out.contains("--force"), "{out}");
+    assert!(std::fs::read(dir.join("other.img")).unwrap() == other_before, "other.img untouched");
+    replace.push("--force");
+    let (ok, out) = salsa(&dir, &replace);
+    assert!(ok && out.contains("rebuilt"), "{out}");
+    let (ok, out) = salsa(&dir, &["check", "-d", "a.img", "-d", "b.img", "-d", "other.img"]);
+    assert!(ok, "{out}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A RAID-5 pool on a.img, b.img and c.img (64 MiB each) in `dir`.
+fn format_raid5_of_three(dir: &std::path::Path) {
+    let mut args = vec!["format", "--array", "raid5"];
+    args.extend(["-d", "a.img:64M", "-d", "b.img:64M", "-d", "c.img:64M"]);
+    let (ok, out) = salsa(dir, &args);
+    assert!(ok, "{out}");
 }

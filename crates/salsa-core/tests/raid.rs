@@ -783,6 +783,7 @@ fn a_rebuild_reports_its_progress() {
             let fresh: Arc<dyn Device> = Arc::new(MemoryDevice::new("fresh", MEMBER_MIB * MIB));
             let opts = RebuildOptions {
                 rate_bytes_per_sec: Some(4 << 20),
+                ..RebuildOptions::default()
             };
             p.replace_member("2", fresh, opts, &|_, _| {})
         });
@@ -1103,6 +1104,7 @@ fn a_rebuild_stopped_by_a_clean_stop_resumes_at_the_next_open() {
         std::thread::spawn(move || {
             let slow = RebuildOptions {
                 rate_bytes_per_sec: Some(1),
+                ..RebuildOptions::default()
             };
             pool.replace_member("m1", fresh, slow, &|done, _| rebuilt.store(done, SeqCst))
         })
@@ -1393,4 +1395,57 @@ fn a_raid5_pool_on_sparse_files_fills_every_members_share_of_free_segments() {
     for p in &paths {
         std::fs::remove_file(p).unwrap();
     }
+}
+
+/// A replacement that holds another pool or any data is refused, nothing written to it and
+/// the member left failed, unless the caller says to overwrite it; a member this pool replaced
+/// earlier holds nothing it needs and is taken back as it is.
+#[test]
+fn a_replacement_holding_data_or_another_pool_is_refused_without_overwrite() {
+    let (faults, devs) = members(3);
+    let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid5), &opts()).unwrap();
+    let mut model = volume_with_model(&pool, 50);
+    churn(&pool, &mut model, 41, 300);
+    faults[2].set_plan(FaultPlan {
+        dead: true,
+        ..FaultPlan::default()
+    });
+    churn(&pool, &mut model, 42, 100);
+    let other: Arc<dyn Device> = Arc::new(MemoryDevice::new("other", MEMBER_MIB * MIB));
+    Pool::create(vec![other.clone()], &PoolConfig::default(), &opts())
+        .unwrap()
+        .close()
+        .unwrap();
+    let data: Arc<dyn Device> = Arc::new(MemoryDevice::new("data", MEMBER_MIB * MIB));
+    data.write_at(&[7u8; 4096], 512 << 10).unwrap();
+    let snapshot = |d: &Arc<dyn Device>| {
+        let mut b = vec![0u8; 1 << 20];
+        d.read_at(&mut b, 0).unwrap();
+        b
+    };
+    for (dev, why) in [(&other, "holds SALSA pool"), (&data, "holds data")] {
+        let before = snapshot(dev);
+        let e = pool
+            .replace_member("2", dev.clone(), RebuildOptions::default(), &|_, _| {})
+            .unwrap_err();
+        assert!(e.to_string().contains(why) && e.to_string().contains("--force"), "{e}");
+        assert!(snapshot(dev) == before, "{}: nothing written", dev.name());
+        assert!(pool.stats().members[2].failed);
+    }
+    let force = RebuildOptions {
+        overwrite: true,
+        ..RebuildOptions::default()
+    };
+    pool.replace_member("2", data.clone(), force, &|_, _| {}).unwrap();
+    verify(&pool, &model);
+    // The member replaced first, now healthy again, takes its slot back without overwrite.
+    faults[2].set_plan(FaultPlan::default());
+    pool.replace_member("data", devs[2].clone(), RebuildOptions::default(), &|_, _| {})
+        .unwrap();
+    assert_eq!(pool.stats().members[2].name, devs[2].name());
+    verify(&pool, &model);
+    pool.close().unwrap();
+    let pool = Pool::open(devs, &opts()).unwrap();
+    verify(&pool, &model);
+    pool.close().unwrap();
 }

@@ -6,7 +6,7 @@
 //! The control socket speaks lines: a client sends one request line (`stats`, `scrub`,
 //! `scrub repair`, `fail <member>`, `volume-set <volume> [placement=<policy>]
 //! [victim=<policy>]`, `share <volume> <dst>:<src>:<len> ...`, `replace <member> <new device
-//! spec> [<bytes per second>]`, or `rebuild-rate <bytes per second, 0: no limit>`); the server
+//! spec> [<bytes per second> [force]]`, or `rebuild-rate <bytes per second, 0: no limit>`); the server
 //! answers `stats` and `scrub` with one JSON line, `fail`, `volume-set`, `share` and
 //! `rebuild-rate` with `ok` or `error`, and `replace` with `progress <done> <total>` lines and
 //! a final `ok <json>` or `error <message>` line. A client that sends nothing gets the
@@ -59,20 +59,15 @@ pub(crate) fn replace(
     control: Option<&std::path::Path>,
     old: &str,
     new: &DeviceSpec,
-    rate: Option<u64>,
+    opts: salsa_core::RebuildOptions,
 ) -> Result<(), String> {
     if let Some(path) = running_server(devices, control) {
-        return replace_online(&path, old, new, rate);
+        return replace_online(&path, old, new, opts);
     }
     let pool = open_offline(devices, parity_buffer)?;
     let new_dev = new.open(false)?;
     let report = pool
-        .replace_member(
-            old,
-            new_dev,
-            salsa_core::RebuildOptions { rate_bytes_per_sec: rate },
-            &progress_bar("rebuild"),
-        )
+        .replace_member(old, new_dev, opts, &progress_bar("rebuild"))
         .map_err(|e| e.to_string())?;
     print_report(&report_json(&report));
     pool.close().map_err(|e| e.to_string())
@@ -101,7 +96,7 @@ fn print_report(v: &serde_json::Value) {
     );
 }
 
-fn replace_online(control: &std::path::Path, old: &str, new: &DeviceSpec, rate: Option<u64>) -> Result<(), String> {
+fn replace_online(control: &std::path::Path, old: &str, new: &DeviceSpec, opts: salsa_core::RebuildOptions) -> Result<(), String> {
     let mut s = std::os::unix::net::UnixStream::connect(control).map_err(|e| format!("{}: {e}", control.display()))?;
     let spec = match new.size_bytes {
         Some(b) => format!("{}:{b}", new.path.display()),
@@ -110,7 +105,8 @@ fn replace_online(control: &std::path::Path, old: &str, new: &DeviceSpec, rate: 
     if old.contains(char::is_whitespace) || spec.contains(char::is_whitespace) {
         return Err("member names and paths with spaces cannot go through the control socket; replace offline".into());
     }
-    writeln!(s, "replace {old} {spec} {}", rate.unwrap_or(0)).map_err(|e| e.to_string())?;
+    let force = if opts.overwrite { " force" } else { "" };
+    writeln!(s, "replace {old} {spec} {}{force}", opts.rate_bytes_per_sec.unwrap_or(0)).map_err(|e| e.to_string())?;
     let bar = progress_bar("rebuild");
     for line in BufReader::new(s).lines() {
         let line = line.map_err(|e| e.to_string())?;
@@ -215,10 +211,13 @@ pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
         },
         Some("replace") => {
             let (Some(old), Some(spec)) = (words.next(), words.next()) else {
-                let _ = writeln!(s, "error usage: replace <member> <device spec> [<bytes per second>]");
+                let _ = writeln!(s, "error usage: replace <member> <device spec> [<bytes per second> [force]]");
                 return;
             };
-            let rate = words.next().and_then(|r| r.parse::<u64>().ok()).filter(|r| *r > 0);
+            let opts = salsa_core::RebuildOptions {
+                rate_bytes_per_sec: words.next().and_then(|r| r.parse::<u64>().ok()).filter(|r| *r > 0),
+                overwrite: words.next() == Some("force"),
+            };
             let result = spec.parse::<DeviceSpec>().and_then(|d| d.open(false)).and_then(|dev| {
                 let out = std::sync::Mutex::new(s.try_clone().map_err(|e| e.to_string())?);
                 let progress = |done: u64, total: u64| {
@@ -226,8 +225,7 @@ pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
                         let _ = writeln!(o, "progress {done} {total}");
                     }
                 };
-                pool.replace_member(old, dev, salsa_core::RebuildOptions { rate_bytes_per_sec: rate }, &progress)
-                    .map_err(|e| e.to_string())
+                pool.replace_member(old, dev, opts, &progress).map_err(|e| e.to_string())
             });
             match result {
                 Ok(r) => format!("ok {}", report_json(&r)),

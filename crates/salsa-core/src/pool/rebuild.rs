@@ -10,7 +10,7 @@
 //! pool metadata as it goes, so that a crash or a restart resumes where it was. At the end a
 //! flush makes everything durable, and the member is read from again.
 
-use super::open::{human_bytes, read_superblock, write_superblock};
+use super::open::{device_is_blank, human_bytes, read_superblock, write_superblock};
 use super::Pool;
 use crate::device::Device;
 use crate::engine::Engine;
@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 pub struct RebuildOptions {
     /// Most bytes written to the new member per second; `None`: as fast as it goes.
     pub rate_bytes_per_sec: Option<u64>,
+    /// Take a new device that holds data or another pool (otherwise refused, nothing
+    /// written, as `salsa format` refuses one without `--force`).
+    pub overwrite: bool,
 }
 
 /// What a rebuild did.
@@ -235,9 +238,25 @@ impl Pool {
                 "another member is being rebuilt; wait for it to finish".into(),
             ));
         }
-        if let Ok(sb) = read_superblock(new.as_ref()) {
-            if sb.pool_id == self.pool_id() && status.iter().any(|m| m.name == new.name()) {
+        match read_superblock(new.as_ref()) {
+            Ok(sb) if sb.pool_id == self.pool_id() && status.iter().any(|m| m.name == new.name()) => {
                 return Err(Error::InvalidArgument(format!("{} is already a member of this pool", new.name())));
+            }
+            // A member this pool replaced earlier holds nothing it needs.
+            Ok(sb) if sb.pool_id == self.pool_id() || opts.overwrite => {}
+            Ok(sb) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} holds SALSA pool {:032x}; to overwrite it, give --force",
+                    new.name(),
+                    sb.pool_id
+                )))
+            }
+            Err(_) if opts.overwrite || device_is_blank(new.as_ref())? => {}
+            Err(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} holds data (its first MiB is not blank); to overwrite it, give --force",
+                    new.name()
+                )))
             }
         }
         // The new member's superblock: a healthy member's, with its own slot, id and layout.
