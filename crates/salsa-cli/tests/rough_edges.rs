@@ -66,6 +66,23 @@ fn a_server_that_cannot_start_leaves_nothing_behind() {
     let (ok, out) = salsa(&dir, &["serve", "--no-tcp", "--device", "pool.img:64M"]);
     assert!(!ok && out.contains("nothing to listen on"), "{out}");
     assert!(!dir.join("pool.img").exists());
+    // A format that fails removes the files it created, and only those.
+    std::fs::write(dir.join("kept.img"), vec![0u8; 1 << 20]).unwrap();
+    for (args, why) in [
+        (
+            vec!["format", "--array", "raid5", "-d", "a.img:64M", "-d", "b.img:64M"],
+            "at least 3 devices",
+        ),
+        (vec!["format", "-d", "a.img:64M", "--parity-buffer", "pb.img"], "parity buffer"),
+        (vec!["format", "-d", "a.img:64M", "-d", "kept.img"], "too small"),
+    ] {
+        let (ok, out) = salsa(&dir, &args);
+        assert!(!ok && out.contains(why), "{args:?}: {out}");
+        for f in ["a.img", "b.img", "pb.img"] {
+            assert!(!dir.join(f).exists(), "{args:?} left {f} behind");
+        }
+        assert!(dir.join("kept.img").exists(), "{args:?} removed a file it did not create");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -220,8 +237,13 @@ fn a_raid5_parity_buffer_is_created_reported_and_required() {
     assert!(ok, "{out}");
     let (ok, out) = salsa(&dir, &["info", "-d", "p0.img", "-d", "p1.img", "-d", "p2.img"]);
     assert!(ok && out.contains("no parity buffer: a flush pads"), "{out}");
-    // A linear pool refuses one, and writes nothing to its device.
+    // A linear pool refuses one, and leaves nothing behind.
     let (ok, out) = salsa(&dir, &["format", "--parity-buffer", "nvm2.img:8M", "-d", "l.img:32M"]);
+    assert!(!ok && out.contains("parity buffer keeps RAID-5 parity"), "{out}");
+    assert!(!dir.join("l.img").exists() && !dir.join("nvm2.img").exists(), "files left behind");
+    // On a device that was there, it writes nothing.
+    std::fs::write(dir.join("l.img"), vec![0u8; 32 << 20]).unwrap();
+    let (ok, out) = salsa(&dir, &["format", "--parity-buffer", "nvm2.img:8M", "-d", "l.img"]);
     assert!(!ok && out.contains("parity buffer keeps RAID-5 parity"), "{out}");
     let (ok, out) = salsa(&dir, &["info", "-d", "l.img"]);
     assert!(!ok && out.contains("not a SALSA pool member"), "{out}");

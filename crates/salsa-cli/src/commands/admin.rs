@@ -22,17 +22,24 @@ pub(crate) fn check_blank(devs: &[Arc<dyn salsa_core::Device>], force: bool) -> 
 }
 
 pub(crate) fn format_pool(devices: &Devices, f: &FormatArgs, force: bool, default_volume: bool) -> Result<(), String> {
-    let devs = devices.open(false)?;
-    check_blank(&devs, force)?;
-    let cfg = f.pool_config()?;
-    let opts = with_parity_buffer(rw_options(), devices.parity_buffer.as_ref(), Some((&cfg, devs.len())))?;
-    let pool = Pool::create(devs, &cfg, &opts).map_err(|e| e.to_string())?;
+    // Files this format creates are removed again if it fails.
+    let created = super::serve::FilesToCreate::of(&devices.devices, devices.parity_buffer.as_ref());
+    let pool = create_pool(devices, f, force).map_err(|e| created.remove(e))?;
     if default_volume {
         let size = f.create_default_volume(&pool)?;
         println!("created volume default: {}", human(size));
     }
     println!("formatted pool {:032x}", pool.pool_id());
     pool.close().map_err(|e| e.to_string())
+}
+
+/// The new pool on `devices`, refused on devices that hold data unless `force`.
+fn create_pool(devices: &Devices, f: &FormatArgs, force: bool) -> Result<Pool, String> {
+    let cfg = f.pool_config()?;
+    let devs = devices.open(false)?;
+    check_blank(&devs, force)?;
+    let opts = with_parity_buffer(rw_options(), devices.parity_buffer.as_ref(), Some((&cfg, devs.len())))?;
+    Pool::create(devs, &cfg, &opts).map_err(|e| e.to_string())
 }
 
 pub(crate) fn info(devices: &Devices) -> Result<(), String> {

@@ -251,30 +251,13 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         None => None,
     };
     // Files this start creates are removed again if it fails.
-    let mut created: Vec<std::path::PathBuf> = specs
-        .iter()
-        .filter(|s| s.model.is_none() && s.size_bytes.is_some() && !s.path.exists())
-        .map(|s| s.path.clone())
-        .collect();
-    // A parity buffer is created (at its size, or the one the layout needs) with a new pool.
-    created.extend(
-        args.parity_buffer
-            .iter()
-            .filter(|s| s.model.is_none() && !s.path.exists())
-            .map(|s| s.path.clone()),
-    );
-    let remove_created = |e: String| -> String {
-        for p in &created {
-            let _ = std::fs::remove_file(p);
-        }
-        e
-    };
-    let pool = Arc::new(open_or_create(specs, &args, format).map_err(remove_created)?);
+    let created = FilesToCreate::of(specs, args.parity_buffer.as_ref());
+    let pool = Arc::new(open_or_create(specs, &args, format).map_err(|e| created.remove(e))?);
     let listening = match salsa_nbd::server::Listening::bind(pool.clone(), &cfg) {
         Ok(l) => l,
         Err(e) => {
             drop(pool);
-            return Err(remove_created(e));
+            return Err(created.remove(e));
         }
     };
     let stop = stop_on_signals()?;
@@ -327,4 +310,30 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
     pool.close().map_err(|e| e.to_string())?;
     eprintln!("salsa: stopped cleanly");
     Ok(())
+}
+
+/// The files a command that creates a pool is about to create (members given with a size and
+/// not there yet, and a missing parity buffer, which is created at the size the layout needs),
+/// so that a failure removes them again and leaves nothing behind.
+pub(crate) struct FilesToCreate(Vec<std::path::PathBuf>);
+
+impl FilesToCreate {
+    pub(crate) fn of(members: &[DeviceSpec], parity_buffer: Option<&DeviceSpec>) -> FilesToCreate {
+        let sized_members = members.iter().filter(|s| s.size_bytes.is_some());
+        FilesToCreate(
+            sized_members
+                .chain(parity_buffer)
+                .filter(|s| s.model.is_none() && !s.path.exists())
+                .map(|s| s.path.clone())
+                .collect(),
+        )
+    }
+
+    /// Removes them (after a failure, `error`, which it returns).
+    pub(crate) fn remove(&self, error: String) -> String {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+        error
+    }
 }
