@@ -118,17 +118,7 @@ fn volume_list_has_a_header_human_sizes_and_json() {
 #[test]
 fn commands_refused_by_a_served_pool_point_to_the_server() {
     let dir = scratch("served");
-    let mut srv = Command::new(env!("CARGO_BIN_EXE_salsa"))
-        .current_dir(&dir)
-        .args(["serve", "--no-tcp", "--unix", "nbd.sock", "--device", "pool.img:64M"])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !dir.join("pool.ctl").exists() {
-        assert!(std::time::Instant::now() < deadline, "the server did not start");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let srv = start_server(&dir, &["--device", "pool.img:64M"], "pool.ctl");
     let (ok, out) = salsa(&dir, &["info", "--device", "pool.img"]);
     assert!(
         !ok && out.contains("salsa stats --device pool.img") && out.contains("pool.ctl"),
@@ -136,9 +126,54 @@ fn commands_refused_by_a_served_pool_point_to_the_server() {
     );
     let (ok, out) = salsa(&dir, &["stats", "--device", "pool.img"]);
     assert!(ok && out.contains("user written"), "{out}");
+    stop_server(srv);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `salsa serve --no-tcp --unix nbd.sock ARGS` in `dir`, once its control socket `ctl` is there.
+fn start_server(dir: &std::path::Path, args: &[&str], ctl: &str) -> std::process::Child {
+    let srv = Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .current_dir(dir)
+        .args(["serve", "--no-tcp", "--unix", "nbd.sock"])
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !dir.join(ctl).exists() {
+        assert!(std::time::Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    srv
+}
+
+/// Stops a server of [`start_server`]; it must exit cleanly.
+fn stop_server(mut srv: std::process::Child) {
     // SAFETY: kill only sends a signal to our own child's pid.
     unsafe { libc::kill(srv.id() as i32, libc::SIGTERM) };
     assert!(srv.wait().unwrap().success());
+}
+
+/// An online replacement given a relative path from another directory creates the file where
+/// the user meant, not in the server's directory; a member of the pool is refused as such
+/// (before, the server tried to open it again and called it locked by another process).
+#[test]
+fn an_online_replacement_takes_paths_as_the_user_meant_them() {
+    let dir = scratch("online-replace");
+    let members = ["--array", "raid5", "-d", "a.img:64M", "-d", "b.img:64M", "-d", "c.img:64M"];
+    let srv = start_server(&dir, &members, "a.ctl");
+    let sub = dir.join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    let (ok, out) = salsa(&sub, &["device", "replace", "-d", "../a.img", "1", "../c.img"]);
+    assert!(!ok && out.contains("already member 2 of this pool"), "{out}");
+    let (ok, out) = salsa(&sub, &["device", "replace", "-d", "../a.img", "1", "new.img:64M"]);
+    assert!(ok && out.contains("rebuilt"), "{out}");
+    assert!(sub.join("new.img").exists() && !dir.join("new.img").exists());
+    let (ok, out) = salsa(&dir, &["stats", "-d", "a.img"]);
+    assert!(ok && out.contains("sub/new.img"), "{out}");
+    stop_server(srv);
+    let (ok, out) = salsa(&dir, &["check", "-d", "a.img", "-d", "sub/new.img", "-d", "c.img"]);
+    assert!(ok, "{out}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -299,6 +334,19 @@ fn device_replace_refuses_a_device_holding_another_pool_without_force() {
     let (ok, out) = salsa(&dir, &replace);
     assert!(!ok && out.contains("holds SALSA pool") && out.contains("--force"), "{out}");
     assert!(std::fs::read(dir.join("other.img")).unwrap() == other_before, "other.img untouched");
+    // A member of the pool, by another path, is refused as such.
+    let mut member = vec!["device", "replace"];
+    member.extend(pool);
+    member.extend(["c.img", "./a.img"]);
+    let (ok, out) = salsa(&dir, &member);
+    assert!(!ok && out.contains("already member 0 of this pool"), "{out}");
+    // A file the command created for a refused replacement is removed again.
+    let mut refused = vec!["device", "replace"];
+    refused.extend(pool);
+    refused.extend(["7", "new.img:64M"]);
+    let (ok, out) = salsa(&dir, &refused);
+    assert!(!ok && out.contains("not a member"), "{out}");
+    assert!(!dir.join("new.img").exists(), "{out}");
     replace.push("--force");
     let (ok, out) = salsa(&dir, &replace);
     assert!(ok && out.contains("rebuilt"), "{out}");

@@ -65,12 +65,41 @@ pub(crate) fn replace(
         return replace_online(&path, old, new, opts);
     }
     let pool = open_offline(devices, parity_buffer)?;
-    let new_dev = new.open(false)?;
-    let report = pool
-        .replace_member(old, new_dev, opts, &progress_bar("rebuild"))
-        .map_err(|e| e.to_string())?;
+    let report = replace_with(&pool, old, new, opts, &progress_bar("rebuild"))?;
     print_report(&report_json(&report));
     pool.close().map_err(|e| e.to_string())
+}
+
+/// Opens `new` (creating it when a size is given) and replaces member `old` of `pool` with
+/// it, offline or in the server. A file this created is removed again when the pool did not
+/// take it; a member of the pool (by any path) is refused before it is opened, which would
+/// find it locked by the pool itself.
+fn replace_with(
+    pool: &Pool,
+    old: &str,
+    new: &DeviceSpec,
+    opts: salsa_core::RebuildOptions,
+    progress: &dyn Fn(u64, u64),
+) -> Result<salsa_core::RebuildReport, String> {
+    use std::os::unix::fs::MetadataExt;
+    let file_id = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    if let Some(id) = file_id(&new.path) {
+        let members = pool.members();
+        if let Some((slot, m)) = members.iter().enumerate().find(|(_, m)| file_id(m.name.as_ref()) == Some(id)) {
+            return Err(format!("{} is already member {slot} of this pool ({})", new.path.display(), m.name));
+        }
+    }
+    let created = super::serve::FilesToCreate::of(std::slice::from_ref(new), None);
+    let dev = new.open(false)?;
+    let name = dev.name().to_string();
+    pool.replace_member(old, dev, opts, progress).map_err(|e| {
+        let e = e.to_string();
+        if pool.members().iter().any(|m| m.name == name) {
+            e // the pool took it: it holds part of the rebuild
+        } else {
+            created.remove(e)
+        }
+    })
 }
 
 /// The report as JSON (the control socket's `ok` line).
@@ -98,9 +127,11 @@ fn print_report(v: &serde_json::Value) {
 
 fn replace_online(control: &std::path::Path, old: &str, new: &DeviceSpec, opts: salsa_core::RebuildOptions) -> Result<(), String> {
     let mut s = std::os::unix::net::UnixStream::connect(control).map_err(|e| format!("{}: {e}", control.display()))?;
+    // The server resolves a relative path in its own directory, not in ours.
+    let path = std::path::absolute(&new.path).unwrap_or_else(|_| new.path.clone());
     let spec = match new.size_bytes {
-        Some(b) => format!("{}:{b}", new.path.display()),
-        None => new.path.display().to_string(),
+        Some(b) => format!("{}:{b}", path.display()),
+        None => path.display().to_string(),
     };
     if old.contains(char::is_whitespace) || spec.contains(char::is_whitespace) {
         return Err("member names and paths with spaces cannot go through the control socket; replace offline".into());
@@ -218,14 +249,14 @@ pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
                 rate_bytes_per_sec: words.next().and_then(|r| r.parse::<u64>().ok()).filter(|r| *r > 0),
                 overwrite: words.next() == Some("force"),
             };
-            let result = spec.parse::<DeviceSpec>().and_then(|d| d.open(false)).and_then(|dev| {
+            let result = spec.parse::<DeviceSpec>().and_then(|new| {
                 let out = std::sync::Mutex::new(s.try_clone().map_err(|e| e.to_string())?);
                 let progress = |done: u64, total: u64| {
                     if let Ok(mut o) = out.lock() {
                         let _ = writeln!(o, "progress {done} {total}");
                     }
                 };
-                pool.replace_member(old, dev, opts, &progress).map_err(|e| e.to_string())
+                replace_with(pool, old, &new, opts, &progress)
             });
             match result {
                 Ok(r) => format!("ok {}", report_json(&r)),

@@ -1136,7 +1136,12 @@ impl Array for RaidArray {
                 }
             }
         }
-        self.write_member(slot, &[IoSlice::new(&out.0)], self.offset(slot, segment, 0), 0)?;
+        // Of the share, the rows whose parity unit this slot holds (RAID-5).
+        let parity_bytes = match self.stripe.kind {
+            ArrayKind::Raid5 => (0..rows).filter(|&r| self.stripe.unit_of(r, slot).is_none()).count() as u64 * self.stripe.unit_bytes,
+            _ => 0,
+        };
+        self.write_member(slot, &[IoSlice::new(&out.0)], self.offset(slot, segment, 0), parity_bytes)?;
         if self.health[slot as usize].failed.load(SeqCst) {
             return Err(Error::Io {
                 device: self.device(slot).name().to_string(),
