@@ -93,6 +93,11 @@ impl PageCheck {
     }
 }
 
+/// The error of a replacement asked of a layout without redundancy.
+pub fn no_redundancy_to_rebuild(kind: ArrayKind) -> crate::error::Error {
+    crate::error::Error::InvalidArgument(format!("a {} array has no redundancy to rebuild a member from", kind.name()))
+}
+
 /// What the pool reports about one member: the device now in its slot. The counters run
 /// from when the pool was opened, or from the device's replacement of an earlier one.
 #[derive(Debug, Clone, Default)]
@@ -271,10 +276,7 @@ pub trait Array: Send + Sync {
     /// [`Array::replaced_bytes_written`]). Fails on a layout without redundancy, or when the
     /// other members cannot rebuild it.
     fn replace_member(&self, _slot: u32, _device: Arc<dyn Device>, _member_id: u64, _layout: DeviceLayout) -> Result<()> {
-        Err(crate::error::Error::InvalidArgument(format!(
-            "a {} array has no redundancy to rebuild a member from",
-            self.kind().name()
-        )))
+        Err(no_redundancy_to_rebuild(self.kind()))
     }
     /// Fails member `slot` on request (an administrator taking a disk out): it is no longer
     /// read or written. Refused when the array would lose data.

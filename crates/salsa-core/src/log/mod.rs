@@ -874,6 +874,16 @@ impl Log {
         self.counters.syncs.fetch_add(1, SeqCst);
         // A member that failed since the last sync is recorded as failed before the writes
         // that went around it count as durable: a reopened pool must not trust it again.
+        self.record_failure_change()?;
+        self.tracker.set_synced_through(upto);
+        Ok(())
+    }
+
+    /// Writes the set of failed members to the pool metadata if a member failed since it was
+    /// last written, and takes the free segments of a failed member offline. Every sync does
+    /// it; a member failed on request does it at once, since a request on an idle pool may
+    /// be followed by no sync at all before the pool closes.
+    pub fn record_failure_change(&self) -> Result<()> {
         if let Some(failed) = self.array.take_failure_change() {
             let mut meta = self.meta.lock();
             let mut next = meta.clone();
@@ -884,10 +894,8 @@ impl Log {
             }
             *meta = next;
             drop(meta);
-            // The free segments of a member that failed are taken offline.
             self.capacity.take_free_offline(|s| self.array.is_segment_offline(s));
         }
-        self.tracker.set_synced_through(upto);
         Ok(())
     }
 

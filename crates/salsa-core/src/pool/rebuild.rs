@@ -231,6 +231,9 @@ impl Pool {
     ) -> Result<RebuildReport> {
         self.eng.log.check_writable()?;
         let array = self.eng.log.array();
+        if !self.eng.log.has_redundancy() {
+            return Err(crate::array::no_redundancy_to_rebuild(array.kind()));
+        }
         let slot = self.slot_of(old)?;
         let status = array.member_status();
         if status.iter().any(|m| m.rebuilding) && !status[slot as usize].rebuilding {
@@ -401,7 +404,9 @@ impl Pool {
         self.eng.log.check_writable()?;
         let slot = self.slot_of(member)?;
         self.eng.log.array().fail_member(slot)?;
-        self.eng.flush()
+        self.eng.flush()?;
+        // An idle pool's flush syncs nothing: the failure is recorded here either way.
+        self.eng.log.record_failure_change()
     }
 
     /// Asks long background jobs (a rebuild) to stop at their next step; a rebuild stopped
