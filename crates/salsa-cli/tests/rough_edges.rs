@@ -340,6 +340,19 @@ fn device_replace_refuses_a_device_holding_another_pool_without_force() {
     member.extend(["c.img", "./a.img"]);
     let (ok, out) = salsa(&dir, &member);
     assert!(!ok && out.contains("already member 0 of this pool"), "{out}");
+    // A failed member given as its own replacement: how to do that.
+    let mut fail = vec!["device", "fail"];
+    fail.extend(pool);
+    fail.push("a.img");
+    let (ok, out) = salsa(&dir, &fail);
+    assert!(ok, "{out}");
+    let mut again = vec!["device", "replace"];
+    again.extend(pool);
+    again.extend(["a.img", "a.img"]);
+    let (ok, out) = salsa(&dir, &again);
+    assert!(!ok && out.contains("leave it out of --device"), "{out}");
+    let (ok, out) = salsa(&dir, &["device", "replace", "-d", "b.img", "-d", "c.img", "0", "a.img"]);
+    assert!(ok && out.contains("rebuilt"), "{out}");
     // A file the command created for a refused replacement is removed again.
     let mut refused = vec!["device", "replace"];
     refused.extend(pool);

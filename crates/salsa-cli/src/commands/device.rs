@@ -86,7 +86,16 @@ fn replace_with(
     if let Some(id) = file_id(&new.path) {
         let members = pool.members();
         if let Some((slot, m)) = members.iter().enumerate().find(|(_, m)| file_id(m.name.as_ref()) == Some(id)) {
-            return Err(format!("{} is already member {slot} of this pool ({})", new.path.display(), m.name));
+            let hint = if m.failed {
+                "; to rebuild a failed member onto itself, open the pool without it (leave it out of --device) and replace the missing slot"
+            } else {
+                ""
+            };
+            return Err(format!(
+                "{} is already member {slot} of this pool ({}){hint}",
+                new.path.display(),
+                m.name
+            ));
         }
     }
     let created = super::serve::FilesToCreate::of(std::slice::from_ref(new), None);
