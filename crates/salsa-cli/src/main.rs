@@ -392,7 +392,8 @@ enum Command {
         #[command(flatten)]
         devices: Devices,
     },
-    /// Offline check of every checksum and map; exits non-zero on damage.
+    /// Offline check of every checksum and map; exits non-zero on damage. With --scrub on a
+    /// pool being served, the scrub alone, through the server (the pool keeps serving).
     Check {
         #[command(flatten)]
         devices: Devices,
@@ -789,10 +790,19 @@ fn main() -> ExitCode {
             // The scrub runs even after check found damage: repairing it is what it is for.
             // Damage a member holds but the redundancy covers counts as fixed only when the
             // scrub rewrote it.
-            let outcome = check(devices).and_then(|c| {
-                let scrub_clean = !*scrub || scrub_pool(devices, *repair)?;
-                Ok(c.problems == 0 && scrub_clean && (c.repairable_bytes == 0 || (*scrub && *repair)))
-            });
+            // A served pool is scrubbed through its server; the offline check needs it closed.
+            let served = commands::device::running_server(&devices.devices, None).is_some();
+            let outcome = match (served, *scrub) {
+                (true, true) => scrub_pool(devices, *repair),
+                (true, false) => Err(format!(
+                    "the pool is being served: `salsa check` reads it offline, so stop the server first; `salsa check --scrub --device {}` scrubs it while it serves",
+                    devices.devices[0].path.display()
+                )),
+                (false, _) => check(devices).and_then(|c| {
+                    let scrub_clean = !*scrub || scrub_pool(devices, *repair)?;
+                    Ok(c.problems == 0 && scrub_clean && (c.repairable_bytes == 0 || (*scrub && *repair)))
+                }),
+            };
             match outcome {
                 Ok(true) => Ok(()),
                 Ok(false) => return ExitCode::from(1),

@@ -851,6 +851,27 @@ fn check_and_scrub_find_and_repair_a_flipped_bit_on_a_raid5_member() {
 
     let (ok, out) = salsa(&["check", "--scrub"]);
     assert!(ok && out.contains("0 problems") && out.contains("0 disagreed"), "{out}");
+
+    // Served: the scrub goes through the server and the pool keeps serving; the offline
+    // check says to stop the server first.
+    let srv = Server::start_on(&dir, &all, &[]);
+    let (ok, out) = salsa(&["check"]);
+    assert!(!ok && out.contains("stop the server first"), "{out}");
+    let mut bytes = std::fs::read(path(member)).unwrap();
+    bytes[at + 3000] ^= 0x04;
+    std::fs::write(path(member), &bytes).unwrap();
+    let (ok, out) = salsa(&["check", "--scrub"]);
+    assert!(!ok && out.contains("1 disagreed") && out.contains("0 rewritten"), "{out}");
+    let (ok, out) = salsa(&["check", "--scrub", "--repair"]);
+    assert!(
+        ok && out.contains("1 rewritten") && out.contains("4.0 KiB rewritten from the redundancy"),
+        "{out}"
+    );
+    let (ok, out) = salsa(&["check", "--scrub"]);
+    assert!(ok && out.contains("0 disagreed") && !out.contains("rewritten from"), "{out}");
+    let (ok, out) = run(Command::new("nbdcopy").arg(srv.uri()).arg(&back));
+    assert!(ok && std::fs::read(&back).unwrap()[..data.len()] == data[..], "{out}");
+    srv.stop();
 }
 
 /// NBD over TLS as nbdkit and qemu-nbd offer it: certificates and pre-shared keys, checked with

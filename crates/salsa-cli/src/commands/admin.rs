@@ -149,25 +149,65 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
 }
 
 /// `salsa check --scrub`: compares the array's redundancy with the data, and with `repair`
-/// rewrites what disagrees; false when something disagreed and was not repaired.
+/// rewrites what disagrees; false when something disagreed and was not repaired. Through the
+/// running server when one answers (the pool keeps serving), else offline.
 pub(crate) fn scrub_pool(devices: &Devices, repair: bool) -> Result<bool, String> {
+    let line = if repair { "scrub repair" } else { "scrub" };
+    if let Some(control) = super::device::running_server(&devices.devices, None) {
+        let answer = super::device::request(&control, line)?;
+        let v: serde_json::Value = serde_json::from_str(&answer).map_err(|e| format!("the server answered {answer:?}: {e}"))?;
+        return Ok(print_scrub(&v, repair));
+    }
     let opts = if repair { rw_options() } else { ro_options() };
     let pool = devices.open_pool(opts)?;
+    let clean = print_scrub(&scrub_json(&pool, repair)?, repair);
+    if repair {
+        pool.close().map_err(|e| e.to_string())?;
+    }
+    Ok(clean)
+}
+
+/// Scrubs `pool` (see [`scrub_pool`]); the report as JSON, as the control socket's `scrub`
+/// answers it.
+pub(crate) fn scrub_json(pool: &Pool, repair: bool) -> Result<serde_json::Value, String> {
+    let before = pool.members();
     let r = pool.scrub(repair).map_err(|e| e.to_string())?;
+    // Also what the chain walks rebuilt and rewrote on the way (damaged metadata pages): this
+    // scrub's part of each member's count (a server's counts run since it opened the pool).
+    let rewritten: Vec<serde_json::Value> = pool
+        .members()
+        .iter()
+        .zip(&before)
+        .map(|(m, b)| (m, m.repaired_bytes.saturating_sub(b.repaired_bytes)))
+        .filter(|(_, bytes)| *bytes > 0)
+        .map(|(m, bytes)| serde_json::json!({"name": m.name, "repaired_bytes": bytes}))
+        .collect();
+    Ok(serde_json::json!({
+        "segments": r.segments, "rows_checked": r.rows_checked,
+        "rows_mismatched": r.rows_mismatched, "rows_repaired": r.rows_repaired,
+        "pages_damaged": r.pages_damaged, "pages_repairable": r.pages_repairable,
+        "pages_repaired": r.pages_repaired, "array": pool.array_description(),
+        "members_repaired": rewritten,
+    }))
+}
+
+/// Prints a scrub's report ([`scrub_json`]); whether everything that disagreed was repaired.
+fn print_scrub(v: &serde_json::Value, repair: bool) -> bool {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
     println!(
         "scrub: {} segments in use, {} rows compared, {} disagreed with their data, {} repaired ({})",
-        r.segments,
-        r.rows_checked,
-        r.rows_mismatched,
-        r.rows_repaired,
-        pool.array_description()
+        n("segments"),
+        n("rows_checked"),
+        n("rows_mismatched"),
+        n("rows_repaired"),
+        v["array"].as_str().unwrap_or("?")
     );
-    if r.pages_damaged > 0 {
+    if n("pages_damaged") > 0 {
         println!(
             "scrub: pages failing their checksum on a member: {}, of which {} readable from the redundancy, {} rewritten{}",
-            r.pages_damaged,
-            r.pages_repairable,
-            r.pages_repaired,
+            n("pages_damaged"),
+            n("pages_repairable"),
+            n("pages_repaired"),
             if repair {
                 ""
             } else {
@@ -175,19 +215,14 @@ pub(crate) fn scrub_pool(devices: &Devices, repair: bool) -> Result<bool, String
             }
         );
     }
-    // Also what the chain walks rebuilt and rewrote on the way (damaged metadata pages).
-    for m in pool.stats().members.iter().filter(|m| m.repaired_bytes > 0) {
+    for m in v["members_repaired"].as_array().into_iter().flatten() {
         println!(
             "scrub: member {}: {} rewritten from the redundancy",
-            m.name,
-            human(m.repaired_bytes)
+            m["name"].as_str().unwrap_or("?"),
+            human(m["repaired_bytes"].as_u64().unwrap_or(0))
         );
     }
-    let clean = r.rows_mismatched == r.rows_repaired;
-    if repair {
-        pool.close().map_err(|e| e.to_string())?;
-    }
-    Ok(clean)
+    n("rows_mismatched") == n("rows_repaired")
 }
 
 /// What `salsa check` found.

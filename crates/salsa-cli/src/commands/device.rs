@@ -241,12 +241,8 @@ pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
     let mut words = request.split_whitespace();
     let reply = match words.next() {
         None | Some("stats") => format!("{}", stats::stats_json(pool)),
-        Some("scrub") => match pool.scrub(words.next() == Some("repair")) {
-            Ok(r) => serde_json::json!({
-                "segments": r.segments, "rows_checked": r.rows_checked,
-                "rows_mismatched": r.rows_mismatched, "rows_repaired": r.rows_repaired,
-            })
-            .to_string(),
+        Some("scrub") => match super::admin::scrub_json(pool, words.next() == Some("repair")) {
+            Ok(v) => v.to_string(),
             Err(e) => format!("error {e}"),
         },
         Some("replace") => {
