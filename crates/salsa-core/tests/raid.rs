@@ -1443,6 +1443,10 @@ fn a_replacement_holding_data_or_another_pool_is_refused_without_overwrite() {
         assert!(snapshot(dev) == before, "{}: nothing written", dev.name());
         assert!(pool.stats().members[2].failed);
     }
+    let e = pool
+        .replace_member("2", devs[1].clone(), RebuildOptions::default(), &|_, _| {})
+        .unwrap_err();
+    assert!(e.to_string().contains("already a member"), "{e}");
     let force = RebuildOptions {
         overwrite: true,
         ..RebuildOptions::default()

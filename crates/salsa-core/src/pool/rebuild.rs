@@ -241,8 +241,11 @@ impl Pool {
                 "another member is being rebuilt; wait for it to finish".into(),
             ));
         }
+        let ids = array.member_ids();
+        // A healthy member of this pool, whatever name it is given by.
+        let in_service = |id: u64| ids.iter().zip(&status).any(|(i, m)| *i == id && !m.failed);
         match read_superblock(new.as_ref()) {
-            Ok(sb) if sb.pool_id == self.pool_id() && status.iter().any(|m| m.name == new.name()) => {
+            Ok(sb) if sb.pool_id == self.pool_id() && (status.iter().any(|m| m.name == new.name()) || in_service(sb.member_id)) => {
                 return Err(Error::InvalidArgument(format!("{} is already a member of this pool", new.name())));
             }
             // A member this pool replaced earlier holds nothing it needs.
