@@ -302,6 +302,8 @@ fn a_missing_fast_device_costs_speed_not_data() {
     let pool = Pool::open(vec![slow.clone()], &opts).unwrap();
     let st = pool.stats();
     assert!(st.members[1].failed, "the missing member is shown as such: {:?}", st.members);
+    assert_eq!(st.members[1].storage_type, "unknown", "nothing says a missing member's type");
+    assert_eq!(st.members[0].storage_type, "hdd");
     assert!(st.segments_by_state[7] > 0, "its segments are offline: {:?}", st.segments_by_state);
     assert_same(&read_all(&pool, "h", size), &model, "after a clean close, without the fast device");
     make_hot(&pool, "h", 0..8, 6);

@@ -345,6 +345,11 @@ fn a_failed_member_leaves_a_redundant_pool_serving_and_is_remembered() {
         // Reopened without it: degraded, everything there.
         let without: Vec<Arc<dyn Device>> = devs.iter().enumerate().filter(|(i, _)| *i != 1).map(|(_, d)| d.clone()).collect();
         let pool = Pool::open(without, &opts()).unwrap();
+        let types: Vec<String> = pool.members().into_iter().map(|m| m.storage_type).collect();
+        assert!(
+            types.iter().enumerate().all(|(i, t)| t == if i == 1 { "unknown" } else { "flash" }),
+            "{types:?}"
+        );
         verify(&pool, &model);
         churn(&pool, &mut model, 5, 300);
         pool.close().unwrap();

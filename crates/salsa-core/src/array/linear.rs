@@ -406,7 +406,7 @@ impl Array for LinearArray {
             .enumerate()
             .map(|(slot, m)| crate::array::MemberStatus {
                 name: m.device.name().to_string(),
-                storage_type: m.device.storage_type().name().to_string(),
+                storage_type: crate::array::storage_type_name(m.device.as_ref()),
                 failed: self.is_absent(slot),
                 ..Default::default()
             })

@@ -93,6 +93,16 @@ impl PageCheck {
     }
 }
 
+/// The name of `device`'s storage type for [`MemberStatus`]: `unknown` for a stand-in of a
+/// missing member (nothing records a member's type but its own superblock).
+pub fn storage_type_name(device: &dyn Device) -> String {
+    if device.is_stand_in() {
+        "unknown".into()
+    } else {
+        device.storage_type().name().into()
+    }
+}
+
 /// The error of a replacement asked of a layout without redundancy.
 pub fn no_redundancy_to_rebuild(kind: ArrayKind) -> crate::error::Error {
     crate::error::Error::InvalidArgument(format!("a {} array has no redundancy to rebuild a member from", kind.name()))
@@ -103,7 +113,8 @@ pub fn no_redundancy_to_rebuild(kind: ArrayKind) -> crate::error::Error {
 #[derive(Debug, Clone, Default)]
 pub struct MemberStatus {
     pub name: String,
-    /// Its storage type's name (`flash`, `hdd`, ...), as recorded at format.
+    /// Its storage type's name (`flash`, `hdd`, ...), as recorded at format; `unknown` for a
+    /// member missing at open.
     pub storage_type: String,
     pub failed: bool,
     /// A replacement being rebuilt (takes writes, not yet read from).
@@ -246,7 +257,7 @@ pub trait Array: Send + Sync {
             .iter()
             .map(|m| MemberStatus {
                 name: m.device.name().to_string(),
-                storage_type: m.device.storage_type().name().to_string(),
+                storage_type: storage_type_name(m.device.as_ref()),
                 ..MemberStatus::default()
             })
             .collect()

@@ -96,6 +96,11 @@ pub trait Device: Send + Sync {
     fn storage_type(&self) -> StorageType {
         StorageType::Flash
     }
+    /// Whether this stands in for a member that was not given at open: it fails every I/O
+    /// and knows nothing of the device, not even its storage type.
+    fn is_stand_in(&self) -> bool {
+        false
+    }
     /// Offsets, lengths and buffer addresses must be multiples of this.
     fn alignment_bytes(&self) -> usize {
         512

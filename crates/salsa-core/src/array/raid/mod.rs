@@ -795,6 +795,9 @@ impl Device for MissingDevice {
     fn sync(&self) -> std::io::Result<()> {
         Err(std::io::Error::new(std::io::ErrorKind::NotFound, "the member is missing"))
     }
+    fn is_stand_in(&self) -> bool {
+        true
+    }
 }
 
 /// Bytes to write at a member offset: (offset, pieces, of which parity bytes).
@@ -990,7 +993,7 @@ impl Array for RaidArray {
             .map(|(slot, h)| MemberStatus {
                 name: slot.read().0.name().to_string(),
                 // A replacement's is what its superblock records (see `Pool::replace_member`).
-                storage_type: slot.read().0.storage_type().name().to_string(),
+                storage_type: super::storage_type_name(slot.read().0.as_ref()),
                 failed: h.failed.load(SeqCst),
                 rebuilding: h.rebuilding.load(SeqCst),
                 bytes_read: h.bytes_read.load(SeqCst),
