@@ -325,7 +325,6 @@ impl DeviceSpec {
 /// by two paths or one: the second open would find it locked by the first and blame another
 /// process. Files that do not exist yet are compared by where they would be created.
 pub fn check_distinct<'a>(specs: impl IntoIterator<Item = &'a DeviceSpec>) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
     // A file's device and inode, or where a missing one would be created.
     type FileId = Result<(u64, u64), PathBuf>;
     let mut seen: Vec<(&'a DeviceSpec, FileId)> = Vec::new();
@@ -333,10 +332,10 @@ pub fn check_distinct<'a>(specs: impl IntoIterator<Item = &'a DeviceSpec>) -> Re
         if spec.path.as_os_str().is_empty() {
             continue; // a model kept in memory
         }
-        let id = match std::fs::metadata(&spec.path) {
-            Ok(m) => Ok((m.dev(), m.ino())),
+        let id = match file_id(&spec.path) {
+            Some(id) => Ok(id),
             // Not there yet: where it would be created.
-            Err(_) => Err(match (spec.path.parent(), spec.path.file_name()) {
+            None => Err(match (spec.path.parent(), spec.path.file_name()) {
                 (Some(dir), Some(name)) => {
                     let dir = if dir.as_os_str().is_empty() {
                         std::path::Path::new(".")
@@ -362,6 +361,13 @@ pub fn check_distinct<'a>(specs: impl IntoIterator<Item = &'a DeviceSpec>) -> Re
         seen.push((spec, id));
     }
     Ok(())
+}
+
+/// The device and inode of the file at `path` (two paths name one file when these agree);
+/// `None` when there is none.
+pub fn file_id(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// The control socket `salsa serve` answers next to its first device (`pool.img` ->

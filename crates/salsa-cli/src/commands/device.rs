@@ -81,8 +81,7 @@ fn replace_with(
     opts: salsa_core::RebuildOptions,
     progress: &dyn Fn(u64, u64),
 ) -> Result<salsa_core::RebuildReport, String> {
-    use std::os::unix::fs::MetadataExt;
-    let file_id = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    use salsa_core::spec::file_id;
     if let Some(id) = file_id(&new.path) {
         let members = pool.members();
         if let Some((slot, m)) = members.iter().enumerate().find(|(_, m)| file_id(m.name.as_ref()) == Some(id)) {

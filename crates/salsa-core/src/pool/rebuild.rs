@@ -282,7 +282,7 @@ impl Pool {
                 human_bytes(layout.segments_offset_bytes)
             )));
         }
-        let mut ids = array.member_ids();
+        let mut ids = ids;
         let member_id = loop {
             let id = rand::thread_rng().gen::<u64>();
             if id != 0 && !ids.contains(&id) {
