@@ -23,7 +23,7 @@ pub(crate) fn check_blank(devs: &[Arc<dyn salsa_core::Device>], force: bool) -> 
 
 pub(crate) fn format_pool(devices: &Devices, f: &FormatArgs, force: bool, default_volume: bool) -> Result<(), String> {
     // Files this format creates are removed again if it fails.
-    let created = super::serve::FilesToCreate::of(&devices.devices, devices.parity_buffer.as_ref());
+    let created = super::files_to_create::FilesToCreate::of(&devices.devices, devices.parity_buffer.as_ref());
     let pool = create_pool(devices, f, force).map_err(|e| created.remove(e))?;
     if default_volume {
         let size = f.create_default_volume(&pool)?;

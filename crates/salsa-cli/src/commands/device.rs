@@ -97,7 +97,7 @@ fn replace_with(
             ));
         }
     }
-    let created = super::serve::FilesToCreate::of(std::slice::from_ref(new), None);
+    let created = super::files_to_create::FilesToCreate::of(std::slice::from_ref(new), None);
     let dev = new.open(false)?;
     let name = dev.name().to_string();
     pool.replace_member(old, dev, opts, progress).map_err(|e| {

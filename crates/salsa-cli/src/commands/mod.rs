@@ -4,6 +4,7 @@ pub(crate) mod admin;
 pub(crate) mod bench;
 pub(crate) mod device;
 pub(crate) mod events;
+pub(crate) mod files_to_create;
 pub(crate) mod metrics;
 pub(crate) mod serve;
 pub(crate) mod share;

@@ -251,7 +251,7 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         None => None,
     };
     // Files this start creates are removed again if it fails.
-    let created = FilesToCreate::of(specs, args.parity_buffer.as_ref());
+    let created = super::files_to_create::FilesToCreate::of(specs, args.parity_buffer.as_ref());
     let pool = Arc::new(open_or_create(specs, &args, format).map_err(|e| created.remove(e))?);
     let listening = match salsa_nbd::server::Listening::bind(pool.clone(), &cfg) {
         Ok(l) => l,
@@ -310,30 +310,4 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
     pool.close().map_err(|e| e.to_string())?;
     eprintln!("salsa: stopped cleanly");
     Ok(())
-}
-
-/// The files a command that creates a pool is about to create (members given with a size and
-/// not there yet, and a missing parity buffer, which is created at the size the layout needs),
-/// so that a failure removes them again and leaves nothing behind.
-pub(crate) struct FilesToCreate(Vec<std::path::PathBuf>);
-
-impl FilesToCreate {
-    pub(crate) fn of(members: &[DeviceSpec], parity_buffer: Option<&DeviceSpec>) -> FilesToCreate {
-        let sized_members = members.iter().filter(|s| s.size_bytes.is_some());
-        FilesToCreate(
-            sized_members
-                .chain(parity_buffer)
-                .filter(|s| s.model.is_none() && !s.path.exists())
-                .map(|s| s.path.clone())
-                .collect(),
-        )
-    }
-
-    /// Removes them (after a failure, `error`, which it returns).
-    pub(crate) fn remove(&self, error: String) -> String {
-        for p in &self.0 {
-            let _ = std::fs::remove_file(p);
-        }
-        error
-    }
 }
