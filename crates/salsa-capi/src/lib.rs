@@ -94,6 +94,7 @@ impl From<Error> for Failure {
             Error::NotAPool { .. }
             | Error::DamagedSuperblock { .. }
             | Error::ForeignDevice { .. }
+            | Error::ReplacedMember { .. }
             | Error::MissingMember { .. }
             | Error::NewerFormat { .. }
             | Error::Corrupt(_) => libc::EUCLEAN,

@@ -369,6 +369,28 @@ fn device_replace_refuses_a_device_holding_another_pool_without_force() {
 }
 
 /// A RAID-5 pool on a.img, b.img and c.img (64 MiB each) in `dir`.
+/// The command `salsa device fail` prints for the replacement runs as printed (it names the
+/// pool the way the user did), and a replaced member given again is refused as such.
+#[test]
+fn device_fail_prints_a_replace_command_that_runs() {
+    let dir = scratch("fail-hint");
+    format_raid5_of_three(&dir);
+    let (ok, out) = salsa(&dir, &["device", "fail", "-d", "a.img", "-d", "b.img", "-d", "c.img", "1"]);
+    assert!(ok, "{out}");
+    let hint = out
+        .lines()
+        .find_map(|l| l.split_once("replace it with: salsa ").map(|(_, cmd)| cmd.to_string()))
+        .unwrap_or_else(|| panic!("no replace command in: {out}"));
+    let args: Vec<&str> = hint.split_whitespace().map(|a| if a == "NEW" { "d.img:64M" } else { a }).collect();
+    let (ok, out) = salsa(&dir, &args);
+    assert!(ok, "{hint}: {out}");
+    let (ok, out) = salsa(&dir, &["info", "-d", "a.img", "-d", "b.img", "-d", "c.img"]);
+    assert!(!ok && out.contains("no longer a member") && out.contains("member 1"), "{out}");
+    let (ok, out) = salsa(&dir, &["check", "-d", "a.img", "-d", "d.img", "-d", "c.img"]);
+    assert!(ok, "{out}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn format_raid5_of_three(dir: &std::path::Path) {
     let mut args = vec!["format", "--array", "raid5"];
     args.extend(["-d", "a.img:64M", "-d", "b.img:64M", "-d", "c.img:64M"]);

@@ -28,6 +28,11 @@ pub enum Error {
     /// A device carries a superblock that is damaged.
     #[error("device {device} has a damaged superblock: {reason}")]
     DamagedSuperblock { device: String, reason: String },
+    /// A device was a member of this pool and has since been replaced by another device.
+    #[error(
+        "device {device} is no longer a member of this pool: it was member {slot} until it was replaced, and holds nothing the pool needs; give the device that replaced it, or leave it out to open degraded"
+    )]
+    ReplacedMember { device: String, slot: u32 },
     /// A device belongs to another pool.
     #[error("device {device} belongs to pool {found:032x}, not to pool {expected:032x}")]
     ForeignDevice { device: String, expected: u128, found: u128 },

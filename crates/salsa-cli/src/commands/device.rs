@@ -169,15 +169,34 @@ pub(crate) fn fail(
     control: Option<&std::path::Path>,
     member: &str,
 ) -> Result<(), String> {
-    if let Some(path) = running_server(devices, control) {
-        request(&path, &format!("fail {member}"))?;
+    let online = running_server(devices, control);
+    if let Some(path) = &online {
+        request(path, &format!("fail {member}"))?;
     } else {
         let pool = open_offline(devices, parity_buffer)?;
         pool.fail_member(member).map_err(|e| e.to_string())?;
         pool.close().map_err(|e| e.to_string())?;
     }
-    println!("member {member} marked failed; replace it with: salsa device replace {member} NEW");
+    let pool = pool_arguments(devices, parity_buffer, control, online.is_some());
+    println!("member {member} marked failed; replace it with: salsa device replace{pool} {member} NEW");
     Ok(())
+}
+
+/// The arguments that name the pool the way the user named it, for a command line the user
+/// can run next: the server's control socket (or the first device, which finds it) when the
+/// pool is served, else every device and the parity buffer.
+fn pool_arguments(devices: &[DeviceSpec], parity_buffer: Option<&DeviceSpec>, control: Option<&std::path::Path>, online: bool) -> String {
+    match (online, control) {
+        (true, Some(c)) => format!(" --control {}", c.display()),
+        (true, None) => devices.first().map(|d| format!(" -d {}", d.path.display())).unwrap_or_default(),
+        (false, _) => {
+            let mut args: String = devices.iter().map(|d| format!(" -d {}", d.path.display())).collect();
+            if let Some(pb) = parity_buffer {
+                args.push_str(&format!(" --parity-buffer {}", pb.path.display()));
+            }
+            args
+        }
+    }
 }
 
 /// Offline or online: changes the rate limit of the rebuild in progress (`None`: no limit).

@@ -247,9 +247,9 @@ impl Pool {
         if !ids.is_empty() {
             for (slot, (&claimed, m)) in present_ids.iter().zip(&members).enumerate() {
                 if claimed != 0 && ids.get(slot) != Some(&claimed) {
-                    return Err(Error::DamagedSuperblock {
+                    return Err(Error::ReplacedMember {
                         device: m.device.name().into(),
-                        reason: format!("it was member {slot} of this pool until it was replaced; it holds nothing the pool needs"),
+                        slot: slot as u32,
                     });
                 }
             }
@@ -826,8 +826,13 @@ fn plan_members(devices: &[Arc<dyn Device>], cfg: &PoolConfig) -> Result<MemberP
     let count = u32::try_from(count).map_err(|_| Error::InvalidConfig("too many segments".into()))?;
     for (d, (layout, c)) in devices.iter().zip(&plans) {
         if *c > count as u64 {
+            let why = if kind == ArrayKind::Raid1 {
+                "every mirror holds as much as the smallest"
+            } else {
+                "the array stripes over the smallest member"
+            };
             tracing::warn!(
-                "{}: {} of it is left unused (the array stripes over the smallest member)",
+                "{}: {} of it is left unused ({why})",
                 d.name(),
                 human_bytes((*c - count as u64) * member_segment_bytes)
             );
