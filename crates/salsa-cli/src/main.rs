@@ -5,10 +5,11 @@ use salsa_cli::{bench, progress_bar, spec};
 
 use bench::workload;
 use clap::{Parser, Subcommand};
-use commands::admin::{check, format_pool, info, scrub_pool, volume, VolumeCommand};
+use commands::admin::{check, format_pool, info, scrub_pool};
 use commands::bench::{run_bench, run_device_bench, run_workload_bench, BenchArgs, BenchDeviceArgs};
 use commands::serve::{serve, ServeArgs};
 use commands::stats::stats;
+use commands::volume::{volume, VolumeCommand};
 use salsa_core::{ArrayKind, ControllerKind, OpenOptions, Pool, PoolConfig, VolumeSpec};
 use spec::{parse_size, DeviceSpec};
 use std::path::PathBuf;
@@ -25,7 +26,7 @@ struct Cli {
     command: Command,
 }
 
-#[derive(clap::Args, Clone)]
+#[derive(clap::Args, Clone, Default)]
 struct Devices {
     /// A pool member: a file or block device, PATH[:SIZE] (SIZE creates a missing file), or a
     /// device model (ssd:, dmsmr:, hmsmr:, zoned:, hdd:size=SIZE,...). A trailing @TYPE (flash,
@@ -142,7 +143,7 @@ struct FormatArgs {
     #[arg(long)]
     sparse_pages: Option<u64>,
     #[command(flatten)]
-    hybrid: commands::admin::HybridArgs,
+    hybrid: commands::volume::HybridArgs,
     /// GC victim selection policy (`salsa policies` lists them).
     #[arg(long, alias = "gc-policy", default_value = "aging-greedy")]
     victim: String,

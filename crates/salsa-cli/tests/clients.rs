@@ -3,6 +3,7 @@
 
 mod common;
 use common::*;
+use salsa_nbd::proto::{CMD_DISC, CMD_FLUSH, CMD_READ, CMD_WRITE};
 use std::process::Command;
 
 #[test]
@@ -1033,4 +1034,72 @@ fn which(tool: &str) -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false)
+}
+
+/// `salsa volume` on a served pool goes through the server: a volume created is an export at
+/// once, a grown one shows its new size to the next client, both are durable; a volume whose
+/// export a client has open is not deleted, and is once the client is gone.
+#[test]
+fn volumes_are_created_grown_and_deleted_on_a_served_pool() {
+    let dir = test_dir("volume-online");
+    let device = dir.join("pool.img").display().to_string();
+    let salsa = |args: &[&str]| run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(args));
+    let srv = Server::start(&dir, "96M", &[]);
+    let (ok, out) = salsa(&["volume", "create", "-d", &device, "v2", "8M", "--victim", "greedy"]);
+    assert!(ok && out.contains("created volume v2"), "{out}");
+    let mut client = RawClient::connect(&srv.socket, "v2");
+    assert_eq!(client.size, 8 << 20);
+    let block = vec![0x5au8; 4096];
+    assert_eq!(client.call(0, CMD_WRITE, 4096, 4096, &block).0, 0);
+    let (ok, out) = salsa(&["volume", "resize", "-d", &device, "v2", "16M"]);
+    assert!(ok, "{out}");
+    assert_eq!(
+        RawClient::connect(&srv.socket, "v2").size,
+        16 << 20,
+        "the next client sees the new size"
+    );
+    let (ok, out) = salsa(&["volume", "delete", "-d", &device, "v2"]);
+    assert!(!ok && out.contains("open by 1 client"), "{out}");
+    assert_eq!(
+        client.call(0, CMD_READ, 4096, 4096, &[]),
+        (0, block.clone()),
+        "refused, and still served"
+    );
+    assert_eq!(client.call(0, CMD_FLUSH, 0, 0, &[]).0, 0);
+    let (ok, out) = salsa(&["volume", "list", "-d", &device, "--json"]);
+    assert!(ok, "{out}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v2 = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "v2")
+        .expect("v2 listed")
+        .clone();
+    assert_eq!((v2["size_bytes"].as_u64(), v2["victim"].as_str()), (Some(16 << 20), Some("greedy")));
+    drop(client);
+    srv.stop();
+    // Durable: the pool reopened offline has it, with its data.
+    let (ok, out) = salsa(&["volume", "list", "-d", &device]);
+    assert!(ok && out.contains("v2") && out.contains("16.0 MiB"), "{out}");
+    let srv = Server::start(&dir, "96M", &[]);
+    let mut client = RawClient::connect(&srv.socket, "v2");
+    assert_eq!(client.call(0, CMD_READ, 4096, 4096, &[]), (0, block));
+    client.send(0, CMD_DISC, 8, 0, 0, &[]).unwrap();
+    drop(client);
+    // The server counts the client gone once its connection closes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let out = loop {
+        let (ok, out) = salsa(&["volume", "delete", "-d", &device, "v2"]);
+        if ok || std::time::Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(out.contains("deleted volume v2"), "{out}");
+    let (ok, out) = salsa(&["volume", "list", "-d", &device]);
+    assert!(ok && !out.contains("v2") && out.contains("default"), "{out}");
+    let (ok, out) = salsa(&["volume", "create", "-d", &device, "default", "1M"]);
+    assert!(!ok && out.contains("already exists"), "{out}");
+    srv.stop();
 }

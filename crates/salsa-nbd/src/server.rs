@@ -95,10 +95,30 @@ enum Source {
     Raw(Arc<RawExport>),
 }
 
-/// The exports of a server.
+/// The exports of a server, and how many connections each has open (so that a volume is not
+/// deleted under a client; see [`Exports::unless_open`]).
 pub struct Exports {
     source: Source,
     read_only: bool,
+    clients: StdMutex<std::collections::HashMap<String, usize>>,
+}
+
+/// A connection's hold on its export: counted by [`Exports::clients_of`] until dropped.
+struct ClientOf<'a> {
+    exports: &'a Exports,
+    name: String,
+}
+
+impl Drop for ClientOf<'_> {
+    fn drop(&mut self) {
+        let mut clients = self.exports.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = clients.get_mut(&self.name) {
+            *n -= 1;
+            if *n == 0 {
+                clients.remove(&self.name);
+            }
+        }
+    }
 }
 
 impl Exports {
@@ -107,6 +127,7 @@ impl Exports {
         Exports {
             source: Source::Pool(pool),
             read_only,
+            clients: StdMutex::default(),
         }
     }
 
@@ -115,6 +136,7 @@ impl Exports {
         Exports {
             source: Source::Raw(Arc::new(export)),
             read_only,
+            clients: StdMutex::default(),
         }
     }
 
@@ -148,6 +170,37 @@ impl Exports {
             return all.into_iter().nth(pick);
         }
         all.into_iter().find(|v| v.name() == name)
+    }
+
+    /// Opens export `name` for a connection: its handle, and the hold that counts the
+    /// connection as its client until dropped.
+    fn open(&self, name: &str) -> Option<(Arc<dyn Export>, ClientOf<'_>)> {
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        let export = self.volume(name)?;
+        let name = export.name().to_string();
+        *clients.entry(name.clone()).or_insert(0) += 1;
+        Some((export, ClientOf { exports: self, name }))
+    }
+
+    /// Connections that have export `name` open now.
+    pub fn clients_of(&self, name: &str) -> usize {
+        self.clients
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Runs `change` (deleting the volume behind export `name`, say) only when no connection
+    /// has the export open, and lets no connection open it while `change` runs; otherwise
+    /// `Err` with the number of connections that have it open.
+    pub fn unless_open<T>(&self, name: &str, change: impl FnOnce() -> T) -> Result<T, usize> {
+        let clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        match clients.get(name).copied().unwrap_or(0) {
+            0 => Ok(change()),
+            n => Err(n),
+        }
     }
 }
 
@@ -752,7 +805,7 @@ fn handle(mut stream: Stream, exports: &Exports, max_threads: usize, tls: &Tls, 
             Err(e) => return Err(e.to_string()),
         }
     };
-    let Some(volume) = exports.volume(&negotiated.export.name) else {
+    let Some((volume, _client)) = exports.open(&negotiated.export.name) else {
         return Err("export vanished".into());
     };
     let closer = stream.try_clone().map_err(|e| e.to_string())?;
@@ -1225,6 +1278,11 @@ impl Listening {
                 server: cfg.tls_server.clone(),
             },
         })
+    }
+
+    /// What the listeners serve (the control socket asks it which exports are open).
+    pub fn exports(&self) -> Arc<Exports> {
+        self.exports.clone()
     }
 
     /// The bound TCP address (useful with port 0).

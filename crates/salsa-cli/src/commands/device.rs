@@ -4,11 +4,12 @@
 //! server's control socket, while it serves), with a progress bar and an optional rate limit.
 //!
 //! The control socket speaks lines: a client sends one request line (`stats`, `scrub`,
-//! `scrub repair`, `fail <member>`, `volume-set <volume> [placement=<policy>]
-//! [victim=<policy>]`, `share <volume> <dst>:<src>:<len> ...`, `replace <member> <new device
+//! `scrub repair`, `fail <member>`, `volume <JSON of a salsa volume command>` (see
+//! [`super::volume`]), `share <volume> <dst>:<src>:<len> ...`, `replace <member> <new device
 //! spec> [<bytes per second> [force]]`, or `rebuild-rate <bytes per second, 0: no limit>`); the server
-//! answers `stats` and `scrub` with one JSON line, `fail`, `volume-set`, `share` and
-//! `rebuild-rate` with `ok` or `error`, and `replace` with `progress <done> <total>` lines and
+//! answers `stats` and `scrub` with one JSON line, `fail`, `share` and `rebuild-rate` with `ok`
+//! or `error`, `volume` with `ok <JSON string to print>` or `error`, and `replace` with
+//! `progress <done> <total>` lines and
 //! a final `ok <json>` or `error <message>` line. A client that sends nothing gets the
 //! statistics (what `salsa stats` did before requests existed).
 
@@ -222,32 +223,8 @@ pub(crate) fn set_rebuild_rate(
     Ok(())
 }
 
-/// Offline or online: changes a volume's placement and/or victim policy (`Some("")`: the
-/// pool's).
-pub(crate) fn set_volume_policies(
-    devices: &[DeviceSpec],
-    parity_buffer: Option<&DeviceSpec>,
-    name: &str,
-    placement: Option<&str>,
-    victim: Option<&str>,
-) -> Result<(), String> {
-    if let Some(path) = running_server(devices, None) {
-        let mut line = format!("volume-set {name}");
-        if let Some(p) = placement {
-            line += &format!(" placement={p}");
-        }
-        if let Some(v) = victim {
-            line += &format!(" victim={v}");
-        }
-        return request(&path, &line).map(|_| ());
-    }
-    let pool = open_offline(devices, parity_buffer)?;
-    pool.set_volume_policies(name, placement, victim).map_err(|e| e.to_string())?;
-    pool.close().map_err(|e| e.to_string())
-}
-
 /// Serves one control connection (see the module documentation).
-pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
+pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool, exports: &salsa_nbd::server::Exports) {
     let _ = s.set_nonblocking(false);
     let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(200)));
     let mut line = String::new();
@@ -293,26 +270,9 @@ pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
             },
             None => "error usage: fail <member>".into(),
         },
-        Some("volume-set") => {
-            let Some(name) = words.next() else {
-                let _ = writeln!(s, "error usage: volume-set <volume> [placement=<policy>] [victim=<policy>]");
-                return;
-            };
-            let (mut placement, mut victim, mut bad) = (None, None, None);
-            for w in words {
-                match w.split_once('=') {
-                    Some(("placement", p)) => placement = Some(p),
-                    Some(("victim", v)) => victim = Some(v),
-                    _ => bad = Some(w),
-                }
-            }
-            match bad {
-                Some(w) => format!("error unknown volume-set argument {w:?} (placement=<policy>, victim=<policy>)"),
-                None => match pool.set_volume_policies(name, placement, victim) {
-                    Ok(()) => "ok".into(),
-                    Err(e) => format!("error {e}"),
-                },
-            }
+        Some("volume") => {
+            let json = request.trim_start().strip_prefix("volume").unwrap_or_default();
+            super::volume::answer(pool, exports, json)
         }
         Some("share") => super::share::answer(pool, words),
         Some("rebuild-rate") => match words.next().map(|r| r.parse::<u64>()) {
@@ -322,7 +282,7 @@ pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool) {
             },
             _ => "error usage: rebuild-rate <bytes per second, 0: no limit>".into(),
         },
-        Some(other) => format!("error unknown request {other:?} (stats, scrub [repair], fail, replace, rebuild-rate, volume-set, share)"),
+        Some(other) => format!("error unknown request {other:?} (stats, scrub [repair], fail, replace, rebuild-rate, volume, share)"),
     };
     let _ = writeln!(s, "{reply}");
 }

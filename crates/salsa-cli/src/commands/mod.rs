@@ -9,3 +9,4 @@ pub(crate) mod metrics;
 pub(crate) mod serve;
 pub(crate) mod share;
 pub(crate) mod stats;
+pub(crate) mod volume;

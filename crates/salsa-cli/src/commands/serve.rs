@@ -279,8 +279,8 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
     let control_path = args.control.clone().unwrap_or_else(|| control_path_for(&specs[0].path));
     let control = salsa_nbd::server::bind_unix(&control_path)?;
     let control_thread = {
-        let (pool, stop) = (pool.clone(), stop.clone());
-        let answer: ControlAnswer = Arc::new(move |s| super::device::answer(s, &pool));
+        let (pool, exports, stop) = (pool.clone(), listening.exports(), stop.clone());
+        let answer: ControlAnswer = Arc::new(move |s| super::device::answer(s, &pool, &exports));
         std::thread::spawn(move || control_thread(control, answer, stop))
     };
     let metrics_thread = metrics.map(|listener| {
