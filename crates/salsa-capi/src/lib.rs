@@ -95,6 +95,7 @@ impl From<Error> for Failure {
             | Error::DamagedSuperblock { .. }
             | Error::ForeignDevice { .. }
             | Error::ReplacedMember { .. }
+            | Error::NotAMember { .. }
             | Error::MissingMember { .. }
             | Error::NewerFormat { .. }
             | Error::Corrupt(_) => libc::EUCLEAN,

@@ -391,6 +391,41 @@ fn device_fail_prints_a_replace_command_that_runs() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A member whose superblock was wiped is not blamed as "data that is not a pool" with advice
+/// to format (which would lose the pool): the error says which slot the pool misses and how to
+/// go on, and following it rebuilds the member.
+#[test]
+fn a_member_that_lost_its_superblock_is_not_offered_to_format() {
+    let dir = scratch("lost-superblock");
+    format_raid5_of_three(&dir);
+    let wipe = |name: &str| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(dir.join(name)).unwrap();
+        f.write_all_at(&vec![0u8; 1 << 20], 0).unwrap();
+    };
+    wipe("b.img");
+    let all = ["-d", "a.img", "-d", "b.img", "-d", "c.img"];
+    for command in [&["info"][..], &["serve", "--listen", "127.0.0.1:0"][..]] {
+        let args: Vec<&str> = command.iter().chain(all.iter()).copied().collect();
+        let (ok, out) = salsa(&dir, &args);
+        assert!(!ok && !out.contains("format --force"), "{args:?}: {out}");
+        assert!(out.contains("misses slot(s) 1") && out.contains("Leave it out"), "{args:?}: {out}");
+    }
+    let (ok, out) = salsa(&dir, &["device", "replace", "-d", "a.img", "-d", "c.img", "1", "b.img"]);
+    assert!(ok, "{out}");
+    let (ok, out) = salsa(&dir, &["check", "--scrub"].iter().chain(all.iter()).copied().collect::<Vec<_>>());
+    assert!(ok && out.contains("0 problems"), "{out}");
+    // Two wiped members of a RAID-5 pool: it cannot open, and says so.
+    wipe("a.img");
+    wipe("c.img");
+    let (ok, out) = salsa(&dir, &["info", "-d", "a.img", "-d", "b.img", "-d", "c.img"]);
+    assert!(
+        !ok && out.contains("a.img, c.img") && out.contains("cannot open without those slots"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn format_raid5_of_three(dir: &std::path::Path) {
     let mut args = vec!["format", "--array", "raid5"];
     args.extend(["-d", "a.img:64M", "-d", "b.img:64M", "-d", "c.img:64M"]);

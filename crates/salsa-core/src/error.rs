@@ -28,6 +28,10 @@ pub enum Error {
     /// A device carries a superblock that is damaged.
     #[error("device {device} has a damaged superblock: {reason}")]
     DamagedSuperblock { device: String, reason: String },
+    /// A device without a superblock given together with members of a pool (a member that
+    /// lost its superblock, or a wrong device): never "format it", which would lose the pool.
+    #[error("{device}: no SALSA superblock; {why}")]
+    NotAMember { device: String, why: String },
     /// A device was a member of this pool and has since been replaced by another device.
     #[error(
         "device {device} is no longer a member of this pool: it was member {slot} until it was replaced, and holds nothing the pool needs; give the device that replaced it, or leave it out to open degraded"

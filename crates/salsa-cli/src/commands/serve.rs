@@ -121,22 +121,26 @@ pub(crate) fn open_or_create(specs: &[DeviceSpec], args: &ServeArgs, format: &Fo
         .iter()
         .map(|d| d.open_with(read_only, args.page_cache))
         .collect::<Result<_, _>>()?;
-    let mut members = 0;
+    let (mut members, mut holds_data) = (0, None);
     for d in &devs {
         match salsa_core::pool::read_superblock(d.as_ref()) {
             Ok(_) => members += 1,
             Err(salsa_core::Error::NotAPool { .. }) => {
-                if !salsa_core::pool::device_is_blank(d.as_ref()).map_err(|e| e.to_string())? {
-                    let list: Vec<String> = specs.iter().map(|s| format!("--device {}", s.path.display())).collect();
-                    return Err(format!(
-                        "{} holds data that is not a SALSA pool; nothing was written. To overwrite it: salsa format --force {}",
-                        d.name(),
-                        list.join(" ")
-                    ));
+                if holds_data.is_none() && !salsa_core::pool::device_is_blank(d.as_ref()).map_err(|e| e.to_string())? {
+                    holds_data = Some(d.name().to_string());
                 }
             }
             Err(e) => return Err(e.to_string()),
         }
+    }
+    // With members of a pool among them, the pool's open says what the others are (a member
+    // that lost its superblock is not a device to format).
+    if let (0, Some(name)) = (members, holds_data) {
+        let list: Vec<String> = specs.iter().map(|s| format!("--device {}", s.path.display())).collect();
+        return Err(format!(
+            "{name} holds data that is not a SALSA pool; nothing was written. To overwrite it: salsa format --force {}",
+            list.join(" ")
+        ));
     }
     let opts = OpenOptions {
         read_only,
@@ -151,13 +155,10 @@ pub(crate) fn open_or_create(specs: &[DeviceSpec], args: &ServeArgs, format: &Fo
         pace_user_writes: args.pace_writes,
         ..OpenOptions::default()
     };
-    if members == devs.len() {
+    if members > 0 {
         eprintln!("salsa: opening pool on {} device(s)", devs.len());
         let opts = with_parity_buffer(opts, parity_buffer, None)?;
         return Pool::open_with_progress(devs, &opts, &progress_bar("recovery scan")).map_err(|e| e.to_string());
-    }
-    if members > 0 {
-        return Err("some devices belong to a SALSA pool and others are blank; give exactly the pool's members".into());
     }
     if read_only {
         return Err("the devices hold no pool and --read-only forbids creating one".into());

@@ -438,13 +438,24 @@ fn new_member_ids(count: usize) -> Vec<u64> {
 /// order (a missing one, where the layout survives it, as a stand-in that fails all I/O), the
 /// missing slots, and the member id each slot's superblock claims (0 when missing).
 fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
-    let mut sbs = Vec::new();
+    // A device without a superblock among members of a pool is judged once the members
+    // tell which slots are missing (a member that lost its superblock, or a wrong device).
+    let (mut given, mut strangers, mut not_a_pool) = (Vec::new(), Vec::new(), None);
     for d in devices {
-        sbs.push(read_superblock(d.as_ref())?);
+        match read_superblock(d.as_ref()) {
+            Ok(sb) => given.push((d, sb)),
+            Err(e @ Error::NotAPool { .. }) => {
+                strangers.push(d.name().to_string());
+                not_a_pool.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
     }
-    let first = sbs[0].clone();
+    let Some(first) = given.first().map(|(_, sb)| sb.clone()) else {
+        return Err(not_a_pool.unwrap_or_else(|| Error::InvalidConfig("no devices given".into())));
+    };
     let mut ordered: Vec<Option<(Arc<dyn Device>, Superblock)>> = vec![None; first.device_count as usize];
-    for (d, sb) in devices.iter().zip(sbs) {
+    for (d, sb) in given {
         if sb.pool_id != first.pool_id {
             return Err(Error::ForeignDevice {
                 device: d.name().into(),
@@ -496,6 +507,9 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
         first.array.tolerated_failures(first.device_count)
     };
     let missing: Vec<u32> = (0..first.device_count).filter(|i| ordered[*i as usize].is_none()).collect();
+    if !strangers.is_empty() {
+        return Err(not_a_member(strangers.join(", "), &first, &missing, tolerated));
+    }
     if let Some(&slot) = missing.first() {
         if missing.len() as u32 > tolerated {
             let slots: Vec<String> = missing.iter().map(|s| s.to_string()).collect();
@@ -600,6 +614,42 @@ fn check_missing_hold_no_log(first: &Superblock, meta: &PoolMeta, slots: &[u32],
 }
 
 /// What [`read_members`] found.
+/// The error for `device` (one or more names), which holds no superblock, given with members of the pool `first`
+/// describes, of which slots `missing` were not given (`tolerated`: how many its layout can do
+/// without).
+fn not_a_member(device: String, first: &Superblock, missing: &[u32], tolerated: u32) -> Error {
+    let pool = format!("{} pool {:032x}", first.array.name(), first.pool_id);
+    if missing.is_empty() {
+        return Error::NotAMember {
+            device,
+            why: format!("the other devices are every member of {pool}; leave it out"),
+        };
+    }
+    let slots: Vec<String> = missing.iter().map(|s| s.to_string()).collect();
+    let next = if first.array == ArrayKind::Linear {
+        "A linear pool opens without a member only when that member never held data; otherwise give the device that was it".to_string()
+    } else if missing.len() as u32 <= tolerated {
+        format!(
+            "Leave it out and the pool opens degraded; then rebuild slot {} onto it or onto a new device with `salsa device replace`",
+            slots[0]
+        )
+    } else {
+        format!(
+            "The pool cannot open without those slots: a {} array of {} can do without at most {tolerated} members; give the devices that were slots {}",
+            first.array.name(),
+            first.device_count,
+            slots.join(", ")
+        )
+    };
+    Error::NotAMember {
+        device,
+        why: format!(
+            "the other devices are members of {pool}, which misses slot(s) {}: a member that lost its superblock is not trusted for anything it holds. {next}",
+            slots.join(", ")
+        ),
+    }
+}
+
 struct FoundMembers {
     first: Superblock,
     members: Vec<Member>,
