@@ -1406,7 +1406,7 @@ impl Log {
         let mapped = self.mapped_grains() + self.reserved_grains();
         if new_grains > 0 && mapped + new_grains > usable {
             return Err(Error::NoSpace(format!(
-                "pool is full: {} of {} usable bytes hold data; trim or delete data, or add a device",
+                "pool is full: {} of {} usable bytes hold data; trim or delete data (a pool does not grow: copy its volumes to a larger one)",
                 mapped * self.geo.grain_bytes as u64,
                 usable * self.geo.grain_bytes as u64
             )));
