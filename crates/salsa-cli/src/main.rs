@@ -106,6 +106,12 @@ fn with_parity_buffer(
             }
             spec.open(false)?
         }
+        None if spec.model.is_none() && !spec.path.exists() => {
+            return Err(format!(
+                "parity buffer {}: no such file or device (one is created only with a new pool); if the pool's buffer is lost, go on without it or with a new one: salsa device parity-buffer",
+                spec.path.display()
+            ))
+        }
         None => spec.open_existing(opts.read_only)?,
     };
     opts.parity_buffer = Some(device);
@@ -603,6 +609,20 @@ enum DeviceCommand {
         /// The new device: PATH[:SIZE] (SIZE creates a missing file).
         new: DeviceSpec,
     },
+    /// Give a RAID-5 pool a new parity buffer NEW (PATH[:SIZE]; a missing file is created at
+    /// the size the layout needs), or none (`none`: flushes pad to whole rows). Offline: the
+    /// pool closes cleanly first, so the old buffer keeps nothing it needs. Name the old one
+    /// with --parity-buffer; without it, the old one is taken as lost, which every member
+    /// being present makes safe (the parity of the rows it kept is re-derived from them).
+    ParityBuffer {
+        #[command(flatten)]
+        target: ServerOrDevices,
+        /// Take a NEW that holds data or another pool (refused otherwise).
+        #[arg(long)]
+        force: bool,
+        /// The new parity buffer, PATH[:SIZE], or `none`.
+        new: String,
+    },
     /// Change the rate limit of the rebuild in progress, at once and for when it resumes after
     /// a restart. Through the running server when one answers, else offline on --device.
     RebuildRate {
@@ -618,7 +638,10 @@ enum DeviceCommand {
 /// `salsa device ...`: each goes through the running server when one answers, else opens the
 /// pool on its devices.
 fn device(command: &DeviceCommand) -> Result<(), String> {
-    let (DeviceCommand::Fail { target, .. } | DeviceCommand::Replace { target, .. } | DeviceCommand::RebuildRate { target, .. }) = command;
+    let (DeviceCommand::Fail { target, .. }
+    | DeviceCommand::Replace { target, .. }
+    | DeviceCommand::ParityBuffer { target, .. }
+    | DeviceCommand::RebuildRate { target, .. }) = command;
     let (devices, parity_buffer, control) = (&target.devices, target.parity_buffer.as_ref(), target.control.as_deref());
     match command {
         DeviceCommand::Fail { member, .. } => commands::device::fail(devices, parity_buffer, control, member),
@@ -630,6 +653,13 @@ fn device(command: &DeviceCommand) -> Result<(), String> {
             commands::device::replace(devices, parity_buffer, control, old, new, opts)
         }
         DeviceCommand::RebuildRate { rate, .. } => commands::device::set_rebuild_rate(devices, parity_buffer, control, rate.0),
+        DeviceCommand::ParityBuffer { force, new, .. } => {
+            let new = match new.as_str() {
+                "none" => None,
+                spec => Some(spec.parse::<DeviceSpec>()?),
+            };
+            commands::device::set_parity_buffer(devices, parity_buffer, control, new.as_ref(), *force)
+        }
     }
 }
 

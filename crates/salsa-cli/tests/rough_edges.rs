@@ -426,6 +426,49 @@ fn a_member_that_lost_its_superblock_is_not_offered_to_format() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A RAID-5 pool whose parity buffer is lost says how to go on, and `salsa device
+/// parity-buffer` gives it a new one or none; a new one that holds data is refused with
+/// nothing changed.
+#[test]
+fn a_lost_parity_buffer_is_replaced_or_done_without() {
+    let dir = scratch("parity-buffer-change");
+    let mut args = vec!["format", "--array", "raid5", "--parity-buffer", "nvm.img"];
+    args.extend(["-d", "a.img:64M", "-d", "b.img:64M", "-d", "c.img:64M"]);
+    let (ok, out) = salsa(&dir, &args);
+    assert!(ok, "{out}");
+    std::fs::remove_file(dir.join("nvm.img")).unwrap();
+    let pool = ["-d", "a.img", "-d", "b.img", "-d", "c.img"];
+    fn with<'a>(pool: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        pool.iter().chain(extra).copied().collect()
+    }
+    let (ok, out) = salsa(&dir, &[&["info"][..], &with(&pool, &["--parity-buffer", "nvm.img"])].concat());
+    assert!(!ok && out.contains("salsa device parity-buffer"), "{out}");
+    let (ok, out) = salsa(&dir, &[&["info"][..], &pool].concat());
+    assert!(!ok && out.contains("salsa device parity-buffer"), "{out}");
+    // A new buffer holding data: refused, and the pool still wants its old one.
+    std::fs::write(dir.join("data.img"), vec![7u8; 8 << 20]).unwrap();
+    let (ok, out) = salsa(&dir, &[&["device", "parity-buffer"][..], &with(&pool, &["data.img"])].concat());
+    assert!(!ok && out.contains("--force"), "{out}");
+    let (ok, out) = salsa(&dir, &[&["info"][..], &pool].concat());
+    assert!(!ok && out.contains("keeps the parity"), "nothing changed: {out}");
+    let (ok, out) = salsa(&dir, &[&["device", "parity-buffer"][..], &with(&pool, &["nvm2.img"])].concat());
+    assert!(ok && out.contains("is now nvm2.img"), "{out}");
+    let (ok, out) = salsa(&dir, &[&["info"][..], &with(&pool, &["--parity-buffer", "nvm2.img"])].concat());
+    assert!(ok && out.contains("parity buffer nvm2.img"), "{out}");
+    let (ok, out) = salsa(
+        &dir,
+        &[
+            &["device", "parity-buffer"][..],
+            &with(&pool, &["--parity-buffer", "nvm2.img", "none"]),
+        ]
+        .concat(),
+    );
+    assert!(ok && out.contains("no parity buffer now"), "{out}");
+    let (ok, out) = salsa(&dir, &[&["check", "--scrub"][..], &pool].concat());
+    assert!(ok && out.contains("no parity buffer: a flush pads"), "{out}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn format_raid5_of_three(dir: &std::path::Path) {
     let mut args = vec!["format", "--array", "raid5"];
     args.extend(["-d", "a.img:64M", "-d", "b.img:64M", "-d", "c.img:64M"]);

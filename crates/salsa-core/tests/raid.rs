@@ -92,8 +92,12 @@ fn scan_opts() -> OpenOptions {
 
 /// The pool on `devs` opened with `o`, without member `gone`.
 fn open_without(devs: &[Arc<dyn Device>], gone: usize, o: &OpenOptions) -> Pool {
-    let rest: Vec<Arc<dyn Device>> = (0..devs.len()).filter(|&m| m != gone).map(|m| devs[m].clone()).collect();
-    Pool::open(rest, o).unwrap()
+    Pool::open(all_but(devs, gone), o).unwrap()
+}
+
+/// Every device of `devs` but member `gone`.
+fn all_but(devs: &[Arc<dyn Device>], gone: usize) -> Vec<Arc<dyn Device>> {
+    (0..devs.len()).filter(|&m| m != gone).map(|m| devs[m].clone()).collect()
 }
 
 /// No read cache: these tests are about what the array reads from its members.
@@ -1264,12 +1268,7 @@ fn a_parity_buffer_keeps_partial_rows_across_a_crash_without_padding() {
         churn(&pool, &mut model, 20 + missing as u64, n);
         write_flush(&pool, &mut model, 30 + missing as u64, 1 + missing);
         drop(pool); // no clean shutdown: the next open scans
-        let without: Vec<Arc<dyn Device>> = devs
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != missing)
-            .map(|(_, d)| d.clone())
-            .collect();
+        let without = all_but(&devs, missing);
         let ro = OpenOptions {
             read_only: true,
             ..o.clone()
@@ -1301,6 +1300,70 @@ fn a_parity_buffer_keeps_partial_rows_across_a_crash_without_padding() {
         );
         pool.close().unwrap();
     }
+}
+
+/// A parity buffer lost after a crash (a dead NVM) costs nothing while every member is there:
+/// the pool opens without it, re-derives the parity of the rows it kept from the members, and
+/// records that it has none; with a member missing too it is refused (the buffer held the only
+/// redundancy of that member's last rows). A new buffer then takes over and keeps partial rows
+/// across the next crash.
+#[test]
+fn a_lost_parity_buffer_is_done_without_when_every_member_is_there() {
+    for missing in 0..3usize {
+        let (_, devs) = members(3);
+        let buffer: Arc<dyn Device> = Arc::new(MemoryDevice::new("nvm", 4 * MIB));
+        let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid5), &with_buffer(&buffer)).unwrap();
+        let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
+        pool.create_volume("v", size, PAGE as u32).unwrap();
+        let mut model = vec![0u64; (size / PAGE as u64) as usize];
+        write_flush(&pool, &mut model, 50 + missing as u64, 200);
+        let n = model.len();
+        churn(&pool, &mut model, 60 + missing as u64, n);
+        write_flush(&pool, &mut model, 70 + missing as u64, 1 + missing);
+        drop(pool); // a crash: partial rows have their parity only in the buffer, now lost
+        let lost = OpenOptions {
+            parity_buffer_lost: true,
+            ..opts()
+        };
+        let e = open_without_err(&devs, missing, &lost);
+        assert!(e.contains("cannot be done without"), "{e}");
+        let pool = Pool::open(devs.clone(), &lost).unwrap();
+        assert!(pool.stats().parity_buffer.is_none());
+        verify(&pool, &model);
+        write_flush(&pool, &mut model, 80 + missing as u64, 20);
+        pool.close().unwrap();
+        // Every row's parity agrees with its data: a member lost now costs nothing.
+        let ro = OpenOptions { read_only: true, ..opts() };
+        let pool = open_without(&devs, missing, &ro);
+        verify(&pool, &model);
+        drop(pool);
+        // A new buffer: required from now on, and it keeps partial rows across a crash.
+        let pool = Pool::open(devs.clone(), &opts()).unwrap();
+        let fresh: Arc<dyn Device> = Arc::new(MemoryDevice::new("nvm2", 4 * MIB));
+        assert!(pool.change_parity_buffer(Some(fresh.clone())).unwrap().is_some());
+        let e = Pool::open(devs.clone(), &opts()).err().expect("opened without its new buffer");
+        assert!(e.to_string().contains("parity buffer"), "{e}");
+        let pool = Pool::open(devs.clone(), &with_buffer(&fresh)).unwrap();
+        write_flush(&pool, &mut model, 90 + missing as u64, 30);
+        drop(pool);
+        let ro = OpenOptions {
+            read_only: true,
+            ..with_buffer(&fresh)
+        };
+        let pool = open_without(&devs, missing, &ro);
+        verify(&pool, &model);
+        drop(pool);
+        // And back to none: the pool pads flushes and opens without a buffer.
+        let pool = Pool::open(devs.clone(), &with_buffer(&fresh)).unwrap();
+        assert_eq!(pool.change_parity_buffer(None).unwrap(), None);
+        let pool = Pool::open(devs.clone(), &opts()).unwrap();
+        verify(&pool, &model);
+        pool.close().unwrap();
+    }
+}
+
+fn open_without_err(devs: &[Arc<dyn Device>], gone: usize, o: &OpenOptions) -> String {
+    Pool::open(all_but(devs, gone), o).err().expect("opened").to_string()
 }
 
 /// A pool formatted with a parity buffer does not open without it, nor with another pool's;

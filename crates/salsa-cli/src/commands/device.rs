@@ -200,6 +200,61 @@ fn pool_arguments(devices: &[DeviceSpec], parity_buffer: Option<&DeviceSpec>, co
     }
 }
 
+/// Offline only: gives the pool on `devices` the parity buffer `new` (`None`: none), the old
+/// one read from `old` or, not given, taken as lost.
+pub(crate) fn set_parity_buffer(
+    devices: &[DeviceSpec],
+    old: Option<&DeviceSpec>,
+    control: Option<&std::path::Path>,
+    new: Option<&DeviceSpec>,
+    force: bool,
+) -> Result<(), String> {
+    if running_server(devices, control).is_some() {
+        return Err("the pool is being served: stop the server first (the change closes the pool cleanly)".into());
+    }
+    if devices.is_empty() {
+        return Err("give the pool's devices (--device)".into());
+    }
+    salsa_core::spec::check_distinct(devices.iter().chain(old).chain(new))?;
+    // A NEW that is there is judged before the pool opens (an open without the old buffer
+    // records at once that it is gone).
+    let existing = match new.filter(|s| s.model.is_some() || s.path.exists()) {
+        Some(spec) => {
+            let device = spec.open(false)?;
+            super::admin::check_blank(std::slice::from_ref(&device), force)?;
+            Some(device)
+        }
+        None => None,
+    };
+    let devs: Vec<_> = devices.iter().map(|d| d.open_existing(false)).collect::<Result<_, _>>()?;
+    let mut opts = with_parity_buffer(rw_options(), old, None)?;
+    opts.parity_buffer_lost = old.is_none();
+    let pool = Pool::open(devs, &opts).map_err(|e| e.to_string())?;
+    let Some(default_bytes) = pool.default_parity_buffer_bytes() else {
+        pool.close().map_err(|e| e.to_string())?;
+        return Err("a parity buffer keeps RAID-5 parity; this pool is not RAID-5".into());
+    };
+    let created = super::files_to_create::FilesToCreate::of(&[], new);
+    let new_device = match (new, existing) {
+        (_, Some(device)) => Some(device),
+        (None, None) => None,
+        (Some(spec), None) => {
+            let mut spec = spec.clone();
+            spec.size_bytes = spec.size_bytes.or(Some(default_bytes));
+            Some(spec.open(false).map_err(|e| created.remove(e))?)
+        }
+    };
+    let name = new_device.as_ref().map(|d| d.name().to_string());
+    match pool.change_parity_buffer(new_device).map_err(|e| created.remove(e.to_string()))? {
+        Some(id) => println!(
+            "the pool's parity buffer is now {} (id {id:016x}): a flush keeps a partial row's parity there",
+            name.unwrap_or_default()
+        ),
+        None => println!("the pool has no parity buffer now: a flush pads the log to a whole row"),
+    }
+    Ok(())
+}
+
 /// Offline or online: changes the rate limit of the rebuild in progress (`None`: no limit).
 /// Offline, the pool opens (resuming its rebuild in the background for as long as it is
 /// open) and keeps the new limit for the next open.

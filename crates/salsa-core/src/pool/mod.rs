@@ -129,6 +129,13 @@ pub struct OpenOptions {
     /// A RAID-5 pool's parity buffer (see [`crate::array::ParityBuffer`]): formatted by
     /// [`Pool::create`], required by [`Pool::open`] of a pool created with one.
     pub parity_buffer: Option<Arc<dyn crate::device::Device>>,
+    /// The pool's parity buffer is lost (a dead NVM): open a RAID-5 pool that has one
+    /// without it. Nothing is lost when every member is present: recovery re-derives the
+    /// parity of the rows the buffer kept from the members' data (a clean close leaves none).
+    /// Refused when a member is failed or missing, whose rows had their redundancy only
+    /// there. The pool records at once that it has no buffer and pads flushes from then on
+    /// ([`Pool::change_parity_buffer`] gives it a new one).
+    pub parity_buffer_lost: bool,
     /// Bytes of DRAM for copies of pages read from the devices (see
     /// [`crate::log::read_cache`]); 0: every read goes to the devices.
     pub read_cache_bytes: u64,
@@ -182,6 +189,7 @@ impl Default for OpenOptions {
             gc_garbage_percent: None,
             write_back_threads: 4,
             parity_buffer: None,
+            parity_buffer_lost: false,
             read_cache_bytes: DEFAULT_READ_CACHE_BYTES,
             discard_freed_segments: true,
             write_buffer_bytes: 0,
@@ -463,6 +471,66 @@ impl Pool {
             debug_assert_eq!(self.eng.log.capacity().segment(s).state(), SegmentState::Checkpoint);
         }
         Ok(())
+    }
+}
+
+impl Pool {
+    /// The stripe unit and the grains of a row of a RAID-5 pool (what its parity buffer's
+    /// entries are made of).
+    fn parity_row_shape(&self) -> (u32, u32) {
+        let array = self.eng.log.array();
+        let grain_bytes = self.eng.log.geo().grain_bytes;
+        let row_grains = array.row_grains(grain_bytes);
+        let data_members = ArrayKind::Raid5.data_members(array.members().len() as u32).max(1);
+        (row_grains / data_members * grain_bytes, row_grains)
+    }
+
+    /// Bytes of a parity buffer for this RAID-5 pool at the default number of rows per bank
+    /// (what `salsa format` creates); `None` for other layouts.
+    pub fn default_parity_buffer_bytes(&self) -> Option<u64> {
+        (self.eng.log.array().kind() == ArrayKind::Raid5).then(|| {
+            let (unit, row_grains) = self.parity_row_shape();
+            crate::array::raid::parity_buffer::buffer_bytes_for(
+                unit,
+                row_grains,
+                crate::array::raid::parity_buffer::DEFAULT_ENTRIES_PER_BANK,
+            )
+        })
+    }
+
+    /// Closes the pool cleanly and gives it `new` as its RAID-5 parity buffer (formatted
+    /// here), or none (`None`: flushes pad to whole rows from the next open). A clean close
+    /// pads every row and writes its parity to the members, so the old buffer keeps nothing
+    /// the pool needs; it is forgotten (open the pool with
+    /// [`OpenOptions::parity_buffer_lost`] when it is gone). Returns the new buffer's id.
+    pub fn change_parity_buffer(self, new: Option<Arc<dyn crate::device::Device>>) -> Result<Option<u64>> {
+        let array = self.eng.log.array();
+        if array.kind() != ArrayKind::Raid5 {
+            return Err(Error::InvalidConfig(format!(
+                "a parity buffer keeps RAID-5 parity; this pool is {}",
+                array.kind().name()
+            )));
+        }
+        if self.eng.log.is_read_only() {
+            return Err(Error::ReadOnly("the pool is open read-only".into()));
+        }
+        let (unit_bytes, row_grains) = self.parity_row_shape();
+        let eng = self.eng.clone();
+        self.close()?;
+        let id = match new {
+            Some(device) => {
+                let id = rand::Rng::gen::<u64>(&mut rand::thread_rng()) | 1;
+                crate::array::ParityBuffer::format(device, eng.log.pool_id(), id, unit_bytes, row_grains)?;
+                Some(id)
+            }
+            None => None,
+        };
+        let mut meta = eng.log.meta().lock();
+        let mut next = meta.clone();
+        next.parity_buffer_id = id.unwrap_or(0);
+        eng.log.write_pool_meta(&mut next)?;
+        *meta = next;
+        Ok(id)
     }
 }
 

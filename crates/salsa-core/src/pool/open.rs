@@ -282,7 +282,13 @@ impl Pool {
                 failed.extend(&missing);
                 failed.sort_unstable();
                 failed.dedup();
-                let buffer = open_parity_buffer(&first, &old_meta, members.len() as u32, opts)?;
+                let buffer = open_parity_buffer(
+                    &first,
+                    &old_meta,
+                    members.len() as u32,
+                    failed.len() + rebuilding.iter().count(),
+                    opts,
+                )?;
                 Box::new(RaidArray::new(
                     kind,
                     members,
@@ -321,6 +327,11 @@ impl Pool {
         // A member missing now is recorded as failed: if it comes back, it is stale.
         meta.failed_members = array.failed_ids();
         meta.member_ids = array.member_ids();
+        if opts.parity_buffer_lost && opts.parity_buffer.is_none() {
+            // Recorded at once: the rows it kept are re-derived below, and nothing later
+            // may wait for the lost device.
+            meta.parity_buffer_id = 0;
+        }
         if !opts.read_only {
             crate::log::write_meta_slot(&array.metadata_devices(), &mut meta)?;
         }
@@ -400,16 +411,26 @@ fn open_parity_buffer(
     first: &Superblock,
     meta: &PoolMeta,
     members: u32,
+    degraded_members: usize,
     opts: &OpenOptions,
 ) -> Result<Option<(crate::array::ParityBuffer, Vec<crate::array::raid::rows::LandedRow>)>> {
     match (meta.parity_buffer_id, &opts.parity_buffer) {
         (0, None) => Ok(None),
+        (id, None) if opts.parity_buffer_lost => {
+            if degraded_members > 0 {
+                return Err(Error::InvalidConfig(format!(
+                    "parity buffer {id:016x} cannot be done without while {degraded_members} member(s) of this pool are failed, missing or being rebuilt: it may hold the only redundancy of their last rows; give it (--parity-buffer PATH), or give the missing members"
+                )));
+            }
+            tracing::warn!("opening without parity buffer {id:016x}: the parity of the rows it kept is re-derived from the members");
+            Ok(None)
+        }
         (0, Some(d)) => Err(Error::InvalidConfig(format!(
             "this pool was formatted without a parity buffer ({} is not one of its devices); flushes pad its rows instead",
             d.name()
         ))),
         (id, None) => Err(Error::InvalidConfig(format!(
-            "this RAID-5 pool keeps the parity of the rows being filled in parity buffer {id:016x}; give that device too (--parity-buffer PATH)"
+            "this RAID-5 pool keeps the parity of the rows being filled in parity buffer {id:016x}; give that device too (--parity-buffer PATH), or, if it is lost, go on without it or with a new one (`salsa device parity-buffer`)"
         ))),
         (id, Some(d)) => {
             let unit = first.stripe_unit_bytes;
