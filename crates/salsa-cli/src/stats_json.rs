@@ -40,6 +40,7 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
         "parity_buffer": s.parity_buffer.as_ref().map(|b| serde_json::json!({
             "name": b.name, "size_bytes": b.size_bytes, "rows_per_bank": b.rows_per_bank,
             "banks_written": b.banks_written, "bytes_written": b.bytes_written, "banks_skipped": b.banks_skipped,
+            "failed": b.failed,
         })),
         "read_cache": s.read_cache.map(|c| serde_json::json!({
             "capacity_bytes": c.capacity_bytes, "used_bytes": c.used_bytes, "pages": c.pages,

@@ -1402,7 +1402,7 @@ fn a_parity_buffer_is_checked_like_a_member() {
     let e = Pool::open(plain, &with_buffer(&buffer))
         .err()
         .expect("a pool without a buffer took one");
-    assert!(e.to_string().contains("without a parity buffer"), "{e}");
+    assert!(e.to_string().contains("has no parity buffer"), "{e}");
     // Only RAID-5 takes one.
     let (_, mirrors) = members(2);
     let e = Pool::create(mirrors.clone(), &config(ArrayKind::Raid1), &with_buffer(&blank))
@@ -1555,5 +1555,50 @@ fn a_member_failed_on_request_on_an_idle_pool_stays_failed_after_a_reopen() {
         verify(&pool, &model);
         assert_eq!(pool.stats().members[0].bytes_read, 0, "{kind:?}: the failed member is not read");
         pool.close().unwrap();
+    }
+}
+
+/// A parity buffer that dies while the pool serves does not stop it: the sync that failed to
+/// write a bank still succeeds (the members hold every grain), flushes pad to whole rows from
+/// then on, the pool reports the buffer out of service and records that it has none, so a
+/// restart needs no buffer; after a crash every row's parity agrees with its data again, and
+/// a member lost then costs nothing.
+#[test]
+fn a_parity_buffer_that_dies_leaves_the_pool_serving_with_padded_flushes() {
+    for missing in 0..3usize {
+        let (_, devs) = members(3);
+        let fault = Arc::new(FaultDevice::new(Arc::new(MemoryDevice::new("nvm", 4 * MIB)), FaultPlan::default()));
+        let buffer: Arc<dyn Device> = fault.clone();
+        let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid5), &with_buffer(&buffer)).unwrap();
+        let size = pool.logical_capacity_bytes() / 2 / PAGE as u64 * PAGE as u64;
+        pool.create_volume("v", size, PAGE as u32).unwrap();
+        let mut model = vec![0u64; (size / PAGE as u64) as usize];
+        write_flush(&pool, &mut model, 100 + missing as u64, 50);
+        let padded_before = pool.stats().pad_bytes_written;
+        fault.set_plan(FaultPlan {
+            dead: true,
+            ..FaultPlan::default()
+        });
+        write_flush(&pool, &mut model, 110 + missing as u64, 100);
+        let st = pool.stats();
+        let pb = st.parity_buffer.clone().expect("still reported");
+        assert!(pb.failed.as_deref().is_some_and(|why| why.contains("nvm")), "{pb:?}");
+        assert!(pool.array_description().contains("OUT OF SERVICE"), "{}", pool.array_description());
+        assert!(
+            st.pad_bytes_written >= padded_before + 50 * PAGE as u64,
+            "flushes pad once the buffer is gone: {padded_before} then {}",
+            st.pad_bytes_written
+        );
+        let n = model.len();
+        churn(&pool, &mut model, 120 + missing as u64, n);
+        write_flush(&pool, &mut model, 130 + missing as u64, 1 + missing);
+        drop(pool); // a crash
+        let pool = Pool::open(devs.clone(), &opts()).expect("the pool recorded that it has no buffer");
+        verify(&pool, &model);
+        pool.close().unwrap();
+        let ro = OpenOptions { read_only: true, ..opts() };
+        let pool = open_without(&devs, missing, &ro);
+        verify(&pool, &model);
+        drop(pool);
     }
 }

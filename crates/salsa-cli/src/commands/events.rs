@@ -13,7 +13,10 @@
 //! The command runs with `sh -c`, its output in the server's log, and these variables:
 //! `SALSA_EVENT` (`member-failed`, `member-rebuilding` or `member-ok`), `SALSA_SLOT`,
 //! `SALSA_MEMBER` (the member's device), `SALSA_STATE` and `SALSA_PREVIOUS_STATE` (`ok`,
-//! `failed` or `rebuilding`), `SALSA_ARRAY` (the array's description).
+//! `failed` or `rebuilding`), `SALSA_ARRAY` (the array's description). A RAID-5 parity
+//! buffer that goes out of service is reported once too, as `parity-buffer-failed` with
+//! `SALSA_MEMBER` the buffer's device, `SALSA_STATE` `failed`, `SALSA_PREVIOUS_STATE` `ok` and
+//! `SALSA_REASON` what failed (no `SALSA_SLOT`).
 
 use salsa_core::Pool;
 use std::process::{Child, Command};
@@ -67,38 +70,58 @@ pub(crate) fn events_thread(pool: Arc<Pool>, command: String, stop: Arc<AtomicBo
     let array = pool.array_description();
     let mut seen: Vec<(String, &'static str)> = Vec::new();
     let mut running: Vec<Child> = Vec::new();
+    let mut buffer_reported = false;
     while !stop.load(SeqCst) {
         running.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_)) | Err(_)));
         let now = member_states(&pool);
         for e in changes(&seen, &now) {
             eprintln!("salsa: member {} ({}): {} -> {}", e.slot, e.member, e.previous, e.state);
-            if running.len() >= RUNNING_MAX {
-                eprintln!(
-                    "salsa: {RUNNING_MAX} event commands still run; {} of member {} not reported",
-                    e.name(),
-                    e.slot
-                );
-                continue;
-            }
-            let child = Command::new("sh")
-                .args(["-c", &command])
-                .env("SALSA_EVENT", e.name())
-                .env("SALSA_SLOT", e.slot.to_string())
-                .env("SALSA_MEMBER", &e.member)
-                .env("SALSA_STATE", e.state)
-                .env("SALSA_PREVIOUS_STATE", e.previous)
-                .env("SALSA_ARRAY", &array)
-                .stdin(std::process::Stdio::null())
-                .spawn();
-            match child {
-                Ok(c) => running.push(c),
-                Err(err) => eprintln!("salsa: cannot run the event command for {}: {err}", e.name()),
-            }
+            let vars = [
+                ("SALSA_EVENT", e.name()),
+                ("SALSA_SLOT", e.slot.to_string()),
+                ("SALSA_MEMBER", e.member.clone()),
+                ("SALSA_STATE", e.state.to_string()),
+                ("SALSA_PREVIOUS_STATE", e.previous.to_string()),
+                ("SALSA_ARRAY", array.clone()),
+            ];
+            run_event(&command, &mut running, &format!("{} of member {}", e.name(), e.slot), &vars);
         }
         seen = now;
+        if let Some(b) = pool.parity_buffer().filter(|b| b.failed.is_some() && !buffer_reported) {
+            buffer_reported = true;
+            let why = b.failed.unwrap_or_default();
+            eprintln!("salsa: parity buffer {}: ok -> failed ({why})", b.name);
+            let vars = [
+                ("SALSA_EVENT", "parity-buffer-failed".to_string()),
+                ("SALSA_MEMBER", b.name.clone()),
+                ("SALSA_STATE", "failed".to_string()),
+                ("SALSA_PREVIOUS_STATE", "ok".to_string()),
+                ("SALSA_REASON", why),
+                ("SALSA_ARRAY", pool.array_description()),
+            ];
+            run_event(&command, &mut running, "parity-buffer-failed", &vars);
+        }
         std::thread::sleep(POLL_INTERVAL);
     }
     // Commands still running finish on their own.
+}
+
+/// Starts `command` for one event with `vars` in its environment, unless [`RUNNING_MAX`]
+/// commands still run (then the event, `what`, is logged as not reported).
+fn run_event(command: &str, running: &mut Vec<Child>, what: &str, vars: &[(&str, String)]) {
+    if running.len() >= RUNNING_MAX {
+        eprintln!("salsa: {RUNNING_MAX} event commands still run; {what} not reported");
+        return;
+    }
+    let child = Command::new("sh")
+        .args(["-c", command])
+        .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(std::process::Stdio::null())
+        .spawn();
+    match child {
+        Ok(c) => running.push(c),
+        Err(err) => eprintln!("salsa: cannot run the event command for {what}: {err}"),
+    }
 }
 
 #[cfg(test)]

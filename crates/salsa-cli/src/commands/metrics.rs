@@ -367,7 +367,13 @@ pub(crate) fn render(s: &Stats) -> String {
             "parity_buffer_banks_written_total",
             c,
             "Banks written to the parity buffer.",
-            &[(l, b.banks_written as f64)],
+            &[(l.clone(), b.banks_written as f64)],
+        );
+        e.metric(
+            "parity_buffer_failed",
+            g,
+            "1 when the parity buffer went out of service (flushes pad to whole rows since).",
+            &[(l, if b.failed.is_some() { 1.0 } else { 0.0 })],
         );
     }
     if let Some(r) = &s.read_cache {

@@ -122,6 +122,9 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
                 human(k("bytes_written")),
                 k("banks_skipped")
             );
+            if let Some(why) = b.get("failed").and_then(|x| x.as_str()) {
+                println!("  OUT OF SERVICE   {why}: flushes pad to whole rows; after a stop, `salsa device parity-buffer` gives the pool a new one");
+            }
         }
         if let Some(r) = v["rebuild"].as_object() {
             let k = |key: &str| r.get(key).and_then(|x| x.as_u64()).unwrap_or(0);

@@ -157,6 +157,9 @@ pub struct ParityBufferStatus {
     pub bytes_written: u64,
     /// Syncs that had nothing new for it.
     pub banks_skipped: u64,
+    /// Why it went out of service (a write or sync failed, or more rows were open than it
+    /// holds): the pool pads flushes instead since.
+    pub failed: Option<String>,
 }
 
 /// One member device and the segments it holds.
@@ -236,6 +239,12 @@ pub trait Array: Send + Sync {
     }
     /// The parity buffer, when the array keeps one: its device, size and what it wrote.
     fn parity_buffer_status(&self) -> Option<ParityBufferStatus> {
+        None
+    }
+    /// Whether the parity buffer went out of service (a write or sync of it failed) since the
+    /// last call: the array then syncs the members alone, and the log pads flushes to whole
+    /// rows from then on and records in the pool metadata that the pool has no buffer.
+    fn take_parity_buffer_failure(&self) -> Option<String> {
         None
     }
     /// The ids of the failed members, when the set changed since the last call (the log then

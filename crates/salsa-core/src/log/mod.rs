@@ -253,7 +253,8 @@ pub struct Log {
     pub write_watchers: write_watchers::WriteWatchers,
     /// Records sealed for a flush end on a multiple of this many grains in their segment (the
     /// array's [`Array::flush_alignment_grains`]).
-    pub(super) flush_alignment_grains: u32,
+    /// Grows to a whole row when a RAID-5 parity buffer goes out of service.
+    pub(super) flush_alignment_grains: AtomicU32,
     /// A segment that closes, and a clean shutdown, pad the log to a multiple of this many
     /// grains (the array's [`Array::row_grains`]), so no row is left without its parity.
     pub(super) row_grains: u32,
@@ -323,7 +324,7 @@ impl Log {
             "a segment holds whole rows, and a row whole flush alignments"
         );
         Log {
-            flush_alignment_grains,
+            flush_alignment_grains: AtomicU32::new(flush_alignment_grains),
             row_grains,
             parity_geometry: array.parity_geometry(),
             read_cache: OnceLock::new(),
@@ -794,7 +795,7 @@ impl Log {
     /// a flush would not pad (an array that pads a flush to its stripe would pad every
     /// write): then the open user records are best written at once ([`Log::write_ahead`]).
     pub fn write_behind_due(&self) -> bool {
-        self.writers_flush_every_write() && self.flush_alignment_grains <= 1 && !self.invalidations_in_flight()
+        self.writers_flush_every_write() && self.flush_alignment() <= 1 && !self.invalidations_in_flight()
     }
 
     /// Whether the writers have flushed after their writes lately (see [`WriteBehind`]).
@@ -875,6 +876,7 @@ impl Log {
         // A member that failed since the last sync is recorded as failed before the writes
         // that went around it count as durable: a reopened pool must not trust it again.
         self.record_failure_change()?;
+        self.record_parity_buffer_failure()?;
         self.tracker.set_synced_through(upto);
         Ok(())
     }
@@ -899,6 +901,34 @@ impl Log {
         Ok(())
     }
 
+    /// Grains a record sealed for a flush ends on, from its segment's start (see
+    /// [`Array::flush_alignment_grains`]).
+    pub(super) fn flush_alignment(&self) -> u32 {
+        self.flush_alignment_grains.load(SeqCst)
+    }
+
+    /// When the RAID-5 parity buffer went out of service: flushes pad to whole rows from now
+    /// on, and the pool metadata records that the pool has no buffer, so that a restart does
+    /// not wait for the failed device. (Rows a buffer kept until now are re-derived by
+    /// recovery from the members after a crash, as for a pool that never had one.)
+    pub(crate) fn record_parity_buffer_failure(&self) -> Result<()> {
+        let Some(why) = self.array.take_parity_buffer_failure() else {
+            return Ok(());
+        };
+        self.flush_alignment_grains
+            .store(self.array.flush_alignment_grains(self.geo.grain_bytes), SeqCst);
+        let mut meta = self.meta.lock();
+        let mut next = meta.clone();
+        next.parity_buffer_id = 0;
+        if let Err(e) = self.write_pool_meta(&mut next) {
+            self.poison(&e);
+            return Err(e);
+        }
+        *meta = next;
+        tracing::warn!("the pool no longer uses its parity buffer ({why})");
+        Ok(())
+    }
+
     /// For a GC release: seals and writes every open record holding GC moves and every open
     /// record up to `kill_through` (they made entries of the released victims dead), waits for
     /// every sealed record still in flight, and syncs. User streams stay open otherwise (a full
@@ -910,7 +940,7 @@ impl Log {
         // (the record sealed and padded to the row's end) so that they are redundant once
         // durable. Otherwise a member lost after the crash would take the only copy of data
         // flushed long before, moved into a row that never got its parity.
-        let align = self.flush_alignment_grains;
+        let align = self.flush_alignment();
         let mid_row = |r: &record::OpenRecord| align > 1 && !r.meta.start_grain.is_multiple_of(align);
         self.seal_and_write(|r| r.gc_moves || r.buf.record_id <= kill_through || mid_row(r))?;
         let in_flight = self.tracker.sealed_in_flight();

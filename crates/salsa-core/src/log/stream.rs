@@ -283,7 +283,7 @@ impl Streams {
     fn seal_streams(&self, log: &Log, which: impl Fn(&OpenRecord) -> bool, close: bool) -> Vec<SealedRecord> {
         let mut out = Vec::new();
         // A flush ends on the flush alignment; a clean shutdown completes every row.
-        let align = if close { log.row_grains } else { log.flush_alignment_grains };
+        let align = if close { log.row_grains } else { log.flush_alignment() };
         for s in self.streams.iter() {
             let mut st = lock_stream(s);
             // Between records, mid-row: open one to carry the padding (see `seal_record`).

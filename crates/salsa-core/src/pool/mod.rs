@@ -457,6 +457,9 @@ impl Pool {
             self.eng.log.array().write(s as u64 * gps, &buf)?;
         }
         self.eng.log.array().sync_all()?;
+        // A parity buffer that failed in this last sync is recorded as gone before the pool
+        // is marked clean, like one that failed in any other.
+        self.eng.log.record_parity_buffer_failure()?;
         let mut meta = self.eng.log.meta().lock();
         let mut next = meta.clone();
         next.clean = true;

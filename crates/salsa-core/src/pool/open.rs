@@ -426,7 +426,7 @@ fn open_parity_buffer(
             Ok(None)
         }
         (0, Some(d)) => Err(Error::InvalidConfig(format!(
-            "this pool was formatted without a parity buffer ({} is not one of its devices); flushes pad its rows instead",
+            "this pool has no parity buffer ({} is not one of its devices; it was formatted without one, or its buffer was dropped or went out of service); flushes pad its rows instead; `salsa device parity-buffer` gives it one",
             d.name()
         ))),
         (id, None) => Err(Error::InvalidConfig(format!(

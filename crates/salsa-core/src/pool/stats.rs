@@ -120,6 +120,12 @@ impl Pool {
         self.eng.log.array().member_status()
     }
 
+    /// The RAID-5 parity buffer's state and counters (`None` without one); cheaper than
+    /// [`Pool::stats`], for a monitor that polls it.
+    pub fn parity_buffer(&self) -> Option<crate::array::ParityBufferStatus> {
+        self.eng.log.array().parity_buffer_status()
+    }
+
     /// Current statistics.
     pub fn stats(&self) -> Stats {
         let c = self.eng.log.counters();

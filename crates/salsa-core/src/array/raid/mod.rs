@@ -91,6 +91,12 @@ pub struct RaidArray {
     aligned_buffers: bool,
     /// RAID-5 with a persistent parity buffer: flushes need not end on a row.
     parity_buffer: Option<ParityBuffer>,
+    /// Why the parity buffer went out of service, once it did: a failed bank write is not a
+    /// reason to stop a redundant pool, which pads flushes instead (see
+    /// [`Array::take_parity_buffer_failure`]).
+    parity_buffer_failed: Mutex<Option<String>>,
+    /// Set with `parity_buffer_failed`, until the log has taken it.
+    parity_buffer_failure_unrecorded: AtomicBool,
     /// Held from taking the open rows' landed parity to persisting it, so that banks are
     /// written in the order their contents were taken.
     parity_sync: Mutex<()>,
@@ -167,6 +173,8 @@ impl RaidArray {
             health,
             failure_changed: AtomicBool::new(false),
             parity_buffer,
+            parity_buffer_failed: Mutex::new(None),
+            parity_buffer_failure_unrecorded: AtomicBool::new(false),
             parity_sync: Mutex::new(()),
             replaced_bytes_written: AtomicU64::new(0),
         };
@@ -897,9 +905,32 @@ impl Array for RaidArray {
         // What has landed now is durable once the members' sync returns; only then may the
         // buffer say so (see `parity_buffer`).
         let _order = self.parity_sync.lock();
+        if self.parity_buffer_failed.lock().is_some() {
+            return self.sync_members();
+        }
         let (version, rows) = self.rows.landed_rows();
         self.sync_members()?;
-        buffer.persist(&rows, version)
+        // The members hold every grain durably now; only the partial rows' parity did not
+        // reach the buffer. Recovery re-derives it from the members, so the data is as safe
+        // as before unless a member fails too before those rows complete (padded at the next
+        // flush): the pool goes on without the buffer rather than stopping.
+        if let Err(e) = buffer.persist(&rows, version) {
+            let why = format!("{}: {e}", buffer.device().name());
+            tracing::error!(
+                "parity buffer out of service ({why}); flushes pad the log to whole rows from now on; give the pool a new one with `salsa device parity-buffer` when it is stopped"
+            );
+            *self.parity_buffer_failed.lock() = Some(why);
+            self.parity_buffer_failure_unrecorded.store(true, SeqCst);
+        }
+        Ok(())
+    }
+
+    fn take_parity_buffer_failure(&self) -> Option<String> {
+        if self.parity_buffer_failure_unrecorded.swap(false, SeqCst) {
+            self.parity_buffer_failed.lock().clone()
+        } else {
+            None
+        }
     }
 
     fn metadata_devices(&self) -> Vec<(Arc<dyn Device>, DeviceLayout)> {
@@ -918,8 +949,8 @@ impl Array for RaidArray {
 
     fn flush_alignment_grains(&self, grain_bytes: u32) -> u32 {
         match self.parity_buffer {
-            Some(_) => 1,
-            None => self.row_grains(grain_bytes),
+            Some(_) if self.parity_buffer_failed.lock().is_none() => 1,
+            _ => self.row_grains(grain_bytes),
         }
     }
 
@@ -945,13 +976,15 @@ impl Array for RaidArray {
             ArrayKind::Raid1 => format!("raid1 ({n} mirrors{failed})"),
             _ => {
                 let row = crate::pool::human_bytes(self.stripe.row_bytes());
-                let mode = match &self.parity_buffer {
-                    Some(b) => format!(
+                let failed_buffer = self.parity_buffer_failed.lock().clone();
+                let mode = match (&self.parity_buffer, failed_buffer) {
+                    (Some(_), Some(why)) => format!("parity buffer OUT OF SERVICE ({why}): a flush pads the log to a whole {row} row"),
+                    (Some(b), None) => format!(
                         "parity buffer {} ({} rows per bank): a flush keeps a partial row's parity there",
                         b.device().name(),
                         b.header().entries_per_bank()
                     ),
-                    None => format!("no parity buffer: a flush pads the log to a whole {row} row"),
+                    (None, _) => format!("no parity buffer: a flush pads the log to a whole {row} row"),
                 };
                 format!(
                     "raid5 ({n} devices: {} data + rotating parity, stripe unit {unit}; {mode}{failed})",
@@ -983,6 +1016,7 @@ impl Array for RaidArray {
             banks_written: c.banks_written,
             bytes_written: c.bytes_written,
             banks_skipped: c.banks_skipped,
+            failed: self.parity_buffer_failed.lock().clone(),
         })
     }
 
