@@ -464,6 +464,15 @@ fn a_lost_parity_buffer_is_replaced_or_done_without() {
         .concat(),
     );
     assert!(ok && out.contains("no parity buffer now"), "{out}");
+    // A start that still names the buffer it dropped goes on without it; another device is
+    // refused.
+    let (ok, out) = salsa(&dir, &[&["info"][..], &with(&pool, &["--parity-buffer", "nvm2.img"])].concat());
+    assert!(
+        ok && out.contains("not in use by this pool") && out.contains("no parity buffer: a flush pads"),
+        "{out}"
+    );
+    let (ok, out) = salsa(&dir, &[&["info"][..], &with(&pool, &["--parity-buffer", "data.img"])].concat());
+    assert!(!ok && out.contains("never one of its own"), "{out}");
     let (ok, out) = salsa(&dir, &[&["check", "--scrub"][..], &pool].concat());
     assert!(ok && out.contains("no parity buffer: a flush pads"), "{out}");
     let _ = std::fs::remove_dir_all(dir);

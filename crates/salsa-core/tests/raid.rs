@@ -1596,6 +1596,10 @@ fn a_parity_buffer_that_dies_leaves_the_pool_serving_with_padded_flushes() {
         let pool = Pool::open(devs.clone(), &opts()).expect("the pool recorded that it has no buffer");
         verify(&pool, &model);
         pool.close().unwrap();
+        // A start that still names the dead buffer goes on without it.
+        let pool = Pool::open(devs.clone(), &with_buffer(&buffer)).expect("the dead buffer named again");
+        assert!(pool.stats().parity_buffer.is_none());
+        pool.close().unwrap();
         let ro = OpenOptions { read_only: true, ..opts() };
         let pool = open_without(&devs, missing, &ro);
         verify(&pool, &model);

@@ -425,8 +425,17 @@ fn open_parity_buffer(
             tracing::warn!("opening without parity buffer {id:016x}: the parity of the rows it kept is re-derived from the members");
             Ok(None)
         }
+        // A buffer this pool stopped using (it went out of service, or was dropped), named
+        // again by a start that always names it: the pool goes on without it.
+        (0, Some(d)) if crate::array::ParityBuffer::belongs_to(d.as_ref(), first.pool_id) != Some(false) => {
+            tracing::warn!(
+                "{} is not in use by this pool (its parity buffer went out of service or was dropped); going on without one: flushes pad to whole rows; `salsa device parity-buffer` gives the pool one",
+                d.name()
+            );
+            Ok(None)
+        }
         (0, Some(d)) => Err(Error::InvalidConfig(format!(
-            "this pool has no parity buffer ({} is not one of its devices; it was formatted without one, or its buffer was dropped or went out of service); flushes pad its rows instead; `salsa device parity-buffer` gives it one",
+            "this pool has no parity buffer, and {} was never one of its own; flushes pad its rows instead; `salsa device parity-buffer` gives it one",
             d.name()
         ))),
         (id, None) => Err(Error::InvalidConfig(format!(

@@ -127,6 +127,14 @@ impl ParityBuffer {
     /// Opens the parity buffer `buffer_id` of pool `pool_id` on `device` and returns the rows
     /// of its newest valid bank. Refuses, writing nothing, a device that is not a parity
     /// buffer, one of another pool or another buffer, or one laid out for another stripe.
+    /// Whether `device` carries a parity buffer header of pool `pool_id` (of any buffer id);
+    /// `None` when its first block cannot be read.
+    pub fn belongs_to(device: &dyn Device, pool_id: u128) -> Option<bool> {
+        let mut block = AlignedBuf::zeroed(PARITY_BLOCK_BYTES);
+        device.read_at(&mut block, 0).ok()?;
+        Some(ParityBufferHeader::decode(&block).is_ok_and(|h| h.pool_id == pool_id))
+    }
+
     pub fn open(
         device: Arc<dyn Device>,
         pool_id: u128,
