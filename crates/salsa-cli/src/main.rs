@@ -66,10 +66,11 @@ impl Devices {
         self.devices.iter().map(|d| d.open(read_only)).collect()
     }
 
-    /// Opens devices that must exist: for the commands that only look at or change a pool.
+    /// Opens devices that must exist: for the commands that only look at or change a pool
+    /// (one gone from a redundant pool is left out, see [`open_present`]).
     fn open_existing(&self, read_only: bool) -> Result<Vec<Arc<dyn salsa_core::Device>>, String> {
         self.check_distinct()?;
-        self.devices.iter().map(|d| d.open_existing(read_only)).collect()
+        open_present(&self.devices, |d| d.open_existing(read_only))
     }
 
     /// Every device, the parity buffer too, named once.
@@ -87,6 +88,28 @@ impl Devices {
         let opts = with_parity_buffer(opts, self.parity_buffer.as_ref(), None)?;
         Pool::open_with_progress(devs, &opts, progress).map_err(|e| e.to_string())
     }
+}
+
+/// Opens `specs` with `open`, except, when the ones that exist hold members of a pool, the
+/// files that do not (a disk gone): those are left out with a warning, so that a redundant
+/// pool opens degraded and the pool's open judges whether it can (a missing file is never
+/// created for a pool that exists). Without a member among them, every spec is opened with
+/// `open`, which creates or refuses.
+pub(crate) fn open_present(
+    specs: &[DeviceSpec],
+    open: impl Fn(&DeviceSpec) -> Result<Arc<dyn salsa_core::Device>, String>,
+) -> Result<Vec<Arc<dyn salsa_core::Device>>, String> {
+    let absent = |s: &DeviceSpec| s.model.is_none() && !s.path.exists();
+    if specs.iter().any(absent) && !specs.iter().all(absent) {
+        let present: Vec<_> = specs.iter().filter(|s| !absent(s)).map(&open).collect::<Result<_, _>>()?;
+        if present.iter().any(|d| salsa_core::pool::read_superblock(d.as_ref()).is_ok()) {
+            for s in specs.iter().filter(|s| absent(s)) {
+                eprintln!("salsa: {} does not exist: the pool opens without it", s.path.display());
+            }
+            return Ok(present);
+        }
+    }
+    specs.iter().map(open).collect()
 }
 
 /// `opts` with the parity buffer `spec` opened, read-only when they are. `new_pool`: the

@@ -49,7 +49,12 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     let st = pool.stats();
     println!("pool        {:032x}", pool.pool_id());
     for d in &devices.devices {
-        println!("device      {}", d.path.display());
+        let gone = if d.model.is_none() && !d.path.exists() {
+            " (does not exist)"
+        } else {
+            ""
+        };
+        println!("device      {}{gone}", d.path.display());
     }
     println!("array       {}", pool.array_description());
     for (i, m) in st.members.iter().enumerate() {

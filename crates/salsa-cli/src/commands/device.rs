@@ -32,7 +32,7 @@ pub(crate) fn open_offline(devices: &[DeviceSpec], parity_buffer: Option<&Device
         return Err("give the pool's devices (--device), or --control of the server that serves it".into());
     }
     salsa_core::spec::check_distinct(devices.iter().chain(parity_buffer))?;
-    let devs: Vec<_> = devices.iter().map(|d| d.open_existing(false)).collect::<Result<_, _>>()?;
+    let devs = open_present(devices, |d| d.open_existing(false))?;
     let opts = with_parity_buffer(rw_options(), parity_buffer, None)?;
     Pool::open(devs, &opts).map_err(|e| e.to_string())
 }
@@ -226,7 +226,7 @@ pub(crate) fn set_parity_buffer(
         }
         None => None,
     };
-    let devs: Vec<_> = devices.iter().map(|d| d.open_existing(false)).collect::<Result<_, _>>()?;
+    let devs = open_present(devices, |d| d.open_existing(false))?;
     let mut opts = with_parity_buffer(rw_options(), old, None)?;
     opts.parity_buffer_lost = old.is_none();
     let pool = Pool::open(devs, &opts).map_err(|e| e.to_string())?;

@@ -117,10 +117,7 @@ pub(crate) fn open_or_create(specs: &[DeviceSpec], args: &ServeArgs, format: &Fo
             }
         }
     }
-    let devs: Vec<_> = specs
-        .iter()
-        .map(|d| d.open_with(read_only, args.page_cache))
-        .collect::<Result<_, _>>()?;
+    let devs = open_present(specs, |d| d.open_with(read_only, args.page_cache))?;
     let (mut members, mut holds_data) = (0, None);
     for d in &devs {
         match salsa_core::pool::read_superblock(d.as_ref()) {
