@@ -341,6 +341,12 @@ enum Command {
         /// SALSA_MEMBER, SALSA_STATE, SALSA_PREVIOUS_STATE and SALSA_ARRAY.
         #[arg(long, value_name = "CMD")]
         on_event: Option<String>,
+        /// A hot spare of a redundant pool, PATH[:SIZE] (a missing file is created at SIZE
+        /// when it is needed): when a member fails, the server rebuilds it onto the next spare
+        /// at once, without being asked, as MD's and ZFS's spares do. Repeat for several. A
+        /// spare that holds data or a pool is refused at start.
+        #[arg(long = "hot-spare", value_name = "PATH[:SIZE]")]
+        hot_spares: Vec<DeviceSpec>,
         /// A RAID-5 pool's parity buffer, PATH[:SIZE] (see `salsa format --help`); created with
         /// a new pool when missing.
         #[arg(long, value_name = "PATH[:SIZE]")]
@@ -786,6 +792,7 @@ fn main() -> ExitCode {
             pace_writes,
             metrics,
             on_event,
+            hot_spares,
             raw,
             no_discard,
             tls,
@@ -809,6 +816,7 @@ fn main() -> ExitCode {
                 pace_writes: *pace_writes,
                 metrics: *metrics,
                 on_event: on_event.clone(),
+                hot_spares: hot_spares.clone(),
                 raw: *raw,
                 discard: !*no_discard,
                 tls: *tls,

@@ -1113,18 +1113,7 @@ fn a_member_file_gone_leaves_a_raid5_pool_serving_degraded() {
     let dir = test_dir("member-gone");
     let path = |name: &str| dir.join(name).display().to_string();
     let salsa = |args: &[&str]| run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(args));
-    let (ok, out) = salsa(&[
-        "format",
-        "--array",
-        "raid5",
-        "-d",
-        &format!("{}:64M", path("a.img")),
-        "-d",
-        &format!("{}:64M", path("b.img")),
-        "-d",
-        &format!("{}:64M", path("c.img")),
-    ]);
-    assert!(ok, "{out}");
+    format_raid5_of_three(&dir);
     let srv = Server::start_on(&dir, &[path("a.img"), path("b.img"), path("c.img")], &[]);
     let mut client = RawClient::connect(&srv.socket, "default");
     let block: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 1) as u8).collect();
@@ -1148,4 +1137,112 @@ fn a_member_file_gone_leaves_a_raid5_pool_serving_degraded() {
     let (ok, out) = salsa(&["info", "-d", &path("a.img"), "-d", &path("b.img"), "-d", &path("c.img")]);
     assert!(!ok && out.contains("slots 1, 2"), "{out}");
     assert!(!dir.join("b.img").exists() && !dir.join("c.img").exists());
+}
+
+/// `salsa serve --hot-spare`: a member that fails is rebuilt onto the spare at once, without
+/// being asked, while the pool serves; the data reads back, the spare is a member after a
+/// restart. A spare that holds data, and spares for a pool without redundancy, are refused at
+/// start with nothing created.
+#[test]
+fn a_hot_spare_takes_the_place_of_a_failed_member_by_itself() {
+    let dir = test_dir("hot-spare");
+    let path = |name: &str| dir.join(name).display().to_string();
+    let salsa = |args: &[&str]| run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(args));
+    format_raid5_of_three(&dir);
+    let members = [path("a.img"), path("b.img"), path("c.img")];
+    let spare = format!("{}:64M", path("spare.img"));
+    let srv = Server::start_on(&dir, &members, &["--hot-spare", &spare]);
+    assert!(!dir.join("spare.img").exists(), "a spare is created when it is needed");
+    let mut client = RawClient::connect(&srv.socket, "default");
+    let blocks: Vec<Vec<u8>> = (0..64u32).map(|b| (0..4096u32).map(|i| (i * 7 + b * 31) as u8).collect()).collect();
+    for (b, block) in blocks.iter().enumerate() {
+        assert_eq!(client.call(0, CMD_WRITE, b as u64 * (256 << 10), 4096, block).0, 0);
+    }
+    assert_eq!(client.call(0, CMD_FLUSH, 0, 0, &[]).0, 0);
+    let (ok, out) = salsa(&["device", "fail", "-d", &path("a.img"), "1"]);
+    assert!(ok, "{out}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (ok, out) = salsa(&["stats", "--json", "-d", &path("a.img")]);
+        assert!(ok, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let m = &v["members"][1];
+        if m["name"].as_str().is_some_and(|n| n.ends_with("spare.img")) && m["state"] == "ok" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the spare did not take over: {v}\n{}",
+            srv.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for (b, block) in blocks.iter().enumerate() {
+        assert_eq!(
+            client.call(0, CMD_READ, b as u64 * (256 << 10), 4096, &[]),
+            (0, block.clone()),
+            "block {b}"
+        );
+    }
+    drop(client);
+    srv.stop();
+    let (ok, out) = salsa(&[
+        "check",
+        "--scrub",
+        "-d",
+        &path("a.img"),
+        "-d",
+        &path("spare.img"),
+        "-d",
+        &path("c.img"),
+    ]);
+    assert!(ok && out.contains("0 problems") && out.contains("0 disagreed"), "{out}");
+    // Refused at start: a spare holding data (untouched), and spares of a linear pool.
+    std::fs::write(dir.join("full.img"), vec![9u8; 4 << 20]).unwrap();
+    let (ok, out) = salsa(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "-d",
+        &path("a.img"),
+        "-d",
+        &path("spare.img"),
+        "-d",
+        &path("c.img"),
+        "--hot-spare",
+        &path("full.img"),
+    ]);
+    assert!(!ok && out.contains("hot spare") && out.contains("holds data"), "{out}");
+    assert_eq!(std::fs::read(dir.join("full.img")).unwrap(), vec![9u8; 4 << 20]);
+    let (ok, out) = salsa(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "-d",
+        &format!("{}:32M", path("linear.img")),
+        "--hot-spare",
+        &format!("{}:32M", path("s2.img")),
+    ]);
+    assert!(!ok && out.contains("redundant pool"), "{out}");
+    assert!(
+        !dir.join("linear.img").exists() && !dir.join("s2.img").exists(),
+        "files left behind"
+    );
+}
+
+/// Formats a RAID-5 pool of `dir`/a.img, b.img and c.img (64 MiB each).
+fn format_raid5_of_three(dir: &std::path::Path) {
+    let member = |name: &str| format!("{}:64M", dir.join(name).display());
+    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa")).args([
+        "format",
+        "--array",
+        "raid5",
+        "-d",
+        &member("a.img"),
+        "-d",
+        &member("b.img"),
+        "-d",
+        &member("c.img"),
+    ]));
+    assert!(ok, "{out}");
 }

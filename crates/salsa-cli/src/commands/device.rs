@@ -75,7 +75,7 @@ pub(crate) fn replace(
 /// it, offline or in the server. A file this created is removed again when the pool did not
 /// take it; a member of the pool (by any path) is refused before it is opened, which would
 /// find it locked by the pool itself.
-fn replace_with(
+pub(crate) fn replace_with(
     pool: &Pool,
     old: &str,
     new: &DeviceSpec,

@@ -8,5 +8,6 @@ pub(crate) mod files_to_create;
 pub(crate) mod metrics;
 pub(crate) mod serve;
 pub(crate) mod share;
+pub(crate) mod spares;
 pub(crate) mod stats;
 pub(crate) mod volume;

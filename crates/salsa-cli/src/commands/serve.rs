@@ -21,6 +21,7 @@ pub(crate) struct ServeArgs {
     pub(crate) metrics: Option<std::net::SocketAddr>,
     /// A command run when a member changes state (see `commands/events.rs`).
     pub(crate) on_event: Option<String>,
+    pub(crate) hot_spares: Vec<DeviceSpec>,
     /// Serve the device raw, without a pool (a baseline).
     pub(crate) raw: bool,
     /// Discard freed segments on the devices.
@@ -102,7 +103,8 @@ pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, answer:
 /// Opens the pool on `specs`, or creates it when every device is blank; refuses anything else.
 pub(crate) fn open_or_create(specs: &[DeviceSpec], args: &ServeArgs, format: &FormatArgs) -> Result<Pool, String> {
     let (parity_buffer, read_only) = (args.parity_buffer.as_ref(), args.read_only);
-    salsa_core::spec::check_distinct(specs.iter().chain(parity_buffer))?;
+    salsa_core::spec::check_distinct(specs.iter().chain(parity_buffer).chain(&args.hot_spares))?;
+    super::spares::check_spares(&args.hot_spares)?;
     for s in specs {
         if let Some(dir) = s
             .path
@@ -251,6 +253,14 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
     // Files this start creates are removed again if it fails.
     let created = super::files_to_create::FilesToCreate::of(specs, args.parity_buffer.as_ref());
     let pool = Arc::new(open_or_create(specs, &args, format).map_err(|e| created.remove(e))?);
+    if !args.hot_spares.is_empty() {
+        if let Err(e) = super::spares::check_layout(&pool) {
+            if let Ok(pool) = Arc::try_unwrap(pool) {
+                let _ = pool.close();
+            }
+            return Err(created.remove(e));
+        }
+    }
     let listening = match salsa_nbd::server::Listening::bind(pool.clone(), &cfg) {
         Ok(l) => l,
         Err(e) => {
@@ -292,6 +302,10 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         let (pool, stop) = (pool.clone(), stop.clone());
         std::thread::spawn(move || super::events::events_thread(pool, command, stop))
     });
+    let spares_thread = (!args.hot_spares.is_empty()).then(|| {
+        let (pool, stop, spares) = (pool.clone(), stop.clone(), args.hot_spares.clone());
+        std::thread::spawn(move || super::spares::spares_thread(pool, spares, stop))
+    });
     let stopped = stop.clone();
     listening.run(stop);
     // However the listeners ended, the helper threads end too.
@@ -301,6 +315,9 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
     }
     // A rebuild in progress stops at its next segment (and resumes at the next start).
     pool.begin_shutdown();
+    if let Some(h) = spares_thread {
+        let _ = h.join();
+    }
     let _ = control_thread.join();
     let _ = std::fs::remove_file(&control_path);
     eprintln!("salsa: stopping: writing the checkpoint");
