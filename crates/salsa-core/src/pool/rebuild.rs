@@ -241,6 +241,15 @@ impl Pool {
                 "another member is being rebuilt; wait for it to finish".into(),
             ));
         }
+        let out_of_service = status.iter().filter(|m| m.failed || m.rebuilding).count() as u32;
+        if !status[slot as usize].failed && out_of_service + 1 >= array.kind().tolerated_failures(status.len() as u32) {
+            // A healthy member leaves the array when its replacement starts (the rebuild
+            // reads the other members): say what that costs before it does.
+            tracing::warn!(
+                "member {slot} ({}) is healthy, but it leaves the array as its replacement starts (the rebuild reads the other members): until the rebuild ends the pool has no redundancy left, and a member that fails meanwhile loses data",
+                status[slot as usize].name
+            );
+        }
         let ids = array.member_ids();
         // A healthy member of this pool, whatever name it is given by.
         let in_service = |id: u64| ids.iter().zip(&status).any(|(i, m)| *i == id && !m.failed);
