@@ -99,11 +99,10 @@ pub(crate) fn open_present(
     specs: &[DeviceSpec],
     open: impl Fn(&DeviceSpec) -> Result<Arc<dyn salsa_core::Device>, String>,
 ) -> Result<Vec<Arc<dyn salsa_core::Device>>, String> {
-    let absent = |s: &DeviceSpec| s.model.is_none() && !s.path.exists();
-    if specs.iter().any(absent) && !specs.iter().all(absent) {
-        let present: Vec<_> = specs.iter().filter(|s| !absent(s)).map(&open).collect::<Result<_, _>>()?;
+    if specs.iter().any(DeviceSpec::is_missing) && !specs.iter().all(DeviceSpec::is_missing) {
+        let present: Vec<_> = specs.iter().filter(|s| !s.is_missing()).map(&open).collect::<Result<_, _>>()?;
         if present.iter().any(|d| salsa_core::pool::read_superblock(d.as_ref()).is_ok()) {
-            for s in specs.iter().filter(|s| absent(s)) {
+            for s in specs.iter().filter(|s| s.is_missing()) {
                 eprintln!("salsa: {} does not exist: the pool opens without it", s.path.display());
             }
             return Ok(present);
@@ -124,12 +123,12 @@ fn with_parity_buffer(
     let device = match new_pool {
         Some((cfg, members)) => {
             let mut spec = spec.clone();
-            if spec.model.is_none() && spec.size_bytes.is_none() && !spec.path.exists() {
+            if spec.size_bytes.is_none() && spec.is_missing() {
                 spec.size_bytes = Some(salsa_core::pool::default_parity_buffer_bytes(cfg, members as u32));
             }
             spec.open(false)?
         }
-        None if spec.model.is_none() && !spec.path.exists() => {
+        None if spec.is_missing() => {
             return Err(format!(
                 "parity buffer {}: no such file or device (one is created only with a new pool); if the pool's buffer is lost, go on without it or with a new one: salsa device parity-buffer",
                 spec.path.display()

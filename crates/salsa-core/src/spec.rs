@@ -261,6 +261,11 @@ impl std::str::FromStr for DeviceSpec {
 }
 
 impl DeviceSpec {
+    /// Whether it names a file that does not exist (yet); a device model always exists.
+    pub fn is_missing(&self) -> bool {
+        self.model.is_none() && !self.path.exists()
+    }
+
     /// Opens the device, creating a missing file when a size was given.
     pub fn open(&self, read_only: bool) -> Result<Arc<dyn Device>, String> {
         self.open_with(read_only, false)
@@ -269,7 +274,7 @@ impl DeviceSpec {
     /// Opens a device that must exist: commands that only look at or change a pool (`info`,
     /// `check`, `volume`, `device`) never create a file, whatever size the spec names.
     pub fn open_existing(&self, read_only: bool) -> Result<Arc<dyn Device>, String> {
-        if self.model.is_none() && !self.path.exists() {
+        if self.is_missing() {
             return Err(format!(
                 "{}: no such file or device (this command never creates one; `salsa format` or `salsa serve` do)",
                 self.path.display()

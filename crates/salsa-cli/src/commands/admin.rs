@@ -49,11 +49,7 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     let st = pool.stats();
     println!("pool        {:032x}", pool.pool_id());
     for d in &devices.devices {
-        let gone = if d.model.is_none() && !d.path.exists() {
-            " (does not exist)"
-        } else {
-            ""
-        };
+        let gone = if d.is_missing() { " (does not exist)" } else { "" };
         println!("device      {}{gone}", d.path.display());
     }
     println!("array       {}", pool.array_description());

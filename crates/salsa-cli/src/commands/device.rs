@@ -218,7 +218,7 @@ pub(crate) fn set_parity_buffer(
     salsa_core::spec::check_distinct(devices.iter().chain(old).chain(new))?;
     // A NEW that is there is judged before the pool opens (an open without the old buffer
     // records at once that it is gone).
-    let existing = match new.filter(|s| s.model.is_some() || s.path.exists()) {
+    let existing = match new.filter(|s| !s.is_missing()) {
         Some(spec) => {
             let device = spec.open(false)?;
             super::admin::check_blank(std::slice::from_ref(&device), force)?;

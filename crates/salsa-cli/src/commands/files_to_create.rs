@@ -15,7 +15,7 @@ impl FilesToCreate {
         FilesToCreate(
             sized_members
                 .chain(parity_buffer)
-                .filter(|s| s.model.is_none() && !s.path.exists())
+                .filter(|s| s.is_missing())
                 .map(|s| s.path.clone())
                 .collect(),
         )

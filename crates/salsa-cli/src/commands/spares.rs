@@ -21,7 +21,7 @@ const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// and a missing file without a size ([`check_layout`] judges the pool once it is open).
 pub(crate) fn check_spares(spares: &[DeviceSpec]) -> Result<(), String> {
     for s in spares {
-        if s.model.is_none() && !s.path.exists() {
+        if s.is_missing() {
             if s.size_bytes.is_none() {
                 return Err(format!(
                     "hot spare {}: no such file; give a size (PATH:SIZE) to have it created when it is needed",
