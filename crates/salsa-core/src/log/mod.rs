@@ -602,6 +602,12 @@ impl Log {
         write_meta_slot(&self.array.metadata_devices(), meta)
     }
 
+    /// [`Log::write_pool_meta`] for a change the log must not go on without (the members'
+    /// failures, the log members, the parity buffer gone): a failure poisons the pool.
+    fn write_pool_meta_or_poison(&self, meta: &mut PoolMeta) -> Result<()> {
+        self.write_pool_meta(meta).inspect_err(|e| self.poison(e))
+    }
+
     /// Before a stream writes `segment`: the members holding it join the pool metadata's log
     /// members, durably, unless they are there already. Only a member outside that list may be
     /// missing at open (see `check_missing_hold_no_log` in `pool/open.rs`), so it must be in it
@@ -623,10 +629,7 @@ impl Log {
                 list.push(id);
             }
         }
-        if let Err(e) = self.write_pool_meta(&mut next) {
-            self.poison(&e);
-            return Err(e);
-        }
+        self.write_pool_meta_or_poison(&mut next)?;
         self.array.set_log_members(next.log_members.as_deref());
         *meta = next;
         Ok(())
@@ -890,10 +893,7 @@ impl Log {
             let mut meta = self.meta.lock();
             let mut next = meta.clone();
             next.failed_members = failed;
-            if let Err(e) = self.write_pool_meta(&mut next) {
-                self.poison(&e);
-                return Err(e);
-            }
+            self.write_pool_meta_or_poison(&mut next)?;
             *meta = next;
             drop(meta);
             self.capacity.take_free_offline(|s| self.array.is_segment_offline(s));
@@ -920,10 +920,7 @@ impl Log {
         let mut meta = self.meta.lock();
         let mut next = meta.clone();
         next.parity_buffer_id = 0;
-        if let Err(e) = self.write_pool_meta(&mut next) {
-            self.poison(&e);
-            return Err(e);
-        }
+        self.write_pool_meta_or_poison(&mut next)?;
         *meta = next;
         tracing::warn!("the pool no longer uses its parity buffer ({why})");
         Ok(())

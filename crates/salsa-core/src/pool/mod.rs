@@ -479,26 +479,21 @@ impl Pool {
 
 impl Pool {
     /// The stripe unit and the grains of a row of a RAID-5 pool (what its parity buffer's
-    /// entries are made of).
-    fn parity_row_shape(&self) -> (u32, u32) {
-        let array = self.eng.log.array();
-        let grain_bytes = self.eng.log.geo().grain_bytes;
-        let row_grains = array.row_grains(grain_bytes);
-        let data_members = ArrayKind::Raid5.data_members(array.members().len() as u32).max(1);
-        (row_grains / data_members * grain_bytes, row_grains)
+    /// entries are made of); `None` for other layouts.
+    fn parity_row_shape(&self) -> Option<(u32, u32)> {
+        let g = self.eng.log.parity_geometry.as_ref()?;
+        Some((g.unit_bytes as u32, (g.row_bytes / self.eng.log.geo().grain_bytes as u64) as u32))
     }
 
     /// Bytes of a parity buffer for this RAID-5 pool at the default number of rows per bank
     /// (what `salsa format` creates); `None` for other layouts.
     pub fn default_parity_buffer_bytes(&self) -> Option<u64> {
-        (self.eng.log.array().kind() == ArrayKind::Raid5).then(|| {
-            let (unit, row_grains) = self.parity_row_shape();
-            crate::array::raid::parity_buffer::buffer_bytes_for(
-                unit,
-                row_grains,
-                crate::array::raid::parity_buffer::DEFAULT_ENTRIES_PER_BANK,
-            )
-        })
+        let (unit, row_grains) = self.parity_row_shape()?;
+        Some(crate::array::raid::parity_buffer::buffer_bytes_for(
+            unit,
+            row_grains,
+            crate::array::raid::parity_buffer::DEFAULT_ENTRIES_PER_BANK,
+        ))
     }
 
     /// Closes the pool cleanly and gives it `new` as its RAID-5 parity buffer (formatted
@@ -507,17 +502,15 @@ impl Pool {
     /// the pool needs; it is forgotten (open the pool with
     /// [`OpenOptions::parity_buffer_lost`] when it is gone). Returns the new buffer's id.
     pub fn change_parity_buffer(self, new: Option<Arc<dyn crate::device::Device>>) -> Result<Option<u64>> {
-        let array = self.eng.log.array();
-        if array.kind() != ArrayKind::Raid5 {
+        let Some((unit_bytes, row_grains)) = self.parity_row_shape() else {
             return Err(Error::InvalidConfig(format!(
                 "a parity buffer keeps RAID-5 parity; this pool is {}",
-                array.kind().name()
+                self.eng.log.array().kind().name()
             )));
-        }
+        };
         if self.eng.log.is_read_only() {
             return Err(Error::ReadOnly("the pool is open read-only".into()));
         }
-        let (unit_bytes, row_grains) = self.parity_row_shape();
         let eng = self.eng.clone();
         self.close()?;
         let id = match new {
