@@ -7,8 +7,9 @@
 //! still to be created, none a member or named twice) and one thread that looks at the
 //! members' states every [`POLL_INTERVAL`]. Invariants: one rebuild at a time (a member that
 //! fails while another is rebuilt waits for the next turn); a spare the pool refused is
-//! logged and not tried again; the thread ends when the server stops, after the pool's
-//! rebuild has stopped (the server calls `begin_shutdown` before it joins it).
+//! logged and not tried again; the thread ends when every spare is used, or when the server
+//! stops, after the pool's rebuild has stopped (the server calls `begin_shutdown` before it
+//! joins it).
 
 use crate::*;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -46,15 +47,16 @@ pub(crate) fn check_layout(pool: &Pool) -> Result<(), String> {
     }
 }
 
-/// Runs until `stop`: rebuilds each member that fails onto the next of `spares`.
+/// Runs until `stop`, or until every spare is used: rebuilds each member that fails onto the
+/// next of `spares`.
 pub(crate) fn spares_thread(pool: Arc<Pool>, spares: Vec<DeviceSpec>, stop: Arc<AtomicBool>) {
     let mut left = spares.into_iter();
     let mut next = left.next();
-    while !stop.load(SeqCst) {
+    while let (Some(spare), false) = (next.as_ref(), stop.load(SeqCst)) {
         let members = pool.members();
         let rebuilding = members.iter().any(|m| m.rebuilding);
         let failed = members.iter().position(|m| m.failed);
-        if let (Some(slot), Some(spare), false) = (failed, next.as_ref(), rebuilding) {
+        if let (Some(slot), false) = (failed, rebuilding) {
             eprintln!(
                 "salsa: member {slot} ({}) failed: rebuilding it onto hot spare {}",
                 members[slot].name,

@@ -127,6 +127,18 @@ impl HybridArgs {
 }
 
 impl VolumeCommand {
+    /// Refuses a command that asks for nothing, before any pool is opened or asked for it.
+    fn check(&self) -> Result<(), String> {
+        match self {
+            VolumeCommand::Set {
+                placement: None,
+                victim: None,
+                ..
+            } => Err("give --placement and/or --victim".into()),
+            _ => Ok(()),
+        }
+    }
+
     fn devices(&self) -> &Devices {
         match self {
             VolumeCommand::Create { devices, .. }
@@ -140,6 +152,7 @@ impl VolumeCommand {
 
 /// `salsa volume ...`: through the server that serves the pool when one answers, else offline.
 pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
+    cmd.check()?;
     let devices = cmd.devices();
     if let Some(control) = super::device::running_server(&devices.devices, None) {
         let request = serde_json::to_string(cmd).map_err(|e| e.to_string())?;
@@ -151,19 +164,14 @@ pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
         print!("{text}");
         return Ok(());
     }
-    if let VolumeCommand::Set {
-        placement: None,
-        victim: None,
-        ..
-    } = cmd
-    {
-        return Err("give --placement and/or --victim".into());
-    }
     let read_only = matches!(cmd, VolumeCommand::List { .. });
     let pool = devices.open_pool(if read_only { ro_options() } else { rw_options() })?;
-    let text = apply(&pool, cmd, None)?;
-    print!("{text}");
-    pool.close().map_err(|e| e.to_string())
+    // Closed cleanly whether the command succeeded or not (a refused create leaves the pool
+    // as clean as it found it).
+    let result = apply(&pool, cmd, None);
+    let closed = pool.close().map_err(|e| e.to_string());
+    print!("{}", result?);
+    closed
 }
 
 /// The control socket's `volume <JSON>` request: carries out the command on the served pool.
@@ -181,6 +189,7 @@ pub(crate) fn answer(pool: &Pool, exports: &salsa_nbd::server::Exports, request:
 /// pool is being served (a volume whose export a client has open is not deleted).
 fn apply(pool: &Pool, cmd: &VolumeCommand, exports: Option<&salsa_nbd::server::Exports>) -> Result<String, String> {
     use std::fmt::Write;
+    cmd.check()?;
     let mut out = String::new();
     match cmd {
         VolumeCommand::Create {
@@ -219,9 +228,6 @@ fn apply(pool: &Pool, cmd: &VolumeCommand, exports: Option<&salsa_nbd::server::E
         VolumeCommand::Set {
             name, placement, victim, ..
         } => {
-            if placement.is_none() && victim.is_none() {
-                return Err("give --placement and/or --victim".into());
-            }
             // `pool` (or nothing) stands for the pool's victim policy, recorded as empty.
             let victim = victim.as_deref().map(|v| if v == "pool" { "" } else { v });
             pool.set_volume_policies(name, placement.as_deref(), victim)
