@@ -620,8 +620,10 @@ enum DeviceCommand {
         member: String,
     },
     /// Replace member OLD (its path or slot number) with NEW and rebuild it from the others,
-    /// only the segments that hold data. Through the running server's control socket when one
-    /// answers (the pool keeps serving), else offline on --device.
+    /// only the segments that hold data. A healthy OLD keeps serving its slot until the
+    /// rebuild ends (copied onto NEW, the pool keeps its redundancy meanwhile). Through the
+    /// running server's control socket when one answers (the pool keeps serving), else
+    /// offline on --device.
     Replace {
         #[command(flatten)]
         target: ServerOrDevices,

@@ -141,7 +141,7 @@ pub fn volume_json(v: &salsa_core::VolumeStats) -> serde_json::Value {
 /// One member's line of `stats --json`.
 fn member_json(m: &salsa_core::MemberStatus) -> serde_json::Value {
     serde_json::json!({
-        "name": m.name, "storage_type": m.storage_type, "state": m.state(),
+        "name": m.name, "storage_type": m.storage_type, "state": m.state(), "outgoing": m.outgoing,
         "bytes_read": m.bytes_read, "bytes_written": m.bytes_written,
         "parity_bytes_written": m.parity_bytes_written, "read_errors": m.read_errors,
         "write_errors": m.write_errors, "repaired_bytes": m.repaired_bytes,

@@ -148,6 +148,91 @@ fn fio_random_writes_verify(name: &str, serve_args: &[&str]) -> serde_json::Valu
     stats
 }
 
+/// `salsa device replace --rate 1 --device FIRST OLD NEW` started in the background: after its
+/// first segment the rebuild pauses for days, until its limit changes.
+fn replace_at_one_byte_a_second(first: &str, old: &str, new: &str) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_salsa"))
+        .args(["device", "replace", "--rate", "1", "--device", first, old, new])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `salsa device replace` of a healthy member on a running server keeps the outgoing member
+/// serving its slot until the rebuild ends (`salsa stats` names it), so the array keeps its
+/// redundancy: another member failed meanwhile loses nothing, and every byte reads back the
+/// same before, during and after. (Before, the outgoing member left as the rebuild began and
+/// `salsa device fail` of a second member was refused: it would have lost the pool's data.)
+#[test]
+fn a_healthy_member_replaced_online_serves_its_slot_until_the_rebuild_ends() {
+    let dir = test_dir("replace-healthy");
+    let path = |i: usize| dir.join(format!("m{i}.img")).display().to_string();
+    let members: Vec<String> = (0..4).map(|i| format!("{}:24M", path(i))).collect();
+    let salsa = |args: &[&str]| run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(args));
+    // No read cache or write buffer: every read below comes from the members.
+    let srv = Server::start_on(
+        &dir,
+        &members,
+        &[
+            "--array",
+            "raid5",
+            "--segment-size",
+            "3M",
+            "--read-cache",
+            "0",
+            "--write-buffer",
+            "0",
+        ],
+    );
+    let mut c = RawClient::connect(&srv.socket, "default");
+    let block = |i: u64| -> Vec<u8> { (0..1u32 << 20).map(|b| (b as u64 * 31 + i * 7) as u8).collect() };
+    for i in 0..16u64 {
+        assert_eq!(c.call(0, CMD_WRITE, i << 20, 1 << 20, &block(i)).0, 0, "write {i}");
+    }
+    assert_eq!(c.call(0, CMD_FLUSH, 0, 0, &[]).0, 0, "flush");
+    let read_back = |c: &mut RawClient, when: &str| {
+        for i in 0..16u64 {
+            let (error, data) = c.call(0, CMD_READ, i << 20, 1 << 20, &[]);
+            assert!(error == 0 && data == block(i), "{when}: MiB {i} (error {error})");
+        }
+    };
+    let members_json = || {
+        let (ok, out) = salsa(&["stats", "--json", "--device", &path(0)]);
+        assert!(ok, "salsa stats: {out}");
+        serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["members"].clone()
+    };
+    let new = format!("{}:24M", path(4));
+    let replace = replace_at_one_byte_a_second(&path(0), &path(1), &new);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while members_json()[1]["outgoing"] != path(1).as_str() {
+        assert!(std::time::Instant::now() < deadline, "no outgoing member: {}", members_json());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(members_json()[1]["state"], "rebuilding");
+    let (ok, out) = salsa(&["stats", "--device", &path(0)]);
+    assert!(
+        ok && out.contains(&format!("{} still serves the slot until the rebuild ends", path(1))),
+        "{out}"
+    );
+    read_back(&mut c, "during the rebuild");
+    let (ok, out) = salsa(&["device", "fail", "--device", &path(0), &path(2)]);
+    assert!(ok, "a second member failed during the rebuild: {out}");
+    read_back(&mut c, "with a second member failed during the rebuild");
+    let (ok, out) = salsa(&["device", "rebuild-rate", "--device", &path(0), "none"]);
+    assert!(ok, "salsa device rebuild-rate: {out}");
+    let out = replace.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = members_json();
+    assert!(
+        m[1]["state"] == "ok" && m[1]["outgoing"].is_null() && m[2]["state"] == "failed",
+        "{m}"
+    );
+    read_back(&mut c, "after the rebuild, from the new member and the survivors");
+    drop(c);
+    srv.stop();
+}
+
 /// A rebuild's rate limit, kept across a crash and changed offline and online: `salsa device
 /// replace --rate 1` (one byte a second: after its first segment the rebuild pauses for days)
 /// shows its limit in `salsa stats`; the server is killed; `salsa info` shows the member
@@ -209,12 +294,7 @@ fn a_rebuild_s_rate_limit_survives_a_crash_and_changes_offline_and_online() {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
     };
-    let mut replace = Command::new(env!("CARGO_BIN_EXE_salsa"))
-        .args(["device", "replace", "--rate", "1", "--device", &path(0), &path(1), &new])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut replace = replace_at_one_byte_a_second(&path(0), &path(1), &new);
     let r = wait_for("no rebuild in the statistics", &|r| r.is_object());
     assert_eq!(r["rate_bytes_per_sec"], 1, "{r}");
     std::thread::sleep(std::time::Duration::from_millis(300));

@@ -931,6 +931,97 @@ fn a_failed_member_is_replaced_and_rebuilt_while_the_pool_serves() {
     }
 }
 
+/// Replaces healthy member 1 while a writer keeps going; when the rebuild has passed a few
+/// segments, `during` runs once (from the rebuild's progress report). Returns the pool, its
+/// model, the fault injectors and what the stats said of slot 1 at that moment.
+fn replace_healthy_member_and(
+    kind: ArrayKind,
+    n: usize,
+    during: impl Fn(&[Arc<FaultDevice>]) + Sync,
+) -> (Arc<Pool>, Vec<u64>, Vec<Arc<FaultDevice>>, salsa_core::MemberStatus) {
+    let (faults, devs) = members(n);
+    let pool = Arc::new(Pool::create(devs, &config(kind), &opts()).unwrap());
+    let mut model = volume_with_model(&pool, 50);
+    let ops = model.len() * 2;
+    churn(&pool, &mut model, 21, ops);
+    let seen = parking_lot::Mutex::new(None);
+    let report = std::thread::scope(|s| {
+        let (p, faults, seen, during) = (pool.clone(), &faults, &seen, &during);
+        let h = s.spawn(move || {
+            let fresh: Arc<dyn Device> = Arc::new(MemoryDevice::new("fresh", MEMBER_MIB * MIB));
+            let pool = p.clone();
+            p.replace_member("m1", fresh, RebuildOptions::default(), &move |done, _| {
+                if done == 3 {
+                    *seen.lock() = Some(pool.stats().members[1].clone());
+                    during(faults);
+                }
+            })
+        });
+        churn(&pool, &mut model, 22, 1500);
+        h.join().unwrap()
+    });
+    let report = report.unwrap_or_else(|e| panic!("{kind:?}: the replace failed: {e}"));
+    assert!(report.segments_rebuilt > 3, "{kind:?}: {report:?}");
+    let seen = seen.into_inner().expect("the rebuild passed three segments");
+    (pool, model, faults, seen)
+}
+
+fn dead() -> FaultPlan {
+    FaultPlan {
+        dead: true,
+        ..FaultPlan::default()
+    }
+}
+
+/// As MD's `--replace` and ZFS's `zpool replace` do, a healthy member being replaced serves
+/// its slot until the rebuild ends: the array keeps its redundancy, so another member that
+/// dies meanwhile loses nothing (before, the outgoing member left as the rebuild began, and a
+/// second failure during it poisoned the pool).
+#[test]
+fn a_healthy_member_being_replaced_serves_until_the_rebuild_ends_so_another_may_fail_meanwhile() {
+    for (kind, n, other) in [(ArrayKind::Raid5, 4, 2), (ArrayKind::Raid1, 2, 0), (ArrayKind::Raid5, 3, 0)] {
+        let (pool, model, _faults, seen) = replace_healthy_member_and(kind, n, |faults| faults[other].set_plan(dead()));
+        assert!(seen.rebuilding, "{kind:?}: {seen:?}");
+        assert_eq!(seen.outgoing.as_deref(), Some("m1"), "{kind:?}: the outgoing member serves");
+        let st = pool.stats();
+        assert!(st.members[other].failed, "{kind:?}: {:?}", st.members[other]);
+        let m = &st.members[1];
+        assert!(
+            !m.failed && !m.rebuilding && m.outgoing.is_none() && m.name == "fresh",
+            "{kind:?}: {m:?}"
+        );
+        // Every block reads back, from the new member and the survivors alone.
+        verify(&pool, &model);
+        let scrub = pool.scrub(false).unwrap();
+        assert_eq!(scrub.pages_damaged, 0, "{kind:?}: {scrub:?}");
+        Arc::try_unwrap(pool).ok().unwrap().close().unwrap();
+    }
+}
+
+/// The outgoing member that fails during its replacement's rebuild leaves; the rebuild goes on
+/// from the redundancy and the pool loses nothing.
+#[test]
+fn an_outgoing_member_that_fails_during_the_rebuild_leaves_and_the_rebuild_goes_on() {
+    for (kind, n) in [(ArrayKind::Raid5, 4), (ArrayKind::Raid1, 2)] {
+        let (pool, model, faults, seen) = replace_healthy_member_and(kind, n, |faults| faults[1].set_plan(dead()));
+        assert_eq!(seen.outgoing.as_deref(), Some("m1"), "{kind:?}");
+        let st = pool.stats();
+        assert!(
+            st.members.iter().all(|m| !m.failed && !m.rebuilding && m.outgoing.is_none()),
+            "{kind:?}: {:?}",
+            st.members
+        );
+        verify(&pool, &model);
+        let scrub = pool.scrub(false).unwrap();
+        assert!(scrub.rows_checked > 0 && scrub.rows_mismatched == 0, "{kind:?}: {scrub:?}");
+        // The rebuilt member carries its share: lose another one and read everything.
+        faults[0].set_plan(dead());
+        verify(&pool, &model);
+        faults[0].set_plan(FaultPlan::default());
+        Arc::try_unwrap(pool).ok().unwrap().close().unwrap();
+    }
+}
+
 /// The scrub compares sealed segments only. After a member is replaced, a segment that was
 /// free while the rebuild passed holds an earlier use's records on the old mirror and zeros on
 /// the new one, and a stream that takes it has nothing of its own there until its first
@@ -1028,12 +1119,21 @@ fn a_segment_emptied_while_it_is_rebuilt_is_not_reused_under_the_copy() {
 /// it in the background, and ends with every block and every parity right.
 #[test]
 fn a_rebuild_interrupted_by_a_crash_resumes_where_it_was() {
-    let resumed: Vec<bool> = [3, 10, 25, 40].into_iter().map(rebuild_crash).collect();
+    let resumed: Vec<bool> = [3, 10, 25, 40].into_iter().map(|at| rebuild_crash(at, false)).collect();
     assert!(resumed.iter().any(|r| *r), "no crash point left a rebuild to resume: {resumed:?}");
 }
 
-/// Returns whether the reopened pool resumed the rebuild on its own.
-fn rebuild_crash(crash_at: u64) -> bool {
+/// The same with a healthy member replaced: its replacement took every write beside it, so
+/// the rebuild resumes from the redundancy without it (it is not remembered across a restart).
+#[test]
+fn a_healthy_members_replacement_interrupted_by_a_crash_resumes_without_it() {
+    let resumed: Vec<bool> = [3, 10, 25, 40].into_iter().map(|at| rebuild_crash(at, true)).collect();
+    assert!(resumed.iter().any(|r| *r), "no crash point left a rebuild to resume: {resumed:?}");
+}
+
+/// Returns whether the reopened pool resumed the rebuild on its own. `healthy`: member 2 is
+/// there when it is replaced (else it is gone).
+fn rebuild_crash(crash_at: u64, healthy: bool) -> bool {
     use salsa_core::device::{CrashDevice, CrashPlan, SliceDevice};
     let each = MEMBER_MIB * MIB;
     let crash = Arc::new(CrashDevice::new("crash", 5 * each, CrashPlan::default()));
@@ -1044,9 +1144,9 @@ fn rebuild_crash(crash_at: u64) -> bool {
     let ops = model.len() * 2;
     churn(&pool, &mut model, 21, ops);
     pool.close().unwrap();
-    // Member 2 is gone; slice 4 replaces it, and the machine crashes part way.
+    // Member 2 is gone (or not); slice 4 replaces it, and the machine crashes part way.
     let degraded: Vec<Arc<dyn Device>> = [0, 1, 3].iter().map(|&i| devs[i].clone()).collect();
-    let pool = Pool::open(degraded.clone(), &opts()).unwrap();
+    let pool = Pool::open(if healthy { devs.clone() } else { degraded.clone() }, &opts()).unwrap();
     crash.restart(CrashPlan {
         crash_after_ops: Some(crash_at),
         seed: crash_at,

@@ -71,6 +71,9 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
             human(m.damaged_bytes),
             human(m.repaired_bytes)
         );
+        if let Some(out) = &m.outgoing {
+            println!("             {out} still serves the slot until the rebuild ends");
+        }
     }
     if let Some(r) = st.rebuild {
         println!(

@@ -298,7 +298,7 @@ pub(crate) fn render(s: &Stats) -> String {
         e.metric(name, kind, help, &samples);
     }
     type MemberMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::MemberStatus) -> f64);
-    let member_metrics: [MemberMetric; 9] = [
+    let member_metrics: [MemberMetric; 10] = [
         ("member_read_bytes_total", c, "Bytes read from the member.", |m| m.bytes_read as f64),
         ("member_written_bytes_total", c, "Bytes written to the member.", |m| {
             m.bytes_written as f64
@@ -328,6 +328,12 @@ pub(crate) fn render(s: &Stats) -> String {
         ("member_rebuilding", g, "1 while the member is being rebuilt.", |m| {
             m.rebuilding as u8 as f64
         }),
+        (
+            "member_outgoing_in_service",
+            g,
+            "1 while the healthy device the member replaces still serves its slot (the array keeps its redundancy until the rebuild ends).",
+            |m| m.outgoing.is_some() as u8 as f64,
+        ),
     ];
     if !s.members.is_empty() {
         for (name, kind, help, f) in member_metrics {
@@ -508,10 +514,30 @@ mod tests {
                 size_bytes: 1 << 20,
                 ..Default::default()
             }],
+            members: vec![
+                salsa_core::MemberStatus {
+                    name: "new".into(),
+                    rebuilding: true,
+                    outgoing: Some("old".into()),
+                    ..Default::default()
+                },
+                salsa_core::MemberStatus {
+                    name: "other".into(),
+                    ..Default::default()
+                },
+            ],
             ..Stats::default()
         };
         let text = render(&s);
         assert!(text.contains("salsa_user_written_bytes_total 4096\n"), "{text}");
+        assert!(
+            text.contains("salsa_member_outgoing_in_service{slot=\"0\",member=\"new\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("salsa_member_outgoing_in_service{slot=\"1\",member=\"other\"} 0\n"),
+            "{text}"
+        );
         assert!(
             text.contains(r#"salsa_volume_size_bytes{volume="a\"b\\c",controller="lsa"} 1048576"#),
             "{text}"

@@ -151,6 +151,9 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
                 human(k("damaged_bytes")),
                 human(k("repaired_bytes"))
             );
+            if let Some(out) = m["outgoing"].as_str() {
+                println!("          {out} still serves the slot until the rebuild ends");
+            }
         }
     }
     for vol in v["volumes"].as_array().into_iter().flatten() {

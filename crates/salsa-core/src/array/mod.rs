@@ -119,6 +119,9 @@ pub struct MemberStatus {
     pub failed: bool,
     /// A replacement being rebuilt (takes writes, not yet read from).
     pub rebuilding: bool,
+    /// The device a rebuilding replacement takes the place of, while it still serves the
+    /// slot (it was healthy: the slot keeps its redundancy until the rebuild ends).
+    pub outgoing: Option<String>,
     pub bytes_read: u64,
     pub bytes_written: u64,
     /// Of the bytes written, parity.

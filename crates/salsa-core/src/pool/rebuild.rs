@@ -2,7 +2,12 @@
 //!
 //! Steps (each durable before the next): the new device gets a superblock naming its slot and
 //! a fresh member id; the array puts it in the slot as *rebuilding* (it takes every write from
-//! now on, and is not read from); the segments in use at that moment are listed and the open
+//! now on, and is not read from). A healthy device it replaces stays in service beside it
+//! until the rebuild ends, as MD's `--replace` and ZFS's `zpool replace` keep it: the slot is
+//! read from it, written on both, and rebuilt by copying it, so the array keeps its
+//! redundancy throughout (another member may fail meanwhile). It leaves at its first error,
+//! and is not remembered across a restart (the rebuild then resumes from the redundancy);
+//! the segments in use at that moment are listed and the open
 //! segments closed, so that every segment allocated afterwards is written whole with the new
 //! member; the pool metadata records the new member id and the rebuild's progress. Then each
 //! listed segment still holding the same data is rebuilt onto the new member (only live
@@ -221,7 +226,8 @@ impl Pool {
 
     /// Replaces member `old` (its device name or slot number) with `new` and rebuilds it
     /// onto `new` while the pool serves; returns when the rebuild is done. `new` must not
-    /// belong to this pool and must be at least as large as the slot needs.
+    /// belong to this pool and must be at least as large as the slot needs. A healthy `old`
+    /// serves its slot until then (see the module documentation).
     pub fn replace_member(
         &self,
         old: &str,
@@ -240,15 +246,6 @@ impl Pool {
             return Err(Error::InvalidArgument(
                 "another member is being rebuilt; wait for it to finish".into(),
             ));
-        }
-        let out_of_service = status.iter().filter(|m| m.failed || m.rebuilding).count() as u32;
-        if !status[slot as usize].failed && out_of_service + 1 >= array.kind().tolerated_failures(status.len() as u32) {
-            // A healthy member leaves the array when its replacement starts (the rebuild
-            // reads the other members): say what that costs before it does.
-            tracing::warn!(
-                "member {slot} ({}) is healthy, but it leaves the array as its replacement starts (the rebuild reads the other members): until the rebuild ends the pool has no redundancy left, and a member that fails meanwhile loses data",
-                status[slot as usize].name
-            );
         }
         let ids = array.member_ids();
         // A healthy member of this pool, whatever name it is given by.

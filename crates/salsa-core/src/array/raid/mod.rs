@@ -6,14 +6,16 @@
 //! failed and no longer used; the log makes the failure durable in the pool metadata at its
 //! next flush), degraded reads (RAID-1 from another mirror, RAID-5 from the row's other
 //! members), repair of a page that fails its checksum on one member, and the resync of the
-//! rows that were being written when the pool stopped.
+//! rows that were being written when the pool stopped, and the outgoing member of a slot whose
+//! healthy device is being replaced (it keeps serving the slot until the rebuild ends).
 //!
 //! Invariants: every member holds a segment in the same place (`segments_offset + segment *
 //! member_segment_bytes`); a RAID-5 row's parity is written only when the row is complete, by
 //! the write that completes it, and reaches the device before the flush that makes the row's
 //! data durable returns (the log pads flushes to whole rows); a RAID-1 read uses the first
 //! healthy member, so what recovery read is what it resyncs the others from; I/O is never sent
-//! to a failed member.
+//! to a failed member; while a slot has an outgoing member in service, every write, fill and
+//! sync of the slot reaches both devices, and its reads come from the outgoing one.
 
 pub mod parity_buffer;
 pub mod rows;
@@ -74,6 +76,17 @@ impl Health {
     }
 }
 
+/// The healthy device a replacement takes the place of, kept in service until the rebuild
+/// ends, as MD's `--replace` and ZFS's `zpool replace` keep it: the slot's reads come from it
+/// and its writes go to it as well as to the replacement, so the array keeps its redundancy
+/// while the replacement is filled. It leaves at the first error (the replacement and the
+/// redundancy take over), and is not remembered across a restart (the rebuild then resumes
+/// from the redundancy). It places segments where its replacement does (kept only then), so
+/// an offset on the slot's device is the same offset on it.
+struct Outgoing {
+    device: Arc<dyn Device>,
+}
+
 /// A RAID-0, RAID-1 or RAID-5 array.
 pub struct RaidArray {
     /// As opened (for reporting the original layout); I/O goes through `slots`.
@@ -102,6 +115,8 @@ pub struct RaidArray {
     parity_sync: Mutex<()>,
     /// What members since replaced had written ([`Array::replaced_bytes_written`]).
     replaced_bytes_written: AtomicU64,
+    /// Per slot, the outgoing member still in service while its replacement is rebuilt.
+    outgoing: Vec<RwLock<Option<Arc<Outgoing>>>>,
 }
 
 /// The bytes `[at, at + len)` of the concatenation of `bufs`, as slices.
@@ -165,6 +180,7 @@ impl RaidArray {
             aligned_buffers: members.iter().any(|m| m.device.alignment_bytes() > 512),
             rows: OpenRows::new(stripe, grain_bytes, parity_buffer.is_some()),
             slots: members.iter().map(|m| RwLock::new((m.device.clone(), m.layout))).collect(),
+            outgoing: members.iter().map(|_| RwLock::new(None)).collect(),
             members,
             ids: Mutex::new(ids),
             stripe,
@@ -206,10 +222,66 @@ impl RaidArray {
         (0..self.members.len() as u32).filter(|m| self.is_failed(*m)).count() as u32
     }
 
-    /// Whether member `m` cannot be read from: failed, or being rebuilt.
+    /// Whether member `m` cannot be read from: failed, or being rebuilt without an outgoing
+    /// member in service.
     fn is_failed(&self, m: u32) -> bool {
         let h = &self.health[m as usize];
-        h.failed.load(SeqCst) || h.rebuilding.load(SeqCst)
+        h.failed.load(SeqCst) || (h.rebuilding.load(SeqCst) && self.outgoing_of(m).is_none())
+    }
+
+    /// The outgoing member serving slot `m`, if it has one.
+    fn outgoing_of(&self, m: u32) -> Option<Arc<Outgoing>> {
+        self.outgoing[m as usize].read().clone()
+    }
+
+    /// Where slot `m` is read from at `offset`: the outgoing member while one serves it, else
+    /// its device. The last item says which.
+    fn reader(&self, m: u32, offset: u64) -> (Arc<dyn Device>, u64, bool) {
+        match self.outgoing_of(m) {
+            Some(out) => (out.device.clone(), offset, true),
+            None => (self.device(m), offset, false),
+        }
+    }
+
+    /// Takes slot `m`'s outgoing member out of service after `why`: the slot is then read
+    /// from the redundancy until its rebuild ends. `Err` when that leaves the array without
+    /// its data (another member failed meanwhile).
+    fn drop_outgoing(&self, m: u32, why: &str) -> Result<()> {
+        let Some(out) = self.outgoing[m as usize].write().take() else {
+            return Ok(());
+        };
+        tracing::error!(
+            "{}, being replaced in slot {m}, left the array before the rebuild ended: {why}",
+            out.device.name()
+        );
+        self.still_has_its_data(&why)
+    }
+
+    /// `Ok` while no more members are out of service than the array survives; else the error
+    /// that poisons the pool, naming `why` the last one left.
+    fn still_has_its_data(&self, why: &dyn std::fmt::Display) -> Result<()> {
+        let tolerated = self.stripe.kind.tolerated_failures(self.members.len() as u32);
+        if self.failed_count() > tolerated {
+            return Err(Error::Poisoned(format!(
+                "{} of {} members of the {} array are out of service, more than it survives ({why})",
+                self.failed_count(),
+                self.members.len(),
+                self.stripe.kind.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Applies `op` to slot `m`'s outgoing member at `offset`, if one serves it; an error
+    /// takes it out of service.
+    fn on_outgoing(&self, m: u32, offset: u64, what: &str, op: impl FnOnce(&dyn Device, u64) -> std::io::Result<()>) -> Result<()> {
+        let Some(out) = self.outgoing_of(m) else {
+            return Ok(());
+        };
+        match op(out.device.as_ref(), offset) {
+            Ok(()) => Ok(()),
+            Err(e) => self.drop_outgoing(m, &format!("{what} at byte {offset}: {e}")),
+        }
     }
 
     fn device(&self, m: u32) -> Arc<dyn Device> {
@@ -230,6 +302,7 @@ impl RaidArray {
             }
             let (device, offset) = (self.device(m), self.offset(m, segment, 0));
             op(device.as_ref(), offset, self.stripe.member_segment_bytes()).map_err(|e| self.io_error(m, what, offset, e))?;
+            self.on_outgoing(m, offset, what, |d, at| op(d, at, self.stripe.member_segment_bytes()))?;
         }
         Ok(())
     }
@@ -245,16 +318,10 @@ impl RaidArray {
             tracing::error!("member {} failed: {err}", self.device(m).name());
             self.failure_changed.store(true, SeqCst);
         }
-        let tolerated = self.stripe.kind.tolerated_failures(self.members.len() as u32);
-        if self.failed_count() > tolerated {
-            return Err(Error::Poisoned(format!(
-                "{} of {} members of the {} array have failed, more than it survives ({err})",
-                self.failed_count(),
-                self.members.len(),
-                self.stripe.kind.name()
-            )));
-        }
-        Ok(())
+        // A replacement that fails takes its slot's outgoing member with it: the pool records
+        // the replacement, not the device it replaced.
+        self.outgoing[m as usize].write().take();
+        self.still_has_its_data(&err)
     }
 
     /// Reads from member `m`; counts the bytes, and errors towards failing it.
@@ -267,13 +334,26 @@ impl RaidArray {
                 source: std::io::Error::other("the member has failed"),
             });
         }
-        match self.device(m).read_at(buf, offset) {
+        let (device, at, outgoing) = self.reader(m, offset);
+        match device.read_at(buf, at) {
+            // The slot's counters are its device's: an outgoing member's reads are not.
+            Ok(()) if outgoing => Ok(()),
             Ok(()) => {
                 self.health[m as usize].bytes_read.fetch_add(buf.len() as u64, SeqCst);
                 Ok(())
             }
+            Err(source) if outgoing => Err(self.outgoing_read_failed(m, &*device, at, source)?),
             Err(source) => Err(self.read_failed(m, offset, source)?),
         }
+    }
+
+    /// A read of slot `m`'s outgoing member `device` failed: it leaves (the slot is read from
+    /// the redundancy from now on). Returns the error to report for this read, as
+    /// [`RaidArray::read_failed`] does.
+    fn outgoing_read_failed(&self, m: u32, device: &dyn Device, at: u64, source: std::io::Error) -> Result<Error> {
+        let e = Error::device_io(device, "read", at, source);
+        self.drop_outgoing(m, &e.to_string())?;
+        Ok(e)
     }
 
     /// Counts a failed read of member `m` and fails the member at [`READ_ERRORS_TO_FAIL`];
@@ -294,9 +374,19 @@ impl RaidArray {
         })
     }
 
-    /// Writes to member `m` unless it has failed (a member being rebuilt takes writes); a
-    /// failure fails the member.
+    /// Writes to member `m` unless it has failed (a member being rebuilt takes writes), and
+    /// to the outgoing member serving its slot if there is one; a failure fails the member.
     fn write_member(&self, m: u32, bufs: &[IoSlice<'_>], offset: u64, parity_bytes: u64) -> Result<()> {
+        self.write_slot_device(m, bufs, offset, parity_bytes)?;
+        if self.health[m as usize].failed.load(SeqCst) {
+            return Ok(());
+        }
+        self.on_outgoing(m, offset, "write", |d, at| d.write_vectored_at(bufs, at))
+    }
+
+    /// [`RaidArray::write_member`] to the slot's device alone (a rebuild's copy, which the
+    /// outgoing member holds already).
+    fn write_slot_device(&self, m: u32, bufs: &[IoSlice<'_>], offset: u64, parity_bytes: u64) -> Result<()> {
         if self.health[m as usize].failed.load(SeqCst) {
             return Ok(());
         }
@@ -560,15 +650,27 @@ impl RaidArray {
             .map(|(m, start, len, iov)| (m, self.offset(m, segment, start), len, iov))
             .collect();
         let run = |(m, offset, len, mut iov): (u32, u64, u64, Vec<std::io::IoSliceMut<'_>>)| {
-            (m, offset, len, self.device(m).read_vectored_at(&mut iov, offset))
+            let (device, at, outgoing) = self.reader(m, offset);
+            let r = device.read_vectored_at(&mut iov, at);
+            (
+                m,
+                offset,
+                len,
+                r.map(|()| outgoing).map_err(|e| (e, outgoing.then_some((device, at)))),
+            )
         };
         let parallel = jobs.len() >= 2 && jobs.iter().filter(|j| j.2 >= PARALLEL_IO_BYTES).count() >= 2;
-        let results: Vec<(u32, u64, u64, std::io::Result<()>)> = if parallel {
+        // Whether a read went to an outgoing member; a failed read's error, and the outgoing
+        // member and offset it was sent to, if it was.
+        type ReadFailure = (std::io::Error, Option<(Arc<dyn Device>, u64)>);
+        let results: Vec<(u32, u64, u64, std::result::Result<bool, ReadFailure>)> = if parallel {
             let what: Vec<(u32, u64, u64)> = jobs.iter().map(|j| (j.0, j.1, j.2)).collect();
             member_io::run_all(jobs.into_iter().map(|j| move || run(j)).collect())
                 .into_iter()
                 .zip(what)
-                .map(|(r, (m, offset, len))| r.unwrap_or_else(|| (m, offset, len, Err(std::io::Error::other("a member read panicked")))))
+                .map(|(r, (m, offset, len))| {
+                    r.unwrap_or_else(|| (m, offset, len, Err((std::io::Error::other("a member read panicked"), None))))
+                })
                 .collect()
         } else {
             jobs.into_iter().map(run).collect()
@@ -576,10 +678,18 @@ impl RaidArray {
         for (m, offset, len, r) in results {
             let h = &self.health[m as usize];
             match r {
-                Ok(()) => {
+                // The slot's counters are its device's: an outgoing member's reads are not.
+                Ok(true) => {}
+                Ok(false) => {
                     h.bytes_read.fetch_add(len, SeqCst);
                 }
-                Err(source) => {
+                Err((source, Some((device, at)))) => {
+                    // The outgoing member of a slot being replaced: it leaves, and what it was
+                    // to give comes from the redundancy.
+                    self.outgoing_read_failed(m, &*device, at, source)?;
+                    lost.extend(&by_member[m as usize]);
+                }
+                Err((source, None)) => {
                     // RAID-0 has no copy to serve it from: the error is the read's.
                     if self.stripe.kind != ArrayKind::Raid5 {
                         return Err(self.io_error(m, "read", offset, source));
@@ -753,18 +863,36 @@ impl RaidArray {
         let live: Vec<u32> = (0..self.members.len() as u32)
             .filter(|m| !self.health[*m as usize].failed.load(SeqCst))
             .collect();
-        let results = member_io::run_all(
-            live.iter()
-                .map(|&m| {
-                    let dev = self.device(m);
-                    move || dev.sync()
-                })
-                .collect(),
-        );
-        for (&m, r) in live.iter().zip(results) {
-            if let Err(source) = r.unwrap_or_else(|| Err(std::io::Error::other("a member sync panicked"))) {
+        // An outgoing member in service is synced with the others: the slot's reads come from
+        // it, so what a flush makes durable must be on it too.
+        let outgoing: Vec<(u32, Arc<Outgoing>)> = live.iter().filter_map(|&m| Some((m, self.outgoing_of(m)?))).collect();
+        let mut syncs: Vec<Box<dyn FnOnce() -> std::io::Result<()> + Send>> = Vec::new();
+        for &m in &live {
+            let dev = self.device(m);
+            syncs.push(Box::new(move || dev.sync()));
+        }
+        for (_, out) in &outgoing {
+            let dev = out.device.clone();
+            syncs.push(Box::new(move || dev.sync()));
+        }
+        let mut results = member_io::run_all(syncs).into_iter();
+        for &m in &live {
+            let r = results
+                .next()
+                .flatten()
+                .unwrap_or_else(|| Err(std::io::Error::other("a member sync panicked")));
+            if let Err(source) = r {
                 self.health[m as usize].write_errors.fetch_add(1, SeqCst);
                 self.fail(m, self.io_error(m, "sync", 0, source))?;
+            }
+        }
+        for (m, _) in &outgoing {
+            let r = results
+                .next()
+                .flatten()
+                .unwrap_or_else(|| Err(std::io::Error::other("a sync panicked")));
+            if let Err(e) = r {
+                self.drop_outgoing(*m, &format!("sync: {e}"))?;
             }
         }
         Ok(())
@@ -1024,12 +1152,14 @@ impl Array for RaidArray {
         self.slots
             .iter()
             .zip(&self.health)
-            .map(|(slot, h)| MemberStatus {
+            .zip(&self.outgoing)
+            .map(|((slot, h), outgoing)| MemberStatus {
                 name: slot.read().0.name().to_string(),
                 // A replacement's is what its superblock records (see `Pool::replace_member`).
                 storage_type: super::storage_type_name(slot.read().0.as_ref()),
                 failed: h.failed.load(SeqCst),
                 rebuilding: h.rebuilding.load(SeqCst),
+                outgoing: outgoing.read().as_ref().map(|o| o.device.name().to_string()),
                 bytes_read: h.bytes_read.load(SeqCst),
                 bytes_written: h.bytes_written.load(SeqCst),
                 parity_bytes_written: h.parity_bytes_written.load(SeqCst),
@@ -1090,9 +1220,27 @@ impl Array for RaidArray {
                 self.stripe.kind.name()
             )));
         }
-        *self.slots[slot as usize].write() = (device, layout);
-        self.ids.lock()[slot as usize] = member_id;
         let h = &self.health[slot as usize];
+        {
+            let mut place = self.slots[slot as usize].write();
+            // A healthy device stays in service until its replacement is rebuilt (the slot
+            // keeps its redundancy meanwhile); a failed or missing one, or one being rebuilt
+            // itself, has nothing to give.
+            let healthy = !h.failed.load(SeqCst) && !h.rebuilding.load(SeqCst) && !place.0.is_stand_in();
+            let same_place = place.1.segments_offset_bytes == layout.segments_offset_bytes;
+            if healthy && !same_place {
+                tracing::warn!(
+                    "{} places segments at byte {} and {} at byte {}: the outgoing member leaves at once, and the slot is read from the redundancy until the rebuild ends",
+                    place.0.name(),
+                    place.1.segments_offset_bytes,
+                    device.name(),
+                    layout.segments_offset_bytes
+                );
+            }
+            *self.outgoing[slot as usize].write() = (healthy && same_place).then(|| Arc::new(Outgoing { device: place.0.clone() }));
+            *place = (device, layout);
+        }
+        self.ids.lock()[slot as usize] = member_id;
         // The counters describe the device in the slot: a new disk has read, written,
         // failed and been repaired nothing (the array's total keeps the old one's writes).
         self.replaced_bytes_written.fetch_add(h.reset_counters(), SeqCst);
@@ -1120,7 +1268,19 @@ impl Array for RaidArray {
             return Ok(0);
         }
         let mut out = self.scratch(share as usize);
+        // With the outgoing member in service, the share is a copy of its bytes (one read,
+        // and it needs no other member: one may fail meanwhile); if it fails, the share comes
+        // from the redundancy as for a failed member.
+        let copied = self.outgoing_of(slot).is_some() && {
+            let r = self.read_member(slot, &mut out.0, self.offset(slot, segment, 0));
+            match r {
+                Ok(()) => true,
+                Err(_) if self.outgoing_of(slot).is_none() => false,
+                Err(e) => return Err(e),
+            }
+        };
         match self.stripe.kind {
+            _ if copied => {}
             ArrayKind::Raid1 => {
                 let m = (0..self.members.len() as u32).find(|m| *m != slot && !self.is_failed(*m));
                 let m = m.ok_or_else(|| Error::Poisoned("no healthy mirror to rebuild from".into()))?;
@@ -1148,27 +1308,29 @@ impl Array for RaidArray {
                         *d ^= *s;
                     }
                 }
-                // A row still being filled: its data units come from its parity so far; its
-                // parity unit is written when the row completes.
-                let unit = self.stripe.unit_bytes;
-                for r in 0..rows {
-                    if !self.rows.is_open(segment, r) {
-                        continue;
-                    }
-                    let at = (r * unit) as usize;
-                    match self.stripe.unit_of(r, slot) {
-                        None => out.0[at..at + unit as usize].fill(0),
-                        Some(u) => {
-                            let p = Piece {
-                                row: r,
-                                unit: u,
-                                member: slot,
-                                member_offset: r * unit,
-                                at: 0,
-                                len: unit,
-                            };
-                            self.reconstruct(segment, &p, &mut out.0[at..at + unit as usize])?;
-                        }
+            }
+        }
+        if self.stripe.kind == ArrayKind::Raid5 {
+            // A row still being filled: its data units come from its parity so far; its
+            // parity unit is written when the row completes.
+            let unit = self.stripe.unit_bytes;
+            for r in 0..rows {
+                if !self.rows.is_open(segment, r) {
+                    continue;
+                }
+                let at = (r * unit) as usize;
+                match self.stripe.unit_of(r, slot) {
+                    None => out.0[at..at + unit as usize].fill(0),
+                    Some(u) => {
+                        let p = Piece {
+                            row: r,
+                            unit: u,
+                            member: slot,
+                            member_offset: r * unit,
+                            at: 0,
+                            len: unit,
+                        };
+                        self.reconstruct(segment, &p, &mut out.0[at..at + unit as usize])?;
                     }
                 }
             }
@@ -1178,7 +1340,7 @@ impl Array for RaidArray {
             ArrayKind::Raid5 => (0..rows).filter(|&r| self.stripe.unit_of(r, slot).is_none()).count() as u64 * self.stripe.unit_bytes,
             _ => 0,
         };
-        self.write_member(slot, &[IoSlice::new(&out.0)], self.offset(slot, segment, 0), parity_bytes)?;
+        self.write_slot_device(slot, &[IoSlice::new(&out.0)], self.offset(slot, segment, 0), parity_bytes)?;
         if self.health[slot as usize].failed.load(SeqCst) {
             return Err(Error::Io {
                 device: self.device(slot).name().to_string(),
@@ -1210,11 +1372,17 @@ impl Array for RaidArray {
             },
         )?;
         self.health[slot as usize].rebuilding.store(false, SeqCst);
+        // The slot's device is failed; an outgoing member does not come back in its place.
+        self.outgoing[slot as usize].write().take();
         Ok(())
     }
 
     fn finish_rebuild(&self, slot: u32) {
         self.health[slot as usize].rebuilding.store(false, SeqCst);
+        // The replacement holds the slot's share now: the outgoing member leaves.
+        if let Some(out) = self.outgoing[slot as usize].write().take() {
+            tracing::info!("{} left slot {slot}: its replacement is rebuilt", out.device.name());
+        }
     }
 
     fn member_ids(&self) -> Vec<u64> {
