@@ -237,9 +237,12 @@ impl RaidArray {
     /// Where slot `m` is read from at `offset`: the outgoing member while one serves it, else
     /// its device. The last item says which.
     fn reader(&self, m: u32, offset: u64) -> (Arc<dyn Device>, u64, bool) {
+        // Under the slot's lock, which a replacement holds while it sets the outgoing member
+        // and puts the new device in: a read never sees the new device without it.
+        let place = self.slots[m as usize].read();
         match self.outgoing_of(m) {
             Some(out) => (out.device.clone(), offset, true),
-            None => (self.device(m), offset, false),
+            None => (place.0.clone(), offset, false),
         }
     }
 
