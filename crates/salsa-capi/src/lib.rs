@@ -99,7 +99,7 @@ impl From<Error> for Failure {
             | Error::MissingMember { .. }
             | Error::NewerFormat { .. }
             | Error::Corrupt(_) => libc::EUCLEAN,
-            Error::Io { .. } | Error::Exhausted(_) => libc::EIO,
+            Error::Io { .. } | Error::Exhausted(_) | Error::ReplacementFailed(_) => libc::EIO,
         };
         Failure::new(errno, e.to_string())
     }

@@ -1033,6 +1033,117 @@ fn a_member_killed_at_random_points_of_a_healthy_members_replacement_loses_nothi
     }
 }
 
+/// Replaces member 1 (failed first unless `healthy`) with a device that dies when the rebuild
+/// has passed three segments, while a writer keeps going. Returns the pool, its model, the
+/// fault injectors and what the replace returned.
+fn replace_with_one_that_dies(
+    kind: ArrayKind,
+    n: usize,
+    healthy: bool,
+) -> (
+    Arc<Pool>,
+    Vec<u64>,
+    Vec<Arc<FaultDevice>>,
+    salsa_core::Result<salsa_core::RebuildReport>,
+) {
+    let (faults, devs) = members(n);
+    let pool = Arc::new(Pool::create(devs, &config(kind), &opts()).unwrap());
+    let mut model = volume_with_model(&pool, 50);
+    let ops = model.len() * 2;
+    churn(&pool, &mut model, 41, ops);
+    if !healthy {
+        faults[1].set_plan(dead());
+        churn(&pool, &mut model, 42, 200);
+    }
+    let mem: Arc<dyn Device> = Arc::new(MemoryDevice::new("doomed", MEMBER_MIB * MIB));
+    let doomed = Arc::new(FaultDevice::new(mem, FaultPlan::default()));
+    let r = std::thread::scope(|s| {
+        let (p, doomed) = (pool.clone(), doomed.clone());
+        let h = s.spawn(move || {
+            let d = doomed.clone();
+            p.replace_member("1", doomed, RebuildOptions::default(), &move |done, _| {
+                if done == 3 {
+                    d.set_plan(dead());
+                }
+            })
+        });
+        churn(&pool, &mut model, 43, 1500);
+        h.join().unwrap()
+    });
+    (pool, model, faults, r)
+}
+
+/// A replacement that dies while it is rebuilt (a new disk dead on arrival) ends the replace
+/// with a clear error and leaves the slot failed, as it was; the pool keeps taking writes
+/// (before, the rebuild's error made the pool read-only until a restart), and a second
+/// replacement rebuilds it.
+#[test]
+fn a_replacement_that_dies_during_its_rebuild_leaves_the_pool_serving_degraded() {
+    for (kind, n) in [(ArrayKind::Raid5, 4), (ArrayKind::Raid1, 2)] {
+        let (pool, mut model, faults, r) = replace_with_one_that_dies(kind, n, false);
+        let e = r.err().unwrap_or_else(|| panic!("{kind:?}: the replace succeeded"));
+        assert!(
+            matches!(e, Error::ReplacementFailed(_)) && e.to_string().contains("replace it again"),
+            "{kind:?}: {e}"
+        );
+        let st = pool.stats();
+        assert!(st.members[1].failed && !st.members[1].rebuilding, "{kind:?}: {:?}", st.members[1]);
+        assert_eq!(st.rebuild, None, "{kind:?}");
+        churn(&pool, &mut model, 44, 500);
+        verify(&pool, &model);
+        let good: Arc<dyn Device> = Arc::new(MemoryDevice::new("good", MEMBER_MIB * MIB));
+        pool.replace_member("1", good.clone(), RebuildOptions::default(), &|_, _| {})
+            .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        faults[0].set_plan(dead());
+        verify(&pool, &model);
+        faults[0].set_plan(FaultPlan::default());
+        Arc::try_unwrap(pool).ok().unwrap().close().unwrap();
+    }
+}
+
+/// A replacement that dies while a healthy member is replaced gives the slot back to that
+/// member, which took every write meanwhile, as MD does when the replacement of `--replace`
+/// fails: the pool keeps its redundancy (a member lost afterwards loses nothing) and reopens
+/// with the devices it had, the slot's own member among them.
+#[test]
+fn a_replacement_that_dies_while_a_healthy_member_is_replaced_gives_the_slot_back() {
+    for (kind, n) in [(ArrayKind::Raid5, 4), (ArrayKind::Raid1, 2)] {
+        let (pool, mut model, faults, r) = replace_with_one_that_dies(kind, n, true);
+        let e = r.err().unwrap_or_else(|| panic!("{kind:?}: the replace succeeded"));
+        assert!(
+            matches!(e, Error::ReplacementFailed(_)) && e.to_string().contains("m1 serves slot 1 again"),
+            "{kind:?}: {e}"
+        );
+        let st = pool.stats();
+        let m = &st.members[1];
+        assert!(
+            m.name == "m1" && !m.failed && !m.rebuilding && m.outgoing.is_none(),
+            "{kind:?}: {m:?}"
+        );
+        assert!(st.members.iter().all(|m| !m.failed), "{kind:?}: {:?}", st.members);
+        assert_eq!(st.rebuild, None, "{kind:?}");
+        churn(&pool, &mut model, 45, 500);
+        verify(&pool, &model);
+        let scrub = pool.scrub(false).unwrap();
+        assert!(scrub.rows_checked > 0 && scrub.rows_mismatched == 0, "{kind:?}: {scrub:?}");
+        faults[0].set_plan(dead());
+        verify(&pool, &model);
+        faults[0].set_plan(FaultPlan::default());
+        Arc::try_unwrap(pool).ok().unwrap().close().unwrap();
+        let devs: Vec<Arc<dyn Device>> = faults.iter().map(|f| f.clone() as Arc<dyn Device>).collect();
+        let pool = Pool::open(devs, &opts()).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        let st = pool.stats();
+        // Member 1 is the one the pool had; member 0 stays failed, as the pool recorded.
+        assert!(
+            !st.members[1].failed && !st.members[1].rebuilding && st.members[0].failed,
+            "{kind:?}: {:?}",
+            st.members
+        );
+        verify(&pool, &model);
+        pool.close().unwrap();
+    }
+}
+
 /// The outgoing member that fails during its replacement's rebuild leaves; the rebuild goes on
 /// from the redundancy and the pool loses nothing.
 #[test]

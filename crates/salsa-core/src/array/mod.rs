@@ -316,6 +316,11 @@ pub trait Array: Send + Sync {
     }
     /// The slot's rebuild is complete: it is read from again.
     fn finish_rebuild(&self, _slot: u32) {}
+    /// What became of a replacement that failed while it was rebuilt, once: its slot is failed
+    /// again, or the healthy member it replaced took the slot back. The rebuild ends then.
+    fn take_replacement_failure(&self) -> Option<String> {
+        None
+    }
     /// The current member id of every slot (empty for a version-5 pool).
     fn member_ids(&self) -> Vec<u64> {
         Vec::new()
@@ -346,4 +351,10 @@ pub trait Array: Send + Sync {
     /// The devices (and their layouts) that hold a copy of the pool metadata: every member
     /// that can be written.
     fn metadata_devices(&self) -> Vec<(Arc<dyn Device>, DeviceLayout)>;
+    /// `device`, one of [`Array::metadata_devices`], failed a write of the pool metadata
+    /// (`err`): `Ok` when the array failed it as a member and survives that (the metadata
+    /// write goes on with the others), else the error.
+    fn metadata_write_failed(&self, _device: &Arc<dyn Device>, err: crate::error::Error) -> crate::error::Result<()> {
+        Err(err)
+    }
 }

@@ -599,7 +599,12 @@ impl Log {
     /// Writes the pool metadata into the slot after the current one on every member that
     /// keeps a copy, and syncs it.
     pub fn write_pool_meta(&self, meta: &mut PoolMeta) -> Result<()> {
-        write_meta_slot(&self.array.metadata_devices(), meta)
+        // A member that fails the write is failed through the array while the array survives
+        // it, and the others still get the metadata: a disk that dies as the metadata is
+        // written is a failed member, not a reason to stop a redundant pool.
+        write_meta_slot_or(&self.array.metadata_devices(), meta, &|dev, e| {
+            self.array.metadata_write_failed(dev, e)
+        })
     }
 
     /// [`Log::write_pool_meta`] for a change the log must not go on without (the members'
@@ -1459,6 +1464,19 @@ impl Log {
 /// intact), then syncs. A slot in a sequential zone is reset first (the other slot still holds
 /// the previous generation).
 pub fn write_meta_slot(devices: &[(Arc<dyn crate::device::Device>, DeviceLayout)], meta: &mut PoolMeta) -> Result<()> {
+    write_meta_slot_or(devices, meta, &|_, e| Err(e))
+}
+
+/// What [`write_meta_slot_or`] does when a device fails: `Ok` to go on with the others.
+pub type MetaWriteFailed<'a> = dyn Fn(&Arc<dyn crate::device::Device>, Error) -> Result<()> + 'a;
+
+/// [`write_meta_slot`], handing a device's error to `failed`, which may let the write go on
+/// with the other devices.
+pub fn write_meta_slot_or(
+    devices: &[(Arc<dyn crate::device::Device>, DeviceLayout)],
+    meta: &mut PoolMeta,
+    failed: &MetaWriteFailed<'_>,
+) -> Result<()> {
     // The generation numbers the epochs of ids and sequence numbers, which must fit the format.
     if meta.generation + 1 >= MAX_EPOCHS {
         return Err(Error::Exhausted(format!(
@@ -1480,12 +1498,17 @@ pub fn write_meta_slot(devices: &[(Arc<dyn crate::device::Device>, DeviceLayout)
             offset,
             source,
         };
-        if let Some(zone) = crate::layout::in_sequential_zone(dev.as_ref(), offset)? {
-            let z = dev.zones().expect("a sequential zone is on a zoned device");
-            z.reset_zone(zone).map_err(|e| io("reset zone", e))?;
+        let write = || -> Result<()> {
+            if let Some(zone) = crate::layout::in_sequential_zone(dev.as_ref(), offset)? {
+                let z = dev.zones().expect("a sequential zone is on a zoned device");
+                z.reset_zone(zone).map_err(|e| io("reset zone", e))?;
+            }
+            dev.write_at(&buf, offset).map_err(|e| io("write pool metadata", e))?;
+            dev.sync().map_err(|e| io("sync pool metadata", e))
+        };
+        if let Err(e) = write() {
+            failed(dev, e)?;
         }
-        dev.write_at(&buf, offset).map_err(|e| io("write pool metadata", e))?;
-        dev.sync().map_err(|e| io("sync pool metadata", e))?;
     }
     Ok(())
 }

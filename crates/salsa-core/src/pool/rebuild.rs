@@ -139,6 +139,7 @@ pub(crate) fn run_rebuild(
             )));
         }
         eng.log.check_writable()?;
+        replacement_still_there(eng)?;
         let mut bytes_written = 0;
         {
             // The GC waits (it would only move what is copied here). The hold keeps the
@@ -155,11 +156,14 @@ pub(crate) fn run_rebuild(
                 // The whole share: a segment in use is full but for the open ones, and
                 // rebuilding an unwritten tail costs less than walking the chain to find it.
                 let gps = eng.log.geo().grains_per_segment as u64;
-                bytes_written = eng
-                    .log
-                    .array()
-                    .rebuild_segment(state.slot, s, gps)
-                    .inspect_err(|e| eng.log.poison(e))?;
+                bytes_written = match eng.log.array().rebuild_segment(state.slot, s, gps) {
+                    Ok(bytes) => bytes,
+                    Err(e) => {
+                        replacement_still_there(eng)?;
+                        eng.log.poison(&e);
+                        return Err(e);
+                    }
+                };
                 report.bytes_written += bytes_written;
                 report.segments_rebuilt += 1;
             }
@@ -176,6 +180,7 @@ pub(crate) fn run_rebuild(
     }
     eng.flush()?;
     eng.log.array().sync_all()?;
+    replacement_still_there(eng)?;
     eng.log.array().finish_rebuild(state.slot);
     save_progress(eng, None)?;
     report.seconds = start.elapsed().as_secs_f64();
@@ -187,6 +192,19 @@ pub(crate) fn run_rebuild(
         report.seconds
     );
     Ok(report)
+}
+
+/// `Err` once the replacement being rebuilt has failed: its slot is failed again, or the
+/// healthy member it replaced took the slot back (see [`crate::array::Array::take_replacement_failure`]).
+/// The pool metadata then records the members as they are and no rebuild, and the pool goes
+/// on serving: a replacement that dies is not a reason to stop the pool.
+fn replacement_still_there(eng: &Engine) -> Result<()> {
+    let Some(what) = eng.log.array().take_replacement_failure() else {
+        return Ok(());
+    };
+    save_progress(eng, None)?;
+    eng.log.record_failure_change()?;
+    Err(Error::ReplacementFailed(what))
 }
 
 /// Writes the rebuild's progress (`None`: done) into the pool metadata, with the rate limit

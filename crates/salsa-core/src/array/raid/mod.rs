@@ -85,6 +85,8 @@ impl Health {
 /// an offset on the slot's device is the same offset on it.
 struct Outgoing {
     device: Arc<dyn Device>,
+    layout: DeviceLayout,
+    member_id: u64,
 }
 
 /// A RAID-0, RAID-1 or RAID-5 array.
@@ -117,6 +119,9 @@ pub struct RaidArray {
     replaced_bytes_written: AtomicU64,
     /// Per slot, the outgoing member still in service while its replacement is rebuilt.
     outgoing: Vec<RwLock<Option<Arc<Outgoing>>>>,
+    /// What became of a replacement that failed while it was rebuilt, until the rebuild
+    /// takes it ([`Array::take_replacement_failure`]).
+    replacement_failure: Mutex<Option<String>>,
 }
 
 /// The bytes `[at, at + len)` of the concatenation of `bufs`, as slices.
@@ -181,6 +186,7 @@ impl RaidArray {
             rows: OpenRows::new(stripe, grain_bytes, parity_buffer.is_some()),
             slots: members.iter().map(|m| RwLock::new((m.device.clone(), m.layout))).collect(),
             outgoing: members.iter().map(|_| RwLock::new(None)).collect(),
+            replacement_failure: Mutex::new(None),
             members,
             ids: Mutex::new(ids),
             stripe,
@@ -275,16 +281,32 @@ impl RaidArray {
         Ok(())
     }
 
-    /// Applies `op` to slot `m`'s outgoing member at `offset`, if one serves it; an error
-    /// takes it out of service.
-    fn on_outgoing(&self, m: u32, offset: u64, what: &str, op: impl FnOnce(&dyn Device, u64) -> std::io::Result<()>) -> Result<()> {
-        let Some(out) = self.outgoing_of(m) else {
+    /// Applies `op` at `offset` to `out`, the outgoing member slot `m` had when the slot's
+    /// own I/O began (taken before it, so that an I/O that reached the replacement reaches
+    /// the outgoing member too, even if the replacement failed meanwhile and gave it the slot
+    /// back). An error takes it out of service, or fails it if it has the slot back.
+    fn on_outgoing(
+        &self,
+        m: u32,
+        out: Option<Arc<Outgoing>>,
+        offset: u64,
+        what: &'static str,
+        op: impl FnOnce(&dyn Device, u64) -> std::io::Result<()>,
+    ) -> Result<()> {
+        let Some(out) = out else {
             return Ok(());
         };
-        match op(out.device.as_ref(), offset) {
-            Ok(()) => Ok(()),
-            Err(e) => self.drop_outgoing(m, &format!("{what} at byte {offset}: {e}")),
+        let Err(e) = op(out.device.as_ref(), offset) else {
+            return Ok(());
+        };
+        if std::ptr::addr_eq(Arc::as_ptr(&self.device(m)), Arc::as_ptr(&out.device)) {
+            self.health[m as usize].write_errors.fetch_add(1, SeqCst);
+            return self.fail(m, &out.device, Error::device_io(&*out.device, what, offset, e));
         }
+        if self.outgoing_of(m).is_some_and(|now| Arc::ptr_eq(&now, &out)) {
+            return self.drop_outgoing(m, &format!("{what} at byte {offset}: {e}"));
+        }
+        Ok(())
     }
 
     fn device(&self, m: u32) -> Arc<dyn Device> {
@@ -303,9 +325,10 @@ impl RaidArray {
             if self.health[m as usize].failed.load(SeqCst) {
                 continue;
             }
+            let out = self.outgoing_of(m);
             let (device, offset) = (self.device(m), self.offset(m, segment, 0));
             op(device.as_ref(), offset, self.stripe.member_segment_bytes()).map_err(|e| self.io_error(m, what, offset, e))?;
-            self.on_outgoing(m, offset, what, |d, at| op(d, at, self.stripe.member_segment_bytes()))?;
+            self.on_outgoing(m, out, offset, what, |d, at| op(d, at, self.stripe.member_segment_bytes()))?;
         }
         Ok(())
     }
@@ -314,17 +337,61 @@ impl RaidArray {
         Error::device_io(&*self.device(m), op, offset, source)
     }
 
-    /// Fails member `m` after an I/O error. `Ok` while the array still has its data; the error
-    /// itself (which poisons the pool) once it does not.
-    fn fail(&self, m: u32, err: Error) -> Result<()> {
-        if !self.health[m as usize].failed.swap(true, SeqCst) {
+    /// Fails member `m` after an I/O error of `device`, unless that device is no longer the
+    /// slot's. `Ok` while the array still has its data; the error itself (which poisons the
+    /// pool) once it does not.
+    fn fail(&self, m: u32, device: &Arc<dyn Device>, err: Error) -> Result<()> {
+        if !std::ptr::addr_eq(Arc::as_ptr(&self.device(m)), Arc::as_ptr(device)) {
+            // The device already left the slot (a replacement that failed, whose slot went
+            // back to the member it replaced): the error is not the slot's.
+            return Ok(());
+        }
+        let h = &self.health[m as usize];
+        if h.rebuilding.load(SeqCst) && self.restore_outgoing(m, &err) {
+            return Ok(());
+        }
+        if h.rebuilding.load(SeqCst) && !h.failed.load(SeqCst) {
+            // A replacement that fails while it is rebuilt leaves its slot failed, as the
+            // member it replaced was; the rebuild ends and the pool serves degraded. Said
+            // before the failure shows, so that the rebuild finds why when it sees it.
+            *self.replacement_failure.lock() = Some(format!(
+                "{} ({err}); slot {m} is failed, as before: replace it again",
+                self.device(m).name()
+            ));
+        }
+        if !h.failed.swap(true, SeqCst) {
             tracing::error!("member {} failed: {err}", self.device(m).name());
             self.failure_changed.store(true, SeqCst);
         }
-        // A replacement that fails takes its slot's outgoing member with it: the pool records
-        // the replacement, not the device it replaced.
-        self.outgoing[m as usize].write().take();
+        h.rebuilding.store(false, SeqCst);
         self.still_has_its_data(&err)
+    }
+
+    /// A replacement in slot `m` failed while it was rebuilt (`err`): if the healthy member it
+    /// replaces still serves the slot (it took every write), that member takes the slot back,
+    /// as MD does when the replacement of `--replace` fails. Returns whether it did.
+    fn restore_outgoing(&self, m: u32, err: &Error) -> bool {
+        let mut place = self.slots[m as usize].write();
+        let Some(out) = self.outgoing[m as usize].write().take() else {
+            return false;
+        };
+        let msg = format!(
+            "{} ({err}); {} serves slot {m} again, and the pool keeps its redundancy",
+            place.0.name(),
+            out.device.name()
+        );
+        tracing::error!("the replacement failed while it was rebuilt: {msg}");
+        // Said before the slot changes, so that the rebuild finds why when it sees it.
+        *self.replacement_failure.lock() = Some(msg);
+        *place = (out.device.clone(), out.layout);
+        drop(place);
+        self.ids.lock()[m as usize] = out.member_id;
+        let h = &self.health[m as usize];
+        // The counters describe the device in the slot again (the array's total keeps what
+        // the replacement wrote).
+        self.replaced_bytes_written.fetch_add(h.reset_counters(), SeqCst);
+        h.rebuilding.store(false, SeqCst);
+        true
     }
 
     /// Reads from member `m`; counts the bytes, and errors towards failing it.
@@ -346,7 +413,7 @@ impl RaidArray {
                 Ok(())
             }
             Err(source) if outgoing => Err(self.outgoing_read_failed(m, &*device, at, source)?),
-            Err(source) => Err(self.read_failed(m, offset, source)?),
+            Err(source) => Err(self.read_failed(m, &device, offset, source)?),
         }
     }
 
@@ -362,15 +429,15 @@ impl RaidArray {
     /// Counts a failed read of member `m` and fails the member at [`READ_ERRORS_TO_FAIL`];
     /// returns the error to report for this read (the caller may serve it from redundancy),
     /// or `Err` when failing the member leaves the array without its data.
-    fn read_failed(&self, m: u32, offset: u64, source: std::io::Error) -> Result<Error> {
-        let e = self.io_error(m, "read", offset, source);
+    fn read_failed(&self, m: u32, device: &Arc<dyn Device>, offset: u64, source: std::io::Error) -> Result<Error> {
+        let e = Error::device_io(&**device, "read", offset, source);
         if self.health[m as usize].read_errors.fetch_add(1, SeqCst) + 1 < READ_ERRORS_TO_FAIL {
             return Ok(e);
         }
         let msg = e.to_string();
-        self.fail(m, e)?;
+        self.fail(m, device, e)?;
         Ok(Error::Io {
-            device: self.device(m).name().to_string(),
+            device: device.name().to_string(),
             op: "read",
             offset,
             source: std::io::Error::other(msg),
@@ -380,11 +447,9 @@ impl RaidArray {
     /// Writes to member `m` unless it has failed (a member being rebuilt takes writes), and
     /// to the outgoing member serving its slot if there is one; a failure fails the member.
     fn write_member(&self, m: u32, bufs: &[IoSlice<'_>], offset: u64, parity_bytes: u64) -> Result<()> {
+        let out = self.outgoing_of(m);
         self.write_slot_device(m, bufs, offset, parity_bytes)?;
-        if self.health[m as usize].failed.load(SeqCst) {
-            return Ok(());
-        }
-        self.on_outgoing(m, offset, "write", |d, at| d.write_vectored_at(bufs, at))
+        self.on_outgoing(m, out, offset, "write", |d, at| d.write_vectored_at(bufs, at))
     }
 
     /// [`RaidArray::write_member`] to the slot's device alone (a rebuild's copy, which the
@@ -394,7 +459,8 @@ impl RaidArray {
             return Ok(());
         }
         let h = &self.health[m as usize];
-        match self.device(m).write_vectored_at(bufs, offset) {
+        let device = self.device(m);
+        match device.write_vectored_at(bufs, offset) {
             Ok(()) => {
                 let n: usize = bufs.iter().map(|b| b.len()).sum();
                 h.bytes_written.fetch_add(n as u64, SeqCst);
@@ -403,7 +469,13 @@ impl RaidArray {
             }
             Err(source) => {
                 h.write_errors.fetch_add(1, SeqCst);
-                self.fail(m, self.io_error(m, "write", offset, source))
+                self.fail(m, &device, Error::device_io(&*device, "write", offset, source))?;
+                if !Arc::ptr_eq(&device, &self.device(m)) {
+                    // The replacement failed and the member it replaced took the slot back:
+                    // the write goes to it.
+                    return self.write_slot_device(m, bufs, offset, parity_bytes);
+                }
+                Ok(())
             }
         }
     }
@@ -655,24 +727,27 @@ impl RaidArray {
         let run = |(m, offset, len, mut iov): (u32, u64, u64, Vec<std::io::IoSliceMut<'_>>)| {
             let (device, at, outgoing) = self.reader(m, offset);
             let r = device.read_vectored_at(&mut iov, at);
-            (
-                m,
-                offset,
-                len,
-                r.map(|()| outgoing).map_err(|e| (e, outgoing.then_some((device, at)))),
-            )
+            (m, offset, len, r.map(|()| outgoing).map_err(|e| (e, Some(device), at, outgoing)))
         };
         let parallel = jobs.len() >= 2 && jobs.iter().filter(|j| j.2 >= PARALLEL_IO_BYTES).count() >= 2;
-        // Whether a read went to an outgoing member; a failed read's error, and the outgoing
-        // member and offset it was sent to, if it was.
-        type ReadFailure = (std::io::Error, Option<(Arc<dyn Device>, u64)>);
+        // Whether a read went to an outgoing member; a failed read's error, the device and
+        // offset it was sent to (no device: the read panicked), and whether that was an
+        // outgoing member.
+        type ReadFailure = (std::io::Error, Option<Arc<dyn Device>>, u64, bool);
         let results: Vec<(u32, u64, u64, std::result::Result<bool, ReadFailure>)> = if parallel {
             let what: Vec<(u32, u64, u64)> = jobs.iter().map(|j| (j.0, j.1, j.2)).collect();
             member_io::run_all(jobs.into_iter().map(|j| move || run(j)).collect())
                 .into_iter()
                 .zip(what)
                 .map(|(r, (m, offset, len))| {
-                    r.unwrap_or_else(|| (m, offset, len, Err((std::io::Error::other("a member read panicked"), None))))
+                    r.unwrap_or_else(|| {
+                        (
+                            m,
+                            offset,
+                            len,
+                            Err((std::io::Error::other("a member read panicked"), None, offset, false)),
+                        )
+                    })
                 })
                 .collect()
         } else {
@@ -686,18 +761,19 @@ impl RaidArray {
                 Ok(false) => {
                     h.bytes_read.fetch_add(len, SeqCst);
                 }
-                Err((source, Some((device, at)))) => {
+                Err((source, Some(device), at, true)) => {
                     // The outgoing member of a slot being replaced: it leaves, and what it was
                     // to give comes from the redundancy.
                     self.outgoing_read_failed(m, &*device, at, source)?;
                     lost.extend(&by_member[m as usize]);
                 }
-                Err((source, None)) => {
+                Err((source, device, _, _)) => {
                     // RAID-0 has no copy to serve it from: the error is the read's.
                     if self.stripe.kind != ArrayKind::Raid5 {
                         return Err(self.io_error(m, "read", offset, source));
                     }
-                    self.read_failed(m, offset, source)?;
+                    let device = device.unwrap_or_else(|| self.device(m));
+                    self.read_failed(m, &device, offset, source)?;
                     lost.extend(&by_member[m as usize]);
                 }
             }
@@ -870,8 +946,9 @@ impl RaidArray {
         // it, so what a flush makes durable must be on it too.
         let outgoing: Vec<(u32, Arc<Outgoing>)> = live.iter().filter_map(|&m| Some((m, self.outgoing_of(m)?))).collect();
         let mut syncs: Vec<Box<dyn FnOnce() -> std::io::Result<()> + Send>> = Vec::new();
-        for &m in &live {
-            let dev = self.device(m);
+        let devices: Vec<Arc<dyn Device>> = live.iter().map(|&m| self.device(m)).collect();
+        for dev in &devices {
+            let dev = dev.clone();
             syncs.push(Box::new(move || dev.sync()));
         }
         for (_, out) in &outgoing {
@@ -879,14 +956,14 @@ impl RaidArray {
             syncs.push(Box::new(move || dev.sync()));
         }
         let mut results = member_io::run_all(syncs).into_iter();
-        for &m in &live {
+        for (&m, device) in live.iter().zip(&devices) {
             let r = results
                 .next()
                 .flatten()
                 .unwrap_or_else(|| Err(std::io::Error::other("a member sync panicked")));
             if let Err(source) = r {
                 self.health[m as usize].write_errors.fetch_add(1, SeqCst);
-                self.fail(m, self.io_error(m, "sync", 0, source))?;
+                self.fail(m, device, Error::device_io(&**device, "sync", 0, source))?;
             }
         }
         for (m, _) in &outgoing {
@@ -1071,6 +1148,18 @@ impl Array for RaidArray {
             .collect()
     }
 
+    fn metadata_write_failed(&self, device: &Arc<dyn Device>, err: Error) -> Result<()> {
+        let slot = (0..self.members.len() as u32).find(|&m| std::ptr::addr_eq(Arc::as_ptr(&self.device(m)), Arc::as_ptr(device)));
+        match slot {
+            Some(m) => {
+                self.health[m as usize].write_errors.fetch_add(1, SeqCst);
+                self.fail(m, device, err)
+            }
+            // No longer a member's device (a replacement that failed meanwhile).
+            None => Ok(()),
+        }
+    }
+
     fn row_grains(&self, grain_bytes: u32) -> u32 {
         match self.stripe.kind {
             ArrayKind::Raid5 => (self.stripe.row_bytes() / grain_bytes as u64) as u32,
@@ -1240,7 +1329,14 @@ impl Array for RaidArray {
                     layout.segments_offset_bytes
                 );
             }
-            *self.outgoing[slot as usize].write() = (healthy && same_place).then(|| Arc::new(Outgoing { device: place.0.clone() }));
+            let old_id = self.ids.lock()[slot as usize];
+            *self.outgoing[slot as usize].write() = (healthy && same_place).then(|| {
+                Arc::new(Outgoing {
+                    device: place.0.clone(),
+                    layout: place.1,
+                    member_id: old_id,
+                })
+            });
             *place = (device, layout);
         }
         self.ids.lock()[slot as usize] = member_id;
@@ -1344,7 +1440,7 @@ impl Array for RaidArray {
             _ => 0,
         };
         self.write_slot_device(slot, &[IoSlice::new(&out.0)], self.offset(slot, segment, 0), parity_bytes)?;
-        if self.health[slot as usize].failed.load(SeqCst) {
+        if self.health[slot as usize].failed.load(SeqCst) || !self.health[slot as usize].rebuilding.load(SeqCst) {
             return Err(Error::Io {
                 device: self.device(slot).name().to_string(),
                 op: "rebuild",
@@ -1364,9 +1460,11 @@ impl Array for RaidArray {
                 self.stripe.kind.name()
             )));
         }
-        let name = self.device(slot).name().to_string();
+        let device = self.device(slot);
+        let name = device.name().to_string();
         self.fail(
             slot,
+            &device,
             Error::Io {
                 device: name,
                 op: "fail",
@@ -1378,6 +1476,10 @@ impl Array for RaidArray {
         // The slot's device is failed; an outgoing member does not come back in its place.
         self.outgoing[slot as usize].write().take();
         Ok(())
+    }
+
+    fn take_replacement_failure(&self) -> Option<String> {
+        self.replacement_failure.lock().take()
     }
 
     fn finish_rebuild(&self, slot: u32) {
