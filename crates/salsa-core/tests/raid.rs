@@ -969,6 +969,14 @@ fn replace_healthy_member_and(
     (pool, model, faults, seen)
 }
 
+/// Every block of `model` reads back with `member` dead (the others hold everything); then
+/// it answers again.
+fn verify_without(pool: &Pool, model: &[u64], member: &FaultDevice) {
+    member.set_plan(dead());
+    verify(pool, model);
+    member.set_plan(FaultPlan::default());
+}
+
 fn dead() -> FaultPlan {
     FaultPlan {
         dead: true,
@@ -1094,9 +1102,7 @@ fn a_replacement_that_dies_during_its_rebuild_leaves_the_pool_serving_degraded()
         let good: Arc<dyn Device> = Arc::new(MemoryDevice::new("good", MEMBER_MIB * MIB));
         pool.replace_member("1", good.clone(), RebuildOptions::default(), &|_, _| {})
             .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
-        faults[0].set_plan(dead());
-        verify(&pool, &model);
-        faults[0].set_plan(FaultPlan::default());
+        verify_without(&pool, &model, &faults[0]);
         Arc::try_unwrap(pool).ok().unwrap().close().unwrap();
     }
 }
@@ -1126,9 +1132,7 @@ fn a_replacement_that_dies_while_a_healthy_member_is_replaced_gives_the_slot_bac
         verify(&pool, &model);
         let scrub = pool.scrub(false).unwrap();
         assert!(scrub.rows_checked > 0 && scrub.rows_mismatched == 0, "{kind:?}: {scrub:?}");
-        faults[0].set_plan(dead());
-        verify(&pool, &model);
-        faults[0].set_plan(FaultPlan::default());
+        verify_without(&pool, &model, &faults[0]);
         Arc::try_unwrap(pool).ok().unwrap().close().unwrap();
         let devs: Vec<Arc<dyn Device>> = faults.iter().map(|f| f.clone() as Arc<dyn Device>).collect();
         let pool = Pool::open(devs, &opts()).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
@@ -1161,9 +1165,7 @@ fn an_outgoing_member_that_fails_during_the_rebuild_leaves_and_the_rebuild_goes_
         let scrub = pool.scrub(false).unwrap();
         assert!(scrub.rows_checked > 0 && scrub.rows_mismatched == 0, "{kind:?}: {scrub:?}");
         // The rebuilt member carries its share: lose another one and read everything.
-        faults[0].set_plan(dead());
-        verify(&pool, &model);
-        faults[0].set_plan(FaultPlan::default());
+        verify_without(&pool, &model, &faults[0]);
         Arc::try_unwrap(pool).ok().unwrap().close().unwrap();
     }
 }
