@@ -159,22 +159,20 @@ fn replace_at_one_byte_a_second(first: &str, old: &str, new: &str) -> std::proce
         .unwrap()
 }
 
-/// `salsa device replace` of a healthy member on a running server keeps the outgoing member
-/// serving its slot until the rebuild ends (`salsa stats` names it), so the array keeps its
-/// redundancy: another member failed meanwhile loses nothing, and every byte reads back the
-/// same before, during and after. (Before, the outgoing member left as the rebuild began and
-/// `salsa device fail` of a second member was refused: it would have lost the pool's data.)
-#[test]
-fn a_healthy_member_replaced_online_serves_its_slot_until_the_rebuild_ends() {
-    let dir = test_dir("replace-healthy");
-    let path = |i: usize| dir.join(format!("m{i}.img")).display().to_string();
-    let members: Vec<String> = (0..4).map(|i| format!("{}:24M", path(i))).collect();
-    let salsa = |args: &[&str]| run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(args));
-    // No read cache or write buffer: every read below comes from the members.
-    let srv = Server::start_on(
-        &dir,
-        &members,
-        &[
+/// A served RAID-5 pool of four 24 MiB files in a fresh directory, without read cache or write
+/// buffer (every read comes from the members), holding [`Raid5Fixture::block`] at each of its
+/// first 16 MiB, written and flushed.
+struct Raid5Fixture {
+    dir: std::path::PathBuf,
+    srv: Server,
+    client: RawClient,
+}
+
+impl Raid5Fixture {
+    fn start(name: &str) -> Raid5Fixture {
+        let dir = test_dir(name);
+        let members: Vec<String> = (0..4).map(|i| format!("{}/m{i}.img:24M", dir.display())).collect();
+        let args = [
             "--array",
             "raid5",
             "--segment-size",
@@ -183,54 +181,135 @@ fn a_healthy_member_replaced_online_serves_its_slot_until_the_rebuild_ends() {
             "0",
             "--write-buffer",
             "0",
-        ],
-    );
-    let mut c = RawClient::connect(&srv.socket, "default");
-    let block = |i: u64| -> Vec<u8> { (0..1u32 << 20).map(|b| (b as u64 * 31 + i * 7) as u8).collect() };
-    for i in 0..16u64 {
-        assert_eq!(c.call(0, CMD_WRITE, i << 20, 1 << 20, &block(i)).0, 0, "write {i}");
-    }
-    assert_eq!(c.call(0, CMD_FLUSH, 0, 0, &[]).0, 0, "flush");
-    let read_back = |c: &mut RawClient, when: &str| {
+        ];
+        let srv = Server::start_on(&dir, &members, &args);
+        let mut client = RawClient::connect(&srv.socket, "default");
         for i in 0..16u64 {
-            let (error, data) = c.call(0, CMD_READ, i << 20, 1 << 20, &[]);
-            assert!(error == 0 && data == block(i), "{when}: MiB {i} (error {error})");
+            assert_eq!(client.call(0, CMD_WRITE, i << 20, 1 << 20, &Self::block(i)).0, 0, "write {i}");
         }
-    };
-    let members_json = || {
-        let (ok, out) = salsa(&["stats", "--json", "--device", &path(0)]);
+        assert_eq!(client.call(0, CMD_FLUSH, 0, 0, &[]).0, 0, "flush");
+        Raid5Fixture { dir, srv, client }
+    }
+
+    /// The bytes of MiB `i`.
+    fn block(i: u64) -> Vec<u8> {
+        (0..1u32 << 20).map(|b| (b as u64 * 31 + i * 7) as u8).collect()
+    }
+
+    /// Member file `i` (4: the one a replacement goes to).
+    fn path(&self, i: usize) -> String {
+        self.dir.join(format!("m{i}.img")).display().to_string()
+    }
+
+    fn salsa(&self, args: &[&str]) -> (bool, String) {
+        run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(args))
+    }
+
+    /// Every MiB written reads back through the server.
+    fn read_back(&mut self, when: &str) {
+        for i in 0..16u64 {
+            let (error, data) = self.client.call(0, CMD_READ, i << 20, 1 << 20, &[]);
+            assert!(error == 0 && data == Self::block(i), "{when}: MiB {i} (error {error})");
+        }
+    }
+
+    /// `salsa stats --json`'s members.
+    fn members(&self) -> serde_json::Value {
+        let (ok, out) = self.salsa(&["stats", "--json", "--device", &self.path(0)]);
         assert!(ok, "salsa stats: {out}");
         serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["members"].clone()
-    };
-    let new = format!("{}:24M", path(4));
-    let replace = replace_at_one_byte_a_second(&path(0), &path(1), &new);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while members_json()[1]["outgoing"] != path(1).as_str() {
-        assert!(std::time::Instant::now() < deadline, "no outgoing member: {}", members_json());
-        std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    assert_eq!(members_json()[1]["state"], "rebuilding");
-    let (ok, out) = salsa(&["stats", "--device", &path(0)]);
+
+    /// Waits until member 1's `key` in [`Raid5Fixture::members`] is `value`.
+    fn wait_for_member_1(&self, key: &str, value: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while self.members()[1][key] != value {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "member 1's {key} is not {value}: {}",
+                self.members()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the server (its client first).
+    fn stop(self) {
+        drop(self.client);
+        self.srv.stop();
+    }
+
+    /// `salsa device replace` of member 1 onto file 4, paused after its first segment.
+    fn replace_member_1_paused(&self) -> std::process::Child {
+        replace_at_one_byte_a_second(&self.path(0), &self.path(1), &format!("{}:24M", self.path(4)))
+    }
+}
+
+/// `salsa device replace` of a healthy member on a running server keeps the outgoing member
+/// serving its slot until the rebuild ends (`salsa stats` names it), so the array keeps its
+/// redundancy: another member failed meanwhile loses nothing, and every byte reads back the
+/// same before, during and after. (Before, the outgoing member left as the rebuild began and
+/// `salsa device fail` of a second member was refused: it would have lost the pool's data.)
+#[test]
+fn a_healthy_member_replaced_online_serves_its_slot_until_the_rebuild_ends() {
+    let mut f = Raid5Fixture::start("replace-healthy");
+    let replace = f.replace_member_1_paused();
+    f.wait_for_member_1("outgoing", &f.path(1));
+    assert_eq!(f.members()[1]["state"], "rebuilding");
+    let (ok, out) = f.salsa(&["stats", "--device", &f.path(0)]);
     assert!(
-        ok && out.contains(&format!("{} still serves the slot until the rebuild ends", path(1))),
+        ok && out.contains(&format!("{} still serves the slot until the rebuild ends", f.path(1))),
         "{out}"
     );
-    read_back(&mut c, "during the rebuild");
-    let (ok, out) = salsa(&["device", "fail", "--device", &path(0), &path(2)]);
+    f.read_back("during the rebuild");
+    let (ok, out) = f.salsa(&["device", "fail", "--device", &f.path(0), &f.path(2)]);
     assert!(ok, "a second member failed during the rebuild: {out}");
-    read_back(&mut c, "with a second member failed during the rebuild");
-    let (ok, out) = salsa(&["device", "rebuild-rate", "--device", &path(0), "none"]);
+    f.read_back("with a second member failed during the rebuild");
+    let (ok, out) = f.salsa(&["device", "rebuild-rate", "--device", &f.path(0), "none"]);
     assert!(ok, "salsa device rebuild-rate: {out}");
     let out = replace.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let m = members_json();
+    let m = f.members();
     assert!(
         m[1]["state"] == "ok" && m[1]["outgoing"].is_null() && m[2]["state"] == "failed",
         "{m}"
     );
-    read_back(&mut c, "after the rebuild, from the new member and the survivors");
-    drop(c);
-    srv.stop();
+    f.read_back("after the rebuild, from the new member and the survivors");
+    f.stop();
+}
+
+/// `salsa device fail` of the replacement while a healthy member is being replaced (a new
+/// disk that turns out bad): the member it was to replace takes its slot back, the command
+/// says so, the replace ends with a clear error, and the pool keeps serving every byte.
+#[test]
+fn failing_the_replacement_of_a_healthy_member_gives_the_slot_back() {
+    let mut f = Raid5Fixture::start("replacement-failed");
+    let replace = f.replace_member_1_paused();
+    f.wait_for_member_1("state", "rebuilding");
+    let (ok, out) = f.salsa(&["device", "fail", "--device", &f.path(0), &f.path(4)]);
+    assert!(
+        ok && out.contains(&format!("{}, which it was to replace, serves its slot again", f.path(1))),
+        "salsa device fail: {out}"
+    );
+    let out = replace.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("the replacement failed while it was rebuilt"),
+        "{err}"
+    );
+    let m = f.members();
+    assert!(
+        m[1]["name"] == f.path(1).as_str() && m[1]["state"] == "ok" && m[1]["outgoing"].is_null(),
+        "{m}"
+    );
+    f.read_back("with the slot given back");
+    let mut scrub: Vec<String> = vec!["check".into(), "--scrub".into()];
+    for i in 0..4 {
+        scrub.extend(["--device".to_string(), f.path(i)]);
+    }
+    f.stop();
+    let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(&scrub));
+    assert!(ok, "salsa check --scrub on the pool's own members: {out}");
 }
 
 /// A rebuild's rate limit, kept across a crash and changed offline and online: `salsa device

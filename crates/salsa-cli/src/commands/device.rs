@@ -171,16 +171,38 @@ pub(crate) fn fail(
     member: &str,
 ) -> Result<(), String> {
     let online = running_server(devices, control);
-    if let Some(path) = &online {
-        request(path, &format!("fail {member}"))?;
+    let back = if let Some(path) = &online {
+        let answer = request(path, &format!("fail {member}"))?;
+        let json: serde_json::Value = serde_json::from_str(answer.strip_prefix("ok ").unwrap_or_default()).unwrap_or_default();
+        json["serves_again"].as_str().map(str::to_string)
     } else {
         let pool = open_offline(devices, parity_buffer)?;
-        pool.fail_member(member).map_err(|e| e.to_string())?;
+        let back = fail_member(&pool, member)?;
         pool.close().map_err(|e| e.to_string())?;
+        back
+    };
+    match back {
+        Some(old) => println!(
+            "replacement {member} marked failed; {old}, which it was to replace, serves its slot again (the pool keeps its redundancy)"
+        ),
+        None => {
+            let pool = pool_arguments(devices, parity_buffer, control, online.is_some());
+            println!("member {member} marked failed; replace it with: salsa device replace{pool} {member} NEW");
+        }
     }
-    let pool = pool_arguments(devices, parity_buffer, control, online.is_some());
-    println!("member {member} marked failed; replace it with: salsa device replace{pool} {member} NEW");
     Ok(())
+}
+
+/// Fails member `member` of `pool` (its name or slot number) and says what became of its slot:
+/// `None` when it is failed, or the name of the member that took it back (`member` was the
+/// replacement of a healthy member, which serves the slot again).
+fn fail_member(pool: &salsa_core::Pool, member: &str) -> Result<Option<String>, String> {
+    let before = pool.members();
+    let slot = before.iter().position(|m| m.name == member).or_else(|| member.parse().ok());
+    pool.fail_member(member).map_err(|e| e.to_string())?;
+    let after = pool.members();
+    let name = |list: &[salsa_core::MemberStatus]| slot.and_then(|s| list.get(s)).map(|m| m.name.clone());
+    Ok(name(&after).filter(|now| Some(now) != name(&before).as_ref()))
 }
 
 /// The arguments that name the pool the way the user named it, for a command line the user
@@ -319,8 +341,8 @@ pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool, exports
             }
         }
         Some("fail") => match words.next() {
-            Some(member) => match pool.fail_member(member) {
-                Ok(()) => format!("ok {{\"failed\": {member:?}}}"),
+            Some(member) => match fail_member(pool, member) {
+                Ok(back) => format!("ok {}", serde_json::json!({"failed": member, "serves_again": back})),
                 Err(e) => format!("error {e}"),
             },
             None => "error usage: fail <member>".into(),

@@ -87,8 +87,9 @@ impl RatePace {
     }
 
     /// Counts `bytes` written, then sleeps until the rate allows more, ending early when a
-    /// stop is requested (a server's stop waits for the rebuild's next step) or the rate
-    /// changes (the pause of a low limit is minutes long).
+    /// stop is requested (a server's stop waits for the rebuild's next step), the rate
+    /// changes (the pause of a low limit is minutes long) or no member is being rebuilt any
+    /// more (the replacement failed).
     fn wrote(&mut self, eng: &Engine, bytes: u64) {
         let rate = eng.rebuild_rate_bytes_per_sec.load(SeqCst);
         if rate != self.rate_bytes_per_sec {
@@ -103,7 +104,8 @@ impl RatePace {
         let until = Duration::try_from_secs_f64(self.bytes as f64 / self.rate_bytes_per_sec as f64)
             .ok()
             .and_then(|d| self.since.checked_add(d));
-        while !stop_requested(eng) && eng.rebuild_rate_bytes_per_sec.load(SeqCst) == self.rate_bytes_per_sec {
+        let rebuilding = || eng.log.array().member_status().iter().any(|m| m.rebuilding);
+        while !stop_requested(eng) && eng.rebuild_rate_bytes_per_sec.load(SeqCst) == self.rate_bytes_per_sec && rebuilding() {
             let left = until.map_or(STOP_CHECK_INTERVAL, |u| u.saturating_duration_since(Instant::now()));
             if left.is_zero() {
                 return;
