@@ -1148,6 +1148,32 @@ fn a_replacement_that_dies_while_a_healthy_member_is_replaced_gives_the_slot_bac
     }
 }
 
+/// A member that dies as the pool metadata is written (here by creating a volume on an idle
+/// pool, the member's first I/O since it died) is failed, and the metadata goes to the others:
+/// the volume is created, the pool keeps serving and reopens without the member. Before, the
+/// write's error was the command's, and a redundant pool refused a change it could make.
+#[test]
+fn a_member_that_dies_at_a_pool_metadata_write_is_failed_and_the_write_goes_on() {
+    for (kind, n) in [(ArrayKind::Raid5, 3), (ArrayKind::Raid1, 2)] {
+        let (faults, devs) = members(n);
+        let pool = Pool::create(devs.clone(), &config(kind), &opts()).unwrap();
+        let mut model = volume_with_model(&pool, 30);
+        churn(&pool, &mut model, 51, 300);
+        pool.flush().unwrap();
+        faults[1].set_plan(dead());
+        pool.create_volume("w", 1 << 20, PAGE as u32)
+            .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        assert!(pool.stats().members[1].failed, "{kind:?}: {:?}", pool.stats().members[1]);
+        churn(&pool, &mut model, 52, 300);
+        verify(&pool, &model);
+        pool.close().unwrap();
+        let pool = open_without(&devs, 1, &opts());
+        assert!(pool.volume("w").is_ok(), "{kind:?}: the new volume is in the metadata");
+        verify(&pool, &model);
+        pool.close().unwrap();
+    }
+}
+
 /// The outgoing member that fails during its replacement's rebuild leaves; the rebuild goes on
 /// from the redundancy and the pool loses nothing.
 #[test]
