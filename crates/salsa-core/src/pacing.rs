@@ -63,6 +63,11 @@
 //! nothing when the load rises), and to [`SUSTAINED_HEADROOM`] times what the GC sustained;
 //! trims and GC writes are never paced (trims make space; the GC is what writers wait for).
 //!
+//! What it cannot smooth: the GC's pace echoes the writers' pace one victim age earlier (the
+//! segments written in a fast phase come back together as greedy victims), so a rate held
+//! to what the GC sustains swings with a period of about that age (1 to 2 s on RAID-5 random
+//! writes to 42% of the volume, between about 400 and 1,000 MB/s; docs/BENCHMARKS.md).
+//!
 //! Why it is off by default: writers held to what the GC sustains leave more segments free
 //! than writers stalled on the reserve (and a large pool's band is wider), space the data
 //! lacks, so a paced pool writes more per user byte: on RAID-5 random writes over a whole
