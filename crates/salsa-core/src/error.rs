@@ -59,11 +59,10 @@ pub enum Error {
     /// Data read back does not match the checksum recorded when it was written.
     #[error("checksum mismatch reading volume {volume} page {page}: the data on the device is damaged")]
     ChecksumMismatch { volume: String, page: u64 },
-    /// The pool's physical space is exhausted: every page promised is in use.
     /// A replacement failed while it was rebuilt: the pool goes on without it.
     #[error("the replacement failed while it was rebuilt: {0}")]
     ReplacementFailed(String),
-
+    /// The pool's physical space is exhausted: every page promised is in use.
     #[error("no space left in the pool: {0}")]
     NoSpace(String),
     /// The request is malformed (range past the end, bad size, ...).

@@ -2,18 +2,21 @@
 //!
 //! Steps (each durable before the next): the new device gets a superblock naming its slot and
 //! a fresh member id; the array puts it in the slot as *rebuilding* (it takes every write from
-//! now on, and is not read from). A healthy device it replaces stays in service beside it
-//! until the rebuild ends, as MD's `--replace` and ZFS's `zpool replace` keep it: the slot is
-//! read from it, written on both, and rebuilt by copying it, so the array keeps its
-//! redundancy throughout (another member may fail meanwhile). It leaves at its first error,
-//! and is not remembered across a restart (the rebuild then resumes from the redundancy);
-//! the segments in use at that moment are listed and the open
+//! now on, and is not read from); the segments in use at that moment are listed and the open
 //! segments closed, so that every segment allocated afterwards is written whole with the new
 //! member; the pool metadata records the new member id and the rebuild's progress. Then each
 //! listed segment still holding the same data is rebuilt onto the new member (only live
 //! segments: a log-structured pool knows which ones hold data), the progress written to the
 //! pool metadata as it goes, so that a crash or a restart resumes where it was. At the end a
 //! flush makes everything durable, and the member is read from again.
+//!
+//! A healthy device being replaced stays in service beside its replacement until the rebuild
+//! ends, as MD's `--replace` and ZFS's `zpool replace` keep it: the slot is read from it,
+//! written on both, and rebuilt by copying it, so the array keeps its redundancy throughout
+//! (another member may fail meanwhile). It leaves at its first error, and is not remembered
+//! across a restart (the rebuild then resumes from the redundancy). If the replacement fails
+//! instead, it takes the slot back (without one, the slot stays failed), and the rebuild ends
+//! with `Error::ReplacementFailed` while the pool serves on.
 
 use super::open::{device_is_blank, human_bytes, read_superblock, write_superblock};
 use super::Pool;

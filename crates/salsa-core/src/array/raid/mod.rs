@@ -240,16 +240,22 @@ impl RaidArray {
         self.outgoing[m as usize].read().clone()
     }
 
-    /// Where slot `m` is read from at `offset`: the outgoing member while one serves it, else
-    /// its device. The last item says which.
-    fn reader(&self, m: u32, offset: u64) -> (Arc<dyn Device>, u64, bool) {
+    /// Where slot `m` is read from: the outgoing member while one serves it (at the same
+    /// offsets), else its device. The second item says which.
+    fn reader(&self, m: u32) -> (Arc<dyn Device>, bool) {
         // Under the slot's lock, which a replacement holds while it sets the outgoing member
         // and puts the new device in: a read never sees the new device without it.
         let place = self.slots[m as usize].read();
         match self.outgoing_of(m) {
-            Some(out) => (out.device.clone(), offset, true),
-            None => (place.0.clone(), offset, false),
+            Some(out) => (out.device.clone(), true),
+            None => (place.0.clone(), false),
         }
+    }
+
+    /// Whether `device` is slot `m`'s device now (an error of one that left the slot is not
+    /// the slot's).
+    fn is_slot_device(&self, m: u32, device: &Arc<dyn Device>) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.device(m)), Arc::as_ptr(device))
     }
 
     /// Takes slot `m`'s outgoing member out of service after `why`: the slot is then read
@@ -299,7 +305,7 @@ impl RaidArray {
         let Err(e) = op(out.device.as_ref(), offset) else {
             return Ok(());
         };
-        if std::ptr::addr_eq(Arc::as_ptr(&self.device(m)), Arc::as_ptr(&out.device)) {
+        if self.is_slot_device(m, &out.device) {
             self.health[m as usize].write_errors.fetch_add(1, SeqCst);
             return self.fail(m, &out.device, Error::device_io(&*out.device, what, offset, e));
         }
@@ -341,7 +347,7 @@ impl RaidArray {
     /// slot's. `Ok` while the array still has its data; the error itself (which poisons the
     /// pool) once it does not.
     fn fail(&self, m: u32, device: &Arc<dyn Device>, err: Error) -> Result<()> {
-        if !std::ptr::addr_eq(Arc::as_ptr(&self.device(m)), Arc::as_ptr(device)) {
+        if !self.is_slot_device(m, device) {
             // The device already left the slot (a replacement that failed, whose slot went
             // back to the member it replaced): the error is not the slot's.
             return Ok(());
@@ -404,15 +410,15 @@ impl RaidArray {
                 source: std::io::Error::other("the member has failed"),
             });
         }
-        let (device, at, outgoing) = self.reader(m, offset);
-        match device.read_at(buf, at) {
+        let (device, outgoing) = self.reader(m);
+        match device.read_at(buf, offset) {
             // The slot's counters are its device's: an outgoing member's reads are not.
             Ok(()) if outgoing => Ok(()),
             Ok(()) => {
                 self.health[m as usize].bytes_read.fetch_add(buf.len() as u64, SeqCst);
                 Ok(())
             }
-            Err(source) if outgoing => Err(self.outgoing_read_failed(m, &*device, at, source)?),
+            Err(source) if outgoing => Err(self.outgoing_read_failed(m, &*device, offset, source)?),
             Err(source) => Err(self.read_failed(m, &device, offset, source)?),
         }
     }
@@ -725,29 +731,21 @@ impl RaidArray {
             .map(|(m, start, len, iov)| (m, self.offset(m, segment, start), len, iov))
             .collect();
         let run = |(m, offset, len, mut iov): (u32, u64, u64, Vec<std::io::IoSliceMut<'_>>)| {
-            let (device, at, outgoing) = self.reader(m, offset);
-            let r = device.read_vectored_at(&mut iov, at);
-            (m, offset, len, r.map(|()| outgoing).map_err(|e| (e, Some(device), at, outgoing)))
+            let (device, outgoing) = self.reader(m);
+            let r = device.read_vectored_at(&mut iov, offset);
+            (m, offset, len, r.map(|()| outgoing).map_err(|e| (e, Some(device), outgoing)))
         };
         let parallel = jobs.len() >= 2 && jobs.iter().filter(|j| j.2 >= PARALLEL_IO_BYTES).count() >= 2;
-        // Whether a read went to an outgoing member; a failed read's error, the device and
-        // offset it was sent to (no device: the read panicked), and whether that was an
-        // outgoing member.
-        type ReadFailure = (std::io::Error, Option<Arc<dyn Device>>, u64, bool);
+        // Whether a read went to an outgoing member; a failed read's error, the device it was
+        // sent to (no device: the read panicked), and whether that was an outgoing member.
+        type ReadFailure = (std::io::Error, Option<Arc<dyn Device>>, bool);
         let results: Vec<(u32, u64, u64, std::result::Result<bool, ReadFailure>)> = if parallel {
             let what: Vec<(u32, u64, u64)> = jobs.iter().map(|j| (j.0, j.1, j.2)).collect();
             member_io::run_all(jobs.into_iter().map(|j| move || run(j)).collect())
                 .into_iter()
                 .zip(what)
                 .map(|(r, (m, offset, len))| {
-                    r.unwrap_or_else(|| {
-                        (
-                            m,
-                            offset,
-                            len,
-                            Err((std::io::Error::other("a member read panicked"), None, offset, false)),
-                        )
-                    })
+                    r.unwrap_or_else(|| (m, offset, len, Err((std::io::Error::other("a member read panicked"), None, false))))
                 })
                 .collect()
         } else {
@@ -761,13 +759,13 @@ impl RaidArray {
                 Ok(false) => {
                     h.bytes_read.fetch_add(len, SeqCst);
                 }
-                Err((source, Some(device), at, true)) => {
+                Err((source, Some(device), true)) => {
                     // The outgoing member of a slot being replaced: it leaves, and what it was
                     // to give comes from the redundancy.
-                    self.outgoing_read_failed(m, &*device, at, source)?;
+                    self.outgoing_read_failed(m, &*device, offset, source)?;
                     lost.extend(&by_member[m as usize]);
                 }
-                Err((source, device, _, _)) => {
+                Err((source, device, _)) => {
                     // RAID-0 has no copy to serve it from: the error is the read's.
                     if self.stripe.kind != ArrayKind::Raid5 {
                         return Err(self.io_error(m, "read", offset, source));
@@ -1149,7 +1147,7 @@ impl Array for RaidArray {
     }
 
     fn metadata_write_failed(&self, device: &Arc<dyn Device>, err: Error) -> Result<()> {
-        let slot = (0..self.members.len() as u32).find(|&m| std::ptr::addr_eq(Arc::as_ptr(&self.device(m)), Arc::as_ptr(device)));
+        let slot = (0..self.members.len() as u32).find(|&m| self.is_slot_device(m, device));
         match slot {
             Some(m) => {
                 self.health[m as usize].write_errors.fetch_add(1, SeqCst);
