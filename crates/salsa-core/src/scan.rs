@@ -242,10 +242,11 @@ fn walk_segment_counted(
 /// request per record, each naming where the next one starts), then the data pages for which
 /// `live(meta, slot, entry)` holds, in runs read at once (a victim mostly emptied by
 /// overwrites costs a few small reads instead of a whole segment). `visit(header, meta, data,
-/// held)` then sees every record, `held` saying which of its pages were read. When the live
-/// runs cover most of the victim, or it is larger than one read window, the victim is read
-/// whole and every page is held; so is a victim whose `valid_grains` (the pool's count of its
-/// live grains) already say so, without reading its metadata first.
+/// held)` then sees every record, `held` saying which of its pages were read. The records are
+/// taken a read window ([`WINDOW_BYTES_MAX`]) at a time, so a segment of any size is walked in
+/// bounded memory; a window whose live runs cover most of it is read whole, every page of its
+/// records held. A victim whose `valid_grains` (the pool's count of its live grains) already
+/// say that much is live is read whole at once, without its metadata first.
 ///
 /// `live` must be conservative: a page it calls dead must stay dead until the visit, or the
 /// visitor must read it itself (a page not held has unspecified bytes).
@@ -260,103 +261,167 @@ pub fn walk_victim_live(
 ) -> Result<(Option<SegmentHeader>, u64)> {
     let gb = geo.grain_bytes;
     let gps = (array.readable_grains(segment) as usize).min(geo.grains_per_segment as usize);
-    if gps == 0 || gps > WINDOW_BYTES_MAX / gb || valid_grains as f64 > LIVE_READ_VALID_SHARE_MAX * gps as f64 {
+    let window_grains = (WINDOW_BYTES_MAX / gb).min(gps);
+    if gps < 2 || valid_grains as f64 > LIVE_READ_VALID_SHARE_MAX * gps as f64 {
         return walk_victim_whole(array, buffers, geo, segment, |h, m, d| visit(h, m, d, &HeldPages::ALL));
     }
     let base = segment as u64 * geo.grains_per_segment as u64;
-    let mut buf = buffers.get(gps * gb);
-    let result = walk_live_in(array, &mut buf, geo, segment, base, gps, &mut live, &mut visit);
-    buffers.put(buf);
-    result
+    let mut page = buffers.get(gb);
+    let chain = read_chain(array, &mut page, geo, segment, base, gps);
+    buffers.put(page);
+    let (header, records, mut bytes_read) = chain?;
+    let Some(header) = header else {
+        return Ok((None, bytes_read));
+    };
+    // A record larger than a window (none is written so: records are bounded far below it)
+    // cannot be held at once; the whole walk handles it as it handles any chain.
+    if records.iter().any(|r| r.extent_grains() > window_grains) {
+        let (header, whole_bytes) = walk_victim_whole(array, buffers, geo, segment, |h, m, d| visit(h, m, d, &HeldPages::ALL))?;
+        return Ok((header, bytes_read + whole_bytes));
+    }
+    let mut window = buffers.get(window_grains * gb);
+    let mut result = Ok(());
+    let mut first = 0;
+    while first < records.len() {
+        // The records from `first` that fit in one window from where the first one starts.
+        let start = records[first].pos;
+        let end = records[first..]
+            .iter()
+            .take_while(|r| r.pos + r.extent_grains() - start <= window_grains)
+            .count()
+            + first;
+        match walk_live_window(array, &mut window, base, gb, &header, &records[first..end], &mut live, &mut visit) {
+            Ok(read) => bytes_read += read,
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+        first = end;
+    }
+    buffers.put(window);
+    result.map(|()| (Some(header), bytes_read))
 }
 
-/// [`walk_victim_live`] with a buffer of the victim's readable grains.
-#[allow(clippy::too_many_arguments)]
-fn walk_live_in(
+/// A record of a victim's chain, as [`read_chain`] found it.
+struct ChainRecord {
+    /// Grain of the segment where its metadata page is.
+    pos: usize,
+    meta: RecordMeta,
+    data_grains: usize,
+}
+
+impl ChainRecord {
+    /// Grains from its metadata page to the end of its data.
+    fn extent_grains(&self) -> usize {
+        1 + self.data_grains
+    }
+}
+
+/// The header and the records of the chain of `segment` (at pool grain `base`, `gps`
+/// readable grains), its metadata pages read one at a time into `page`, each where the one
+/// before says the next starts; and the bytes read.
+fn read_chain(
     array: &dyn Array,
-    buf: &mut AlignedBuf,
+    page: &mut [u8],
     geo: &ScanGeometry,
     segment: u32,
     base: u64,
     gps: usize,
-    live: &mut impl FnMut(&RecordMeta, usize, &MetaEntry) -> bool,
-    visit: &mut impl FnMut(&SegmentHeader, &RecordMeta, &[u8], &HeldPages<'_>),
-) -> Result<(Option<SegmentHeader>, u64)> {
-    let gb = geo.grain_bytes;
-    let mut bytes_read = 0u64;
-    let mut read_page = |pos: usize, buf: &mut AlignedBuf| -> Result<()> {
-        bytes_read += gb as u64;
-        array.read(base + pos as u64, &mut buf[pos * gb..(pos + 1) * gb])
-    };
-    // The chain of metadata pages, each read where the one before says it is.
-    read_page(0, buf)?;
-    if first_header(&buf[..gb], geo, segment).is_none() {
-        repair_meta(array, geo, base, &mut buf[..gb], &|b| first_header(b, geo, segment).is_some());
+) -> Result<(Option<SegmentHeader>, Vec<ChainRecord>, u64)> {
+    let gb = geo.grain_bytes as u64;
+    let mut bytes_read = gb;
+    array.read(base, page)?;
+    if first_header(page, geo, segment).is_none() {
+        repair_meta(array, geo, base, page, &|b| first_header(b, geo, segment).is_some());
     }
-    let Some(header) = first_header(&buf[..gb], geo, segment) else {
-        return Ok((None, bytes_read));
+    let Some(header) = first_header(page, geo, segment) else {
+        return Ok((None, Vec::new(), bytes_read));
     };
     let mut records = Vec::new();
     let (mut pos, mut last_record, mut last_page_grains) = (0usize, 0u64, 0usize);
     while pos < gps {
         if pos > 0 {
-            read_page(pos, buf)?;
+            bytes_read += gb;
+            array.read(base + pos as u64, page)?;
         }
         let chained = |b: &[u8]| chained_record(b, geo, segment, header.incarnation, pos, last_record, gps);
-        let page = pos * gb..(pos + 1) * gb;
-        let mut found = chained(&buf[page.clone()]);
+        let mut found = chained(page);
         if found.is_none()
             && may_follow(pos, last_page_grains, gps)
-            && repair_meta(array, geo, base + pos as u64, &mut buf[page.clone()], &|b| chained(b).is_some())
+            && repair_meta(array, geo, base + pos as u64, page, &|b| chained(b).is_some())
         {
-            found = chained(&buf[page]);
+            found = chained(page);
         }
         let Some((meta, data_grains, span)) = found else {
             break;
         };
         last_record = meta.record_id;
         last_page_grains = meta.page_grains as usize;
-        records.push((pos, meta, data_grains));
+        records.push(ChainRecord { pos, meta, data_grains });
         pos += span;
     }
-    let chain_end = records.last().map_or(0, |(pos, _, data_grains)| pos + 1 + data_grains);
-    // The live pages, as runs of grains `[start, end)` (ascending, gaps up to the bound read).
+    Ok((Some(header), records, bytes_read))
+}
+
+/// Reads what `records` (consecutive, all within one window from the first one's metadata
+/// page) need of their data into `window`, their live runs or all of them when the runs
+/// cover most of it, and visits them; returns the bytes read.
+#[allow(clippy::too_many_arguments)]
+fn walk_live_window(
+    array: &dyn Array,
+    window: &mut [u8],
+    base: u64,
+    gb: usize,
+    header: &SegmentHeader,
+    records: &[ChainRecord],
+    live: &mut impl FnMut(&RecordMeta, usize, &MetaEntry) -> bool,
+    visit: &mut impl FnMut(&SegmentHeader, &RecordMeta, &[u8], &HeldPages<'_>),
+) -> Result<u64> {
+    let (Some(first), Some(last)) = (records.first(), records.last()) else {
+        return Ok(0);
+    };
+    let start = first.pos;
+    let extent = last.pos + last.extent_grains() - start;
+    // The live pages, as runs of grains `[start, end)` from the window's start (ascending,
+    // gaps up to the bound read).
     let gap_grains = LIVE_READ_GAP_BYTES / gb;
     let mut runs: Vec<(usize, usize)> = Vec::new();
     let mut held: Vec<Vec<bool>> = Vec::with_capacity(records.len());
-    for (pos, meta, _) in &records {
-        let pg = meta.page_grains as usize;
+    for r in records {
+        let pg = r.meta.page_grains as usize;
         let mut record_held = Vec::new();
-        for e in meta.entries.iter().filter(|e| matches!(e, MetaEntry::Data { .. })) {
+        for e in r.meta.entries.iter().filter(|e| matches!(e, MetaEntry::Data { .. })) {
             let slot = record_held.len();
-            let is_live = live(meta, slot, e);
+            let is_live = live(&r.meta, slot, e);
             record_held.push(is_live);
             if is_live {
-                let start = pos + 1 + slot * pg;
+                let at = r.pos - start + 1 + slot * pg;
                 match runs.last_mut() {
-                    Some(last) if start <= last.1 + gap_grains => last.1 = start + pg,
-                    _ => runs.push((start, start + pg)),
+                    Some(run) if at <= run.1 + gap_grains => run.1 = at + pg,
+                    _ => runs.push((at, at + pg)),
                 }
             }
         }
         held.push(record_held);
     }
     let run_grains: usize = runs.iter().map(|(s, e)| e - s).sum();
-    let whole = run_grains as f64 > LIVE_READ_SHARE_MAX * chain_end as f64;
-    if whole {
-        // Most of it is needed: one request for the whole chain.
-        bytes_read += (chain_end * gb) as u64;
-        array.read(base, &mut buf[..chain_end * gb])?;
+    let whole = run_grains as f64 > LIVE_READ_SHARE_MAX * extent as f64;
+    let bytes_read = if whole {
+        // Most of it is needed: one request for the window's records.
+        array.read(base + start as u64, &mut window[..extent * gb])?;
+        extent * gb
     } else {
-        bytes_read += (run_grains * gb) as u64;
-        read_runs(array, buf, base, gb, &runs)?;
-    }
-    for ((pos, meta, data_grains), record_held) in records.iter().zip(&held) {
-        let data = &buf[(pos + 1) * gb..(pos + 1 + data_grains) * gb];
+        read_runs(array, &mut window[..extent * gb], base + start as u64, gb, &runs)?;
+        run_grains * gb
+    };
+    for (r, record_held) in records.iter().zip(&held) {
+        let at = (r.pos - start + 1) * gb;
+        let data = &window[at..at + r.data_grains * gb];
         let held = if whole { HeldPages::ALL } else { HeldPages(Some(record_held)) };
-        visit(&header, meta, data, &held);
+        visit(header, &r.meta, data, &held);
     }
-    Ok((Some(header), bytes_read))
+    Ok(bytes_read as u64)
 }
 
 /// Reads grain runs `[start, end)` of the segment at `base` into their places in `buf`, up to

@@ -213,52 +213,72 @@ fn gc_reads_only_the_metadata_and_live_pages_of_a_mostly_overwritten_victim() {
     for (kind, n) in [(ArrayKind::Linear, 1)].into_iter().chain(LAYOUTS) {
         // Enough segments that the pool's reserves leave most of it to the volume.
         let (_, devs) = members_of(n, 96);
-        let pool = Pool::create(devs, &config(kind), &opts()).unwrap();
-        let pages = pool.logical_capacity_bytes() as usize / PAGE;
-        let vol = pool.create_volume("v", (pages * PAGE) as u64, PAGE as u32).unwrap();
-        let mut model = vec![0u64; pages];
-        for (p, m) in model.iter_mut().enumerate() {
-            vol.write(p as u64 * PAGE as u64, &pattern(1, p as u64, 1)).unwrap();
-            *m = 1;
+        gc_reads_mostly_overwritten_victims_in_part(kind, devs, &config(kind), 5);
+    }
+}
+
+/// The same with segments of 32 MiB, twice the GC's read window: such a victim is read a
+/// window at a time, each in part (before, any segment larger than the window was read whole).
+#[test]
+fn gc_reads_a_victim_larger_than_its_read_window_in_part() {
+    for (kind, n) in [(ArrayKind::Linear, 1), (ArrayKind::Raid5, 3)] {
+        let segment_bytes = 32 * MIB;
+        let (_, devs) = members_of(n, 24 * segment_bytes / MIB / (n as u64 - 1).max(1));
+        let cfg = PoolConfig {
+            segment_bytes: Some(segment_bytes),
+            ..config(kind)
+        };
+        gc_reads_mostly_overwritten_victims_in_part(kind, devs, &cfg, 3);
+    }
+}
+
+/// A volume over the whole pool, written once, then nine pages in ten written again until the
+/// GC has cleaned `victims` victims (the first segments keep one page in ten): the GC read
+/// under a third of each victim, no less than the members did, and every page reads back.
+fn gc_reads_mostly_overwritten_victims_in_part(kind: ArrayKind, devs: Vec<Arc<dyn Device>>, cfg: &PoolConfig, victims: u64) {
+    let pool = Pool::create(devs, cfg, &opts()).unwrap();
+    let pages = pool.logical_capacity_bytes() as usize / PAGE;
+    let vol = pool.create_volume("v", (pages * PAGE) as u64, PAGE as u32).unwrap();
+    let mut model = vec![0u64; pages];
+    for (p, m) in model.iter_mut().enumerate() {
+        vol.write(p as u64 * PAGE as u64, &pattern(1, p as u64, 1)).unwrap();
+        *m = 1;
+    }
+    pool.flush().unwrap();
+    for round in 2..20 {
+        for (p, m) in model.iter_mut().enumerate().filter(|(p, _)| p % 10 != 0) {
+            vol.write(p as u64 * PAGE as u64, &pattern(1, p as u64, round)).unwrap();
+            *m = round;
         }
         pool.flush().unwrap();
-        // Nine pages in ten written again until the GC has cleaned a few victims: the first
-        // segments keep one page in ten.
-        for round in 2..20 {
-            for (p, m) in model.iter_mut().enumerate().filter(|(p, _)| p % 10 != 0) {
-                vol.write(p as u64 * PAGE as u64, &pattern(1, p as u64, round)).unwrap();
-                *m = round;
-            }
-            pool.flush().unwrap();
-            if pool.stats().gc_segments_cleaned > 4 {
-                break;
-            }
+        if pool.stats().gc_segments_cleaned >= victims {
+            break;
         }
-        let st = pool.stats();
-        assert!(
-            st.gc_segments_cleaned > 4,
-            "{kind:?}: the GC cleaned {} segments: {st:?}",
-            st.gc_segments_cleaned
-        );
-        let per_victim = st.gc_bytes_read / st.gc_segments_cleaned;
-        assert!(
-            per_victim * 3 < st.segment_bytes,
-            "{kind:?}: the GC read {per_victim} bytes per victim of {} bytes",
-            st.segment_bytes
-        );
-        if kind != ArrayKind::Linear {
-            // (A linear pool keeps no member counters.)
-            let member_reads: u64 = st.members.iter().map(|m| m.bytes_read).sum();
-            assert!(
-                member_reads >= st.gc_bytes_read,
-                "{kind:?}: members read {member_reads}, GC {}",
-                st.gc_bytes_read
-            );
-        }
-        verify(&pool, &model);
-        drop(vol);
-        pool.close().unwrap();
     }
+    let st = pool.stats();
+    assert!(
+        st.gc_segments_cleaned >= victims,
+        "{kind:?}: the GC cleaned {} segments: {st:?}",
+        st.gc_segments_cleaned
+    );
+    let per_victim = st.gc_bytes_read / st.gc_segments_cleaned;
+    assert!(
+        per_victim * 3 < st.segment_bytes,
+        "{kind:?}: the GC read {per_victim} bytes per victim of {} bytes",
+        st.segment_bytes
+    );
+    if kind != ArrayKind::Linear {
+        // (A linear pool keeps no member counters.)
+        let member_reads: u64 = st.members.iter().map(|m| m.bytes_read).sum();
+        assert!(
+            member_reads >= st.gc_bytes_read,
+            "{kind:?}: members read {member_reads}, GC {}",
+            st.gc_bytes_read
+        );
+    }
+    verify(&pool, &model);
+    drop(vol);
+    pool.close().unwrap();
 }
 
 /// A segment fill, followed on the raw members: every RAID-5 row written holds the XOR of its
