@@ -548,7 +548,8 @@ enum Command {
         /// SALSA's stripe unit (default: the layout's).
         #[arg(long, value_parser = parse_size)]
         salsa_stripe_unit: Option<u64>,
-        /// Run only these parts: randwrite_4k, seqwrite_1m, reads_rebuild (comma-separated).
+        /// Run only these parts: randwrite_4k, seqwrite_1m, flush_4k, ssd_models, ssd_real_time,
+        /// reads_rebuild (comma-separated).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
         /// SALSA paces its writers while the GC is behind (`salsa serve --pace-writes`). Its

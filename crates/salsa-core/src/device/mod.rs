@@ -36,7 +36,9 @@ pub use ssd_model::{SsdModel, SsdParams};
 pub use zone::{Zone, ZoneCondition, ZoneKind, Zoned};
 pub use zoned_emulator::{ZonedEmulator, ZonedGeometry};
 
+use std::cell::Cell;
 use std::io;
+use std::time::Instant;
 
 /// Kind of storage behind a device; the capacity manager keeps one allocation queue per type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -221,6 +223,55 @@ pub(crate) fn modelled_io(
     io()?;
     account(offset, len as u64);
     Ok(())
+}
+
+thread_local! {
+    /// Inside [`issued_together`]: the latest completion of the real-time models' requests
+    /// made so far (`Some(None)`: none yet); outside it, `None`.
+    static ISSUED_TOGETHER: Cell<Option<Option<Instant>>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with its requests to models that keep real time
+/// ([`SsdModel::set_real_time`]) in flight together, as a host that submits them all at once
+/// has them: each request returns as soon as the model has scheduled it, and this returns
+/// when the last of them completes. Requests to any other device are unaffected. (The
+/// [`Device`] calls are synchronous; without this, a thread that writes to two models waits
+/// for the first before the second starts.)
+pub fn issued_together<R>(f: impl FnOnce() -> R) -> R {
+    /// Restores the caller's state (a nested call, or none), even if `f` panics.
+    struct Restore(Option<Option<Instant>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ISSUED_TOGETHER.with(|c| c.set(self.0));
+        }
+    }
+    let outer = ISSUED_TOGETHER.with(|c| c.replace(Some(None)));
+    let restore = Restore(outer);
+    let result = f();
+    let latest = ISSUED_TOGETHER.with(|c| c.get()).flatten();
+    drop(restore);
+    if let Some(at) = latest {
+        complete_at(at);
+    }
+    result
+}
+
+/// Returns when a real-time model's request completes at `at` (inside [`issued_together`],
+/// at once, leaving the wait to it).
+pub(crate) fn complete_at(at: Instant) {
+    let deferred = ISSUED_TOGETHER.with(|c| match c.get() {
+        Some(latest) => {
+            c.set(Some(Some(latest.map_or(at, |l| l.max(at)))));
+            true
+        }
+        None => false,
+    });
+    if !deferred {
+        let now = Instant::now();
+        if at > now {
+            std::thread::sleep(at - now);
+        }
+    }
 }
 
 /// Checks that an access lies inside the device, with checked arithmetic.

@@ -21,12 +21,24 @@
 //! `block % channels`; programs rotate over the channels). The model clock is the busiest
 //! channel's total, i.e. the time the drive needs when the host keeps it saturated (deep
 //! queues). Host transfer time is not modelled.
+//!
+//! Real time ([`SsdModel::set_real_time`]): the same operations also occupy their channels on
+//! the wall clock, first come first served, and each request returns when its last operation
+//! ends, so that a host sees the drive's latencies and queueing, the tail included (a write
+//! that evicts a unit behind the GC's erase waits for it). A request's operations start
+//! together on their channels (as the saturated clock assumes), one after the other on one
+//! channel; a request that needs no NAND operation (a write the cache absorbs, a read from
+//! it) returns at once. A flush returns when the programs of what the cache held end (every
+//! write that returned before it either was programmed before it returned or was in the
+//! cache). Off by default: a model
+//! is filled or preconditioned at the host's speed, then timed.
 
 use super::{modelled_io, Device, StorageType};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 const UNMAPPED: u32 = u32::MAX;
 
@@ -114,6 +126,26 @@ struct Counters {
     discarded_units: u64,
 }
 
+/// The wall clock of a model that keeps real time, in nanoseconds since `base`.
+struct RealTime {
+    base: Instant,
+    /// When each channel finishes the operations scheduled on it so far.
+    channel_free_ns: Vec<u64>,
+    /// The request being modelled: when it was issued and when its last operation ends.
+    request_start_ns: u64,
+    request_end_ns: u64,
+}
+
+impl RealTime {
+    fn ns_since_base(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn instant(&self, ns: u64) -> Instant {
+        self.base + Duration::from_nanos(ns)
+    }
+}
+
 struct Ftl {
     p: SsdParams,
     units_per_block: u32,
@@ -137,6 +169,7 @@ struct Ftl {
     entries_per_translation_page: u64,
     tick: u64,
     busy_ns: Vec<u64>,
+    real_time: Option<RealTime>,
     c: Counters,
 }
 
@@ -172,6 +205,7 @@ impl Ftl {
             entries_per_translation_page: entries,
             tick: 0,
             busy_ns: vec![0; p.channels as usize],
+            real_time: None,
             c: Counters::default(),
         }
     }
@@ -182,6 +216,22 @@ impl Ftl {
 
     fn occupy(&mut self, channel: usize, us: u64) {
         self.busy_ns[channel] += us * 1000;
+        if let Some(rt) = &mut self.real_time {
+            let end = rt.channel_free_ns[channel].max(rt.request_start_ns) + us * 1000;
+            rt.channel_free_ns[channel] = end;
+            rt.request_end_ns = rt.request_end_ns.max(end);
+        }
+    }
+
+    /// Runs one host request's model work; in real time, returns when it completes.
+    fn request(&mut self, issued: Instant, work: impl FnOnce(&mut Ftl)) -> Option<Instant> {
+        if let Some(rt) = &mut self.real_time {
+            rt.request_start_ns = rt.ns_since_base(issued);
+            rt.request_end_ns = rt.request_start_ns;
+        }
+        work(self);
+        let rt = self.real_time.as_ref()?;
+        Some(rt.instant(rt.request_end_ns))
     }
 
     fn sectors_per_unit(&self) -> usize {
@@ -458,6 +508,25 @@ impl SsdModel {
     pub fn params(&self) -> SsdParams {
         self.params
     }
+
+    /// Keeps real time from now on (`true`: see the module doc; every channel starts idle) or
+    /// stops (`false`: requests return at the host's speed again).
+    pub fn set_real_time(&self, on: bool) {
+        self.ftl.lock().real_time = on.then(|| RealTime {
+            base: Instant::now(),
+            channel_free_ns: vec![0; self.params.channels as usize],
+            request_start_ns: 0,
+            request_end_ns: 0,
+        });
+    }
+
+    /// Models one host request issued at `issued`, and in real time returns when it completes.
+    fn request(&self, issued: Instant, work: impl FnOnce(&mut Ftl)) {
+        let done = self.ftl.lock().request(issued, work);
+        if let Some(at) = done {
+            super::complete_at(at);
+        }
+    }
 }
 
 impl Device for SsdModel {
@@ -482,26 +551,27 @@ impl Device for SsdModel {
         (self.params.erase_block_bytes * self.params.channels as u64).max(8 << 20)
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let len = buf.len();
+        let (len, issued) = (buf.len(), Instant::now());
         modelled_io(
             self.params.capacity_bytes,
             offset,
             len,
             || self.backing.read_at(buf, offset),
-            |at, n| self.ftl.lock().host_read(at, n),
+            |at, n| self.request(issued, |f| f.host_read(at, n)),
         )
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let issued = Instant::now();
         modelled_io(
             self.params.capacity_bytes,
             offset,
             buf.len(),
             || self.backing.write_at(buf, offset),
-            |at, n| self.ftl.lock().host_write(at, n),
+            |at, n| self.request(issued, |f| f.host_write(at, n)),
         )
     }
     fn sync(&self) -> io::Result<()> {
-        self.ftl.lock().flush();
+        self.request(Instant::now(), Ftl::flush);
         self.backing.sync()
     }
     /// Unmaps the whole units of the range in the FTL, and discards the range on the backing
@@ -509,7 +579,7 @@ impl Device for SsdModel {
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         super::check_range(self.params.capacity_bytes, offset, usize::try_from(len).map_err(io::Error::other)?)?;
         self.backing.discard(offset, len)?;
-        self.ftl.lock().discard(offset, len);
+        self.request(Instant::now(), |f| f.discard(offset, len));
         Ok(())
     }
     fn counters(&self) -> Vec<(String, u64)> {
@@ -529,5 +599,69 @@ impl Device for SsdModel {
             ("discarded_bytes".into(), c.discarded_units * ub),
             ("model_time_us".into(), f.model_time_us()),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small drive of 2 channels without a write cache or map cache, so that each unit
+    /// written is programmed at once and nothing else is.
+    fn uncached() -> Ftl {
+        let mut p = SsdParams::commodity(64 << 20);
+        p.channels = 2;
+        p.write_cache_bytes = 0;
+        p.map_cache_bytes = None;
+        Ftl::new(p)
+    }
+
+    fn start_real_time(f: &mut Ftl) -> Instant {
+        let base = Instant::now();
+        f.real_time = Some(RealTime {
+            base,
+            channel_free_ns: vec![0; f.p.channels as usize],
+            request_start_ns: 0,
+            request_end_ns: 0,
+        });
+        base
+    }
+
+    fn us(base: Instant, at: Option<Instant>) -> u128 {
+        at.expect("real time").duration_since(base).as_micros()
+    }
+
+    #[test]
+    fn real_time_queues_each_channel_and_overlaps_channels() {
+        let mut f = uncached();
+        let unit = f.p.unit_bytes;
+        assert_eq!(f.request(Instant::now(), |f| f.host_write(0, unit)), None, "not timed until asked");
+        let base = start_real_time(&mut f);
+        // Programs rotate over the two channels: the first two run side by side, the third
+        // waits for the first channel.
+        let ends: Vec<u128> = (0..3)
+            .map(|i| us(base, f.request(base, |f| f.host_write(i * unit, unit))))
+            .collect();
+        assert_eq!(ends, vec![700, 700, 1400]);
+        // A request issued after a channel went idle starts when it is issued.
+        let later = base + Duration::from_millis(10);
+        assert_eq!(us(base, f.request(later, |f| f.host_write(0, unit))), 10_700);
+        // A read of a unit never written needs no NAND operation: it completes when issued.
+        assert_eq!(us(base, f.request(later, |f| f.host_read(32 * unit, 4096))), 10_000);
+        // A flush of a drive without a cache programs nothing: it completes when issued.
+        assert_eq!(us(base, f.request(later, Ftl::flush)), 10_000);
+    }
+
+    #[test]
+    fn a_write_the_cache_absorbs_returns_at_once_and_the_flush_waits_for_its_programs() {
+        let mut p = SsdParams::commodity(64 << 20);
+        p.channels = 2;
+        p.map_cache_bytes = None;
+        let mut f = Ftl::new(p);
+        let base = start_real_time(&mut f);
+        assert_eq!(us(base, f.request(base, |f| f.host_write(0, 4096))), 0);
+        assert_eq!(us(base, f.request(base, |f| f.host_write(p.unit_bytes, p.unit_bytes))), 0);
+        // The flush programs both units, one on each channel.
+        assert_eq!(us(base, f.request(base, Ftl::flush)), 700);
     }
 }
