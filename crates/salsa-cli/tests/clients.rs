@@ -278,6 +278,51 @@ fn a_healthy_member_replaced_online_serves_its_slot_until_the_rebuild_ends() {
     f.stop();
 }
 
+/// A healthy member's replacement interrupted by a crash of the server (kill -9) goes on with
+/// the old member in service when the next server is given it beside the new one, as MD
+/// keeps a `--replace` going when the array is assembled again: `salsa info` names it, a
+/// second member failed through the control socket meanwhile loses nothing (without the old
+/// member the array could not lose one), and once the rebuild ends the old member is refused.
+#[test]
+fn a_healthy_members_replacement_goes_on_with_it_after_a_crash() {
+    let f = Raid5Fixture::start("replace-healthy-crash");
+    let replace = f.replace_member_1_paused();
+    f.wait_for_member_1("outgoing", &f.path(1));
+    let paths: Vec<String> = [0, 1, 4, 2, 3].iter().map(|&i| f.path(i)).collect();
+    let Raid5Fixture { dir, srv, client } = f;
+    drop(client);
+    srv.kill();
+    let _ = replace.wait_with_output();
+    let info = || {
+        let mut args = vec!["info".to_string()];
+        for p in &paths {
+            args.extend(["--device".to_string(), p.clone()]);
+        }
+        run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(&args))
+    };
+    let (ok, out) = info();
+    assert!(
+        ok && out.contains(&format!("{} still serves the slot until the rebuild ends", paths[1])),
+        "salsa info with the old member beside the new: {out}"
+    );
+    let srv = Server::start_on(&dir, &paths, &["--read-cache", "0", "--write-buffer", "0"]);
+    let client = RawClient::connect(&srv.socket, "default");
+    let mut f = Raid5Fixture { dir, srv, client };
+    let m = f.members();
+    assert!(m[1]["state"] == "rebuilding" && m[1]["outgoing"] == paths[1].as_str(), "{m}");
+    let (ok, out) = f.salsa(&["device", "fail", "--device", &f.path(0), &f.path(2)]);
+    assert!(ok, "a second member failed during the resumed rebuild: {out}");
+    f.read_back("with a second member failed during the resumed rebuild");
+    let (ok, out) = f.salsa(&["device", "rebuild-rate", "--device", &f.path(0), "none"]);
+    assert!(ok, "salsa device rebuild-rate: {out}");
+    f.wait_for_member_1("state", "ok");
+    assert!(f.members()[1]["outgoing"].is_null(), "{}", f.members());
+    f.read_back("after the rebuild, from the new member and the survivors");
+    f.stop();
+    let (ok, out) = info();
+    assert!(!ok && out.contains("same member"), "the old member once rebuilt: {out}");
+}
+
 /// `salsa device fail` of the replacement while a healthy member is being replaced (a new
 /// disk that turns out bad): the member it was to replace takes its slot back, the command
 /// says so, the replace ends with a clear error, and the pool keeps serving every byte.

@@ -13,8 +13,10 @@ use crate::util::{Decoder, Encoder, Truncated};
 /// added the parity buffer's id to the pool metadata; version 8 a victim policy per volume;
 /// version 9 the members that hold log data; version 10 the AMF and extent controllers;
 /// version 11 share entries in records (SHARE's remap) and the shared pages in checkpoints;
-/// version 12 a rebuild's rate limit in the pool metadata (so that a resumed rebuild keeps it).
-pub const FORMAT_VERSION: u32 = 12;
+/// version 12 a rebuild's rate limit in the pool metadata (so that a resumed rebuild keeps it);
+/// version 13 the healthy member a rebuild replaces, which serves its slot until the rebuild
+/// ends (so that a restart keeps it in service when it is given again).
+pub const FORMAT_VERSION: u32 = 13;
 /// Oldest format version this build reads. A version-5 pool opens as it is (its superblocks
 /// decode as a linear array without member ids; its records and checkpoint are unchanged) and
 /// its pool metadata is rewritten as version 6 by the first write after it opens.
@@ -505,6 +507,11 @@ pub struct RebuildState {
     /// Most bytes a second the rebuild writes to the new member; 0: no limit. (Pools of
     /// format 11 and older did not keep it: theirs read as 0.)
     pub rate_bytes_per_sec: u64,
+    /// Id of the healthy member being replaced, which takes every write and serves the
+    /// slot's reads until the rebuild ends; 0: none (the slot is rebuilt from the redundancy).
+    /// Cleared in the metadata before any write that went around it counts as durable.
+    /// (Pools of format 12 and older did not keep it: theirs read as 0.)
+    pub outgoing_member_id: u64,
 }
 
 /// Where a clean-shutdown checkpoint lives.
@@ -521,7 +528,8 @@ impl PoolMeta {
     }
 
     /// The metadata as `version` lays it out, for version 11 or later: version 11 had no
-    /// rebuild rate (the test that reads a version-11 pool writes one this way).
+    /// rebuild rate, and 12 no outgoing member (the tests that read such pools write them
+    /// this way).
     fn encode_as(&self, version: u32) -> Vec<u8> {
         assert!((11..=FORMAT_VERSION).contains(&version), "pool metadata of version {version}");
         let mut e = Encoder::default();
@@ -573,6 +581,9 @@ impl PoolMeta {
                 e.u8(1).u32(r.slot).u64(r.member_id).u32(r.next_segment);
                 if version >= 12 {
                     e.u64(r.rate_bytes_per_sec);
+                }
+                if version >= 13 {
+                    e.u64(r.outgoing_member_id);
                 }
             }
         }
@@ -715,9 +726,15 @@ impl PoolMeta {
                     member_id: d.u64("rebuild member")?,
                     next_segment: d.u32("rebuild progress")?,
                     rate_bytes_per_sec: if version >= 12 { d.u64("rebuild rate")? } else { 0 },
+                    outgoing_member_id: if version >= 13 { d.u64("outgoing member")? } else { 0 },
                 };
                 if r.slot as usize >= member_ids.len() || member_ids[r.slot as usize] != r.member_id {
                     return Err(FormatError::Invalid("rebuild of a member not in the member list".into()));
+                }
+                if r.outgoing_member_id != 0 && member_ids.contains(&r.outgoing_member_id) {
+                    return Err(FormatError::Invalid(
+                        "the member a rebuild replaces is still in the member list".into(),
+                    ));
                 }
                 rebuild = Some(r);
             }
@@ -1482,6 +1499,7 @@ mod tests {
                 member_id: 42,
                 next_segment: 99,
                 rate_bytes_per_sec: 200 << 20,
+                outgoing_member_id: 7,
             }),
             parity_buffer_id: 0xFEED,
             log_members: Some(vec![42, 5]),
@@ -1504,9 +1522,25 @@ mod tests {
         let old = PoolMeta::decode(&slot).unwrap();
         let rebuild = pm.rebuild.map(|r| RebuildState {
             rate_bytes_per_sec: 0,
+            outgoing_member_id: 0,
             ..r
         });
-        assert_eq!(old, PoolMeta { rebuild, ..pm });
+        assert_eq!(old, PoolMeta { rebuild, ..pm.clone() });
+        // A pool of version 12 kept no outgoing member: its rebuild reads back without one.
+        let mut slot = pm.encode_as(12);
+        slot.resize(POOL_META_SLOT_BYTES, 0xAA);
+        let old = PoolMeta::decode(&slot).unwrap();
+        let rebuild = pm.rebuild.map(|r| RebuildState {
+            outgoing_member_id: 0,
+            ..r
+        });
+        assert_eq!(old, PoolMeta { rebuild, ..pm.clone() });
+        // An outgoing member that is also a current member is refused.
+        let mut bad = pm.clone();
+        bad.rebuild.as_mut().unwrap().outgoing_member_id = 5;
+        let mut slot = bad.encode();
+        slot.resize(POOL_META_SLOT_BYTES, 0xAA);
+        assert!(PoolMeta::decode(&slot).is_err());
     }
 
     /// Re-seals a pool-metadata block after a field was changed in place.

@@ -1318,26 +1318,154 @@ fn a_rebuild_interrupted_by_a_crash_resumes_where_it_was() {
 }
 
 /// The same with a healthy member replaced: its replacement took every write beside it, so
-/// the rebuild resumes from the redundancy without it (it is not remembered across a restart).
+/// the rebuild resumes from the redundancy when it is not given again.
 #[test]
 fn a_healthy_members_replacement_interrupted_by_a_crash_resumes_without_it() {
     let resumed: Vec<bool> = [3, 10, 25, 40].into_iter().map(|at| rebuild_crash(at, true)).collect();
     assert!(resumed.iter().any(|r| *r), "no crash point left a rebuild to resume: {resumed:?}");
 }
 
-/// Returns whether the reopened pool resumed the rebuild on its own. `healthy`: member 2 is
-/// there when it is replaced (else it is gone).
-fn rebuild_crash(crash_at: u64, healthy: bool) -> bool {
+/// As MD keeps a `--replace` going across a restart and ZFS its "replacing" vdev: a crash
+/// during a healthy member's replacement, and the pool reopened with the old member given
+/// beside its replacement: the old member serves its slot again until the rebuild ends, so
+/// that another member may fail meanwhile (without it, the array would refuse to lose one),
+/// and every block reads back. Once rebuilt, the old member is refused.
+#[test]
+fn a_healthy_members_replacement_interrupted_by_a_crash_resumes_with_it_when_it_is_given() {
+    use salsa_core::device::CrashPlan;
+    let mut served_again = 0;
+    for crash_at in [3, 10, 25, 40] {
+        let (crash, slices, mut model) = raid5_on_crash_slices(23);
+        let slice = |i: usize| slices[i].clone();
+        let devs: Vec<Arc<dyn Device>> = slices[..4].to_vec();
+        let pool = Pool::open(devs.clone(), &opts()).unwrap();
+        crash.restart(CrashPlan {
+            crash_after_ops: Some(crash_at),
+            seed: crash_at,
+        });
+        let r = pool.replace_member("2", slice(4), RebuildOptions::default(), &|_, _| {});
+        assert!(r.is_err() && crash.has_crashed(), "crash {crash_at}: {r:?}");
+        drop(pool);
+        crash.restart(CrashPlan::default());
+        // The old member first, as a user may list it: the open sorts them out.
+        let with_old: Vec<Arc<dyn Device>> = vec![devs[0].clone(), devs[1].clone(), devs[2].clone(), slice(4), devs[3].clone()];
+        let pool = match Pool::open(with_old.clone(), &opts()) {
+            Ok(p) => p,
+            Err(e) => {
+                // The crash fell before the replacement was recorded: slice 4 is nobody's.
+                assert!(
+                    e.to_string().contains("same member") || e.to_string().contains("not a member"),
+                    "crash {crash_at}: {e}"
+                );
+                Pool::open(devs.clone(), &opts()).unwrap()
+            }
+        };
+        let st = pool.stats();
+        if st.members[2].rebuilding {
+            // Held still (1 byte a second) while another member fails.
+            pool.set_rebuild_rate(Some(1)).unwrap();
+            let st = pool.stats();
+            assert!(
+                st.members[2].rebuilding && st.members[2].outgoing.as_deref() == Some(devs[2].name()),
+                "crash {crash_at}: the old member serves its slot again: {:?}",
+                st.members
+            );
+            served_again += 1;
+            pool.fail_member("0").unwrap();
+            verify(&pool, &model);
+            churn(&pool, &mut model, 24, 300);
+            pool.set_rebuild_rate(None).unwrap();
+            wait_rebuilt(&pool);
+            let st = pool.stats();
+            assert!(!st.members[2].rebuilding && st.members[2].outgoing.is_none(), "{:?}", st.members);
+            verify(&pool, &model);
+            pool.close().unwrap();
+            // Rebuilt: the old member is nobody's now, and refused beside its replacement.
+            let e = Pool::open(with_old.clone(), &opts()).map(|_| ()).unwrap_err();
+            assert!(e.to_string().contains("same member"), "{e}");
+            // The replacement and the others hold everything without member 0.
+            let pool = Pool::open(vec![devs[1].clone(), slice(4), devs[3].clone()], &opts()).unwrap();
+            verify(&pool, &model);
+            pool.close().unwrap();
+        } else {
+            wait_rebuilt(&pool);
+            verify(&pool, &model);
+            pool.close().unwrap();
+        }
+    }
+    assert!(served_again > 0, "no crash point left a rebuild to resume with the old member");
+}
+
+/// An outgoing member that left during the rebuild (it failed) missed the writes after it:
+/// the pool metadata says so by the next sync, so an open after a crash right after that
+/// sync refuses it beside its replacement, even when it reads again, and resumes the rebuild
+/// from the redundancy.
+#[test]
+fn an_outgoing_member_that_left_is_not_taken_back_after_a_crash() {
     use salsa_core::device::{CrashDevice, CrashPlan, SliceDevice};
     let each = MEMBER_MIB * MIB;
     let crash = Arc::new(CrashDevice::new("crash", 5 * each, CrashPlan::default()));
     let slice = |i: u64| -> Arc<dyn Device> { Arc::new(SliceDevice::new(format!("s{i}"), crash.clone(), i * each, each).unwrap()) };
-    let devs: Vec<Arc<dyn Device>> = (0..4).map(slice).collect();
-    let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid5), &opts()).unwrap();
+    let faults: Vec<Arc<FaultDevice>> = (0..4).map(|i| Arc::new(FaultDevice::new(slice(i), FaultPlan::default()))).collect();
+    let devs: Vec<Arc<dyn Device>> = faults.iter().map(|f| f.clone() as Arc<dyn Device>).collect();
+    let pool = Arc::new(Pool::create(devs.clone(), &config(ArrayKind::Raid5), &opts()).unwrap());
     let mut model = volume_with_model(&pool, 50);
     let ops = model.len() * 2;
-    churn(&pool, &mut model, 21, ops);
+    churn(&pool, &mut model, 41, ops);
+    pool.flush().unwrap();
+    let h = replace_paused(&pool, "1", slice(4));
+    assert!(pool.stats().members[1].outgoing.is_some(), "{:?}", pool.stats().members[1]);
+    // Paused at 1 byte a second, the outgoing member dies under writes and leaves; the
+    // flush's sync is the last thing that reaches the disks.
+    faults[1].set_plan(dead());
+    churn(&pool, &mut model, 42, 300);
+    pool.flush().unwrap();
+    assert!(pool.stats().members[1].outgoing.is_none(), "{:?}", pool.stats().members[1]);
+    crash.crash_now();
+    stop_paused_rebuild(&pool, h);
+    drop(pool);
+    crash.restart(CrashPlan::default());
+    // It reads again, but missed writes: refused beside its replacement.
+    faults[1].set_plan(FaultPlan::default());
+    let mut with_old = devs.clone();
+    with_old.push(slice(4));
+    let e = Pool::open(with_old, &opts()).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("same member"), "{e}");
+    let mut with_new = devs.clone();
+    with_new[1] = slice(4);
+    let pool = Pool::open(with_new, &opts()).unwrap();
+    assert!(pool.stats().members[1].outgoing.is_none());
+    pool.set_rebuild_rate(None).unwrap();
+    wait_rebuilt(&pool);
+    verify(&pool, &model);
     pool.close().unwrap();
+}
+
+/// Five slices of one crash-simulating device (`s0` to `s4`), the first four a RAID-5 pool
+/// holding a volume over half its capacity written twice over at random (seed `seed`), then
+/// closed: the device, the slices and the volume's model.
+fn raid5_on_crash_slices(seed: u64) -> (Arc<salsa_core::device::CrashDevice>, Vec<Arc<dyn Device>>, Vec<u64>) {
+    use salsa_core::device::{CrashDevice, CrashPlan, SliceDevice};
+    let each = MEMBER_MIB * MIB;
+    let crash = Arc::new(CrashDevice::new("crash", 5 * each, CrashPlan::default()));
+    let slices: Vec<Arc<dyn Device>> = (0..5)
+        .map(|i| Arc::new(SliceDevice::new(format!("s{i}"), crash.clone(), i * each, each).unwrap()) as Arc<dyn Device>)
+        .collect();
+    let pool = Pool::create(slices[..4].to_vec(), &config(ArrayKind::Raid5), &opts()).unwrap();
+    let mut model = volume_with_model(&pool, 50);
+    let ops = model.len() * 2;
+    churn(&pool, &mut model, seed, ops);
+    pool.close().unwrap();
+    (crash, slices, model)
+}
+
+/// Returns whether the reopened pool resumed the rebuild on its own. `healthy`: member 2 is
+/// there when it is replaced (else it is gone).
+fn rebuild_crash(crash_at: u64, healthy: bool) -> bool {
+    use salsa_core::device::CrashPlan;
+    let (crash, slices, model) = raid5_on_crash_slices(21);
+    let slice = |i: usize| slices[i].clone();
+    let devs: Vec<Arc<dyn Device>> = slices[..4].to_vec();
     // Member 2 is gone (or not); slice 4 replaces it, and the machine crashes part way.
     let degraded: Vec<Arc<dyn Device>> = [0, 1, 3].iter().map(|&i| devs[i].clone()).collect();
     let pool = Pool::open(if healthy { devs.clone() } else { degraded.clone() }, &opts()).unwrap();
@@ -1388,6 +1516,43 @@ fn rebuild_crash(crash_at: u64, healthy: bool) -> bool {
     resumed
 }
 
+/// Replaces `member` of `pool` with `new` in a thread, at 1 byte a second: returns once the
+/// first segment is rebuilt (the rebuild then pauses for days, until its limit changes).
+fn replace_paused(
+    pool: &Arc<Pool>,
+    member: &str,
+    new: Arc<dyn Device>,
+) -> std::thread::JoinHandle<salsa_core::Result<salsa_core::pool::RebuildReport>> {
+    let rebuilt = Arc::new(AtomicU64::new(0));
+    let h = {
+        let (pool, member, rebuilt) = (pool.clone(), member.to_string(), rebuilt.clone());
+        std::thread::spawn(move || {
+            let slow = RebuildOptions {
+                rate_bytes_per_sec: Some(1),
+                ..RebuildOptions::default()
+            };
+            pool.replace_member(&member, new, slow, &|done, _| rebuilt.store(done, SeqCst))
+        })
+    };
+    while rebuilt.load(SeqCst) == 0 && !h.is_finished() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    h
+}
+
+/// `begin_shutdown` on `pool`, and the error the rebuild `h` ([`replace_paused`]) ended with.
+/// Bounded, so that a rebuild that sleeps through the stop fails the test instead of hanging
+/// it (the pause after its first segment would last days).
+fn stop_paused_rebuild(pool: &Pool, h: std::thread::JoinHandle<salsa_core::Result<salsa_core::pool::RebuildReport>>) -> salsa_core::Error {
+    pool.begin_shutdown();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !h.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "the rebuild slept through begin_shutdown");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    h.join().unwrap().expect_err("the rebuild ran to its end after begin_shutdown")
+}
+
 /// A server's clean stop during an online rebuild: `begin_shutdown` stops the rebuild at its
 /// next step with a clear error, even one paused for its rate limit (here 1 byte a second, a
 /// pause of days), while the pool keeps serving; writes that need the background GC's room
@@ -1412,29 +1577,8 @@ fn a_rebuild_stopped_by_a_clean_stop_resumes_at_the_next_open() {
     churn(&pool, &mut model, 32, 200);
     assert!(pool.stats().members[1].failed);
     let fresh: Arc<dyn Device> = Arc::new(MemoryDevice::new("fresh", MEMBER_MIB * MIB));
-    let rebuilt = Arc::new(AtomicU64::new(0));
-    let h = {
-        let (pool, fresh, rebuilt) = (pool.clone(), fresh.clone(), rebuilt.clone());
-        std::thread::spawn(move || {
-            let slow = RebuildOptions {
-                rate_bytes_per_sec: Some(1),
-                ..RebuildOptions::default()
-            };
-            pool.replace_member("m1", fresh, slow, &|done, _| rebuilt.store(done, SeqCst))
-        })
-    };
-    while rebuilt.load(SeqCst) == 0 && !h.is_finished() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    pool.begin_shutdown();
-    // Bounded, so that a rebuild that sleeps through the stop fails the test instead of
-    // hanging it (the pause after its first segment would last days).
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !h.is_finished() {
-        assert!(std::time::Instant::now() < deadline, "the rebuild slept through begin_shutdown");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let e = h.join().unwrap().expect_err("the rebuild ran to its end after begin_shutdown");
+    let h = replace_paused(&pool, "m1", fresh.clone());
+    let e = stop_paused_rebuild(&pool, h);
     assert!(e.to_string().contains("resumes when the pool opens again"), "{e}");
     assert!(pool.stats().members[1].rebuilding, "{:?}", pool.stats().members[1]);
     // Still serving, with the GC making room: the volume is overwritten once more.

@@ -259,6 +259,13 @@ pub trait Array: Send + Sync {
     fn failed_ids(&self) -> Vec<u64> {
         Vec::new()
     }
+    /// The id of the healthy member that slot `slot`'s rebuild replaces, while it serves the
+    /// slot beside its replacement. Its leaving counts as a failure change
+    /// ([`Array::take_failure_change`]): the log records it before any write that went around
+    /// it counts as durable.
+    fn outgoing_member_id(&self, _slot: u32) -> Option<u64> {
+        None
+    }
     /// One line for people: the layout, its members and how it keeps redundancy.
     fn describe(&self) -> String {
         format!("{} ({} devices)", self.kind().name(), self.members().len())

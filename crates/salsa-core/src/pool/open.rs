@@ -9,11 +9,11 @@ use crate::array::{Array, ArrayKind, LinearArray, Member, RaidArray};
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::format::DeviceLayout;
 use crate::format::{
     meta_entries_per_page, FormatError, PoolMeta, Superblock, DEVICE_RESERVED_BYTES, FORMAT_VERSION, MAX_DEVICES, POOL_META_SLOT_BYTES,
     SUPERBLOCK_BYTES,
 };
+use crate::format::{DeviceLayout, RebuildState};
 use crate::log::{Geometry, Log};
 use crate::policy::VictimParams;
 use crate::util::AlignedBuf;
@@ -232,11 +232,13 @@ impl Pool {
         check_open_options(opts)?;
         let FoundMembers {
             first,
-            members,
+            mut members,
             missing,
-            present_ids,
+            mut present_ids,
+            second,
         } = read_members(&devices)?;
         let old_meta = read_pool_meta(&members, first.pool_id)?;
+        let outgoing = take_outgoing(&old_meta, &mut members, &mut present_ids, second)?;
         // The pool metadata names each slot's current member; a superblock from a member that
         // was replaced since is stale.
         let ids = if old_meta.member_ids.is_empty() {
@@ -294,7 +296,7 @@ impl Pool {
                     members,
                     ids.clone(),
                     &failed,
-                    rebuilding,
+                    rebuilding.map(|slot| (slot, outgoing)),
                     first.stripe_unit_bytes as u64,
                     first.segment_bytes,
                     grain as u64,
@@ -327,6 +329,12 @@ impl Pool {
         // A member missing now is recorded as failed: if it comes back, it is stale.
         meta.failed_members = array.failed_ids();
         meta.member_ids = array.member_ids();
+        // The member a rebuild replaces serves again only if it was given and taken: else
+        // this session's writes go around it, and it must not be trusted at the next open.
+        meta.rebuild = meta.rebuild.map(|r| RebuildState {
+            outgoing_member_id: array.outgoing_member_id(r.slot).unwrap_or(0),
+            ..r
+        });
         if opts.parity_buffer_lost && opts.parity_buffer.is_none() {
             // Recorded at once: the rows it kept are re-derived below, and nothing later
             // may wait for the lost device.
@@ -471,6 +479,7 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
     // A device without a superblock among members of a pool is judged once the members
     // tell which slots are missing (a member that lost its superblock, or a wrong device).
     let (mut given, mut strangers, mut not_a_pool) = (Vec::new(), Vec::new(), None);
+    let mut second = Vec::new();
     for d in devices {
         match read_superblock(d.as_ref()) {
             Ok(sb) => given.push((d, sb)),
@@ -512,21 +521,26 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
                 reason: format!("device is {} bytes but was formatted with {}", d.size_bytes(), sb.device_size_bytes),
             });
         }
-        let slot = &mut ordered[sb.device_index as usize];
-        if let Some((other, _)) = slot {
-            return Err(Error::InvalidConfig(format!(
-                "{} and {} are the same member (slot {}) of the pool: a device given twice, a copy of one, or a member and its replacement",
-                other.name(),
-                d.name(),
-                sb.device_index
-            )));
-        }
         // The type recorded at format is the member's type (a file cannot say it is a disk).
         let d = if d.zones().is_none() {
             crate::device::Declared::wrap(d.clone(), sb.storage_type)
         } else {
             d.clone()
         };
+        let slot = &mut ordered[sb.device_index as usize];
+        if let Some((other, _)) = slot {
+            // A second device of one slot: a member and its replacement, which the pool
+            // metadata may name as a rebuild's outgoing member (judged by the caller); any
+            // more is refused here.
+            if second
+                .iter()
+                .any(|(_, s): &(Arc<dyn Device>, Superblock)| s.device_index == sb.device_index)
+            {
+                return Err(same_member(other.name(), d.name(), sb.device_index));
+            }
+            second.push((d, sb));
+            continue;
+        }
         *slot = Some((d, sb));
     }
     // A linear pool may miss members that never held log data (a hybrid volume's fast
@@ -617,7 +631,57 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
         members,
         missing,
         present_ids,
+        second,
     })
+}
+
+/// Of the second devices given for a slot (`second`), the healthy member a rebuild in
+/// progress replaces, as the pool metadata names it (with its layout and id); the slot's
+/// member, its replacement, is put in `members` and `present_ids` if it came second. Any
+/// other second device is refused, as a member given twice.
+fn take_outgoing(
+    meta: &PoolMeta,
+    members: &mut [Member],
+    present_ids: &mut [u64],
+    second: Vec<(Arc<dyn Device>, Superblock)>,
+) -> Result<Option<(Member, u64)>> {
+    let mut taken = None;
+    for (device, sb) in second {
+        let slot = sb.device_index;
+        let i = slot as usize;
+        let Some(r) = meta.rebuild.filter(|r| r.slot == slot && r.outgoing_member_id != 0) else {
+            return Err(same_member(members[i].device.name(), device.name(), slot));
+        };
+        let other = Member {
+            device,
+            first_segment: sb.first_segment,
+            segment_count: sb.segment_count,
+            layout: sb.layout,
+        };
+        let outgoing = if present_ids[i] == r.outgoing_member_id && sb.member_id == r.member_id {
+            present_ids[i] = sb.member_id;
+            std::mem::replace(&mut members[i], other)
+        } else if present_ids[i] == r.member_id && sb.member_id == r.outgoing_member_id {
+            other
+        } else {
+            return Err(same_member(members[i].device.name(), other.device.name(), slot));
+        };
+        tracing::info!(
+            "{} serves slot {slot} beside its replacement {} until the rebuild ends",
+            outgoing.device.name(),
+            members[i].device.name()
+        );
+        taken = Some((outgoing, r.outgoing_member_id));
+    }
+    Ok(taken)
+}
+
+/// The error for two devices given for one slot that are not a rebuild's member and the
+/// healthy member it replaces.
+fn same_member(a: &str, b: &str, slot: u32) -> Error {
+    Error::InvalidConfig(format!(
+        "{a} and {b} are the same member (slot {slot}) of the pool: a device given twice, a copy of one, or a member and its replacement (the member a rebuild replaces is taken beside it only while that rebuild lasts)"
+    ))
 }
 
 /// A linear pool opens without a member only if the pool metadata shows that no record was
@@ -685,6 +749,8 @@ struct FoundMembers {
     members: Vec<Member>,
     missing: Vec<u32>,
     present_ids: Vec<u64>,
+    /// Second devices of a slot (at most one each), with their superblocks, in the order given.
+    second: Vec<(Arc<dyn Device>, Superblock)>,
 }
 
 /// The newest valid copy of the pool metadata on any member (every member keeps one since

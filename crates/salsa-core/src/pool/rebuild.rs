@@ -13,8 +13,10 @@
 //! A healthy device being replaced stays in service beside its replacement until the rebuild
 //! ends, as MD's `--replace` and ZFS's `zpool replace` keep it: the slot is read from it,
 //! written on both, and rebuilt by copying it, so the array keeps its redundancy throughout
-//! (another member may fail meanwhile). It leaves at its first error, and is not remembered
-//! across a restart (the rebuild then resumes from the redundancy). If the replacement fails
+//! (another member may fail meanwhile). It leaves at its first error (recorded in the pool
+//! metadata by the next sync). The metadata names it with the progress, so an open given it
+//! beside its replacement keeps it in service (else the rebuild resumes from the
+//! redundancy). If the replacement fails
 //! instead, it takes the slot back (without one, the slot stays failed), and the rebuild ends
 //! with `Error::ReplacementFailed` while the pool serves on.
 
@@ -217,9 +219,11 @@ fn replacement_still_there(eng: &Engine) -> Result<()> {
 fn save_progress(eng: &Engine, state: Option<RebuildState>) -> Result<()> {
     let mut meta = eng.log.meta().lock();
     let mut next = meta.clone();
-    next.rebuild = state.map(|s| RebuildState {
-        rate_bytes_per_sec: eng.rebuild_rate_bytes_per_sec.load(SeqCst),
-        ..s
+    next.rebuild = state.map(|s| {
+        eng.log.with_outgoing(RebuildState {
+            rate_bytes_per_sec: eng.rebuild_rate_bytes_per_sec.load(SeqCst),
+            ..s
+        })
     });
     next.member_ids = eng.log.array().member_ids();
     next.failed_members = eng.log.array().failed_ids();
@@ -349,6 +353,7 @@ impl Pool {
             member_id,
             next_segment: 0,
             rate_bytes_per_sec: rate,
+            outgoing_member_id: 0, // (save_progress names it)
         };
         save_progress(&self.eng, Some(state))?;
         tracing::info!(
@@ -419,10 +424,10 @@ impl Pool {
         };
         let rate = rate_bytes_per_sec.unwrap_or(0);
         let mut next = meta.clone();
-        next.rebuild = Some(RebuildState {
+        next.rebuild = Some(self.eng.log.with_outgoing(RebuildState {
             rate_bytes_per_sec: rate,
             ..state
-        });
+        }));
         self.eng.log.write_pool_meta(&mut next)?;
         *meta = next;
         self.eng.rebuild_rate_bytes_per_sec.store(rate, SeqCst);

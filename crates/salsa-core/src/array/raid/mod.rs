@@ -80,9 +80,11 @@ impl Health {
 /// ends, as MD's `--replace` and ZFS's `zpool replace` keep it: the slot's reads come from it
 /// and its writes go to it as well as to the replacement, so the array keeps its redundancy
 /// while the replacement is filled. It leaves at the first error (the replacement and the
-/// redundancy take over), and is not remembered across a restart (the rebuild then resumes
-/// from the redundancy). It places segments where its replacement does (kept only then), so
-/// an offset on the slot's device is the same offset on it.
+/// redundancy take over; the leaving is recorded in the pool metadata at the next sync). The
+/// pool metadata names it, so an open given it beside its replacement takes it back
+/// ([`RaidArray::new`]); otherwise the rebuild resumes from the redundancy. It places segments
+/// where its replacement does (kept only then), so an offset on the slot's device is the same
+/// offset on it.
 struct Outgoing {
     device: Arc<dyn Device>,
     layout: DeviceLayout,
@@ -148,15 +150,16 @@ fn sub_slices<'b>(bufs: &'b [IoSlice<'_>], at: u64, len: u64) -> Vec<&'b [u8]> {
 impl RaidArray {
     /// An array of `kind` over `members` (all in slot order, a missing one given as a device
     /// that fails every I/O and listed in `failed`); `rebuilding`: the slot of a replacement
-    /// whose rebuild is not finished; `parity_buffer`: a RAID-5 array's parity buffer and the
-    /// rows it kept (see [`parity_buffer`]).
+    /// whose rebuild is not finished, with the healthy member it replaces (and its id) when
+    /// that one serves the slot until the rebuild ends; `parity_buffer`: a RAID-5 array's
+    /// parity buffer and the rows it kept (see [`parity_buffer`]).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         kind: ArrayKind,
         members: Vec<Member>,
         ids: Vec<u64>,
         failed: &[u64],
-        rebuilding: Option<u32>,
+        rebuilding: Option<(u32, Option<(Member, u64)>)>,
         unit_bytes: u64,
         segment_bytes: u64,
         grain_bytes: u64,
@@ -174,6 +177,10 @@ impl RaidArray {
         };
         let stripe = Stripe::new(kind, members.len() as u32, unit_bytes, segment_bytes);
         let health: Vec<Health> = members.iter().map(|_| Health::default()).collect();
+        let (rebuilding, outgoing) = match rebuilding {
+            Some((slot, outgoing)) => (Some(slot), outgoing),
+            None => (None, None),
+        };
         for (i, id) in ids.iter().enumerate() {
             if failed.contains(id) {
                 health[i].failed.store(true, SeqCst);
@@ -200,6 +207,9 @@ impl RaidArray {
             parity_sync: Mutex::new(()),
             replaced_bytes_written: AtomicU64::new(0),
         };
+        if let (Some(slot), Some((member, member_id))) = (rebuilding, outgoing) {
+            a.attach_outgoing(slot, member, member_id);
+        }
         let row_grains = (a.stripe.row_bytes() / grain_bytes) as usize;
         let grains = a.grains_per_segment;
         for r in kept_rows {
@@ -221,6 +231,33 @@ impl RaidArray {
             )));
         }
         Ok(a)
+    }
+
+    /// Puts `member`, the healthy member slot `slot`'s rebuild replaces, back in service beside
+    /// its replacement (at open), when it places segments where the replacement does and the
+    /// slot is still being rebuilt.
+    fn attach_outgoing(&self, slot: u32, member: Member, member_id: u64) {
+        let i = slot as usize;
+        let place = self.slots[i].read();
+        let same_place = place.1.segments_offset_bytes == member.layout.segments_offset_bytes;
+        if !self.health[i].rebuilding.load(SeqCst) || !same_place {
+            tracing::warn!(
+                "{} is not taken beside {}: {}; the slot is rebuilt from the redundancy",
+                member.device.name(),
+                place.0.name(),
+                if same_place {
+                    "the slot is not being rebuilt"
+                } else {
+                    "they place segments differently"
+                }
+            );
+            return;
+        }
+        *self.outgoing[i].write() = Some(Arc::new(Outgoing {
+            device: member.device,
+            layout: member.layout,
+            member_id,
+        }));
     }
 
     /// Members that do not hold their share of the redundancy: failed, or being rebuilt.
@@ -265,6 +302,8 @@ impl RaidArray {
         let Some(out) = self.outgoing[m as usize].write().take() else {
             return Ok(());
         };
+        // Recorded at the next sync, before the writes that go around it count as durable.
+        self.failure_changed.store(true, SeqCst);
         tracing::error!(
             "{}, being replaced in slot {m}, left the array before the rebuild ended: {why}",
             out.device.name()
@@ -1490,6 +1529,10 @@ impl Array for RaidArray {
 
     fn member_ids(&self) -> Vec<u64> {
         self.ids.lock().clone()
+    }
+
+    fn outgoing_member_id(&self, slot: u32) -> Option<u64> {
+        self.outgoing.get(slot as usize)?.read().as_ref().map(|o| o.member_id)
     }
 
     fn scrub(&self, segment: u32, to_grain: u64, repair: bool, pages: &[PageCheck]) -> Result<ScrubCounts> {
