@@ -4,8 +4,9 @@
 //! - `zoned:size=4G,zone=256M,conv=4,type=smr|zns[,file=PATH]`: a host-managed zoned drive,
 //!   its zone state kept with its data (in the file, which persists, or in memory);
 //! - `hmsmr:...`: the same with the timing of a disk (so throughput can be modelled);
-//! - `ssd:size=2G[,op=7,unit=16K,block=4M,channels=8,cache=1M,mapcache=32K|full,file=PATH]`: a
-//!   commodity SSD model;
+//! - `ssd:size=2G[,op=7,unit=16K,block=4M,channels=8,cache=1M,mapcache=32K|full,file=PATH,realtime=on]`:
+//!   a commodity SSD model (`realtime=on`: every request waits for the flash operations it
+//!   causes, on the wall clock, so that applications see the drive's latencies);
 //! - `dmsmr:size=4G[,band=32M,cache=8M,file=PATH]`: a drive-managed SMR model;
 //! - `hdd:size=8G[,seek_us=12000,mbps=150,file=PATH]`: a disk with the timing of one actuator
 //!   (every access that does not continue the last costs a seek).
@@ -60,6 +61,7 @@ impl ModelSpec {
                 "read_us",
                 "program_us",
                 "erase_us",
+                "realtime",
             ],
             ModelKind::DriveManagedSmr => &["size", "band", "cache", "file"],
             ModelKind::Disk => &["size", "seek_us", "mbps", "file"],
@@ -152,9 +154,14 @@ impl ModelSpec {
                 p.read_us = self.number("read_us", p.read_us as f64)? as u64;
                 p.program_us = self.number("program_us", p.program_us as f64)? as u64;
                 p.erase_us = self.number("erase_us", p.erase_us as f64)? as u64;
-                Ok(Arc::new(
-                    SsdModel::new(self.backing(size, read_only)?, p).map_err(|e| e.to_string())?,
-                ))
+                let real_time = match self.params.get("realtime").map(String::as_str) {
+                    None | Some("off") => false,
+                    Some("on") => true,
+                    Some(other) => return Err(format!("device parameter realtime={other:?}: use on or off")),
+                };
+                let model = SsdModel::new(self.backing(size, read_only)?, p).map_err(|e| e.to_string())?;
+                model.set_real_time(real_time);
+                Ok(Arc::new(model))
             }
             ModelKind::DriveManagedSmr => {
                 let mut p = SmrParams::drive_managed(size);
@@ -449,6 +456,20 @@ mod tests {
         assert!("ssd:op=7".parse::<DeviceSpec>().is_err(), "no size");
         assert!("zoned:size=64M,type=tape".parse::<DeviceSpec>().unwrap().open(false).is_err());
         assert!("ssd:size=64M,unit=3K".parse::<DeviceSpec>().unwrap().open(false).is_err());
+        // In real time, a read of flash takes its read time on the wall clock.
+        let ssd = "ssd:size=16M,read_us=30000,mapcache=full,realtime=on"
+            .parse::<DeviceSpec>()
+            .unwrap()
+            .open(false)
+            .unwrap();
+        ssd.write_at(&vec![1u8; 1 << 20], 0).unwrap();
+        ssd.sync().unwrap();
+        let t = std::time::Instant::now();
+        let mut buf = vec![0u8; 4096];
+        ssd.read_at(&mut buf, 0).unwrap();
+        assert!(t.elapsed() >= std::time::Duration::from_millis(30) && buf == vec![1u8; 4096]);
+        let e = "ssd:size=16M,realtime=maybe".parse::<DeviceSpec>().unwrap().open(false).err();
+        assert!(e.is_some_and(|e| e.contains("realtime")));
         let disk = "hdd:size=64M,seek_us=8000".parse::<DeviceSpec>().unwrap().open(false).unwrap();
         assert_eq!(disk.storage_type(), StorageType::Hdd);
         assert!(disk.counters().iter().any(|(k, _)| k == "seeks"), "a disk model counts its seeks");
