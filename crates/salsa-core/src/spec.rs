@@ -180,6 +180,10 @@ impl ModelSpec {
                 if timing.media_mb_per_s <= 0.0 {
                     return Err("device parameter mbps must be more than 0".into());
                 }
+                // The disk's clock counts nanoseconds in a u64: a seek of at most a minute.
+                if timing.position_us > 60_000_000 {
+                    return Err("device parameter seek_us must be at most 60000000 (a minute)".into());
+                }
                 let disk: Arc<dyn Device> = Arc::new(TimedDisk::new(self.backing(size, read_only)?, timing));
                 Ok(Declared::wrap(disk, StorageType::Hdd))
             }
@@ -470,10 +474,13 @@ mod tests {
         assert!(t.elapsed() >= std::time::Duration::from_millis(30) && buf == vec![1u8; 4096]);
         let e = "ssd:size=16M,realtime=maybe".parse::<DeviceSpec>().unwrap().open(false).err();
         assert!(e.is_some_and(|e| e.contains("realtime")));
+        let e = "ssd:size=16M,erase_us=1e30".parse::<DeviceSpec>().unwrap().open(false).err();
+        assert!(e.is_some_and(|e| e.contains("at most")), "an absurd latency is refused");
         let disk = "hdd:size=64M,seek_us=8000".parse::<DeviceSpec>().unwrap().open(false).unwrap();
         assert_eq!(disk.storage_type(), StorageType::Hdd);
         assert!(disk.counters().iter().any(|(k, _)| k == "seeks"), "a disk model counts its seeks");
         assert!("hdd:size=64M,mbps=0".parse::<DeviceSpec>().unwrap().open(false).is_err());
+        assert!("hdd:size=64M,seek_us=1e30".parse::<DeviceSpec>().unwrap().open(false).is_err());
     }
 
     #[test]

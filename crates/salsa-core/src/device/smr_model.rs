@@ -62,11 +62,14 @@ impl DiskTimer {
 
     /// Accounts for an access of `len` bytes at `position` (a physical byte position).
     pub fn access(&mut self, position: u64, len: u64) {
+        // Saturating: the timing comes from a user's device spec.
         if position != self.head {
-            self.busy_ns += self.timing.position_us * 1000;
+            self.busy_ns = self.busy_ns.saturating_add(self.timing.position_us.saturating_mul(1000));
             self.seeks += 1;
         }
-        self.busy_ns += (len as f64 / (self.timing.media_mb_per_s * 1e6) * 1e9) as u64;
+        self.busy_ns = self
+            .busy_ns
+            .saturating_add((len as f64 / (self.timing.media_mb_per_s * 1e6) * 1e9) as u64);
         self.head = position + len;
     }
 

@@ -30,8 +30,8 @@
 //! channel; a request that needs no NAND operation (a write the cache absorbs, a read from
 //! it) returns at once. A flush returns when the programs of what the cache held end (every
 //! write that returned before it either was programmed before it returned or was in the
-//! cache). Off by default: a model
-//! is filled or preconditioned at the host's speed, then timed.
+//! cache). Off by default: a model is filled or preconditioned at the host's speed, then
+//! timed.
 
 use super::{modelled_io, Device, StorageType};
 use parking_lot::Mutex;
@@ -41,6 +41,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const UNMAPPED: u32 = u32::MAX;
+
+/// The longest a NAND operation may take (a minute): the clocks count nanoseconds in a u64.
+const LATENCY_US_MAX: u64 = 60_000_000;
 
 /// Parameters of the model (see the module doc for the defaults' rationale).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -108,6 +111,11 @@ impl SsdParams {
         if !(0.0..=400.0).contains(&self.over_provisioning_percent) || self.channels == 0 || self.channels > 256 {
             return bad("SSD model: over-provisioning must be 0-400% and channels 1-256".into());
         }
+        if [self.read_us, self.program_us, self.erase_us].iter().any(|&us| us > LATENCY_US_MAX) {
+            return bad(format!(
+                "SSD model: read, program and erase times must be at most {LATENCY_US_MAX} us"
+            ));
+        }
         Ok(())
     }
 }
@@ -142,7 +150,8 @@ impl RealTime {
     }
 
     fn instant(&self, ns: u64) -> Instant {
-        self.base + Duration::from_nanos(ns)
+        let at = Duration::from_nanos(ns);
+        self.base.checked_add(at).unwrap_or(self.base)
     }
 }
 
@@ -215,9 +224,10 @@ impl Ftl {
     }
 
     fn occupy(&mut self, channel: usize, us: u64) {
-        self.busy_ns[channel] += us * 1000;
+        // (Latencies are at most LATENCY_US_MAX: a u64 of nanoseconds lasts centuries of them.)
+        self.busy_ns[channel] = self.busy_ns[channel].saturating_add(us * 1000);
         if let Some(rt) = &mut self.real_time {
-            let end = rt.channel_free_ns[channel].max(rt.request_start_ns) + us * 1000;
+            let end = rt.channel_free_ns[channel].max(rt.request_start_ns).saturating_add(us * 1000);
             rt.channel_free_ns[channel] = end;
             rt.request_end_ns = rt.request_end_ns.max(end);
         }
