@@ -468,6 +468,16 @@ fn salsa_config(p: &RaidBenchParams) -> PoolConfig {
     }
 }
 
+/// SALSA's open options: no read cache (reads measure the array, healthy against degraded,
+/// not the DRAM cache), writers paced if asked.
+fn salsa_options(p: &RaidBenchParams) -> OpenOptions {
+    OpenOptions {
+        read_cache_bytes: 0,
+        pace_user_writes: p.pace_writes,
+        ..OpenOptions::default()
+    }
+}
+
 /// A fresh SALSA RAID-5 pool on the members (with a parity buffer file beside them when
 /// `parity_buffer`), without volumes.
 fn salsa_pool_empty(p: &RaidBenchParams, parity_buffer: bool) -> Result<Pool, String> {
@@ -476,12 +486,7 @@ fn salsa_pool_empty(p: &RaidBenchParams, parity_buffer: bool) -> Result<Pool, St
         .map(|m| open_direct(m))
         .collect::<Result<_, _>>()?;
     let cfg = salsa_config(p);
-    // Reads measure the array (healthy against degraded), not the DRAM cache.
-    let mut opts = OpenOptions {
-        read_cache_bytes: 0,
-        pace_user_writes: p.pace_writes,
-        ..OpenOptions::default()
-    };
+    let mut opts = salsa_options(p);
     if parity_buffer {
         let path = parity_buffer_path(p);
         preallocate(&path, salsa_core::pool::default_parity_buffer_bytes(&cfg, p.members as u32))?;
@@ -495,12 +500,7 @@ fn salsa_pool(p: &RaidBenchParams, volume_fraction: f64, parity_buffer: bool) ->
     let pool = salsa_pool_empty(p, parity_buffer)?;
     let size = volume_bytes(&pool, volume_fraction);
     let vol = pool.create_volume("bench", size, 4096).map_err(|e| e.to_string())?;
-    let chunk = salsa_core::AlignedBuf::zeroed(1 << 20);
-    let mut off = 0;
-    while off < size {
-        vol.write(off, &chunk).map_err(|e| e.to_string())?;
-        off += 1 << 20;
-    }
+    fill_once(size, &|o, d| vol.write(o, d).map_err(|e| e.to_string()))?;
     pool.flush().map_err(|e| e.to_string())?;
     Ok(pool)
 }
@@ -1012,12 +1012,7 @@ const REAL_TIME_SETTLE_SECONDS: u64 = 3;
 /// drivers.
 fn on_ssd_models_in_real_time(p: &RaidBenchParams) -> Result<Value, String> {
     let start = |models: &[Arc<SsdModel>]| models.iter().for_each(|m| m.set_real_time(true));
-    let cfg = salsa_config(p);
-    let opts = OpenOptions {
-        read_cache_bytes: 0,
-        pace_user_writes: p.pace_writes,
-        ..OpenOptions::default()
-    };
+    let (cfg, opts) = (salsa_config(p), salsa_options(p));
     let (mut base, mut ours, mut span) = (Vec::new(), Vec::new(), 0);
     for round in 0..p.rounds {
         let models = ssd_members(p.members)?;

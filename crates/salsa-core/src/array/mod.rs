@@ -173,6 +173,15 @@ pub struct Member {
     pub layout: DeviceLayout,
 }
 
+/// `r` naming the outgoing member its slot has in `array` now (0: none; see
+/// [`Array::outgoing_member_id`]): what the pool metadata records with a rebuild's progress.
+pub fn naming_outgoing(array: &dyn Array, r: crate::format::RebuildState) -> crate::format::RebuildState {
+    crate::format::RebuildState {
+        outgoing_member_id: array.outgoing_member_id(r.slot).unwrap_or(0),
+        ..r
+    }
+}
+
 /// What the log asks of an array (see the module documentation for the invariants).
 pub trait Array: Send + Sync {
     fn kind(&self) -> ArrayKind;

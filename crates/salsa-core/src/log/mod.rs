@@ -898,22 +898,13 @@ impl Log {
             let mut meta = self.meta.lock();
             let mut next = meta.clone();
             next.failed_members = failed;
-            next.rebuild = next.rebuild.map(|r| self.with_outgoing(r));
+            next.rebuild = next.rebuild.map(|r| crate::array::naming_outgoing(self.array.as_ref(), r));
             self.write_pool_meta_or_poison(&mut next)?;
             *meta = next;
             drop(meta);
             self.capacity.take_free_offline(|s| self.array.is_segment_offline(s));
         }
         Ok(())
-    }
-
-    /// `r` naming the outgoing member its slot has now (0: none; see
-    /// [`Array::outgoing_member_id`]).
-    pub fn with_outgoing(&self, r: crate::format::RebuildState) -> crate::format::RebuildState {
-        crate::format::RebuildState {
-            outgoing_member_id: self.array.outgoing_member_id(r.slot).unwrap_or(0),
-            ..r
-        }
     }
 
     /// Grains a record sealed for a flush ends on, from its segment's start (see

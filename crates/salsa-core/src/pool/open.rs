@@ -9,11 +9,11 @@ use crate::array::{Array, ArrayKind, LinearArray, Member, RaidArray};
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::format::DeviceLayout;
 use crate::format::{
     meta_entries_per_page, FormatError, PoolMeta, Superblock, DEVICE_RESERVED_BYTES, FORMAT_VERSION, MAX_DEVICES, POOL_META_SLOT_BYTES,
     SUPERBLOCK_BYTES,
 };
-use crate::format::{DeviceLayout, RebuildState};
 use crate::log::{Geometry, Log};
 use crate::policy::VictimParams;
 use crate::util::AlignedBuf;
@@ -331,10 +331,7 @@ impl Pool {
         meta.member_ids = array.member_ids();
         // The member a rebuild replaces serves again only if it was given and taken: else
         // this session's writes go around it, and it must not be trusted at the next open.
-        meta.rebuild = meta.rebuild.map(|r| RebuildState {
-            outgoing_member_id: array.outgoing_member_id(r.slot).unwrap_or(0),
-            ..r
-        });
+        meta.rebuild = meta.rebuild.map(|r| crate::array::naming_outgoing(array.as_ref(), r));
         if opts.parity_buffer_lost && opts.parity_buffer.is_none() {
             // Recorded at once: the rows it kept are re-derived below, and nothing later
             // may wait for the lost device.

@@ -220,10 +220,13 @@ fn save_progress(eng: &Engine, state: Option<RebuildState>) -> Result<()> {
     let mut meta = eng.log.meta().lock();
     let mut next = meta.clone();
     next.rebuild = state.map(|s| {
-        eng.log.with_outgoing(RebuildState {
-            rate_bytes_per_sec: eng.rebuild_rate_bytes_per_sec.load(SeqCst),
-            ..s
-        })
+        crate::array::naming_outgoing(
+            eng.log.array(),
+            RebuildState {
+                rate_bytes_per_sec: eng.rebuild_rate_bytes_per_sec.load(SeqCst),
+                ..s
+            },
+        )
     });
     next.member_ids = eng.log.array().member_ids();
     next.failed_members = eng.log.array().failed_ids();
@@ -424,10 +427,13 @@ impl Pool {
         };
         let rate = rate_bytes_per_sec.unwrap_or(0);
         let mut next = meta.clone();
-        next.rebuild = Some(self.eng.log.with_outgoing(RebuildState {
-            rate_bytes_per_sec: rate,
-            ..state
-        }));
+        next.rebuild = Some(crate::array::naming_outgoing(
+            self.eng.log.array(),
+            RebuildState {
+                rate_bytes_per_sec: rate,
+                ..state
+            },
+        ));
         self.eng.log.write_pool_meta(&mut next)?;
         *meta = next;
         self.eng.rebuild_rate_bytes_per_sec.store(rate, SeqCst);

@@ -345,8 +345,7 @@ impl RaidArray {
             return Ok(());
         };
         if self.is_slot_device(m, &out.device) {
-            self.health[m as usize].write_errors.fetch_add(1, SeqCst);
-            return self.fail(m, &out.device, Error::device_io(&*out.device, what, offset, e));
+            return self.write_failed(m, &out.device, Error::device_io(&*out.device, what, offset, e));
         }
         if self.outgoing_of(m).is_some_and(|now| Arc::ptr_eq(&now, &out)) {
             return self.drop_outgoing(m, &format!("{what} at byte {offset}: {e}"));
@@ -380,6 +379,13 @@ impl RaidArray {
 
     fn io_error(&self, m: u32, op: &'static str, offset: u64, source: std::io::Error) -> Error {
         Error::device_io(&*self.device(m), op, offset, source)
+    }
+
+    /// Counts a failed write (or sync) of member `m`'s `device`, and fails the member
+    /// ([`RaidArray::fail`]).
+    fn write_failed(&self, m: u32, device: &Arc<dyn Device>, err: Error) -> Result<()> {
+        self.health[m as usize].write_errors.fetch_add(1, SeqCst);
+        self.fail(m, device, err)
     }
 
     /// Fails member `m` after an I/O error of `device`, unless that device is no longer the
@@ -513,8 +519,7 @@ impl RaidArray {
                 Ok(())
             }
             Err(source) => {
-                h.write_errors.fetch_add(1, SeqCst);
-                self.fail(m, &device, Error::device_io(&*device, "write", offset, source))?;
+                self.write_failed(m, &device, Error::device_io(&*device, "write", offset, source))?;
                 if !Arc::ptr_eq(&device, &self.device(m)) {
                     // The replacement failed and the member it replaced took the slot back:
                     // the write goes to it.
@@ -999,8 +1004,7 @@ impl RaidArray {
                 .flatten()
                 .unwrap_or_else(|| Err(std::io::Error::other("a member sync panicked")));
             if let Err(source) = r {
-                self.health[m as usize].write_errors.fetch_add(1, SeqCst);
-                self.fail(m, device, Error::device_io(&**device, "sync", 0, source))?;
+                self.write_failed(m, device, Error::device_io(&**device, "sync", 0, source))?;
             }
         }
         for (m, _) in &outgoing {
@@ -1188,10 +1192,7 @@ impl Array for RaidArray {
     fn metadata_write_failed(&self, device: &Arc<dyn Device>, err: Error) -> Result<()> {
         let slot = (0..self.members.len() as u32).find(|&m| self.is_slot_device(m, device));
         match slot {
-            Some(m) => {
-                self.health[m as usize].write_errors.fetch_add(1, SeqCst);
-                self.fail(m, device, err)
-            }
+            Some(m) => self.write_failed(m, device, err),
             // No longer a member's device (a replacement that failed meanwhile).
             None => Ok(()),
         }
