@@ -63,6 +63,7 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
     j["paced_writes"] = s.paced_writes.into();
     j["paced_micros"] = s.paced_micros.into();
     j["pacing_rate_bytes_per_sec"] = s.pacing_rate_bytes_per_sec.into();
+    j["paced_by_write_back"] = s.paced_by_write_back.into();
     j["victim_policy_state"] = victim_policy_state_json(&s.victim_policy_state);
     j["write_buffer"] = s
         .write_buffer

@@ -142,7 +142,12 @@ impl Engine {
     /// Paces one user write of `bytes` (see [`crate::pacing`]).
     pub fn pace_user_write(&self, bytes: u64) {
         if self.pace_user_writes {
-            self.pacer.pace(bytes, || self.free_for_pacing(), &self.log.capacity().watermarks);
+            self.pacer.pace(
+                bytes,
+                || self.free_for_pacing(),
+                &self.log.capacity().watermarks,
+                self.log.write_back().backlog(),
+            );
         }
     }
 
@@ -151,7 +156,12 @@ impl Engine {
     /// [`crate::pool::Volume::write_with_ack_time`]).
     pub fn admit_user_write(&self, bytes: u64) -> Option<std::time::Instant> {
         if self.pace_user_writes {
-            self.pacer.admit(bytes, || self.free_for_pacing(), &self.log.capacity().watermarks)
+            self.pacer.admit(
+                bytes,
+                || self.free_for_pacing(),
+                &self.log.capacity().watermarks,
+                self.log.write_back().backlog(),
+            )
         } else {
             None
         }

@@ -68,6 +68,13 @@
 //! to what the GC sustains swings with a period of about that age (1 to 2 s on RAID-5 random
 //! writes to 42% of the volume, between about 400 and 1,000 MB/s; docs/BENCHMARKS.md).
 //!
+//! The write-back's pace: a paced pool also admits writes at what the write-back threads
+//! write once records queue for them ([`WritePacer::write_back_rate`]); the slower of that
+//! and the GC's rate holds. Without it a writer that outran the drives waited for room in the
+//! write-back queue inside its write call, a record's write at a time, and a front-end that
+//! writes on one thread held every write behind it meanwhile (docs/BENCHMARKS.md, "The
+//! write-back's pace").
+//!
 //! Why it is off by default: writers held to what the GC sustains leave more segments free
 //! than writers stalled on the reserve (and a large pool's band is wider), space the data
 //! lacks, so a paced pool writes more per user byte: on RAID-5 random writes over a whole
@@ -76,12 +83,22 @@
 //! cares for the latency tail more than for that turns it on.
 
 use crate::log::capacity::Watermarks;
+use crate::log::write_back::{Backlog, WRITE_BACK_DEPTH};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// The longest a write waits for its turn.
 pub const DELAY_MAX: Duration = Duration::from_millis(20);
+/// Records queued for write-back from which writes are admitted at what the write-back
+/// threads write (see [`WritePacer::write_back_rate`]): half the queue's bound.
+const WRITE_BACK_SETPOINT: usize = WRITE_BACK_DEPTH / 2;
+/// The weight of each interval's measurement of what the write-back threads write in their
+/// average (about 25 ms of intervals).
+const WRITE_BACK_AVG_WEIGHT: f64 = 0.2;
+/// The least share of what the write-back threads write that writes are admitted at, with
+/// the queue at its bound.
+const WRITE_BACK_FLOOR: f64 = 0.25;
 /// How often the rate is corrected.
 const UPDATE_INTERVAL: Duration = Duration::from_millis(5);
 /// Free segments at the GC's high watermark this long end pacing.
@@ -165,6 +182,10 @@ struct Control {
     /// [`Control::gc_sustained`] averaged over its last measurements (0: none yet), which
     /// bounds the slow part ([`SUSTAINED_HEADROOM`]).
     gc_sustained_avg: f64,
+    /// Bytes the write-back threads had written at the last correction.
+    write_back_bytes: u64,
+    /// Whether records waited for write-back at the last correction.
+    write_back_busy: bool,
 }
 
 /// What one correction saw.
@@ -215,10 +236,15 @@ pub struct WritePacer {
     bytes_admitted: AtomicU64,
     /// A writer stalled on the GC's reserve since the last correction.
     stalled: AtomicBool,
+    /// What the write-back threads write while records wait for them, averaged (bytes per
+    /// second; 0: not measured yet).
+    write_back_drain_bytes_per_sec: AtomicU64,
     control: Mutex<Control>,
     /// Writes that waited for their turn, and the time they waited in all.
     pub paced_writes: AtomicU64,
     pub paced_micros: AtomicU64,
+    /// Writes admitted at the write-back's pace rather than the GC's.
+    pub paced_by_write_back: AtomicU64,
 }
 
 impl WritePacer {
@@ -231,9 +257,11 @@ impl WritePacer {
             next_turn_ns: AtomicU64::new(0),
             bytes_admitted: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
+            write_back_drain_bytes_per_sec: AtomicU64::new(0),
             control: Mutex::new(Control::default()),
             paced_writes: AtomicU64::new(0),
             paced_micros: AtomicU64::new(0),
+            paced_by_write_back: AtomicU64::new(0),
         }
     }
 }
@@ -298,8 +326,9 @@ impl WritePacer {
     }
 
     /// Corrects the rate when an interval has passed since the last correction, from `free`
-    /// segments against the GC's watermarks.
-    fn update(&self, now: u64, free: impl Fn() -> u32, wm: &Watermarks) {
+    /// segments against the GC's watermarks, and measures what the write-back threads write
+    /// from `backlog`.
+    fn update(&self, now: u64, free: impl Fn() -> u32, wm: &Watermarks, backlog: Backlog) {
         let Some(mut c) = self.control.try_lock() else {
             return; // another writer corrects it
         };
@@ -315,6 +344,7 @@ impl WritePacer {
         // says nothing of what the GC sustains: the rate is corrected by the free segments
         // alone.
         let fresh = dt <= STALE_AFTER.as_nanos() as u64;
+        self.measure_write_back(&mut c, dt, fresh, backlog);
         let stalled = self.stalled.swap(false, Relaxed);
         let free_now = free();
         c.gc_cleaning = free_now < wm.low || (c.gc_cleaning && free_now < wm.high);
@@ -395,21 +425,64 @@ impl WritePacer {
         self.rate_bytes_per_sec.store(next, Relaxed);
     }
 
+    /// What the write-back threads wrote over an interval of `dt_ns` in which records waited
+    /// for them throughout (queued at its start and at its end), into their average: while
+    /// none waited, they wrote what writers sealed, not what they can.
+    fn measure_write_back(&self, c: &mut Control, dt_ns: u64, fresh: bool, backlog: Backlog) {
+        let written = backlog.written_bytes.saturating_sub(c.write_back_bytes);
+        let busy = backlog.queued_records > 0;
+        if fresh && busy && c.write_back_busy && dt_ns > 0 {
+            let sample = written as f64 * 1e9 / dt_ns as f64;
+            let avg = self.write_back_drain_bytes_per_sec.load(Relaxed) as f64;
+            let next = if avg == 0.0 {
+                sample
+            } else {
+                (1.0 - WRITE_BACK_AVG_WEIGHT) * avg + WRITE_BACK_AVG_WEIGHT * sample
+            };
+            self.write_back_drain_bytes_per_sec
+                .store((next as u64).max(RATE_MIN_BYTES_PER_SEC), Relaxed);
+        }
+        c.write_back_bytes = backlog.written_bytes;
+        c.write_back_busy = busy;
+    }
+
+    /// The rate writes are admitted at for the write-back's sake (0: none): once the queue
+    /// holds [`WRITE_BACK_SETPOINT`] records, what its threads write (averaged), times a
+    /// share that falls from 1 there to [`WRITE_BACK_FLOOR`] at [`WRITE_BACK_DEPTH`], as
+    /// Linux's dirty throttling places writers between its setpoint and limit. Writers
+    /// that outran the drives used to wait for room in the queue, inside their write call:
+    /// a front-end that writes on one thread (the NBD server's receiving thread) held every
+    /// write behind it meanwhile, for the length of a record's write, and on real-time SSD
+    /// models those waits were most of the p99 (docs/BENCHMARKS.md).
+    fn write_back_rate(&self, backlog: Backlog) -> u64 {
+        let drain = self.write_back_drain_bytes_per_sec.load(Relaxed);
+        if backlog.queued_records < WRITE_BACK_SETPOINT || drain == 0 {
+            return 0;
+        }
+        let over = (backlog.queued_records - WRITE_BACK_SETPOINT) as f64 / (WRITE_BACK_DEPTH - WRITE_BACK_SETPOINT) as f64;
+        let share = (1.0 - over.powi(3)).max(WRITE_BACK_FLOOR);
+        ((drain as f64 * share) as u64).max(RATE_MIN_BYTES_PER_SEC)
+    }
+
     /// Admits a user write of `bytes`: corrects the rate if due, then waits for the write's
-    /// turn while pacing. `free`: free segments now; `wm`: the GC's watermarks.
-    pub fn pace(&self, bytes: u64, free: impl Fn() -> u32, wm: &Watermarks) {
-        if let Some(turn) = self.admit(bytes, free, wm) {
+    /// turn while pacing. `free`: free segments now; `wm`: the GC's watermarks; `backlog`:
+    /// the write-back's queue.
+    pub fn pace(&self, bytes: u64, free: impl Fn() -> u32, wm: &Watermarks, backlog: Backlog) {
+        if let Some(turn) = self.admit(bytes, free, wm, backlog) {
             sleep_with_slack(turn.saturating_duration_since(Instant::now()), SLEEP_SLACK);
         }
     }
 
     /// Admits a user write of `bytes` like [`WritePacer::pace`], without waiting: returns when
     /// its turn comes, while pacing and at least [`SLEEP_MIN`] away (`None`: now).
-    pub fn admit(&self, bytes: u64, free: impl Fn() -> u32, wm: &Watermarks) -> Option<Instant> {
+    pub fn admit(&self, bytes: u64, free: impl Fn() -> u32, wm: &Watermarks, backlog: Backlog) -> Option<Instant> {
         self.bytes_admitted.fetch_add(bytes, Relaxed);
         let now = self.now_ns();
-        self.update(now, free, wm);
-        let rate = self.rate_bytes_per_sec.load(Relaxed);
+        self.update(now, free, wm, backlog);
+        let gc_rate = self.rate_bytes_per_sec.load(Relaxed);
+        let write_back_rate = self.write_back_rate(backlog);
+        let by_write_back = write_back_rate != 0 && (gc_rate == 0 || write_back_rate < gc_rate);
+        let rate = if by_write_back { write_back_rate } else { gc_rate };
         if rate == 0 {
             return None;
         }
@@ -427,6 +500,9 @@ impl WritePacer {
         }
         self.paced_writes.fetch_add(1, Relaxed);
         self.paced_micros.fetch_add(wait.as_micros() as u64, Relaxed);
+        if by_write_back {
+            self.paced_by_write_back.fetch_add(1, Relaxed);
+        }
         Some(self.epoch + Duration::from_nanos(turn))
     }
 }
@@ -452,7 +528,7 @@ mod tests {
         for _ in 0..intervals {
             p.bytes_admitted.fetch_add(5 * bytes_per_ms, Relaxed);
             t += 5;
-            p.update(t * MS, || free, &WM);
+            p.update(t * MS, || free, &WM, Backlog::default());
         }
         t
     }
@@ -620,7 +696,7 @@ mod tests {
         // No write for a second: corrected by the free segments alone, not cut to what the
         // writers wrote (nothing).
         let kept = slow_rate(&p);
-        p.update((t + 1000) * MS, || WM.high, &WM);
+        p.update((t + 1000) * MS, || WM.high, &WM, Backlog::default());
         assert!(slow_rate(&p) > kept, "raised with free segments at the high watermark");
     }
 
@@ -630,7 +706,7 @@ mod tests {
         let p = pacing_at(4096 * 1000);
         let t = Instant::now();
         for _ in 0..20 {
-            p.pace(4096, || WM.low, &WM);
+            p.pace(4096, || WM.low, &WM, Backlog::default());
         }
         let took = t.elapsed();
         assert!(took >= Duration::from_millis(17), "20 turns of 1 ms took {took:?}");
@@ -639,9 +715,9 @@ mod tests {
         assert!(p.paced_writes.load(Relaxed) >= 10, "{} paced", p.paced_writes.load(Relaxed));
         // At the least rate, a 1 MiB write's turn would be a second away: bounded.
         let p = pacing_at(RATE_MIN_BYTES_PER_SEC);
-        p.pace(1 << 20, || WM.low, &WM);
+        p.pace(1 << 20, || WM.low, &WM, Backlog::default());
         let t = Instant::now();
-        p.pace(4096, || WM.low, &WM);
+        p.pace(4096, || WM.low, &WM, Backlog::default());
         let waited = t.elapsed();
         assert!(waited >= DELAY_MAX && waited < DELAY_MAX * 10, "waited {waited:?}");
     }
@@ -678,8 +754,100 @@ mod tests {
         let p = pacing_at(RATE_MIN_BYTES_PER_SEC);
         for s in 1..=3 {
             p.bytes_admitted.fetch_add(1 << 20, Relaxed);
-            p.update(s * 1000 * MS, || WM.high, &WM);
+            p.update(s * 1000 * MS, || WM.high, &WM, Backlog::default());
         }
         assert!(!p.pacing());
+    }
+
+    /// Corrections of `p` over `intervals` of 5 ms from time `at` (ms), the GC keeping up,
+    /// the write-back threads writing `bytes_per_ms` each millisecond with `queued` records
+    /// waiting (their total in `written`); returns the time after them.
+    fn write_back(p: &WritePacer, at: u64, intervals: u64, bytes_per_ms: u64, queued: usize, written: &mut u64) -> u64 {
+        let mut t = at;
+        for _ in 0..intervals {
+            t += 5;
+            *written += 5 * bytes_per_ms;
+            let backlog = Backlog {
+                queued_records: queued,
+                written_bytes: *written,
+            };
+            p.update(t * MS, || WM.high, &WM, backlog);
+        }
+        t
+    }
+
+    fn backlog(queued_records: usize) -> Backlog {
+        Backlog {
+            queued_records,
+            written_bytes: 0,
+        }
+    }
+
+    /// How far apart `n` admissions of 4 KiB with `b` put their turns: the time from before
+    /// the first to the last turn, and from after the last admission to it.
+    fn spacing(p: &WritePacer, n: u32, b: Backlog) -> (Duration, Duration) {
+        let t0 = Instant::now();
+        let mut last = None;
+        for _ in 0..n {
+            last = p.admit(4096, || WM.high, &WM, b).or(last);
+        }
+        let t1 = Instant::now();
+        let last = last.expect("paced");
+        (last.duration_since(t0), last.saturating_duration_since(t1))
+    }
+
+    #[test]
+    fn what_the_write_back_writes_is_measured_only_while_records_wait_for_it() {
+        let p = WritePacer::new(SEGMENT_BYTES);
+        let mut written = 0;
+        // Nothing waits: the threads write what writers seal, which says nothing of the drives.
+        let t = write_back(&p, 0, 4, 10_000, 0, &mut written);
+        assert_eq!(p.write_back_drain_bytes_per_sec.load(Relaxed), 0);
+        // Records wait throughout: 100 KB a millisecond is 100 MB/s.
+        let t = write_back(&p, t, 2, 100_000, 3, &mut written);
+        assert_eq!(p.write_back_drain_bytes_per_sec.load(Relaxed), 100_000_000);
+        // An interval that began with none waiting is not measured either.
+        let t = write_back(&p, t, 1, 1_000, 0, &mut written);
+        write_back(&p, t, 1, 1_000, 3, &mut written);
+        assert_eq!(p.write_back_drain_bytes_per_sec.load(Relaxed), 100_000_000);
+        assert!(!p.pacing(), "the GC kept up throughout");
+    }
+
+    /// Writers are admitted at once below the setpoint, at what the write-back writes from
+    /// it, and at [`WRITE_BACK_FLOOR`] of that at the queue's bound; without this a writer
+    /// that outran the drives waited inside its write call for room in the queue.
+    #[test]
+    fn writes_are_admitted_at_the_write_backs_pace_once_half_its_queue_waits() {
+        let p = WritePacer::new(SEGMENT_BYTES);
+        let mut written = 0;
+        // 40.96 MB/s: 100 us a 4 KiB write.
+        write_back(&p, 0, 4, 40_960, 2, &mut written);
+        assert_eq!(p.write_back_drain_bytes_per_sec.load(Relaxed), 40_960_000);
+        for _ in 0..100 {
+            assert_eq!(p.admit(4096, || WM.high, &WM, backlog(WRITE_BACK_SETPOINT - 1)), None);
+        }
+        assert_eq!(p.paced_writes.load(Relaxed), 0);
+        // At the setpoint: 100 writes take 100 turns of 100 us (the first at once).
+        let (from_start, ahead) = spacing(&p, 100, backlog(WRITE_BACK_SETPOINT));
+        assert!(from_start >= Duration::from_micros(9_900), "{from_start:?}");
+        assert!(ahead <= Duration::from_micros(9_900), "{ahead:?}");
+        assert!(p.paced_by_write_back.load(Relaxed) >= 90);
+        // At the bound, a quarter of that pace: 40 turns of 400 us.
+        std::thread::sleep(Duration::from_millis(11)); // the turns above have passed
+        let (from_start, ahead) = spacing(&p, 41, backlog(WRITE_BACK_DEPTH));
+        assert!(from_start >= Duration::from_micros(16_000), "{from_start:?}");
+        assert!(ahead <= Duration::from_micros(16_000), "{ahead:?}");
+    }
+
+    #[test]
+    fn the_slower_of_the_gcs_pace_and_the_write_backs_holds() {
+        // The GC's rate, 4.096 MB/s (1 ms a write), below the write-back's 40.96 MB/s.
+        let p = pacing_at(4096 * 1000);
+        let mut written = 0;
+        write_back(&p, 0, 4, 40_960, 2, &mut written);
+        assert!(p.pacing());
+        let (from_start, _) = spacing(&p, 11, backlog(WRITE_BACK_SETPOINT));
+        assert!(from_start >= Duration::from_micros(8_500), "{from_start:?}");
+        assert_eq!(p.paced_by_write_back.load(Relaxed), 0);
     }
 }

@@ -613,7 +613,7 @@ fn salsa_round(
     let gc_wa = (user + (after.gc_bytes_relocated - before.gc_bytes_relocated) as f64) / user;
     let gc_read = (after.gc_bytes_read - before.gc_bytes_read) as f64 / user;
     eprintln!(
-        "[bench-raid] {name} round {round}: SALSA {} {:.1} MB/s, p99 {} us, p99.9 {} us, max {} us, all members written per user byte {array_wa:.2} (GC {gc_wa:.2}, padding {pad:.2}), GC read per user byte {gc_read:.2}, all members read per user byte {array_read:.2}; {} syncs ({} ms), GC busy {} ms, {} stalls, {} writes paced",
+        "[bench-raid] {name} round {round}: SALSA {} {:.1} MB/s, p99 {} us, p99.9 {} us, max {} us, all members written per user byte {array_wa:.2} (GC {gc_wa:.2}, padding {pad:.2}), GC read per user byte {gc_read:.2}, all members read per user byte {array_read:.2}; {} syncs ({} ms), GC busy {} ms, {} stalls, {} writes paced ({} for the write-back)",
         p.salsa_array.name(),
         s.mbps,
         s.p99_us,
@@ -623,7 +623,8 @@ fn salsa_round(
         (after.sync_micros - before.sync_micros) / 1000,
         (after.gc_micros - before.gc_micros) / 1000,
         after.throttled_allocations - before.throttled_allocations,
-        after.paced_writes - before.paced_writes
+        after.paced_writes - before.paced_writes,
+        after.paced_by_write_back - before.paced_by_write_back
     );
     Ok(SalsaRound {
         run: s,

@@ -171,6 +171,12 @@ pub(crate) fn render(s: &Stats) -> String {
         s.paced_writes as f64,
     );
     e.one(
+        "paced_by_write_back_total",
+        c,
+        "Paced user writes admitted at the pace the write-back threads write at (records waiting for the devices).",
+        s.paced_by_write_back as f64,
+    );
+    e.one(
         "paced_seconds_total",
         c,
         "Time paced user writes slept.",

@@ -40,8 +40,9 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     println!("syncs             {} for {} flushes", n("syncs"), n("flushes"));
     if n("paced_writes") > 0 || n("throttled_allocations") > 0 {
         println!(
-            "GC pacing         {} writes paced ({:.1} s in all, {}), {} writer stalls",
+            "pacing            {} writes paced ({} for the write-back; {:.1} s in all, {}), {} writer stalls",
             n("paced_writes"),
+            n("paced_by_write_back"),
             n("paced_micros") as f64 / 1e6,
             match n("pacing_rate_bytes_per_sec") {
                 0 => "not pacing now".to_string(),

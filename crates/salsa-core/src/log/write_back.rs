@@ -16,6 +16,10 @@
 //! - a failed write poisons the pool (as a failed synchronous write does); the next flush, and
 //!   every later write, reports it.
 //!
+//! - how many records wait and how many bytes the threads have written are published
+//!   ([`WriteBack::backlog`]) for the pacer, which admits writes at what the threads write
+//!   once the queue holds half its bound (see [`crate::pacing`]).
+//!
 //! With no threads running (read-only pools, `OpenOptions::write_back_threads == 0`, or after
 //! [`WriteBack::stop`]) the caller writes the record itself.
 
@@ -24,6 +28,7 @@ use crate::error::Result;
 use crate::log::record::SealedRecord;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -50,6 +55,19 @@ pub struct WriteBack {
     /// Signalled when a record leaves the queue.
     room: Condvar,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The queue's length, published for [`WriteBack::backlog`] (updated under its lock).
+    queued_records: AtomicUsize,
+    /// Bytes of the records the threads have written (grains written, padding included).
+    written_bytes: AtomicU64,
+}
+
+/// The write-back's queue as the pacer sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Sealed records waiting for a thread.
+    pub queued_records: usize,
+    /// Bytes the threads have written since the pool opened.
+    pub written_bytes: u64,
 }
 
 impl WriteBack {
@@ -92,6 +110,7 @@ impl WriteBack {
             return Some(r);
         }
         q.records.push_back(r);
+        self.queued_records.store(q.records.len(), Relaxed);
         None
     }
 
@@ -102,6 +121,14 @@ impl WriteBack {
         let mut q = self.queue.lock();
         while q.running && q.records.len() > WRITE_BACK_DEPTH {
             self.room.wait(&mut q);
+        }
+    }
+
+    /// The queue's length and the bytes written so far, without taking the queue's lock.
+    pub fn backlog(&self) -> Backlog {
+        Backlog {
+            queued_records: self.queued_records.load(Relaxed),
+            written_bytes: self.written_bytes.load(Relaxed),
         }
     }
 
@@ -124,6 +151,7 @@ fn worker(log: Arc<Log>) {
             let mut q = wb.queue.lock();
             loop {
                 if let Some(r) = q.records.pop_front() {
+                    wb.queued_records.store(q.records.len(), Relaxed);
                     // Every writer waiting for room may now be under its bound.
                     wb.room.notify_all();
                     break r;
@@ -134,9 +162,12 @@ fn worker(log: Arc<Log>) {
                 wb.queued.wait(&mut q);
             }
         };
+        let bytes = u64::from(r.used_grains + r.pad_grains) * u64::from(log.geo.grain_bytes);
         // A failure poisons the pool and completes the record (see `Log::write_record`);
         // the next flush reports it.
-        if let Err(e) = log.write_record(r) {
+        let written = log.write_record(r);
+        wb.written_bytes.fetch_add(bytes, Relaxed);
+        if let Err(e) = written {
             tracing::debug!("write-back of a record failed: {e}");
         }
     }

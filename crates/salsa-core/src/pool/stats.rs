@@ -38,6 +38,9 @@ pub struct Stats {
     pub paced_writes: u64,
     pub paced_micros: u64,
     pub pacing_rate_bytes_per_sec: u64,
+    /// Of the paced writes, those admitted at the write-back's pace (records waiting for the
+    /// drives), not the GC's.
+    pub paced_by_write_back: u64,
     /// Victims the GC waited a full second for, for writers to take replaced pages off their
     /// count (0 unless something is wrong).
     pub gc_wait_timeouts: u64,
@@ -207,6 +210,7 @@ impl Pool {
             paced_writes: self.eng.pacer.paced_writes.load(SeqCst),
             paced_micros: self.eng.pacer.paced_micros.load(SeqCst),
             pacing_rate_bytes_per_sec: self.eng.pacer.rate_bytes_per_sec(),
+            paced_by_write_back: self.eng.pacer.paced_by_write_back.load(SeqCst),
             gc_wait_timeouts: c.gc_wait_timeouts.load(SeqCst),
             user_bytes_held: c.user_bytes_held.load(SeqCst),
             payload_buffer_bytes: self.eng.log.payloads().outstanding_bytes() as u64,
