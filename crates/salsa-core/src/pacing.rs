@@ -12,7 +12,7 @@
 //!
 //! The rate starts, when the GC falls behind (free segments below its low watermark), at the
 //! rate the GC last sustained while it cleaned: what users wrote over the last
-//! [`SUSTAINED_SPAN`] plus the space the free segments gained (less what they lost), measured
+//! [`SUSTAINED_SPAN`] (or longer, over a few segments' writes: [`SUSTAINED_SEGMENTS`]) plus the space the free segments gained (less what they lost), measured
 //! whenever the GC cleaned throughout the span; never above what users wrote just before.
 //! (Until that is measured, at the slow part pacing last ended at, if lower than what users
 //! wrote: writers that had free segments to spend wrote faster than the GC sustains.) The
@@ -127,8 +127,18 @@ const SUSTAINED_HEADROOM: f64 = 1.2;
 /// The weight of each new measurement of what the GC sustained in its average: one over 40 ms
 /// is off by a segment or two released at once, tens of percent at these rates.
 const SUSTAINED_AVG_WEIGHT: f64 = 0.2;
-/// Corrections remembered for it (at least `SUSTAINED_SPAN` of intervals).
-const HISTORY_LEN: usize = 10;
+/// Segments' worth of user writes the span measuring what the GC sustains covers at least
+/// (when longer than [`SUSTAINED_SPAN`]): the free segments it counts move a segment at a
+/// time, so a span shorter than a few segments' writes measured a segment released or taken
+/// within it as the whole rate. Pools of 24 MiB segments at 90 MB/s (commodity SSD models, a
+/// segment's writes every 270 ms) measured rates that swung between 1 and 1,400 MB/s over
+/// 40 ms, and paced writers at 6 to 15 MB/s for seconds (docs/BENCHMARKS.md).
+const SUSTAINED_SEGMENTS: u64 = 4;
+/// The longest span measured over (for writers too slow to write [`SUSTAINED_SEGMENTS`] in
+/// it, the whole history).
+const SUSTAINED_SPAN_MAX: Duration = Duration::from_millis(2_000);
+/// Corrections remembered for it (at least `SUSTAINED_SPAN_MAX` of intervals).
+const HISTORY_LEN: usize = (SUSTAINED_SPAN_MAX.as_millis() / UPDATE_INTERVAL.as_millis()) as usize + 2;
 /// The timer slack of a paced write's sleep (see the module documentation).
 pub const SLEEP_SLACK: Duration = Duration::from_micros(150);
 /// The timer slack of a thread that holds many writes' acknowledgements until their turns
@@ -198,14 +208,28 @@ struct Sample {
 }
 
 impl Control {
-    /// The rate the GC sustained over the last [`SUSTAINED_SPAN`] (or what the history holds
-    /// of it) up to `now`: what users wrote plus the space the free segments gained (less
+    /// The rate the GC sustained over the last [`SUSTAINED_SPAN`], or longer, over at least
+    /// [`SUSTAINED_SEGMENTS`] segments' user writes (at most [`SUSTAINED_SPAN_MAX`]; or what
+    /// the history holds while it is shorter than the span) up to `now`: what users wrote plus the space the free segments gained (less
     /// what they lost), each segment holding `user_bytes_per_segment`. While writers outrun
     /// the GC the free segments fall, and what users wrote less that fall is what the GC made
     /// room for. `None` without a remembered correction.
     fn sustained_rate(&self, now: Sample, user_bytes_per_segment: u64) -> Option<f64> {
-        let since = now.at_ns.saturating_sub(SUSTAINED_SPAN.as_nanos() as u64);
-        let first = self.history.iter().find(|s| s.at_ns >= since).or(self.history.back())?;
+        let span_min = SUSTAINED_SPAN.as_nanos() as u64;
+        let bytes_min = SUSTAINED_SEGMENTS * user_bytes_per_segment;
+        // The latest correction at least the span and the segments' writes back; failing
+        // that, the oldest, once the history reaches back the longest span.
+        let covers =
+            |s: &&Sample| now.at_ns.saturating_sub(s.at_ns) >= span_min && now.bytes_admitted.saturating_sub(s.bytes_admitted) >= bytes_min;
+        let oldest = self.history.front()?;
+        let reach = now.at_ns.saturating_sub(oldest.at_ns);
+        let first = match self.history.iter().rev().find(covers) {
+            Some(s) => s,
+            // Writers too slow to write the segments in the longest span, or a history
+            // shorter than the span: what it holds.
+            None if reach >= SUSTAINED_SPAN_MAX.as_nanos() as u64 || reach < span_min => oldest,
+            None => return None,
+        };
         if self.history.iter().any(|s| s.at_ns >= first.at_ns && !s.gc_cleaning) || !now.gc_cleaning {
             return None; // the GC idled for some of the span: it says nothing of its pace
         }
@@ -849,5 +873,34 @@ mod tests {
         let (from_start, _) = spacing(&p, 11, backlog(WRITE_BACK_SETPOINT));
         assert!(from_start >= Duration::from_micros(8_500), "{from_start:?}");
         assert_eq!(p.paced_by_write_back.load(Relaxed), 0);
+    }
+
+    /// On segments of 24 MiB written at 90 MB/s (one every 270 ms, as on the commodity SSD
+    /// models) with the GC keeping up, free segments step down as writers take one and up as
+    /// the GC gives one back. Over 40 ms each step measured the rate as 0 or 700 MB/s; over a
+    /// few segments' writes it stays near what the GC sustains.
+    #[test]
+    fn what_the_gc_sustains_is_measured_over_a_few_segments_of_writes() {
+        const BIG: u64 = 24 << 20;
+        const BYTES_PER_MS: u64 = 90_000;
+        let p = WritePacer::new(BIG);
+        let mut written = 0;
+        let mut seen = Vec::new();
+        for i in 1..=1000u64 {
+            p.bytes_admitted.fetch_add(5 * BYTES_PER_MS, Relaxed);
+            written += 5 * BYTES_PER_MS;
+            // Writers take a segment each BIG bytes; the GC gives one back half a segment later.
+            let free = (WM.low - 2) + ((written + BIG / 2) / BIG - written / BIG) as u32;
+            p.update(i * 5 * MS, || free, &WM, Backlog::default());
+            if i * 5 > 2_500 {
+                seen.push(p.control.lock().gc_sustained);
+            }
+        }
+        let truth = (BYTES_PER_MS * 1000) as f64;
+        let (lo, hi) = seen.iter().fold((f64::MAX, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        assert!(
+            lo >= 0.65 * truth && hi <= 1.35 * truth,
+            "measured {lo} to {hi}, the GC sustains {truth}"
+        );
     }
 }
