@@ -12,8 +12,9 @@
 //!
 //! The rate starts, when the GC falls behind (free segments below its low watermark), at the
 //! rate the GC last sustained while it cleaned: what users wrote over the last
-//! [`SUSTAINED_SPAN`] (or longer, over a few segments' writes: [`SUSTAINED_SEGMENTS`]) plus the space the free segments gained (less what they lost), measured
-//! whenever the GC cleaned throughout the span; never above what users wrote just before.
+//! [`SUSTAINED_SPAN`] (or longer, over a few segments' writes: [`SUSTAINED_SEGMENTS`]) plus
+//! the space the free segments gained (less what they lost), measured whenever the GC
+//! cleaned throughout the span; never above what users wrote just before.
 //! (Until that is measured, at the slow part pacing last ended at, if lower than what users
 //! wrote: writers that had free segments to spend wrote faster than the GC sustains.) The
 //! slow part pacing ended at is no guide once it has fallen far below what the GC sustains:
@@ -57,11 +58,12 @@
 //! acknowledgements before it writes more is held to the rate either way. An acknowledgement
 //! may go up to [`ACK_EARLY`] before its turn ([`ack_due`]): the turn clock holds the rate.
 //!
-//! Invariants: no write waits longer than [`DELAY_MAX`] for its turn; the rate is at least
-//! [`RATE_MIN_BYTES_PER_SEC`], and its slow part falls to twice what writers wrote in the more
-//! of the last two intervals when it is above that (a rate far above the load would say
-//! nothing when the load rises), and to [`SUSTAINED_HEADROOM`] times what the GC sustained;
-//! trims and GC writes are never paced (trims make space; the GC is what writers wait for).
+//! Invariants: no write waits longer than [`DELAY_MAX`] for its turn (whichever pace set
+//! it); the rate, the GC's or the write-back's, is at least [`RATE_MIN_BYTES_PER_SEC`], and
+//! the GC's slow part falls to twice what writers wrote in the more of the last two
+//! intervals when it is above that (a rate far above the load would say nothing when the
+//! load rises), and to [`SUSTAINED_HEADROOM`] times what the GC sustained; trims and GC
+//! writes are never paced (trims make space; the GC is what writers wait for).
 //!
 //! What it cannot smooth: the GC's pace echoes the writers' pace one victim age earlier (the
 //! segments written in a fast phase come back together as greedy victims), so a rate held
@@ -210,8 +212,9 @@ struct Sample {
 impl Control {
     /// The rate the GC sustained over the last [`SUSTAINED_SPAN`], or longer, over at least
     /// [`SUSTAINED_SEGMENTS`] segments' user writes (at most [`SUSTAINED_SPAN_MAX`]; or what
-    /// the history holds while it is shorter than the span) up to `now`: what users wrote plus the space the free segments gained (less
-    /// what they lost), each segment holding `user_bytes_per_segment`. While writers outrun
+    /// the history holds while it is shorter than the span) up to `now`: what users wrote
+    /// plus the space the free segments gained (less what they lost), each segment holding
+    /// `user_bytes_per_segment`. While writers outrun
     /// the GC the free segments fall, and what users wrote less that fall is what the GC made
     /// room for. `None` without a remembered correction.
     fn sustained_rate(&self, now: Sample, user_bytes_per_segment: u64) -> Option<f64> {
