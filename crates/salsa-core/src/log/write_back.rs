@@ -14,8 +14,7 @@
 //!   lock held every other writer of the stream (on RAID-5 random writes, a tenth of the
 //!   records' queueing took over 25 us and some up to a millisecond, docs/BENCHMARKS.md);
 //! - a failed write poisons the pool (as a failed synchronous write does); the next flush, and
-//!   every later write, reports it.
-//!
+//!   every later write, reports it;
 //! - how many records wait and how many bytes the threads have written are published
 //!   ([`WriteBack::backlog`]) for the pacer, which admits writes at what the threads write
 //!   once the queue holds half its bound (see [`crate::pacing`]).
