@@ -56,6 +56,8 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
     j["records_written_ahead"] = s.records_written_ahead.into();
     j["hole_fill_bytes"] = s.hole_fill_bytes.into();
     j["free_segments_over_holes"] = s.free_segments_over_holes.into();
+    j["gc_low_watermark_segments"] = s.gc_low_watermark_segments.into();
+    j["gc_high_watermark_segments"] = s.gc_high_watermark_segments.into();
     j["sync_micros"] = s.sync_micros.into();
     j["releases_sharing_a_sync"] = s.releases_sharing_a_sync.into();
     j["gc_micros"] = s.gc_micros.into();

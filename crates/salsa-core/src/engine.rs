@@ -145,7 +145,7 @@ impl Engine {
             self.pacer.pace(
                 bytes,
                 || self.free_for_pacing(),
-                &self.log.capacity().watermarks,
+                &self.log.capacity().watermarks(),
                 self.log.write_back().backlog(),
             );
         }
@@ -159,7 +159,7 @@ impl Engine {
             self.pacer.admit(
                 bytes,
                 || self.free_for_pacing(),
-                &self.log.capacity().watermarks,
+                &self.log.capacity().watermarks(),
                 self.log.write_back().backlog(),
             )
         } else {
@@ -220,7 +220,9 @@ impl Engine {
         self.log.capacity().set_protected_classes(classes);
     }
 
-    /// One pass of every volume's background work; whether any did something.
+    /// One pass of every volume's background work, and a paced pool's band fitted to the
+    /// spare space ([`crate::log::capacity::Capacity::fit_paced_band`]); whether any volume did
+    /// something.
     pub fn maintain(&self) -> Result<bool> {
         let vols: Vec<Arc<dyn Controller>> = self.volumes.read().values().cloned().collect();
         let mut busy = false;
@@ -228,6 +230,7 @@ impl Engine {
             busy |= v.maintain(&self.log)?;
         }
         busy |= self.log.fill_holes()?;
+        self.log.capacity().fit_paced_band();
         Ok(busy)
     }
 
@@ -320,7 +323,7 @@ impl Engine {
                         self.wake_gc();
                         self.log
                             .capacity()
-                            .wait_for_free(types, self.log.capacity().watermarks.gc_reserve, Duration::from_millis(50));
+                            .wait_for_free(types, self.log.capacity().watermarks().gc_reserve, Duration::from_millis(50));
                     } else if !self.gc_step()? {
                         return Err(Error::NoSpace("every segment is full of live data".into()));
                     }
@@ -527,13 +530,13 @@ impl Engine {
         // ([`crate::log::capacity::Watermarks::gc_early_release_at`]).
         let pending = self.log.capacity().pending_counts();
         let free = self.log.capacity().free_segments();
-        let wm = self.log.capacity().watermarks;
+        let wm = self.log.capacity().watermarks();
         let batch = wm.gc_release_batch(self.log.geo().total_segments);
         if pending.gc > 0 && (pending.gc >= batch || free <= wm.gc_early_release_at(batch)) {
             self.gc_release()?;
             return Ok(true);
         }
-        if free <= self.log.capacity().watermarks.low {
+        if free <= self.log.capacity().watermarks().low {
             if pending.awaiting_sync > 0 {
                 self.log.flush()?;
                 return Ok(true);
@@ -686,7 +689,7 @@ impl Engine {
     /// Whether the background worker has work: free segments below the low watermark, or
     /// pending segments that one sync would release while free segments run low.
     pub fn needs_gc_round(&self) -> bool {
-        let wm = self.log.capacity().watermarks;
+        let wm = self.log.capacity().watermarks();
         self.log.capacity().free_segments() < wm.low || self.release_due() || self.garbage_due() || self.short_types(wm.low).is_some()
     }
 
@@ -707,7 +710,7 @@ impl Engine {
     /// The types the GC should clean now: any (`None`) while the pool as a whole is short,
     /// else those of a restricted class that is ([`Engine::short_types`]).
     fn gc_focus(&self) -> Option<&'static [StorageType]> {
-        let wm = self.log.capacity().watermarks;
+        let wm = self.log.capacity().watermarks();
         if self.log.capacity().free_segments() < wm.high {
             return None;
         }
@@ -762,14 +765,14 @@ impl Engine {
     /// Whether free segments are down to the release watermark while segments emptied by
     /// overwrites wait for a sync.
     fn release_due(&self) -> bool {
-        self.log.capacity().free_segments() <= self.log.capacity().watermarks.release
+        self.log.capacity().free_segments() <= self.log.capacity().watermarks().release
             && self.log.capacity().pending_counts().awaiting_sync > 0
     }
 
     /// One round of the background worker: release what a sync releases, then clean until the
     /// high watermark (and, with a garbage trigger, until garbage is back under it).
     pub fn gc_round(&self) -> Result<()> {
-        let wm = self.log.capacity().watermarks;
+        let wm = self.log.capacity().watermarks();
         if self.release_due() {
             self.log.flush()?;
         }

@@ -174,3 +174,66 @@ fn one_thread_holding_acknowledgements_is_paced_like_many_writers_sleeping() {
     }
     pool.close().unwrap();
 }
+
+/// A paced pool's GC band is wider by an eighth of the segments needed neither by the data
+/// nor as its configured spare, and narrows to the plain widening (1 in 64 of the pool) as a
+/// volume's data grows into that surplus; `Stats` reports where it stands.
+#[test]
+fn a_paced_pools_gc_band_narrows_as_its_data_grows_into_the_surplus() {
+    let open = |pace_user_writes: bool| {
+        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("m", 256 * MIB));
+        let cfg = PoolConfig {
+            segment_bytes: Some(MIB),
+            ..PoolConfig::default()
+        };
+        let opts = OpenOptions {
+            pace_user_writes,
+            ..OpenOptions::default()
+        };
+        Pool::create(vec![dev], &cfg, &opts).unwrap()
+    };
+    let plain = open(false).stats();
+    let pool = open(true);
+    let st = pool.stats();
+    let total = st.total_segments;
+    assert!(total >= 128, "the test needs a pool that widens its band: {total} segments");
+    let widened_by = |st: &salsa_core::Stats| st.gc_low_watermark_segments - plain.gc_low_watermark_segments;
+    let base = (total / 64).min(16);
+    assert!(
+        widened_by(&st) > 2 * base,
+        "an empty paced pool's band is widened by {} segments, no more than a full one's {base}",
+        widened_by(&st)
+    );
+    assert_eq!(
+        st.gc_high_watermark_segments - plain.gc_high_watermark_segments,
+        2 * widened_by(&st)
+    );
+    // A volume of the pool's whole capacity, written once: the surplus is gone.
+    let size = pool.logical_capacity_bytes();
+    let vol = pool.create_volume("v", size, 4096).unwrap();
+    let chunk = vec![7u8; MIB as usize];
+    for at in (0..size).step_by(MIB as usize) {
+        let n = (size - at).min(MIB) as usize;
+        vol.write(at, &chunk[..n]).unwrap();
+    }
+    pool.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while widened_by(&pool.stats()) > base && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        widened_by(&pool.stats()),
+        base,
+        "the band of a full pool: {:?}",
+        pool.stats().gc_low_watermark_segments
+    );
+    // Trimmed, the data gives the surplus back.
+    vol.trim(0, size / 2).unwrap();
+    pool.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while widened_by(&pool.stats()) <= 2 * base && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(widened_by(&pool.stats()) > 2 * base, "trimming half gave nothing back");
+    pool.close().unwrap();
+}

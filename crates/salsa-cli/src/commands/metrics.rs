@@ -130,6 +130,18 @@ pub(crate) fn render(s: &Stats) -> String {
     );
     e.one("free_segments", g, "Segments free to write.", s.free_segments as f64);
     e.one(
+        "gc_low_watermark_segments",
+        g,
+        "Free segments below which the GC cleans.",
+        s.gc_low_watermark_segments as f64,
+    );
+    e.one(
+        "gc_high_watermark_segments",
+        g,
+        "Free segments up to which the GC cleans once started.",
+        s.gc_high_watermark_segments as f64,
+    );
+    e.one(
         "free_segments_over_holes",
         g,
         "Free segments over holes of their pool file (handed out last).",

@@ -30,7 +30,13 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     println!("GC relocated      {}", human(n("gc_bytes_relocated")));
     println!("device written    {}", human(n("device_bytes_written")));
     println!("write amp.        {:.3}", v["write_amplification"].as_f64().unwrap_or(0.0));
-    println!("free segments     {} of {}", n("free_segments"), n("total_segments"));
+    println!(
+        "free segments     {} of {} (the GC cleans below {} until {})",
+        n("free_segments"),
+        n("total_segments"),
+        n("gc_low_watermark_segments"),
+        n("gc_high_watermark_segments")
+    );
     if n("free_segments_over_holes") > 0 {
         println!(
             "  over holes      {} (of the pool file: handed out last)",

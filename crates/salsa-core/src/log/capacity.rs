@@ -28,9 +28,10 @@
 
 use crate::device::StorageType;
 use crate::log::record::RecordBuf;
+use arc_swap::ArcSwap;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 
 /// Where a segment is in its life cycle.
@@ -165,7 +166,7 @@ struct Queues {
 }
 
 /// Watermarks in segments.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Watermarks {
     /// Writers wait (and never allocate) when free segments are at or below this.
     pub gc_reserve: u32,
@@ -196,21 +197,34 @@ impl Watermarks {
         }
     }
 
-    /// The watermarks of a pool whose user writes are paced (`crate::pacing`): the GC starts
-    /// and stops a few segments higher (1 in 64 of the pool, at most 16), so that the free
-    /// segments between its start and the writers' reserve absorb the GC's bursts (a victim's
-    /// relocation, a release sync) while the pacer holds writers to the rate it sustains. With
-    /// the narrow band, free segments touched the reserve at every burst and the pacer took
-    /// the rate down each time: 353 against 505 MB/s on RAID-5 random writes of 1022
+    /// The watermarks of a pool whose user writes are paced (`crate::pacing`), of `total`
+    /// segments of which `surplus` are needed neither by the live data nor as the pool's
+    /// configured spare (a volume smaller than the pool, or not yet written): the GC starts and stops a
+    /// few segments higher, so that the free segments between its start and the writers'
+    /// reserve absorb the GC's bursts (a victim's relocation, a release sync) and swings while
+    /// the pacer holds writers to the rate it sustains. The band is widened by 1 in 64 of the
+    /// pool (at most 16), or by an eighth of the surplus segments (at most 64) where that is
+    /// more. With the narrow band, free segments touched the reserve at every burst and the
+    /// pacer took the rate down each time: 353 against 505 MB/s on RAID-5 random writes of 1022
     /// segments. Once the GC read victims' live pages only, 1 in 128 (at most 8) was too
     /// little at its higher pace: 21 to 42 stalls per 10 s, 757 MB/s with a p99 of 723 us,
     /// against 3 to 11 stalls, 954 MB/s and 498 us with 1 in 64 (a whole volume writes 1 to
-    /// 4% more per user byte for the segments held free). A pool of fewer than 128 segments
-    /// keeps its band: there each segment held free is a share of the spare the data lacks (96
-    /// segments, 2 more each side: GC write amplification 5.3 and 6.3 against 3.7;
-    /// docs/BENCHMARKS.md).
-    pub fn widened_for_pacing(self, total: u32) -> Watermarks {
-        let extra = if total < 128 { 0 } else { (total / 64).min(16) };
+    /// 4% more per user byte for the segments held free; an eighth of all the spare, the
+    /// configured spare included, took a whole volume's from 3.51-3.56 to 3.67-3.79). Where
+    /// the data leaves most of the pool spare (a volume of 42% of it), 1 in 64 still let free
+    /// segments reach the reserve 10 to 60 times in 10 s of paced random writes; 64 more held
+    /// them off in every round and took the p99 from a median of 384 to 352 us, for 1.45
+    /// against 1.44 bytes written per user byte (the segments held free are a small share of
+    /// the surplus there). A pool of
+    /// fewer than 128 segments keeps its band: there each segment held free is a share of the
+    /// spare the data lacks (96 segments, 2 more each side: GC write amplification 5.3 and 6.3
+    /// against 3.7; docs/BENCHMARKS.md).
+    pub fn widened_for_pacing(self, total: u32, surplus: u32) -> Watermarks {
+        let extra = if total < 128 {
+            0
+        } else {
+            (total / 64).min(16).max((surplus / 8).min(64))
+        };
         Watermarks {
             low: self.low + extra,
             high: self.high + 2 * extra,
@@ -246,6 +260,9 @@ impl Watermarks {
         }
     }
 }
+
+/// How often a paced pool's band is fitted to the surplus space ([`Capacity::fit_paced_band`]).
+pub const PACED_BAND_REFIT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The smallest number of cleaned victims released by one sync
 /// ([`Watermarks::gc_release_batch`]).
@@ -303,7 +320,17 @@ pub struct Capacity {
     queues: Mutex<Queues>,
     /// Signalled whenever segments become free (writers waiting) or scarce (GC waiting).
     pub changed: Condvar,
-    pub watermarks: Watermarks,
+    /// The GC's watermarks now ([`Capacity::watermarks`]): a paced pool's band follows the
+    /// surplus space ([`Capacity::fit_paced_band`]).
+    watermarks: ArcSwap<Watermarks>,
+    /// Whether the band is a paced pool's ([`Watermarks::widened_for_pacing`]).
+    paced: AtomicBool,
+    /// Segments the pool keeps spare by its configuration (its spare percent), which the
+    /// paced band's surplus leaves to the GC.
+    configured_spare_segments: AtomicU32,
+    /// When the paced band was last fitted (milliseconds since `created`).
+    band_fitted_ms: AtomicU64,
+    created: std::time::Instant,
     grains_per_segment: u32,
     free_count: AtomicU32,
     /// Whether released segments pass through `to_discard` (see [`Capacity::set_discard`]).
@@ -344,11 +371,65 @@ impl Capacity {
                 held: Vec::new(),
             }),
             changed: Condvar::new(),
-            watermarks,
+            watermarks: ArcSwap::from_pointee(watermarks),
+            paced: AtomicBool::new(false),
+            configured_spare_segments: AtomicU32::new(0),
+            band_fitted_ms: AtomicU64::new(0),
+            created: std::time::Instant::now(),
             grains_per_segment,
             free_count: AtomicU32::new(0),
             discard: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// The GC's watermarks now.
+    pub fn watermarks(&self) -> Watermarks {
+        **self.watermarks.load()
+    }
+
+    /// Makes the band a paced pool's ([`Watermarks::widened_for_pacing`]), for a pool that
+    /// keeps `configured_spare_segments` spare by its configuration, fitted to the surplus
+    /// space now and from then on by [`Capacity::fit_paced_band`].
+    pub fn widen_for_pacing(&self, configured_spare_segments: u32) {
+        self.configured_spare_segments.store(configured_spare_segments, SeqCst);
+        self.paced.store(true, SeqCst);
+        self.fit_band_now();
+    }
+
+    /// Fits a paced pool's band to the segments needed neither by the live data nor as the
+    /// configured spare, at most every [`PACED_BAND_REFIT`] (the maintenance thread calls it;
+    /// the sum walks every segment). The band narrows as the data grows into the surplus,
+    /// and widens as it is trimmed.
+    pub fn fit_paced_band(&self) {
+        if !self.paced.load(SeqCst) {
+            return;
+        }
+        let now_ms = self.created.elapsed().as_millis() as u64;
+        let last = self.band_fitted_ms.load(SeqCst);
+        if now_ms.saturating_sub(last) < PACED_BAND_REFIT.as_millis() as u64
+            || self.band_fitted_ms.compare_exchange(last, now_ms, SeqCst, SeqCst).is_err()
+        {
+            return;
+        }
+        self.fit_band_now();
+    }
+
+    fn fit_band_now(&self) {
+        self.band_fitted_ms.store(self.created.elapsed().as_millis() as u64, SeqCst);
+        let total = self.segments.len() as u32;
+        let surplus = self.spare_segments().saturating_sub(self.configured_spare_segments.load(SeqCst));
+        let wm = Watermarks::for_segments(total).widened_for_pacing(total, surplus);
+        if wm != self.watermarks() {
+            self.watermarks.store(Arc::new(wm));
+            self.changed.notify_all();
+        }
+    }
+
+    /// Segments the live data does not need: all but its valid grains in whole segments.
+    pub fn spare_segments(&self) -> u32 {
+        let live: u64 = self.segments.iter().map(|s| u64::from(s.valid_grains.load(Relaxed))).sum();
+        let needed = live.div_ceil(u64::from(self.grains_per_segment.max(1)));
+        (self.segments.len() as u64).saturating_sub(needed) as u32
     }
 
     /// With `on`, a released segment waits in a list until [`Capacity::take_to_discard`] hands
@@ -416,7 +497,7 @@ impl Capacity {
     pub fn take_holes_to_fill(&self, max: u32, keep_filled: u32) -> Vec<u32> {
         let mut q = self.queues.lock();
         let (filled, holes) = q.free_and_hole_counts();
-        let room = (filled + holes).saturating_sub(self.watermarks.release);
+        let room = (filled + holes).saturating_sub(self.watermarks().release);
         let n = max.min(keep_filled.saturating_sub(filled)).min(holes).min(room);
         let mut taken = Vec::with_capacity(n as usize);
         for queue in q.holes.iter_mut() {
@@ -591,14 +672,14 @@ impl Capacity {
                     .iter()
                     .filter(|p| p.gc_moves && types.contains(&self.segment(p.segment).storage_type))
                     .count() as u32;
-                let reserve = self.watermarks.gc_reserve;
+                let reserve = self.watermarks().gc_reserve;
                 reserve - releasing.min(reserve.saturating_sub(1))
             }
             Purpose::Gc => 0,
             // A checkpoint must leave the GC reserve intact so the next session can start GC.
-            Purpose::Checkpoint => self.watermarks.gc_reserve,
+            Purpose::Checkpoint => self.watermarks().gc_reserve,
             // Copies are a luxury: they leave the pool's data room to clean in.
-            Purpose::Tier => self.watermarks.high,
+            Purpose::Tier => self.watermarks().high,
         };
         let guarded = matches!(purpose, Purpose::User | Purpose::Trim | Purpose::Checkpoint);
         let own_extra = if matches!(purpose, Purpose::User | Purpose::Checkpoint) {
@@ -845,20 +926,60 @@ mod tests {
     fn a_paced_pool_releases_cleaned_victims_in_larger_batches_before_writers_run_short() {
         let plain = Watermarks::for_segments(1022);
         assert_eq!((plain.gc_release_batch(1022), plain.gc_early_release_at(2)), (2, 1));
-        let paced = plain.widened_for_pacing(1022);
+        // A whole volume's pool: little spare, the band widened by 1 in 64.
+        let paced = plain.widened_for_pacing(1022, 0);
         let batch = paced.gc_release_batch(1022);
         assert_eq!(batch, (paced.low - paced.gc_reserve) / 2);
         let early = paced.gc_early_release_at(batch);
         // Released while the batch still fits above the writers' reserve.
         assert!(early > paced.gc_reserve && early + batch <= paced.low, "{early} {batch} {paced:?}");
         // A small pool keeps its band, so its batch and threshold too.
-        let small = Watermarks::for_segments(96).widened_for_pacing(96);
+        let small = Watermarks::for_segments(96).widened_for_pacing(96, 96);
         assert_eq!((small.gc_release_batch(96), small.gc_early_release_at(2)), (2, 1));
         // A large pool batches by its size, up to 16.
         let large = Watermarks::for_segments(1 << 20);
         assert_eq!(large.gc_release_batch(1 << 20), 16);
         assert!(large.gc_early_release_at(16) > large.gc_reserve);
         assert!(large.release >= large.high);
+    }
+
+    #[test]
+    fn a_paced_pools_band_follows_the_space_its_data_leaves_spare() {
+        let c = Capacity::new(vec![StorageType::Flash; 1024], 256);
+        c.rebuild_queues();
+        let plain = c.watermarks();
+        c.fit_paced_band();
+        assert_eq!(c.watermarks(), plain, "an unpaced pool keeps its band");
+        // A pool that keeps 1 in 8 spare by its configuration.
+        c.widen_for_pacing(128);
+        let widened_by = |c: &Capacity| {
+            let wm = c.watermarks();
+            assert_eq!((wm.gc_reserve, wm.high - plain.high), (plain.gc_reserve, 2 * (wm.low - plain.low)));
+            wm.low - plain.low
+        };
+        assert_eq!(widened_by(&c), 64, "empty: an eighth of the surplus, at most 64");
+        let fill = |segments: u32| {
+            for s in 0..1024 {
+                c.segment(s).valid_grains.store(if s < segments { 256 } else { 0 }, SeqCst);
+            }
+            c.fit_band_now();
+        };
+        fill(696);
+        assert_eq!((c.spare_segments(), widened_by(&c)), (328, 25));
+        fill(896);
+        assert_eq!(widened_by(&c), 16, "no surplus: 1 in 64 of the pool, at most 16");
+        // Trimmed data gives the band back.
+        fill(300);
+        assert_eq!(widened_by(&c), 64);
+        // The maintenance thread's calls refit it at most every PACED_BAND_REFIT.
+        for s in 0..1024 {
+            c.segment(s).valid_grains.store(256, SeqCst);
+        }
+        c.fit_paced_band();
+        assert_eq!(widened_by(&c), 64, "refitted {:?} after the last", PACED_BAND_REFIT);
+        std::thread::sleep(PACED_BAND_REFIT);
+        c.fit_paced_band();
+        assert_eq!(widened_by(&c), 16);
     }
 
     #[test]
@@ -884,7 +1005,7 @@ mod tests {
         let flash = [StorageType::Flash];
         let c = Capacity::new(vec![StorageType::Flash; 200], 256);
         c.rebuild_queues();
-        let reserve = c.watermarks.gc_reserve;
+        let reserve = c.watermarks().gc_reserve;
         assert!(reserve >= 2, "the test needs a reserve to share");
         let mut taken = Vec::new();
         while c.free_segments() > reserve {
@@ -961,7 +1082,7 @@ mod tests {
     #[test]
     fn filling_takes_holes_only_up_to_its_target_and_above_the_release_watermark() {
         let c = capacity_with_holes(|s| s >= 10);
-        let release = c.watermarks.release;
+        let release = c.watermarks().release;
         assert_eq!(c.free_and_hole_counts(), (10, 190));
         let taken = c.take_holes_to_fill(8, 25);
         assert_eq!(taken.len(), 8, "a batch at most");

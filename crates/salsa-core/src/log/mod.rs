@@ -378,10 +378,13 @@ impl Log {
     }
 
     /// Widens the GC's band for a pool whose user writes are paced
-    /// ([`capacity::Watermarks::widened_for_pacing`]); before the log is shared.
-    pub fn widen_watermarks_for_pacing(&mut self) {
-        let total = self.capacity.segments().len() as u32;
-        self.capacity.watermarks = self.capacity.watermarks.widened_for_pacing(total);
+    /// ([`capacity::Watermarks::widened_for_pacing`]), which keeps `configured_spare_percent`
+    /// of its segments spare, fitted to the surplus space from then on
+    /// ([`capacity::Capacity::fit_paced_band`]).
+    pub fn widen_watermarks_for_pacing(&self, configured_spare_percent: f64) {
+        let total = self.capacity.segments().len() as f64;
+        self.capacity
+            .widen_for_pacing((total * configured_spare_percent / 100.0).ceil() as u32);
     }
 
     pub fn counters(&self) -> &Counters {
@@ -1450,7 +1453,7 @@ impl Log {
     /// [`Log::usable_grains`] when the volumes have `streams` streams in all: each stream
     /// may hold a partly written segment whose rest no other stream can use.
     pub fn usable_grains_for_streams(&self, streams: u64) -> u64 {
-        let wm = self.capacity.watermarks;
+        let wm = self.capacity.watermarks();
         let data_per_segment = self.geo.data_grains_per_segment() as u64;
         let reserved = wm.high as u64 + streams + 2;
         let segs = (self.geo.total_segments as u64).saturating_sub(reserved);

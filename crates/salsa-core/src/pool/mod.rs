@@ -414,7 +414,7 @@ impl Pool {
         // or schedules a segment). This must come before the image is taken: the GC moves
         // data, and the image must point where the data finally is.
         if needed <= MAX_CHECKPOINT_SEGMENTS {
-            let reserve = self.eng.log.capacity().watermarks.gc_reserve as usize;
+            let reserve = self.eng.log.capacity().watermarks().gc_reserve as usize;
             for _ in 0..self.eng.log.geo().total_segments {
                 if self.eng.log.capacity().free_segments() as usize > reserve + needed || !self.eng.gc_step()? {
                     break;

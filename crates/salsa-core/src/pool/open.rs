@@ -343,9 +343,9 @@ impl Pool {
         // Pacing measures what the background GC sustains; writers that clean for themselves
         // are not paced.
         let pace_user_writes = opts.pace_user_writes && opts.background_gc;
-        let mut log = Log::new(first.pool_id, geo, array, meta, opts.read_only);
+        let log = Log::new(first.pool_id, geo, array, meta, opts.read_only);
         if pace_user_writes {
-            log.widen_watermarks_for_pacing();
+            log.widen_watermarks_for_pacing(first.spare_basis_points as f64 / 100.0);
         }
         let log = Arc::new(log);
         log.enable_read_cache(opts.read_cache_bytes);

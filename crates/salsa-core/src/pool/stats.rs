@@ -19,6 +19,10 @@ pub struct Stats {
     pub free_segments: u32,
     /// Of those, segments over holes of their pool file (handed out last; see `hole_fill_bytes`).
     pub free_segments_over_holes: u32,
+    /// The GC's watermarks now: it cleans once free segments fall below the low one and until
+    /// they reach the high one (a paced pool's band follows its surplus space).
+    pub gc_low_watermark_segments: u32,
+    pub gc_high_watermark_segments: u32,
     pub total_segments: u32,
     pub segment_bytes: u64,
     pub gc_segments_cleaned: u64,
@@ -197,6 +201,8 @@ impl Pool {
             gc_write_amplification: ratio(user + gc),
             free_segments: self.eng.log.capacity().free_segments(),
             free_segments_over_holes: self.eng.log.capacity().free_and_hole_counts().1,
+            gc_low_watermark_segments: self.eng.log.capacity().watermarks().low,
+            gc_high_watermark_segments: self.eng.log.capacity().watermarks().high,
             total_segments: self.eng.log.geo().total_segments,
             segment_bytes: self.eng.log.geo().segment_bytes,
             gc_segments_cleaned: c.gc_segments_cleaned.load(SeqCst),

@@ -263,7 +263,7 @@ impl Tier {
         }
         let _m = self.maintaining.lock();
         let mut busy = false;
-        let wm = log.capacity().watermarks;
+        let wm = log.capacity().watermarks();
         if log.capacity().free_segments() < wm.low {
             busy |= self.evict_coldest(log, temperatures, u64::MAX);
         }
