@@ -220,9 +220,9 @@ impl Engine {
         self.log.capacity().set_protected_classes(classes);
     }
 
-    /// One pass of every volume's background work, and a paced pool's band fitted to the
-    /// spare space ([`crate::log::capacity::Capacity::fit_paced_band`]); whether any volume did
-    /// something.
+    /// One pass of every volume's background work, and a paced pool's GC band fitted to its
+    /// surplus space ([`crate::log::capacity::Capacity::fit_paced_band`]); whether any volume
+    /// did something.
     pub fn maintain(&self) -> Result<bool> {
         let vols: Vec<Arc<dyn Controller>> = self.volumes.read().values().cloned().collect();
         let mut busy = false;

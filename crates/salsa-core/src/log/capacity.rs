@@ -199,26 +199,27 @@ impl Watermarks {
 
     /// The watermarks of a pool whose user writes are paced (`crate::pacing`), of `total`
     /// segments of which `surplus` are needed neither by the live data nor as the pool's
-    /// configured spare (a volume smaller than the pool, or not yet written): the GC starts and stops a
-    /// few segments higher, so that the free segments between its start and the writers'
-    /// reserve absorb the GC's bursts (a victim's relocation, a release sync) and swings while
-    /// the pacer holds writers to the rate it sustains. The band is widened by 1 in 64 of the
-    /// pool (at most 16), or by an eighth of the surplus segments (at most 64) where that is
-    /// more. With the narrow band, free segments touched the reserve at every burst and the
-    /// pacer took the rate down each time: 353 against 505 MB/s on RAID-5 random writes of 1022
+    /// configured spare (a volume smaller than the pool, or not yet written): the GC starts
+    /// and stops a few segments higher, so that the free segments between its start and the
+    /// writers' reserve absorb the GC's bursts (a victim's relocation, a release sync) and
+    /// swings while the pacer holds writers to the rate it sustains. The band is widened by 1
+    /// in 64 of the pool (at most 16), or by an eighth of the surplus segments (at most 64)
+    /// where that is more.
+    ///
+    /// With the narrow band, free segments touched the reserve at every burst and the pacer
+    /// took the rate down each time: 353 against 505 MB/s on RAID-5 random writes of 1022
     /// segments. Once the GC read victims' live pages only, 1 in 128 (at most 8) was too
     /// little at its higher pace: 21 to 42 stalls per 10 s, 757 MB/s with a p99 of 723 us,
     /// against 3 to 11 stalls, 954 MB/s and 498 us with 1 in 64 (a whole volume writes 1 to
     /// 4% more per user byte for the segments held free; an eighth of all the spare, the
     /// configured spare included, took a whole volume's from 3.51-3.56 to 3.67-3.79). Where
-    /// the data leaves most of the pool spare (a volume of 42% of it), 1 in 64 still let free
-    /// segments reach the reserve 10 to 60 times in 10 s of paced random writes; 64 more held
-    /// them off in every round and took the p99 from a median of 384 to 352 us, for 1.45
-    /// against 1.44 bytes written per user byte (the segments held free are a small share of
-    /// the surplus there). A pool of
-    /// fewer than 128 segments keeps its band: there each segment held free is a share of the
-    /// spare the data lacks (96 segments, 2 more each side: GC write amplification 5.3 and 6.3
-    /// against 3.7; docs/BENCHMARKS.md).
+    /// the data leaves most of the pool spare (a volume of 42% of it), 1 in 64 still let
+    /// writers stall on the reserve in 17 of 22 rounds of 10 s (a median of 18 times); the
+    /// surplus band held them off in all 22 and took the p99.9 from a median of 856 to 725
+    /// us, for 1.45 against 1.44 bytes written per user byte (the p99 moved within the
+    /// spread). A pool of fewer than 128 segments keeps its band: there each segment held
+    /// free is a share of the spare the data lacks (96 segments, 2 more each side: GC write
+    /// amplification 5.3 and 6.3 against 3.7; docs/BENCHMARKS.md).
     pub fn widened_for_pacing(self, total: u32, surplus: u32) -> Watermarks {
         let extra = if total < 128 {
             0
@@ -944,7 +945,7 @@ mod tests {
     }
 
     #[test]
-    fn a_paced_pools_band_follows_the_space_its_data_leaves_spare() {
+    fn a_paced_pools_band_follows_the_surplus_its_data_leaves() {
         let c = Capacity::new(vec![StorageType::Flash; 1024], 256);
         c.rebuild_queues();
         let plain = c.watermarks();
