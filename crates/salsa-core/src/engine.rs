@@ -145,7 +145,7 @@ impl Engine {
             self.pacer.pace(
                 bytes,
                 || self.free_for_pacing(),
-                &self.log.capacity().watermarks(),
+                || self.log.capacity().watermarks(),
                 self.log.write_back().backlog(),
             );
         }
@@ -159,7 +159,7 @@ impl Engine {
             self.pacer.admit(
                 bytes,
                 || self.free_for_pacing(),
-                &self.log.capacity().watermarks(),
+                || self.log.capacity().watermarks(),
                 self.log.write_back().backlog(),
             )
         } else {

@@ -353,9 +353,10 @@ impl WritePacer {
     }
 
     /// Corrects the rate when an interval has passed since the last correction, from `free`
-    /// segments against the GC's watermarks, and measures what the write-back threads write
-    /// from `backlog`.
-    fn update(&self, now: u64, free: impl Fn() -> u32, wm: &Watermarks, backlog: Backlog) {
+    /// segments against the GC's watermarks `wm` (both asked only then: a paced pool's band
+    /// moves, `crate::log::capacity::Capacity::fit_paced_band`), and measures what the
+    /// write-back threads write from `backlog`.
+    fn update(&self, now: u64, free: impl Fn() -> u32, wm: impl Fn() -> Watermarks, backlog: Backlog) {
         let Some(mut c) = self.control.try_lock() else {
             return; // another writer corrects it
         };
@@ -374,6 +375,7 @@ impl WritePacer {
         self.measure_write_back(&mut c, dt, fresh, backlog);
         let stalled = self.stalled.swap(false, Relaxed);
         let free_now = free();
+        let wm = &wm();
         c.gc_cleaning = free_now < wm.low || (c.gc_cleaning && free_now < wm.high);
         let sample = Sample {
             at_ns: now,
@@ -492,9 +494,9 @@ impl WritePacer {
     }
 
     /// Admits a user write of `bytes`: corrects the rate if due, then waits for the write's
-    /// turn while pacing. `free`: free segments now; `wm`: the GC's watermarks; `backlog`:
-    /// the write-back's queue.
-    pub fn pace(&self, bytes: u64, free: impl Fn() -> u32, wm: &Watermarks, backlog: Backlog) {
+    /// turn while pacing. `free`: free segments now; `wm`: the GC's watermarks now (both asked
+    /// only when the rate is corrected); `backlog`: the write-back's queue.
+    pub fn pace(&self, bytes: u64, free: impl Fn() -> u32, wm: impl Fn() -> Watermarks, backlog: Backlog) {
         if let Some(turn) = self.admit(bytes, free, wm, backlog) {
             sleep_with_slack(turn.saturating_duration_since(Instant::now()), SLEEP_SLACK);
         }
@@ -502,7 +504,7 @@ impl WritePacer {
 
     /// Admits a user write of `bytes` like [`WritePacer::pace`], without waiting: returns when
     /// its turn comes, while pacing and at least [`SLEEP_MIN`] away (`None`: now).
-    pub fn admit(&self, bytes: u64, free: impl Fn() -> u32, wm: &Watermarks, backlog: Backlog) -> Option<Instant> {
+    pub fn admit(&self, bytes: u64, free: impl Fn() -> u32, wm: impl Fn() -> Watermarks, backlog: Backlog) -> Option<Instant> {
         self.bytes_admitted.fetch_add(bytes, Relaxed);
         let now = self.now_ns();
         self.update(now, free, wm, backlog);
@@ -555,7 +557,7 @@ mod tests {
         for _ in 0..intervals {
             p.bytes_admitted.fetch_add(5 * bytes_per_ms, Relaxed);
             t += 5;
-            p.update(t * MS, || free, &WM, Backlog::default());
+            p.update(t * MS, || free, || WM, Backlog::default());
         }
         t
     }
@@ -723,7 +725,7 @@ mod tests {
         // No write for a second: corrected by the free segments alone, not cut to what the
         // writers wrote (nothing).
         let kept = slow_rate(&p);
-        p.update((t + 1000) * MS, || WM.high, &WM, Backlog::default());
+        p.update((t + 1000) * MS, || WM.high, || WM, Backlog::default());
         assert!(slow_rate(&p) > kept, "raised with free segments at the high watermark");
     }
 
@@ -733,7 +735,7 @@ mod tests {
         let p = pacing_at(4096 * 1000);
         let t = Instant::now();
         for _ in 0..20 {
-            p.pace(4096, || WM.low, &WM, Backlog::default());
+            p.pace(4096, || WM.low, || WM, Backlog::default());
         }
         let took = t.elapsed();
         assert!(took >= Duration::from_millis(17), "20 turns of 1 ms took {took:?}");
@@ -742,9 +744,9 @@ mod tests {
         assert!(p.paced_writes.load(Relaxed) >= 10, "{} paced", p.paced_writes.load(Relaxed));
         // At the least rate, a 1 MiB write's turn would be a second away: bounded.
         let p = pacing_at(RATE_MIN_BYTES_PER_SEC);
-        p.pace(1 << 20, || WM.low, &WM, Backlog::default());
+        p.pace(1 << 20, || WM.low, || WM, Backlog::default());
         let t = Instant::now();
-        p.pace(4096, || WM.low, &WM, Backlog::default());
+        p.pace(4096, || WM.low, || WM, Backlog::default());
         let waited = t.elapsed();
         assert!(waited >= DELAY_MAX && waited < DELAY_MAX * 10, "waited {waited:?}");
     }
@@ -781,7 +783,7 @@ mod tests {
         let p = pacing_at(RATE_MIN_BYTES_PER_SEC);
         for s in 1..=3 {
             p.bytes_admitted.fetch_add(1 << 20, Relaxed);
-            p.update(s * 1000 * MS, || WM.high, &WM, Backlog::default());
+            p.update(s * 1000 * MS, || WM.high, || WM, Backlog::default());
         }
         assert!(!p.pacing());
     }
@@ -798,7 +800,7 @@ mod tests {
                 queued_records: queued,
                 written_bytes: *written,
             };
-            p.update(t * MS, || WM.high, &WM, backlog);
+            p.update(t * MS, || WM.high, || WM, backlog);
         }
         t
     }
@@ -816,7 +818,7 @@ mod tests {
         let t0 = Instant::now();
         let mut last = None;
         for _ in 0..n {
-            last = p.admit(4096, || WM.high, &WM, b).or(last);
+            last = p.admit(4096, || WM.high, || WM, b).or(last);
         }
         let t1 = Instant::now();
         let last = last.expect("paced");
@@ -851,7 +853,7 @@ mod tests {
         write_back(&p, 0, 4, 40_960, 2, &mut written);
         assert_eq!(p.write_back_drain_bytes_per_sec.load(Relaxed), 40_960_000);
         for _ in 0..100 {
-            assert_eq!(p.admit(4096, || WM.high, &WM, backlog(WRITE_BACK_SETPOINT - 1)), None);
+            assert_eq!(p.admit(4096, || WM.high, || WM, backlog(WRITE_BACK_SETPOINT - 1)), None);
         }
         assert_eq!(p.paced_writes.load(Relaxed), 0);
         // At the setpoint: 100 writes take 100 turns of 100 us (the first at once).
@@ -894,7 +896,7 @@ mod tests {
             written += 5 * BYTES_PER_MS;
             // Writers take a segment each BIG bytes; the GC gives one back half a segment later.
             let free = (WM.low - 2) + ((written + BIG / 2) / BIG - written / BIG) as u32;
-            p.update(i * 5 * MS, || free, &WM, Backlog::default());
+            p.update(i * 5 * MS, || free, || WM, Backlog::default());
             if i * 5 > 2_500 {
                 seen.push(p.control.lock().gc_sustained);
             }

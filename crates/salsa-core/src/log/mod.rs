@@ -378,13 +378,13 @@ impl Log {
     }
 
     /// Widens the GC's band for a pool whose user writes are paced
-    /// ([`capacity::Watermarks::widened_for_pacing`]), which keeps `configured_spare_percent`
-    /// of its segments spare, fitted to the surplus space from then on
-    /// ([`capacity::Capacity::fit_paced_band`]).
-    pub fn widen_watermarks_for_pacing(&self, configured_spare_percent: f64) {
-        let total = self.capacity.segments().len() as f64;
-        self.capacity
-            .widen_for_pacing((total * configured_spare_percent / 100.0).ceil() as u32);
+    /// ([`capacity::Watermarks::widened_for_pacing`]), which keeps `spare_basis_points` of
+    /// its segments spare (as its superblock records them), fitted to the surplus space from
+    /// then on ([`capacity::Capacity::fit_paced_band`]).
+    pub fn widen_watermarks_for_pacing(&self, spare_basis_points: u32) {
+        let total = self.capacity.segments().len() as u64;
+        let configured = (total * u64::from(spare_basis_points)).div_ceil(10_000);
+        self.capacity.widen_for_pacing(configured.min(total) as u32);
     }
 
     pub fn counters(&self) -> &Counters {

@@ -345,7 +345,7 @@ impl Pool {
         let pace_user_writes = opts.pace_user_writes && opts.background_gc;
         let log = Log::new(first.pool_id, geo, array, meta, opts.read_only);
         if pace_user_writes {
-            log.widen_watermarks_for_pacing(first.spare_basis_points as f64 / 100.0);
+            log.widen_watermarks_for_pacing(first.spare_basis_points);
         }
         let log = Arc::new(log);
         log.enable_read_cache(opts.read_cache_bytes);

@@ -176,6 +176,8 @@ impl Pool {
             total_segments: self.eng.log.geo().total_segments,
             rate_bytes_per_sec: (r.rate_bytes_per_sec > 0).then_some(r.rate_bytes_per_sec),
         });
+        // One snapshot, so that both watermarks come from the same band.
+        let watermarks = self.eng.log.capacity().watermarks();
         Stats {
             rebuild,
             parity_buffer: self.eng.log.array().parity_buffer_status(),
@@ -201,8 +203,8 @@ impl Pool {
             gc_write_amplification: ratio(user + gc),
             free_segments: self.eng.log.capacity().free_segments(),
             free_segments_over_holes: self.eng.log.capacity().free_and_hole_counts().1,
-            gc_low_watermark_segments: self.eng.log.capacity().watermarks().low,
-            gc_high_watermark_segments: self.eng.log.capacity().watermarks().high,
+            gc_low_watermark_segments: watermarks.low,
+            gc_high_watermark_segments: watermarks.high,
             total_segments: self.eng.log.geo().total_segments,
             segment_bytes: self.eng.log.geo().segment_bytes,
             gc_segments_cleaned: c.gc_segments_cleaned.load(SeqCst),
