@@ -27,6 +27,31 @@ fn pool_of_48_mib(opts: &OpenOptions) -> Pool {
     Pool::create(vec![dev], &cfg, opts).unwrap()
 }
 
+/// A pool of 256 MiB in segments of 1 MiB with `spare_percent` spare (`None`: the default),
+/// its user writes paced or not.
+fn pool_of_256_mib(pace_user_writes: bool, spare_percent: Option<f64>) -> Pool {
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("m", 256 * MIB));
+    let mut cfg = PoolConfig {
+        segment_bytes: Some(MIB),
+        ..PoolConfig::default()
+    };
+    cfg.spare_percent = spare_percent.unwrap_or(cfg.spare_percent);
+    let opts = OpenOptions {
+        pace_user_writes,
+        ..OpenOptions::default()
+    };
+    Pool::create(vec![dev], &cfg, &opts).unwrap()
+}
+
+/// Writes every byte of `vol`'s first `size` bytes once, a MiB at a time.
+fn write_all_of(vol: &Volume, size: u64) {
+    let chunk = vec![7u8; MIB as usize];
+    for at in (0..size).step_by(MIB as usize) {
+        let n = (size - at).min(MIB) as usize;
+        vol.write(at, &chunk[..n]).unwrap();
+    }
+}
+
 /// [`overwrite_from_threads`] from `THREADS` threads on a pool of 48 MiB; its statistics.
 fn overwrites(background_gc: bool, pace_user_writes: bool) -> salsa_core::Stats {
     let pool = pool_of_48_mib(&OpenOptions {
@@ -180,20 +205,8 @@ fn one_thread_holding_acknowledgements_is_paced_like_many_writers_sleeping() {
 /// volume's data grows into that surplus; `Stats` reports where it stands.
 #[test]
 fn a_paced_pools_gc_band_narrows_as_its_data_grows_into_the_surplus() {
-    let open = |pace_user_writes: bool| {
-        let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("m", 256 * MIB));
-        let cfg = PoolConfig {
-            segment_bytes: Some(MIB),
-            ..PoolConfig::default()
-        };
-        let opts = OpenOptions {
-            pace_user_writes,
-            ..OpenOptions::default()
-        };
-        Pool::create(vec![dev], &cfg, &opts).unwrap()
-    };
-    let plain = open(false).stats();
-    let pool = open(true);
+    let plain = pool_of_256_mib(false, None).stats();
+    let pool = pool_of_256_mib(true, None);
     let st = pool.stats();
     let total = st.total_segments;
     assert!(total >= 128, "the test needs a pool that widens its band: {total} segments");
@@ -211,11 +224,7 @@ fn a_paced_pools_gc_band_narrows_as_its_data_grows_into_the_surplus() {
     // A volume of the pool's whole capacity, written once: the surplus is gone.
     let size = pool.logical_capacity_bytes();
     let vol = pool.create_volume("v", size, 4096).unwrap();
-    let chunk = vec![7u8; MIB as usize];
-    for at in (0..size).step_by(MIB as usize) {
-        let n = (size - at).min(MIB) as usize;
-        vol.write(at, &chunk[..n]).unwrap();
-    }
+    write_all_of(&vol, size);
     pool.flush().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while widened_by(&pool.stats()) > base && Instant::now() < deadline {
@@ -236,4 +245,28 @@ fn a_paced_pools_gc_band_narrows_as_its_data_grows_into_the_surplus() {
     }
     assert!(widened_by(&pool.stats()) > 2 * base, "trimming half gave nothing back");
     pool.close().unwrap();
+}
+
+/// A paced pool's wider GC band is made of surplus space and moves with it: the pool's
+/// capacity (what volumes may hold, and what a write is refused beyond) is the unpaced
+/// pool's, also where the GC's reserve rather than the configured spare bounds it.
+#[test]
+fn pacing_leaves_a_pools_capacity_as_it_is() {
+    let capacity = |pace_user_writes: bool| {
+        let pool = pool_of_256_mib(pace_user_writes, Some(1.0));
+        let st = pool.stats();
+        let bytes = pool.logical_capacity_bytes();
+        // A volume of all of it takes writes of all of it.
+        let vol = pool.create_volume("v", bytes, 4096).unwrap();
+        write_all_of(&vol, bytes);
+        pool.close().unwrap();
+        (bytes, st.gc_high_watermark_segments)
+    };
+    let (plain, plain_high) = capacity(false);
+    let (paced, paced_high) = capacity(true);
+    assert!(
+        paced_high > plain_high,
+        "the paced band is wider: {paced_high} against {plain_high}"
+    );
+    assert_eq!(paced, plain, "a paced pool's capacity");
 }

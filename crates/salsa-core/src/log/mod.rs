@@ -1453,7 +1453,9 @@ impl Log {
     /// [`Log::usable_grains`] when the volumes have `streams` streams in all: each stream
     /// may hold a partly written segment whose rest no other stream can use.
     pub fn usable_grains_for_streams(&self, streams: u64) -> u64 {
-        let wm = self.capacity.watermarks();
+        // The plain band, not a paced pool's wider one: that band is made of surplus space
+        // and moves with it (`Capacity::fit_paced_band`), and a pool's capacity must not.
+        let wm = capacity::Watermarks::for_segments(self.geo.total_segments);
         let data_per_segment = self.geo.data_grains_per_segment() as u64;
         let reserved = wm.high as u64 + streams + 2;
         let segs = (self.geo.total_segments as u64).saturating_sub(reserved);
