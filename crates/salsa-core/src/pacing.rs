@@ -62,8 +62,9 @@
 //! it); the rate, the GC's or the write-back's, is at least [`RATE_MIN_BYTES_PER_SEC`], and
 //! the GC's slow part falls to twice what writers wrote in the most of the intervals of the
 //! last [`WROTE_SPAN`] when it is above that (a rate far above the load would say nothing
-//! when the load rises; not while the write-back's pace held them), and to [`SUSTAINED_HEADROOM`] times what the GC sustained; trims and GC
-//! writes are never paced (trims make space; the GC is what writers wait for).
+//! when the load rises; not while the write-back's pace held them), and to
+//! [`SUSTAINED_HEADROOM`] times what the GC sustained; trims and GC writes are never paced
+//! (trims make space; the GC is what writers wait for).
 //!
 //! What it cannot smooth: the GC's pace echoes the writers' pace one victim age earlier (the
 //! segments written in a fast phase come back together as greedy victims), so a rate held
