@@ -17,30 +17,26 @@ const DELAY_MAX: Duration = Duration::from_millis(20);
 
 const THREADS: u64 = 8;
 
-/// A pool of 48 MiB in segments of 1 MiB, opened with `opts`.
-fn pool_of_48_mib(opts: &OpenOptions) -> Pool {
-    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("m", 48 * MIB));
-    let cfg = PoolConfig {
-        segment_bytes: Some(MIB),
-        ..PoolConfig::default()
-    };
-    Pool::create(vec![dev], &cfg, opts).unwrap()
-}
-
-/// A pool of 256 MiB in segments of 1 MiB with `spare_percent` spare (`None`: the default),
-/// its user writes paced or not.
-fn pool_of_256_mib(pace_user_writes: bool, spare_percent: Option<f64>) -> Pool {
-    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("m", 256 * MIB));
+/// A pool of `size_mib` MiB in segments of 1 MiB with `spare_percent` spare (`None`: the
+/// default), opened with `opts`.
+fn pool_of(size_mib: u64, spare_percent: Option<f64>, opts: &OpenOptions) -> Pool {
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("m", size_mib * MIB));
     let mut cfg = PoolConfig {
         segment_bytes: Some(MIB),
         ..PoolConfig::default()
     };
     cfg.spare_percent = spare_percent.unwrap_or(cfg.spare_percent);
+    Pool::create(vec![dev], &cfg, opts).unwrap()
+}
+
+/// A pool of 256 MiB (large enough that pacing widens its GC band), its user writes paced
+/// or not.
+fn pool_of_256_mib(pace_user_writes: bool, spare_percent: Option<f64>) -> Pool {
     let opts = OpenOptions {
         pace_user_writes,
         ..OpenOptions::default()
     };
-    Pool::create(vec![dev], &cfg, &opts).unwrap()
+    pool_of(256, spare_percent, &opts)
 }
 
 /// Writes every byte of `vol`'s first `size` bytes once, a MiB at a time.
@@ -54,11 +50,15 @@ fn write_all_of(vol: &Volume, size: u64) {
 
 /// [`overwrite_from_threads`] from `THREADS` threads on a pool of 48 MiB; its statistics.
 fn overwrites(background_gc: bool, pace_user_writes: bool) -> salsa_core::Stats {
-    let pool = pool_of_48_mib(&OpenOptions {
-        background_gc,
-        pace_user_writes,
-        ..OpenOptions::default()
-    });
+    let pool = pool_of(
+        48,
+        None,
+        &OpenOptions {
+            background_gc,
+            pace_user_writes,
+            ..OpenOptions::default()
+        },
+    );
     overwrite_from_threads(&pool, THREADS, 1);
     let st = pool.stats();
     pool.close().unwrap();
@@ -100,14 +100,18 @@ fn writers_are_not_paced_unless_asked_or_when_they_clean_for_themselves() {
 /// pacer's bound, and every page reads back its last write.
 #[test]
 fn writes_a_server_buffers_on_its_receiving_thread_are_paced_too() {
-    let pool = pool_of_48_mib(&OpenOptions {
-        pace_user_writes: true,
-        // Room for the whole volume, written down at once: the receiving thread's path never
-        // runs out of room (as for a server whose buffer holds the working set).
-        write_buffer_bytes: 64 * MIB,
-        write_buffer_expire: std::time::Duration::from_millis(1),
-        ..OpenOptions::default()
-    });
+    let pool = pool_of(
+        48,
+        None,
+        &OpenOptions {
+            pace_user_writes: true,
+            // Room for the whole volume, written down at once: the receiving thread's path never
+            // runs out of room (as for a server whose buffer holds the working set).
+            write_buffer_bytes: 64 * MIB,
+            write_buffer_expire: std::time::Duration::from_millis(1),
+            ..OpenOptions::default()
+        },
+    );
     let held = std::sync::atomic::AtomicU64::new(0);
     let through_the_buffer = |vol: &Volume, at: u64, data: &[u8]| {
         let mut payload = vol.paged_payload(at, PAGE).expect("a buffered volume");
@@ -148,10 +152,14 @@ fn writes_a_server_buffers_on_its_receiving_thread_are_paced_too() {
 fn one_thread_holding_acknowledgements_is_paced_like_many_writers_sleeping() {
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
-    let pool = pool_of_48_mib(&OpenOptions {
-        pace_user_writes: true,
-        ..OpenOptions::default()
-    });
+    let pool = pool_of(
+        48,
+        None,
+        &OpenOptions {
+            pace_user_writes: true,
+            ..OpenOptions::default()
+        },
+    );
     let pages = (pool.logical_capacity_bytes() * 85 / 100) / PAGE as u64;
     let vol = pool.create_volume("v", pages * PAGE as u64, PAGE as u32).unwrap();
     let mut last = vec![1u64; pages as usize];
