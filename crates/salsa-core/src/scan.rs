@@ -17,6 +17,7 @@
 //! order, and the visitor is told which data pages hold the bytes read ([`HeldPages`]).
 
 use crate::array::{member_io, Array};
+use crate::device::StorageType;
 use crate::error::{Error, Result};
 use crate::format::{MetaEntry, RecordMeta, SegmentHeader};
 
@@ -25,10 +26,26 @@ use crate::util::{AlignedBuf, BufferPool};
 /// Most bytes read from a segment at once.
 const WINDOW_BYTES_MAX: usize = 16 << 20;
 
-/// A gap between two live runs of a victim up to this many bytes is read rather than skipped:
-/// a request costs about as much as reading 20 to 40 KiB on the disks measured
-/// (docs/BENCHMARKS.md, "GC reads of live pages only").
+/// A gap between two live runs of a victim up to this many bytes counts as read when the GC
+/// decides whether to read a window of it whole ([`LIVE_READ_SHARE_MAX`]), and is read rather
+/// than skipped on a disk or an SMR drive: a request costs about as much as reading 20 to 40
+/// KiB on the disks measured (docs/BENCHMARKS.md, "GC reads of live pages only").
 const LIVE_READ_GAP_BYTES: usize = 32 << 10;
+
+/// The bytes of a gap between two live runs read rather than skipped, once a window of a
+/// victim of `storage_type` is read in part. None on flash and NVM: the GC's reads there share
+/// the device with the writes it cleans for, and what bounds the pool is the bytes the device
+/// moves more than its requests; at the paper's working set on RAID-5, reading the gaps
+/// through cost 0.25 bytes read per user byte against 0.09 and a tenth of the throughput
+/// (docs/BENCHMARKS.md, "The GC's reads on flash without the gaps"). Whether to read a
+/// window whole is decided as on a disk: reading the live pages of a victim a quarter live
+/// apart took longer than reading it whole.
+fn live_read_gap_bytes(storage_type: StorageType) -> usize {
+    match storage_type {
+        StorageType::Flash | StorageType::Nvm => 0,
+        StorageType::Hdd | StorageType::SmrConventional | StorageType::SmrSequential => LIVE_READ_GAP_BYTES,
+    }
+}
 
 /// A victim whose live runs (gaps under [`LIVE_READ_GAP_BYTES`] included) cover more than this
 /// share of its records is read whole, in one request.
@@ -279,6 +296,7 @@ pub fn walk_victim_live(
         let (header, whole_bytes) = walk_victim_whole(array, buffers, geo, segment, |h, m, d| visit(h, m, d, &HeldPages::ALL))?;
         return Ok((header, bytes_read + whole_bytes));
     }
+    let read_gap_grains = live_read_gap_bytes(array.storage_type(segment)) / gb;
     let mut window = buffers.get(window_grains * gb);
     let mut result = Ok(());
     let mut first = 0;
@@ -290,7 +308,18 @@ pub fn walk_victim_live(
             .take_while(|r| r.pos + r.extent_grains() - start <= window_grains)
             .count()
             + first;
-        match walk_live_window(array, &mut window, base, gb, &header, &records[first..end], &mut live, &mut visit) {
+        let records = &records[first..end];
+        match walk_live_window(
+            array,
+            &mut window,
+            base,
+            gb,
+            read_gap_grains,
+            &header,
+            records,
+            &mut live,
+            &mut visit,
+        ) {
             Ok(read) => bytes_read += read,
             Err(e) => {
                 result = Err(e);
@@ -365,7 +394,8 @@ fn read_chain(
 }
 
 /// Reads what `records` (consecutive, all within one window from the first one's metadata
-/// page) need of their data into `window`, their live runs or all of them when the runs
+/// page) need of their data into `window`, their live runs (gaps of up to `read_gap_grains`
+/// read through) or all of them when the runs with gaps under [`LIVE_READ_GAP_BYTES`] would
 /// cover most of it, and visits them; returns the bytes read.
 #[allow(clippy::too_many_arguments)]
 fn walk_live_window(
@@ -373,6 +403,7 @@ fn walk_live_window(
     window: &mut [u8],
     base: u64,
     gb: usize,
+    read_gap_grains: usize,
     header: &SegmentHeader,
     records: &[ChainRecord],
     live: &mut impl FnMut(&RecordMeta, usize, &MetaEntry) -> bool,
@@ -383,10 +414,8 @@ fn walk_live_window(
     };
     let start = first.pos;
     let extent = last.pos + last.extent_grains() - start;
-    // The live pages, as runs of grains `[start, end)` from the window's start (ascending,
-    // gaps up to the bound read).
-    let gap_grains = LIVE_READ_GAP_BYTES / gb;
-    let mut runs: Vec<(usize, usize)> = Vec::new();
+    // The live pages, as grains `[start, end)` from the window's start (ascending).
+    let mut pages: Vec<(usize, usize)> = Vec::new();
     let mut held: Vec<Vec<bool>> = Vec::with_capacity(records.len());
     for r in records {
         let pg = r.meta.page_grains as usize;
@@ -397,23 +426,22 @@ fn walk_live_window(
             record_held.push(is_live);
             if is_live {
                 let at = r.pos - start + 1 + slot * pg;
-                match runs.last_mut() {
-                    Some(run) if at <= run.1 + gap_grains => run.1 = at + pg,
-                    _ => runs.push((at, at + pg)),
-                }
+                pages.push((at, at + pg));
             }
         }
         held.push(record_held);
     }
-    let run_grains: usize = runs.iter().map(|(s, e)| e - s).sum();
-    let whole = run_grains as f64 > LIVE_READ_SHARE_MAX * extent as f64;
+    let grains = |runs: &[(usize, usize)]| runs.iter().map(|(s, e)| e - s).sum::<usize>();
+    let covered = grains(&runs_of(&pages, LIVE_READ_GAP_BYTES / gb));
+    let whole = covered as f64 > LIVE_READ_SHARE_MAX * extent as f64;
     let bytes_read = if whole {
         // Most of it is needed: one request for the window's records.
         array.read(base + start as u64, &mut window[..extent * gb])?;
         extent * gb
     } else {
+        let runs = runs_of(&pages, read_gap_grains);
         read_runs(array, &mut window[..extent * gb], base + start as u64, gb, &runs)?;
-        run_grains * gb
+        grains(&runs) * gb
     };
     for (r, record_held) in records.iter().zip(&held) {
         let at = (r.pos - start + 1) * gb;
@@ -422,6 +450,19 @@ fn walk_live_window(
         visit(header, &r.meta, data, &held);
     }
     Ok(bytes_read as u64)
+}
+
+/// `pages` (grains `[start, end)`, ascending) as runs, each taking the next page in when the
+/// gap before it is at most `gap_grains`.
+fn runs_of(pages: &[(usize, usize)], gap_grains: usize) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &(at, end) in pages {
+        match runs.last_mut() {
+            Some(run) if at <= run.1 + gap_grains => run.1 = end,
+            _ => runs.push((at, end)),
+        }
+    }
+    runs
 }
 
 /// Reads grain runs `[start, end)` of the segment at `base` into their places in `buf`, up to
