@@ -36,10 +36,10 @@ const LIVE_READ_GAP_BYTES: usize = 32 << 10;
 /// victim of `storage_type` is read in part. None on flash and NVM: the GC's reads there share
 /// the device with the writes it cleans for, and what bounds the pool is the bytes the device
 /// moves more than its requests; at the paper's working set on RAID-5, reading the gaps
-/// through cost 0.25 bytes read per user byte against 0.09 and a tenth of the throughput
+/// through cost 0.25 bytes read per user byte against 0.09 and a fifth of the throughput
 /// (docs/BENCHMARKS.md, "The GC's reads on flash without the gaps"). Whether to read a
-/// window whole is decided as on a disk: reading the live pages of a victim a quarter live
-/// apart took longer than reading it whole.
+/// window whole is decided as on a disk: at 70% of the volume, victims about a quarter live
+/// read page by page were slower than read whole.
 fn live_read_gap_bytes(storage_type: StorageType) -> usize {
     match storage_type {
         StorageType::Flash | StorageType::Nvm => 0,
