@@ -1,14 +1,13 @@
 //! `salsa bench` end to end: policies side by side with JSON and charts, trace replay, and the
 //! device trace it writes.
 
-use std::path::PathBuf;
+mod common;
+use common::*;
 use std::process::Command;
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("salsa-bench-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when dropped (see `common::TestDir`).
+fn scratch(name: &str) -> TestDir {
+    test_dir(name)
 }
 
 fn salsa(args: &[&str]) -> (bool, String, String) {
@@ -66,7 +65,6 @@ fn policies_side_by_side_with_json_and_charts() {
         let text = std::fs::read_to_string(out.join(f)).unwrap();
         assert!(text.contains("sepbit+greedy"), "{f} names both runs");
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -144,7 +142,6 @@ fn compare_runs_every_named_pair_and_writes_one_report() {
         let (ok, _, stderr) = salsa(&["bench", "--memory", "16M", "--compare", bad, "--out", out.to_str().unwrap()]);
         assert!(!ok && stderr.contains(says), "{bad}: {stderr}");
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -226,7 +223,6 @@ fn trace_replay_and_device_trace() {
     std::fs::write(&trace, "3,W,0,4096,1\n3,Q,0,4096,2\n").unwrap();
     let (ok, _, stderr) = salsa(&["bench", "--memory", "64M", "--workload", &format!("trace:{}", trace.display())]);
     assert!(!ok && stderr.contains(":2:"), "{stderr}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 fn json_of(stdout: &str) -> serde_json::Value {
@@ -269,7 +265,6 @@ fn device_bench_ssd_model_raw_versus_salsa() {
         let text = std::fs::read_to_string(out.join(f)).unwrap();
         assert!(text.contains("salsa") && text.contains("raw"), "{f}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Through SALSA on a host-managed SMR drive (zoned, with disk timing); a raw run is not
@@ -325,7 +320,6 @@ fn device_trace_on_a_zoned_drive() {
     ]);
     assert!(ok, "{stderr}");
     assert!(std::fs::read_to_string(&trace).unwrap().lines().count() > 10);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `bench-raw` runs the raw O_DIRECT baseline and SALSA on the same file, in both of SALSA's
@@ -424,7 +418,6 @@ fn garbage_trigger_and_volume_size_run_sepbit_style_cleaning_on_a_roomy_pool() {
         let (ok, _, stderr) = run(volume, bad);
         assert!(!ok && stderr.contains(says), "{bad:?}: {stderr}");
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -539,7 +532,6 @@ fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
     assert!(half.get("seqwrite_1m").is_none(), "only the part asked for ran: {half}");
     let (ok, _, stderr) = short_raid_bench(&["--volume-percent", "0"]);
     assert!(!ok && stderr.contains("volume-percent"), "{stderr}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The object-store case study, short: Swift-style object writes on XFS over nbdfuse, on the
@@ -715,8 +707,7 @@ fn amf_bench_compares_append_only_volumes_with_the_page_map() {
 /// the data they produce (the compaction reads back every 97th page against its origin).
 #[test]
 fn share_bench_compares_double_write_and_compaction_with_their_baselines() {
-    let dir = std::env::temp_dir().join(format!("salsa-bench-share-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("share");
     let device = format!("{}:256M", dir.join("b.img").display());
     let (ok, out, err) = salsa(&[
         "bench-share",
@@ -748,7 +739,6 @@ fn share_bench_compares_double_write_and_compaction_with_their_baselines() {
     assert!(share * 20.0 < copy, "the share wrote {share} bytes against the copy's {copy}");
     let (ok, _, err) = salsa(&["bench-share", "--device", &device, "--batch", "0"]);
     assert!(!ok && err.contains("--batch"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `salsa bench-map-memory` on a small volume: the extent map is far smaller than the page map

@@ -163,9 +163,10 @@ fn replace_at_one_byte_a_second(first: &str, old: &str, new: &str) -> std::proce
 /// buffer (every read comes from the members), holding [`Raid5Fixture::block`] at each of its
 /// first 16 MiB, written and flushed.
 struct Raid5Fixture {
-    dir: std::path::PathBuf,
     srv: Server,
     client: RawClient,
+    /// Last: fields drop in order, and the directory goes after the server using it.
+    dir: TestDir,
 }
 
 impl Raid5Fixture {
@@ -234,9 +235,12 @@ impl Raid5Fixture {
     }
 
     /// Stops the server (its client first).
-    fn stop(self) {
+    /// Stops the server; the directory is handed back, so that its member files outlive
+    /// the server for as long as the caller keeps it.
+    fn stop(self) -> TestDir {
         drop(self.client);
         self.srv.stop();
+        self.dir
     }
 
     /// `salsa device replace` of member 1 onto file 4, paused after its first segment.
@@ -275,7 +279,7 @@ fn a_healthy_member_replaced_online_serves_its_slot_until_the_rebuild_ends() {
         "{m}"
     );
     f.read_back("after the rebuild, from the new member and the survivors");
-    f.stop();
+    let _dir = f.stop();
 }
 
 /// A healthy member's replacement interrupted by a crash of the server (kill -9) goes on with
@@ -318,7 +322,7 @@ fn a_healthy_members_replacement_goes_on_with_it_after_a_crash() {
     f.wait_for_member_1("state", "ok");
     assert!(f.members()[1]["outgoing"].is_null(), "{}", f.members());
     f.read_back("after the rebuild, from the new member and the survivors");
-    f.stop();
+    let _dir = f.stop();
     let (ok, out) = info();
     assert!(!ok && out.contains("same member"), "the old member once rebuilt: {out}");
 }
@@ -352,7 +356,7 @@ fn failing_the_replacement_of_a_healthy_member_gives_the_slot_back() {
     for i in 0..4 {
         scrub.extend(["--device".to_string(), f.path(i)]);
     }
-    f.stop();
+    let _dir = f.stop();
     let (ok, out) = run(Command::new(env!("CARGO_BIN_EXE_salsa")).args(&scrub));
     assert!(ok, "salsa check --scrub on the pool's own members: {out}");
 }
@@ -564,34 +568,83 @@ fn fio_and_ext4_on_a_raid5_pool_survive_a_failure_a_rebuild_and_a_lost_member() 
 /// Mounts ext4 on a loop device over nbdfuse, runs `f`, unmounts and fscks.
 fn with_filesystem(srv: &Server, mkfs: bool, f: impl FnOnce(&std::path::Path)) {
     let dir = &srv.dir;
-    let fuse_dir = dir.join("fuse");
+    let mut attached = Attached::new(srv);
     let mnt = dir.join("mnt");
-    std::fs::create_dir_all(&fuse_dir).unwrap();
     std::fs::create_dir_all(&mnt).unwrap();
-    let mut fuse = Command::new("nbdfuse").arg(&fuse_dir).arg(srv.uri()).spawn().unwrap();
-    let node = fuse_dir.join("nbd");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !node.exists() {
-        assert!(std::time::Instant::now() < deadline, "nbdfuse did not come up");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let (ok, out) = run(Command::new("losetup").args(["-f", "--show"]).arg(&node));
-    assert!(ok, "losetup: {out}");
-    let loopdev = out.trim().to_string();
+    let loopdev = attached.loop_device().to_string();
     if mkfs {
         let (ok, out) = run(Command::new("mkfs.ext4").args(["-q", "-F", &loopdev]));
         assert!(ok, "mkfs: {out}");
     }
     let (ok, out) = run(Command::new("mount").arg(&loopdev).arg(&mnt));
     assert!(ok, "mount: {out}");
+    attached.mounted = Some(mnt.clone());
     f(&mnt);
     let (ok, out) = run(Command::new("umount").arg(&mnt));
     assert!(ok, "umount: {out}");
+    attached.mounted = None;
     let (ok, out) = run(Command::new("fsck.ext4").args(["-f", "-n", &loopdev]));
     assert!(ok, "fsck is not clean: {out}");
-    let _ = run(Command::new("losetup").args(["-d", &loopdev]));
-    let _ = run(Command::new("fusermount3").arg("-u").arg(&fuse_dir));
-    let _ = fuse.wait();
+}
+
+/// A server's export attached as a loop device over nbdfuse (in `fuse/` of the server's
+/// directory), and maybe mounted; dropping it unmounts, detaches and stops nbdfuse in that
+/// order (so every write reaches the server), also when the test fails half way, so that no
+/// mount, loop device or FUSE mount outlives the test.
+struct Attached {
+    fuse: std::process::Child,
+    fuse_dir: std::path::PathBuf,
+    loop_device: Option<String>,
+    mounted: Option<std::path::PathBuf>,
+}
+
+impl Attached {
+    fn new(srv: &Server) -> Attached {
+        let fuse_dir = srv.dir.join("fuse");
+        std::fs::create_dir_all(&fuse_dir).unwrap();
+        let fuse = Command::new("nbdfuse").arg(&fuse_dir).arg(srv.uri()).spawn().unwrap();
+        let mut attached = Attached {
+            fuse,
+            fuse_dir,
+            loop_device: None,
+            mounted: None,
+        };
+        let node = attached.fuse_dir.join("nbd");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !node.exists() {
+            assert!(std::time::Instant::now() < deadline, "nbdfuse did not come up");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let (ok, out) = run(Command::new("losetup").args(["-f", "--show"]).arg(&node));
+        assert!(ok, "losetup: {out}");
+        attached.loop_device = Some(out.trim().to_string());
+        attached
+    }
+
+    fn loop_device(&self) -> &str {
+        self.loop_device.as_deref().unwrap_or_default()
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if let Some(mnt) = self.mounted.take() {
+            let _ = run(Command::new("umount").arg(&mnt));
+        }
+        if let Some(dev) = self.loop_device.take() {
+            let _ = run(Command::new("losetup").args(["-d", &dev]));
+        }
+        let _ = run(Command::new("fusermount3").arg("-u").arg(&self.fuse_dir));
+        if matches!(self.fuse.try_wait(), Ok(None)) {
+            // Unmounted, nbdfuse exits by itself; wait a moment before making sure.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while matches!(self.fuse.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let _ = self.fuse.kill();
+        }
+        let _ = self.fuse.wait();
+    }
 }
 
 fn file_bytes(i: usize) -> Vec<u8> {

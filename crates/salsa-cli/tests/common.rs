@@ -20,12 +20,32 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// A fresh directory for one test.
-pub fn test_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("salsa-e2e-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed with all it holds when dropped: when the test
+/// passes and when it fails (a failed assertion unwinds through the drop), so the suite leaves
+/// nothing in the temporary directory. Declared first in a test, it is dropped last, after the
+/// servers and mounts that use it.
+pub struct TestDir(tempfile::TempDir);
+
+impl std::ops::Deref for TestDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl AsRef<Path> for TestDir {
+    fn as_ref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+/// A fresh directory for one test (see [`TestDir`]).
+pub fn test_dir(name: &str) -> TestDir {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("salsa-e2e-{name}-"))
+        .tempdir()
+        .expect("create a test directory");
+    TestDir(dir)
 }
 
 /// Fails the test with a clear message when a client tool is missing (scripts/test.sh installs

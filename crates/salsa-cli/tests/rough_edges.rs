@@ -1,14 +1,13 @@
 //! What a new user runs into: commands that only look at a pool never create files, a server
 //! that cannot start leaves nothing behind, and listings read well.
 
-use std::path::PathBuf;
+mod common;
+use common::*;
 use std::process::Command;
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("salsa-edges-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory for one test, removed when dropped (see `common::TestDir`).
+fn scratch(name: &str) -> TestDir {
+    test_dir(name)
 }
 
 fn salsa(dir: &std::path::Path, args: &[&str]) -> (bool, String) {
@@ -36,7 +35,6 @@ fn looking_at_a_missing_pool_creates_nothing() {
         assert!(!ok && out.contains("no such file"), "{args:?}: {out}");
         assert!(!dir.join("missing.img").exists(), "{args:?} created the file");
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -83,7 +81,6 @@ fn a_server_that_cannot_start_leaves_nothing_behind() {
         }
         assert!(dir.join("kept.img").exists(), "{args:?} removed a file it did not create");
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -112,7 +109,6 @@ fn volume_list_has_a_header_human_sizes_and_json() {
     let db = v.as_array().unwrap().iter().find(|x| x["name"] == "db").unwrap();
     assert_eq!(db["size_bytes"], 3 << 20);
     assert_eq!(db["controller"], "lsa");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -127,7 +123,6 @@ fn commands_refused_by_a_served_pool_point_to_the_server() {
     let (ok, out) = salsa(&dir, &["stats", "--device", "pool.img"]);
     assert!(ok && out.contains("user written"), "{out}");
     stop_server(srv);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// `salsa serve --no-tcp --unix nbd.sock ARGS` in `dir`, once its control socket `ctl` is there.
@@ -174,7 +169,6 @@ fn an_online_replacement_takes_paths_as_the_user_meant_them() {
     stop_server(srv);
     let (ok, out) = salsa(&dir, &["check", "-d", "a.img", "-d", "sub/new.img", "-d", "c.img"]);
     assert!(ok, "{out}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -229,7 +223,6 @@ fn stats_json_carries_the_device_models_counters_and_the_victim_policys_state() 
     // SAFETY: kill only sends a signal to our own child's pid.
     unsafe { libc::kill(srv.id() as i32, libc::SIGTERM) };
     assert!(srv.wait().unwrap().success());
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// `--parity-buffer`: `salsa format` creates the buffer at the size the layout needs and
@@ -282,7 +275,6 @@ fn a_raid5_parity_buffer_is_created_reported_and_required() {
     assert!(!ok && out.contains("parity buffer keeps RAID-5 parity"), "{out}");
     let (ok, out) = salsa(&dir, &["info", "-d", "l.img"]);
     assert!(!ok && out.contains("not a SALSA pool member"), "{out}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A device named twice (by one path or two, or as a member and the parity buffer) is refused
@@ -315,7 +307,6 @@ fn a_device_named_twice_or_too_few_members_get_a_clear_error() {
     );
     let (ok, out) = salsa(&dir, &["info", "-d", "a.img", "-d", "c.img"]);
     assert!(ok, "one member missing: the pool opens degraded: {out}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// `salsa device replace` onto a device that holds another pool is refused with a pointer to
@@ -365,7 +356,6 @@ fn device_replace_refuses_a_device_holding_another_pool_without_force() {
     assert!(ok && out.contains("rebuilt"), "{out}");
     let (ok, out) = salsa(&dir, &["check", "-d", "a.img", "-d", "b.img", "-d", "other.img"]);
     assert!(ok, "{out}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A RAID-5 pool on a.img, b.img and c.img (64 MiB each) in `dir`.
@@ -388,7 +378,6 @@ fn device_fail_prints_a_replace_command_that_runs() {
     assert!(!ok && out.contains("no longer a member") && out.contains("member 1"), "{out}");
     let (ok, out) = salsa(&dir, &["check", "-d", "a.img", "-d", "d.img", "-d", "c.img"]);
     assert!(ok, "{out}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A member whose superblock was wiped is not blamed as "data that is not a pool" with advice
@@ -423,7 +412,6 @@ fn a_member_that_lost_its_superblock_is_not_offered_to_format() {
         !ok && out.contains("a.img, c.img") && out.contains("cannot open without those slots"),
         "{out}"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A RAID-5 pool whose parity buffer is lost says how to go on, and `salsa device
@@ -475,7 +463,6 @@ fn a_lost_parity_buffer_is_replaced_or_done_without() {
     assert!(!ok && out.contains("never one of its own"), "{out}");
     let (ok, out) = salsa(&dir, &[&["check", "--scrub"][..], &pool].concat());
     assert!(ok && out.contains("no parity buffer: a flush pads"), "{out}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 fn format_raid5_of_three(dir: &std::path::Path) {

@@ -4,9 +4,11 @@
 //! - `zoned:size=4G,zone=256M,conv=4,type=smr|zns[,file=PATH]`: a host-managed zoned drive,
 //!   its zone state kept with its data (in the file, which persists, or in memory);
 //! - `hmsmr:...`: the same with the timing of a disk (so throughput can be modelled);
-//! - `ssd:size=2G[,op=7,unit=16K,block=4M,channels=8,cache=1M,mapcache=32K|full,file=PATH,realtime=on]`:
+//! - `ssd:size=2G[,op=7,unit=16K,block=4M,channels=8,cache=1M,mapcache=32K|full,file=PATH,realtime=on,precondition=on|SIZE]`:
 //!   a commodity SSD model (`realtime=on`: every request waits for the flash operations it
-//!   causes, on the wall clock, so that applications see the drive's latencies);
+//!   causes, on the wall clock, so that applications see the drive's latencies;
+//!   `precondition`: its whole capacity, or its first SIZE bytes, written once in order and
+//!   once at random when it is opened, as the SALSA paper's section V-A prepares a drive);
 //! - `dmsmr:size=4G[,band=32M,cache=8M,file=PATH]`: a drive-managed SMR model;
 //! - `hdd:size=8G[,seek_us=12000,mbps=150,file=PATH]`: a disk with the timing of one actuator
 //!   (every access that does not continue the last costs a seek).
@@ -62,6 +64,7 @@ impl ModelSpec {
                 "program_us",
                 "erase_us",
                 "realtime",
+                "precondition",
             ],
             ModelKind::DriveManagedSmr => &["size", "band", "cache", "file"],
             ModelKind::Disk => &["size", "seek_us", "mbps", "file"],
@@ -159,7 +162,20 @@ impl ModelSpec {
                     Some("on") => true,
                     Some(other) => return Err(format!("device parameter realtime={other:?}: use on or off")),
                 };
+                let precondition_bytes = match self.params.get("precondition").map(String::as_str) {
+                    None | Some("off") => 0,
+                    Some("on") => size,
+                    Some(v) => parse_size(v).map_err(|e| format!("device parameter precondition: {e}"))?,
+                };
+                if precondition_bytes > size {
+                    return Err(format!(
+                        "device parameter precondition={precondition_bytes} is more than the size {size}"
+                    ));
+                }
                 let model = SsdModel::new(self.backing(size, read_only)?, p).map_err(|e| e.to_string())?;
+                if precondition_bytes > 0 {
+                    model.precondition(precondition_bytes, 0x5a15a);
+                }
                 model.set_real_time(real_time);
                 Ok(Arc::new(model))
             }
@@ -398,8 +414,8 @@ mod tests {
 
     #[test]
     fn a_file_named_twice_is_refused_by_either_name() {
-        let dir = std::env::temp_dir().join(format!("salsa-distinct-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path();
         let a = dir.join("a.img");
         std::fs::write(&a, b"x").unwrap();
         std::fs::write(dir.join("b.img"), b"x").unwrap();
@@ -426,7 +442,6 @@ mod tests {
         assert!(e.contains("are the same file"), "{e}");
         // Models kept in memory have no file.
         assert!(check_distinct(&[spec("ssd:size=64M"), spec("ssd:size=64M")]).is_ok());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -474,6 +489,13 @@ mod tests {
         assert!(t.elapsed() >= std::time::Duration::from_millis(30) && buf == vec![1u8; 4096]);
         let e = "ssd:size=16M,realtime=maybe".parse::<DeviceSpec>().unwrap().open(false).err();
         assert!(e.is_some_and(|e| e.contains("realtime")));
+        let e = "ssd:size=16M,precondition=32M".parse::<DeviceSpec>().unwrap().open(false).err();
+        assert!(e.is_some_and(|e| e.contains("precondition")), "more than the drive");
+        let e = "ssd:size=16M,precondition=lots".parse::<DeviceSpec>().unwrap().open(false).err();
+        assert!(e.is_some_and(|e| e.contains("precondition")));
+        let ssd = "ssd:size=16M,precondition=8M".parse::<DeviceSpec>().unwrap().open(false).unwrap();
+        let written = ssd.counters().into_iter().find(|(n, _)| n == "host_write_bytes").map(|(_, v)| v);
+        assert_eq!(written, Some(16 << 20), "8 MiB written twice");
         let e = "ssd:size=16M,erase_us=1e30".parse::<DeviceSpec>().unwrap().open(false).err();
         assert!(e.is_some_and(|e| e.contains("at most")), "an absurd latency is refused");
         let disk = "hdd:size=64M,seek_us=8000".parse::<DeviceSpec>().unwrap().open(false).unwrap();

@@ -550,7 +550,17 @@ fn concurrent_writers_and_hot_readers_never_see_a_stale_copy() {
             reads
         }));
     }
-    std::thread::sleep(std::time::Duration::from_secs(4));
+    // Four seconds at least, and on until the readers were served copies (a loaded machine
+    // may give the readers little of those four seconds), up to a minute.
+    let started = std::time::Instant::now();
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let served = stats(&pool, "h").fast_read_bytes > 0;
+        let elapsed = started.elapsed();
+        if (served && elapsed >= std::time::Duration::from_secs(4)) || elapsed >= std::time::Duration::from_secs(60) {
+            break;
+        }
+    }
     stop.store(true, SeqCst);
     for t in threads {
         t.join().unwrap();

@@ -1904,13 +1904,12 @@ fn a_parity_buffer_is_checked_like_a_member() {
 fn a_raid5_pool_on_sparse_files_fills_every_members_share_of_free_segments() {
     use salsa_core::device::file::{FileDevice, FileOpenOptions};
     use std::os::unix::fs::MetadataExt;
-    let paths: Vec<std::path::PathBuf> = (0..3)
-        .map(|i| std::env::temp_dir().join(format!("salsa-raid-fill-{}-{i}", std::process::id())))
-        .collect();
+    // Removed with all it holds when dropped, last (declared first), pass or fail.
+    let scratch = tempfile::tempdir().unwrap();
+    let paths: Vec<std::path::PathBuf> = (0..3).map(|i| scratch.path().join(format!("member-{i}.img"))).collect();
     let devs: Vec<Arc<dyn Device>> = paths
         .iter()
         .map(|p| {
-            let _ = std::fs::remove_file(p);
             let options = FileOpenOptions {
                 create_size_bytes: Some(MEMBER_MIB * MIB),
                 ..FileOpenOptions::default()
@@ -1947,9 +1946,6 @@ fn a_raid5_pool_on_sparse_files_fills_every_members_share_of_free_segments() {
     assert!(scrub.rows_checked > 0);
     assert_eq!(scrub.rows_mismatched, 0, "every row's parity matches its data: {scrub:?}");
     pool.close().unwrap();
-    for p in &paths {
-        std::fs::remove_file(p).unwrap();
-    }
 }
 
 /// A replacement that holds another pool or any data is refused, nothing written to it and

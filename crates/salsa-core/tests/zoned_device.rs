@@ -126,10 +126,9 @@ fn reset_and_finish() {
 
 #[test]
 fn state_persists_in_its_file_and_foreign_files_are_refused() {
-    let dir = std::env::temp_dir().join(format!("salsa-zoned-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("zoned.img");
-    let _ = std::fs::remove_file(&path);
+    // Removed with all it holds when dropped, last (declared first), pass or fail.
+    let scratch = tempfile::tempdir().unwrap();
+    let path = scratch.path().join("zoned.img");
     let open_file = || {
         let f = FileDevice::open(
             &path,
@@ -166,7 +165,6 @@ fn state_persists_in_its_file_and_foreign_files_are_refused() {
     std::fs::write(&path, vec![0xabu8; (8 * ZONE + (1 << 20)) as usize]).unwrap();
     let e = ZonedEmulator::open_or_create(open_file(), geometry(1)).err().expect("foreign file");
     assert!(e.to_string().contains("not an emulated zoned drive"), "{e}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Synced writes survive a power loss; unsynced ones may vanish, and then the write pointer is
@@ -216,9 +214,8 @@ fn crash_keeps_what_was_synced() {
 /// Skipped, saying so, where loop devices cannot be set up (not root, no losetup).
 #[test]
 fn a_loop_device_answers_the_zone_ioctls_as_a_conventional_disk() {
-    let dir = std::env::temp_dir().join(format!("salsa-loop-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let image = dir.join("disk.img");
+    let scratch = tempfile::tempdir().unwrap();
+    let image = scratch.path().join("disk.img");
     std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
     let out = std::process::Command::new("losetup")
         .args(["--find", "--show"])
@@ -228,18 +225,16 @@ fn a_loop_device_answers_the_zone_ioctls_as_a_conventional_disk() {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
         other => {
             eprintln!("skipped: cannot set up a loop device here ({other:?})");
-            std::fs::remove_dir_all(&dir).ok();
             return;
         }
     };
-    struct Detach(String, std::path::PathBuf);
+    struct Detach(String);
     impl Drop for Detach {
         fn drop(&mut self) {
             let _ = std::process::Command::new("losetup").args(["--detach", &self.0]).status();
-            std::fs::remove_dir_all(&self.1).ok();
         }
     }
-    let _detach = Detach(loop_dev.clone(), dir.clone());
+    let _detach = Detach(loop_dev.clone());
     let dev = FileDevice::open(std::path::Path::new(&loop_dev), Default::default()).unwrap();
     assert!(dev.zones().is_none(), "{loop_dev} is not zoned");
     assert_eq!(dev.size_bytes(), 64 << 20);

@@ -1147,8 +1147,8 @@ mod tests {
     /// The same on O_DIRECT files, whose pairs of I/O go through io_uring.
     #[test]
     fn the_in_place_baseline_keeps_its_data_and_parity_right_on_files() {
-        let dir = std::env::temp_dir().join(format!("salsa-inplace-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path();
         let files: Vec<Arc<FileDevice>> = (0..4)
             .map(|i| {
                 let path = dir.join(format!("m{i}.img"));
@@ -1160,6 +1160,5 @@ mod tests {
         assert!(a.fds.iter().all(|f| f.is_some()));
         check_baseline(&a);
         drop(a);
-        let _ = std::fs::remove_dir_all(dir);
     }
 }

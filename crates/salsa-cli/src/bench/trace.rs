@@ -470,10 +470,27 @@ impl Device for RecordingDevice {
 mod tests {
     use super::*;
 
-    fn write_tmp(name: &str, text: &str) -> std::path::PathBuf {
-        let p = std::env::temp_dir().join(format!("salsa-trace-{}-{name}", std::process::id()));
-        std::fs::write(&p, text).unwrap();
-        p
+    /// A file written for one test, removed when dropped (pass or fail).
+    struct TmpFile(tempfile::TempPath);
+
+    impl std::ops::Deref for TmpFile {
+        type Target = std::path::Path;
+        fn deref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl AsRef<std::path::Path> for TmpFile {
+        fn as_ref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    /// `text` in a new temporary file whose name ends in `name` (its extension tells formats).
+    fn write_tmp(name: &str, text: &str) -> TmpFile {
+        let file = tempfile::Builder::new().prefix("salsa-trace-").suffix(name).tempfile().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        TmpFile(file.into_temp_path())
     }
 
     #[test]
@@ -638,7 +655,8 @@ Throughput (R/W): 0KiB/s / 0KiB/s
     #[test]
     fn a_written_trace_reads_back() {
         for format in [Format::Msr, Format::Alibaba, Format::FioLog] {
-            let p = std::env::temp_dir().join(format!("salsa-trace-{}-out-{format:?}", std::process::id()));
+            let scratch = tempfile::tempdir().unwrap();
+            let p = scratch.path().join(format!("out-{format:?}"));
             let names = vec!["dev0".to_string()];
             let w = TraceWriter::create(&p, format, &names).unwrap();
             w.record(0, "dev0", true, 1 << 20, 65536, 3);

@@ -380,8 +380,8 @@ mod tests {
 
     #[test]
     fn vectored_writes_land_in_order_on_a_file_and_through_the_default() {
-        let path = std::env::temp_dir().join(format!("salsa-vectored-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let scratch = tempfile::tempdir().unwrap();
+        let path = scratch.path().join("vectored.img");
         let opts = FileOpenOptions {
             create_size_bytes: Some(16 << 20),
             ..FileOpenOptions::default()
@@ -398,7 +398,6 @@ mod tests {
             "a write past the end is refused"
         );
         drop(file);
-        std::fs::remove_file(&path).unwrap();
         let mem = MemoryDevice::new("mem", 16 << 20);
         for count in [1, 3, 700] {
             round_trip(&mem, count);
@@ -408,8 +407,8 @@ mod tests {
     #[test]
     fn holes_are_found_where_nothing_was_written_or_a_hole_was_punched() {
         const MIB: u64 = 1 << 20;
-        let path = std::env::temp_dir().join(format!("salsa-holes-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let scratch = tempfile::tempdir().unwrap();
+        let path = scratch.path().join("holes.img");
         let opts = FileOpenOptions {
             create_size_bytes: Some(8 * MIB),
             ..FileOpenOptions::default()
@@ -427,7 +426,6 @@ mod tests {
         assert!(!file.has_hole(7 * MIB, 2 * MIB), "a range past the end is not asked about");
         assert!(!file.has_hole(2 * MIB, 0));
         drop(file);
-        std::fs::remove_file(&path).unwrap();
         assert!(!MemoryDevice::new("mem", MIB).has_hole(0, MIB), "memory has no holes");
     }
 }

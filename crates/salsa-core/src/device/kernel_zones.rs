@@ -343,10 +343,10 @@ mod tests {
 
     #[test]
     fn a_regular_file_has_no_zones() {
-        let path = std::env::temp_dir().join(format!("salsa-kz-{}", std::process::id()));
+        let scratch = tempfile::tempdir().unwrap();
+        let path = scratch.path().join("plain.img");
         let f = File::create(&path).unwrap();
         f.set_len(1 << 20).unwrap();
         assert!(KernelZones::probe(&f, "plain", 1 << 20).unwrap().is_none());
-        std::fs::remove_file(&path).unwrap();
     }
 }

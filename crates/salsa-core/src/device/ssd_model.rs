@@ -519,6 +519,32 @@ impl SsdModel {
         self.params
     }
 
+    /// Brings the first `bytes` of the drive (rounded down to whole units) to the steady state
+    /// the SALSA paper measures from (section V-A): written once in order, then once more in
+    /// a uniformly random order of units (`seed` picks it), then flushed. Only the FTL is
+    /// written, at the host's speed and off the real-time clock: what those writes would
+    /// have held is garbage nobody reads, and the data already on the backing device (a pool
+    /// formatted on it) is left as it is. The counters and the model clock count the work, as
+    /// the drive's SMART counters would; a benchmark takes the difference over its phase.
+    pub fn precondition(&self, bytes: u64, seed: u64) {
+        let mut f = self.ftl.lock();
+        let unit = self.params.unit_bytes;
+        let units = bytes.min(self.params.capacity_bytes) / unit;
+        for u in 0..units {
+            f.host_write(u * unit, unit);
+        }
+        // xorshift64*: a fixed, seedable order without a dependency.
+        let mut x = seed | 1;
+        for _ in 0..units {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let u = x.wrapping_mul(0x2545_f491_4f6c_dd1d) % units.max(1);
+            f.host_write(u * unit, unit);
+        }
+        f.flush();
+    }
+
     /// Keeps real time from now on (`true`: see the module doc; every channel starts idle) or
     /// stops (`false`: requests return at the host's speed again).
     pub fn set_real_time(&self, on: bool) {
@@ -673,5 +699,28 @@ mod tests {
         assert_eq!(us(base, f.request(base, |f| f.host_write(p.unit_bytes, p.unit_bytes))), 0);
         // The flush programs both units, one on each channel.
         assert_eq!(us(base, f.request(base, Ftl::flush)), 700);
+    }
+
+    #[test]
+    fn preconditioning_maps_the_range_and_leaves_the_drive_amplifying_random_writes() {
+        let capacity = 64 << 20;
+        let mut p = SsdParams::commodity(capacity);
+        p.map_cache_bytes = None;
+        let backing = Arc::new(super::super::MemoryDevice::new("m", capacity));
+        backing.write_at(&[7u8; 4096], 0).unwrap();
+        let model = SsdModel::new(backing, p).unwrap();
+        let count = |name: &str| model.counters().iter().find(|(n, _)| n == name).map(|&(_, v)| v).unwrap();
+        let part = capacity / 5 * 4 / p.unit_bytes * p.unit_bytes;
+        model.precondition(part, 42);
+        let f = model.ftl.lock();
+        let mapped = f.l2p.iter().filter(|&&ppn| ppn != UNMAPPED).count() as u64;
+        assert_eq!(mapped, part / p.unit_bytes, "every unit of the range mapped, nothing beyond it");
+        assert!(f.l2p[(part / p.unit_bytes) as usize..].iter().all(|&ppn| ppn == UNMAPPED));
+        drop(f);
+        assert_eq!(count("host_write_bytes"), 2 * part, "one sequential and one random pass");
+        assert!(count("gc_moved_bytes") > 0, "the random pass made the drive collect garbage");
+        let mut back = [0u8; 4096];
+        model.read_at(&mut back, 0).unwrap();
+        assert_eq!(back, [7u8; 4096], "the data on the backing device is left as it was");
     }
 }

@@ -91,6 +91,13 @@ pub struct SegmentInfo {
     /// Some of the segment's space is a hole in its pool file (see the module docs). A hint for
     /// where a free segment waits: a wrong value costs speed, never data.
     pub hole: std::sync::atomic::AtomicBool,
+    /// The hole was punched by this session's discard (`Log::discard_released`), so
+    /// [`Capacity::take_holes_to_fill`] leaves it: filling it would write back the space the
+    /// discard just gave away, two writes that buy nothing, and a segment punched and filled
+    /// in turn is written again and again (159 MiB of zeros for a 127 MiB pool in
+    /// `tests/device_models.rs`). Only the holes a session found at open are filled, so each
+    /// segment is filled at most once a session.
+    pub punched: std::sync::atomic::AtomicBool,
     /// Records of this segment not yet on the device; reads are served from them.
     pub records: Mutex<Vec<Arc<RecordBuf>>>,
     /// Records of the segment that may not be durable yet, as (first grain in the segment,
@@ -355,6 +362,7 @@ impl Capacity {
                 storage_type: t,
                 unmovable: std::sync::atomic::AtomicBool::new(false),
                 hole: std::sync::atomic::AtomicBool::new(false),
+                punched: std::sync::atomic::AtomicBool::new(false),
                 records: Mutex::new(Vec::new()),
                 unsynced_records: Mutex::new(Vec::new()),
             })
@@ -495,6 +503,11 @@ impl Capacity {
     /// release watermark would remain (filling never takes space a writer is short of). They
     /// count as being discarded until [`Capacity::finish_discard`] gives them back (with
     /// `hole` cleared once they are filled).
+    ///
+    /// Never a segment this session's discard punched ([`SegmentInfo::punched`]). The holes
+    /// found at open are queued before anything is punched and punched ones join at the back,
+    /// so taking from the front up to the first punched one finds every fillable hole; were
+    /// that order ever broken, fewer would be filled, never one twice.
     pub fn take_holes_to_fill(&self, max: u32, keep_filled: u32) -> Vec<u32> {
         let mut q = self.queues.lock();
         let (filled, holes) = q.free_and_hole_counts();
@@ -503,8 +516,13 @@ impl Capacity {
         let mut taken = Vec::with_capacity(n as usize);
         for queue in q.holes.iter_mut() {
             while (taken.len() as u32) < n {
-                let Some(s) = queue.pop_front() else { break };
-                taken.push(s);
+                match queue.front() {
+                    Some(&s) if !self.segment(s).punched.load(SeqCst) => {
+                        queue.pop_front();
+                        taken.push(s);
+                    }
+                    _ => break,
+                }
             }
         }
         for &s in &taken {
@@ -708,6 +726,7 @@ impl Capacity {
                 info.last_kill_record.store(0, SeqCst);
                 // It is written from its start now: when it is free again, its space is there.
                 info.hole.store(false, SeqCst);
+                info.punched.store(false, SeqCst);
                 info.set_state(match purpose {
                     Purpose::Checkpoint => SegmentState::Checkpoint,
                     Purpose::Tier => SegmentState::Tier,
@@ -999,6 +1018,48 @@ mod tests {
         c.unallocate(order[0]);
         c.unallocate(order[150]);
         assert_eq!(c.free_and_hole_counts(), (2, 0));
+    }
+
+    #[test]
+    fn filling_takes_the_holes_found_at_open_but_never_one_this_session_punched() {
+        let flash = [StorageType::Flash];
+        let c = capacity_with_holes(|s| s >= 190);
+        c.set_discard(true);
+        // Writers take the 190 segments without a hole and half the ten holes found at open.
+        let taken: Vec<u32> = (0..195).map(|_| c.try_allocate(&flash, Purpose::Gc).unwrap()).collect();
+        assert!(taken[..190].iter().all(|&s| s < 190) && taken[190..].iter().all(|&s| s >= 190));
+        // Emptied and synced, they are discarded; the discard punches them (as a pool file's).
+        for &s in &taken {
+            assert!(c.retire(s, SegmentState::Staged, 1, false));
+        }
+        assert_eq!(c.release_synced(1), 195);
+        let to_discard = c.take_to_discard();
+        assert_eq!(to_discard.len(), 195);
+        for &s in &to_discard {
+            c.segment(s).hole.store(true, SeqCst);
+            c.segment(s).punched.store(true, SeqCst);
+        }
+        c.finish_discard(&to_discard);
+        assert_eq!(c.free_and_hole_counts(), (0, 200), "every free segment over a hole");
+        // Filling takes the five holes left from open, however many it may fill, and none of
+        // the 195 punched: those would be filled a second time.
+        let fill = c.take_holes_to_fill(100, 100);
+        let mut fill_sorted = fill.clone();
+        fill_sorted.sort_unstable();
+        assert_eq!(fill_sorted, (195..200).collect::<Vec<u32>>());
+        for &s in &fill {
+            c.segment(s).hole.store(false, SeqCst);
+        }
+        c.finish_discard(&fill);
+        assert!(c.take_holes_to_fill(100, 100).is_empty(), "nothing else is fillable");
+        // A punched segment a writer takes is written: free again, it has no hole, and if a
+        // discard punches it again it is again left unfilled.
+        while c.free_and_hole_counts().0 > 0 {
+            c.try_allocate(&flash, Purpose::Gc).unwrap();
+        }
+        let s = c.try_allocate(&flash, Purpose::Gc).unwrap();
+        assert!(to_discard.contains(&s));
+        assert!(!c.segment(s).hole.load(SeqCst) && !c.segment(s).punched.load(SeqCst));
     }
 
     #[test]

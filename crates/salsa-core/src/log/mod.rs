@@ -1013,7 +1013,9 @@ impl Log {
                 match self.array.discard_segment(s) {
                     Ok(()) => {
                         if self.array.discard_reallocates(s) {
-                            self.capacity.segment(s).hole.store(true, SeqCst);
+                            let info = self.capacity.segment(s);
+                            info.hole.store(true, SeqCst);
+                            info.punched.store(true, SeqCst);
                         }
                         self.counters.discarded_bytes.fetch_add(self.geo.segment_bytes, SeqCst);
                     }
