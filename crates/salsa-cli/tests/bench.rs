@@ -610,6 +610,39 @@ fn mixed_workload_on_one_ssd_raw_single_and_tailored_volumes() {
     );
 }
 
+/// The paper's Table IIa protocol, short: MariaDB instances under sysbench, each on ext4 over
+/// its own partition of a preconditioned SSD model in real time and over its own SALSA volume
+/// on another. Every instance must run transactions without an error, every table must hold
+/// the rows prepare put in it (the script counts them), the file systems must be clean (it
+/// runs e2fsck), and the report must be consistent; never a timing.
+#[test]
+fn sysbench_on_one_ssd_model_raw_partitions_against_salsa_volumes() {
+    let r = case_study(
+        "bench_sysbench_ssd.py",
+        &[],
+        &["mariadbd", "sysbench", "nbdfuse", "mkfs.ext4", "e2fsck", "losetup"],
+    );
+    let rounds = r["rounds"].as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(rounds.len(), 1, "{r}");
+    for setup in ["raw", "salsa"] {
+        let s = &rounds[0][setup];
+        let instances = s["instances"].as_array().unwrap_or_else(|| panic!("{setup}: {s}"));
+        assert_eq!(instances.len(), 2, "{setup}: {s}");
+        for i in instances {
+            assert!(i["tps"].as_f64().unwrap() > 0.0, "{setup}: {i}");
+            assert_eq!(i["errors"], 0, "{setup}: {i}");
+            assert!(!i["tps_series"].as_array().unwrap().is_empty(), "{setup}: {i}");
+        }
+        assert!(s["ssd_host_write_bytes"].as_u64().unwrap() > 0, "{setup}: {s}");
+    }
+    let ratio = r["salsa_vs_raw"]["tps"].as_f64().unwrap();
+    let (salsa, raw) = (
+        r["median"]["salsa"]["tps_total"].as_f64().unwrap(),
+        r["median"]["raw"]["tps_total"].as_f64().unwrap(),
+    );
+    assert!((ratio - salsa / raw).abs() < 1e-9, "{r}");
+}
+
 /// MariaDB under sysbench and PostgreSQL under pgbench, each on ext4 over `salsa serve`, over
 /// `nbdkit file` and over `nbdkit memory` (the ceiling), each as it comes: every database ran
 /// transactions on all three, and the report holds each ratio (`scripts/bench_oltp.py --quick

@@ -696,10 +696,19 @@ impl DirtyPages {
     /// once): buffered pages it covers partly are written down first, so the controller's
     /// read-modify-write merges into their newest copy; those it covers whole are dropped
     /// once it is written (not before: a read meanwhile must not find an older copy).
+    ///
+    /// A write that covers a page in part holds `partial` as [`DirtyPages::write_partial`]
+    /// does: otherwise a buffered partial write could read the page from the controller, this
+    /// write change another part of it there, and the buffered copy (the old page with the
+    /// other part merged) then hide this write from every read and overwrite it at the next
+    /// destage. MariaDB on ext4 of 1 KiB blocks lost its index pages that way: its
+    /// writers flush after every write, so some of its small writes pass the buffer
+    /// ([`crate::pool::Volume`]'s `passes_buffer`) while others are buffered.
     pub fn write_through(&self, eng: &Engine, vol: &Arc<dyn Controller>, offset: u64, data: &[u8]) -> Result<()> {
         let pb = vol.page_bytes() as u64;
         let end = offset + data.len() as u64;
         let (first, last) = (offset / pb, end.div_ceil(pb));
+        let _p = (!offset.is_multiple_of(pb) || !end.is_multiple_of(pb)).then(|| self.partial.lock());
         let _o = self.order.lock();
         let covered = self.snapshot(vol.id(), first..last);
         if covered.is_empty() {

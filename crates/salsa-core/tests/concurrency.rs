@@ -381,8 +381,14 @@ fn gc_workers_run_at_the_writers_cpu_priority() {
 
 /// Writes smaller than a page, from several threads at once, to different sectors of the same
 /// pages (a file system of 1 KiB blocks, a database's 512-byte log blocks): each is a
-/// read-modify-write of its page, and none may undo another's. Every sector must hold the last
-/// value its one writer gave it, through the write buffer and without it.
+/// read-modify-write of its page, and none may undo another's, whichever path it takes (the
+/// write buffer's merge, a FUA write past the buffer, a zeroing), while flushes send the
+/// buffered pages down. Every sector must hold the last value its one writer gave it, through
+/// the write buffer and without it. (The race `DirtyPages::write_through` now closes, a
+/// buffered partial write merging into a copy that a write past the buffer then changed below
+/// it, cost MariaDB its index pages on ext4 of 1 KiB blocks; this stress does not hit its
+/// window reliably in process: `sysbench_on_one_ssd_model_raw_partitions_against_salsa_volumes`
+/// in `salsa-cli/tests/bench.rs` did, 8 runs of 9.)
 #[test]
 fn sub_page_writes_to_the_same_pages_from_many_threads_lose_nothing() {
     for buffered in [true, false] {
@@ -393,7 +399,7 @@ fn sub_page_writes_to_the_same_pages_from_many_threads_lose_nothing() {
 fn sub_page_writes_from_threads(buffered: bool) {
     const SECTOR: usize = 512;
     const THREADS: u64 = 8;
-    const PAGES: u64 = 16;
+    const PAGES: u64 = 2;
     let mut opts = OpenOptions::default();
     if buffered {
         opts.write_buffer_bytes = 16 * MIB;
@@ -402,24 +408,58 @@ fn sub_page_writes_from_threads(buffered: bool) {
     let vol = pool.create_volume("v", 4 * MIB, PAGE as u32).unwrap();
     // Thread t owns sectors t of every page (8 sectors a page, 8 threads).
     let last: Vec<Vec<AtomicU64>> = (0..THREADS).map(|_| (0..PAGES).map(|_| AtomicU64::new(0)).collect()).collect();
+    let done = AtomicBool::new(false);
     std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let (vol, last) = (&vol, &last);
-            s.spawn(move || {
-                let mut x = 0x9e37_79b9 ^ t;
-                for round in 1..=400u64 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let page = x % PAGES;
-                    let value = (t << 48) | (page << 32) | round;
-                    let sector = vec![0u8; SECTOR].chunks(8).flat_map(|_| value.to_le_bytes()).collect::<Vec<u8>>();
-                    vol.write(page * PAGE as u64 + t * SECTOR as u64, &sector).unwrap();
-                    last[t as usize][page as usize].store(value, Ordering::SeqCst);
-                }
-            });
+        // Flushes all the while, so that pages leave the write buffer and a partial write
+        // often finds its page only in the log.
+        let (flusher_vol, flusher_done) = (&vol, &done);
+        s.spawn(move || {
+            while !flusher_done.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                flusher_vol.flush().unwrap();
+            }
+        });
+        let writers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (vol, last) = (&vol, &last);
+                s.spawn(move || {
+                    let mut x = 0x9e37_79b9 ^ t;
+                    for round in 1..=3000u64 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let page = x % PAGES;
+                        let value = (t << 48) | (page << 32) | round;
+                        let sector = vec![0u8; SECTOR].chunks(8).flat_map(|_| value.to_le_bytes()).collect::<Vec<u8>>();
+                        let at = page * PAGE as u64 + t * SECTOR as u64;
+                        // Every third write makes the sector zeros instead (a file system
+                        // zeroing its blocks: WRITE_ZEROES of less than a page).
+                        if x % 3 == 0 {
+                            vol.write_zeroes(at, SECTOR as u64).unwrap();
+                            last[t as usize][page as usize].store(0, Ordering::SeqCst);
+                        } else {
+                            // Some with FUA (a journal's commit block), which passes the write
+                            // buffer to the controller while the others are buffered.
+                            if x % 31 == 0 {
+                                vol.write_fua(at, &sector).unwrap();
+                            } else {
+                                vol.write(at, &sector).unwrap();
+                            }
+                            last[t as usize][page as usize].store(value, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
         }
+        done.store(true, Ordering::SeqCst);
     });
+    if buffered {
+        let wb = pool.stats().write_buffer.expect("a write buffer");
+        assert!(wb.pages_written > 0, "the writes went through the write buffer: {wb:?}");
+    }
     let mut buf = vec![0u8; PAGE];
     for page in 0..PAGES {
         vol.read(page * PAGE as u64, &mut buf).unwrap();

@@ -1,0 +1,326 @@
+#!/usr/bin/env python3
+"""The SALSA paper's containerized MySQL experiment (section V-B, Table IIa, Fig. 6a), with its
+protocol, on this machine.
+
+Several MariaDB servers (the paper's four containers), each with its own database on its own
+ext4 volume, run sysbench `oltp_read_write` at once on one commodity SSD model that keeps real
+time (`ssd:...,realtime=on`: every request waits for the flash operations it causes), so the
+figures are sysbench's own wall-clock transactions per second and latencies. Two setups, fresh
+models for each, alternating over the rounds:
+
+- raw:   the model served as it is (`salsa serve --raw`); the databases get partitions (loop
+         devices at offsets) of SALSA's logical size split evenly, the rest of the drive never
+         written; that logical size is preconditioned (written once in order, once at random:
+         `precondition=SIZE`), as the paper's section V-A prepares a drive;
+- salsa: a SALSA pool with the default controller and 20% spare on the model, one volume per
+         database of the same size as the raw partitions; the whole drive preconditioned
+         (`precondition=on`) before the pool opens on it.
+
+Both setups make their file systems with `mkfs.ext4 -E nodiscard`, so that making a file system
+does not unmap what the preconditioning wrote. Each round: the databases are created with
+`sysbench prepare` (on the device in real time, as the paper's images were placed on it), then
+sysbench runs for the measured time in every instance at once, reporting every second
+(Fig. 6). The report gives per setup and round each instance's tps, average and 95th
+percentile latency, the SSD's write amplification over the measured phase, and medians over the
+rounds; `--svg` draws throughput over time of the last round.
+
+Scaled to this machine (2 cores, 24 GiB), see docs/RESULTS.md: a 2 GiB drive instead of 1 TB,
+four instances of 4 tables x 60,000 rows (about 60 MiB each) instead of 160 GiB, two sysbench
+threads each instead of four, a 32 MiB buffer pool each.
+
+    python3 scripts/bench_sysbench_ssd.py                 # 3 rounds, 120 s measured
+    python3 scripts/bench_sysbench_ssd.py --quick         # a short run (the test suite's)
+
+Prints one JSON object; needs root (loop devices, mounts), MariaDB and sysbench
+(scripts/install-deps.sh installs them).
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_mixed import MariaDB, device  # noqa: E402
+from bench_object_store import run, salsa_binary, save_report, tear_down, umount, wait_for  # noqa: E402
+from object_store import control_stats, parse_size  # noqa: E402
+
+MIB = 1 << 20
+
+
+class Setup:
+    """One setup on a fresh SSD model: serves it, attaches one block device per database, and
+    takes everything down."""
+
+    def __init__(self, name, work, args):
+        self.name, self.args = name, args
+        self.d = os.path.join(work, name)
+        os.makedirs(self.d)
+        self.procs, self.loops, self.mounts, self.fuses = [], [], [], []
+        self.ctl = os.path.join(self.d, "pool.ctl")
+        self.sock = os.path.join(self.d, "nbd.sock")
+        self.ssd = "ssd:size=%s,file=%s" % (args.ssd_size, os.path.join(self.d, "ssd.img"))
+        ssd_bytes = parse_size(args.ssd_size)
+        # SALSA's logical size at 20% spare, in whole MiB for every database's share.
+        self.volume_bytes = ssd_bytes * 8 // 10 // args.instances // MIB * MIB
+
+    def serve(self):
+        salsa = salsa_binary()
+        logical = self.volume_bytes * self.args.instances
+        timing = ",realtime=on" if self.args.realtime else ""
+        if self.name == "raw":
+            spec = self.ssd + timing + (",precondition=%d" % logical if self.args.precondition else "")
+            serve = [salsa, "serve", "--raw", "--device", spec]
+        else:
+            run([salsa, "format", "--device", self.ssd, "--spare", "20", "--no-default-volume"])
+            for i in range(self.args.instances):
+                run([salsa, "volume", "create", "--device", self.ssd, "db%d" % i, str(self.volume_bytes)])
+            spec = self.ssd + timing + (",precondition=on" if self.args.precondition else "")
+            # The device's own cache would hide what the setups change; MariaDB has its own.
+            serve = [salsa, "serve", "--device", spec, "--read-cache", "0"]
+        serve += ["--no-tcp", "--unix", self.sock, "--control", self.ctl]
+        log = open(os.path.join(self.d, "serve.log"), "w")
+        self.procs.append(subprocess.Popen(serve, stdout=log, stderr=log))
+        wait_for(self.sock, "the NBD socket", self.procs[0], timeout=300)
+        wait_for(self.ctl, "the control socket", self.procs[0], timeout=300)
+
+    def attach(self, export, offset=None, size=None):
+        fuse_dir = os.path.join(self.d, "fuse-" + export)
+        node = os.path.join(fuse_dir, "nbd")
+        if not os.path.exists(node):
+            os.makedirs(fuse_dir)
+            p = subprocess.Popen(["nbdfuse", fuse_dir, "nbd+unix:///%s?socket=%s" % (export, self.sock)])
+            self.procs.append(p)
+            self.fuses.append((fuse_dir, p))
+            wait_for(node, "the nbdfuse node", p)
+        cmd = ["losetup", "-f", "--show", "--direct-io=on"]
+        if offset is not None:
+            cmd += ["--offset", str(offset), "--sizelimit", str(size)]
+        loop = run(cmd + [node]).strip()
+        self.loops.append(loop)
+        return loop
+
+    def devices(self):
+        n, size = self.args.instances, self.volume_bytes
+        if self.name == "raw":
+            return [self.attach("raw", i * size, size) for i in range(n)]
+        return [self.attach("db%d" % i) for i in range(n)]
+
+    def close(self):
+        tear_down(list(reversed(self.mounts)), self.loops, self.fuses, self.procs[0] if self.procs else None)
+
+
+def sysbench(sock, args, command):
+    cmd = ["sysbench", "oltp_read_write", "--db-driver=mysql", "--mysql-socket=" + sock, "--mysql-user=root",
+           "--mysql-db=sbtest", "--tables=%d" % args.tables, "--table-size=%d" % args.table_size]
+    if command == "run":
+        cmd += ["--threads=%d" % args.threads, "--time=%d" % args.seconds, "--report-interval=1", "--percentile=95"]
+    else:
+        cmd += ["--threads=%d" % min(args.tables, 4)]
+    return subprocess.run(cmd + [command], capture_output=True, text=True)
+
+
+def parse_run(out):
+    """sysbench's run output: transactions per second, average and 95th percentile latency
+    (ms), queries, and the per-second series of transactions per second."""
+    def number(pattern):
+        m = re.search(pattern, out)
+        if m is None:
+            raise SystemExit("sysbench output without %r:\n%s" % (pattern, out[-3000:]))
+        return float(m.group(1))
+    series = [float(x) for x in re.findall(r"^\[ *\d+s \].*? tps: ([\d.]+)", out, re.M)]
+    return {
+        "tps": number(r"transactions:\s+\d+\s+\(([\d.]+) per sec"),
+        "latency_ms_avg": number(r"avg:\s+([\d.]+)"),
+        "latency_ms_p95": number(r"95th percentile:\s+([\d.]+)"),
+        "errors": int(number(r"ignored errors:\s+(\d+)")),
+        "tps_series": series,
+    }
+
+
+def in_parallel(fns):
+    """Runs each function on its own thread; returns their results in order (re-raising the
+    first failure)."""
+    results, errors = [None] * len(fns), []
+
+    def one(i, f):
+        try:
+            results[i] = f()
+        except BaseException as e:  # noqa: BLE001 (re-raised below, on the caller's thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i, f)) for i, f in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def run_setup(name, work, args):
+    s = Setup(name, work, args)
+    dbs = []
+    try:
+        s.serve()
+        devs = s.devices()
+        mounts = []
+        for i, dev in enumerate(devs):
+            mnt = os.path.join(s.d, "mnt%d" % i)
+            os.makedirs(mnt)
+            run(args.mkfs.split() + [dev])
+            run(["mount", dev, mnt])
+            s.mounts.append(mnt)
+            mounts.append(mnt)
+        for i, mnt in enumerate(mounts):
+            d = os.path.join(s.d, "db%d" % i)
+            os.makedirs(d)
+            db = MariaDB(os.path.join(mnt, "data"), d)
+            dbs.append(db)
+            db.start(args.buffer_pool)
+        prepared = in_parallel([lambda db=db: sysbench(db.sock, args, "prepare") for db in dbs])
+        for p in prepared:
+            if p.returncode != 0:
+                raise SystemExit("sysbench prepare failed: " + (p.stdout + p.stderr)[-2000:])
+        before = control_stats(s.ctl)
+        runs = in_parallel([lambda db=db: sysbench(db.sock, args, "run") for db in dbs])
+        after = control_stats(s.ctl)
+        instances = []
+        for p in runs:
+            if p.returncode != 0:
+                raise SystemExit("sysbench run failed: " + (p.stdout + p.stderr)[-2000:])
+            instances.append(parse_run(p.stdout))
+        # Every row is still there: each table holds what prepare inserted (oltp_read_write
+        # deletes and inserts the same ids).
+        for db in dbs:
+            for t in range(1, args.tables + 1):
+                r = run(["mariadb", "--no-defaults", "-S", db.sock, "-u", "root", "-N", "-e",
+                         "SELECT COUNT(*) FROM sbtest.sbtest%d" % t])
+                if int(r.strip()) != args.table_size:
+                    raise SystemExit("table sbtest%d holds %s rows, not %d" % (t, r.strip(), args.table_size))
+        for db in dbs:
+            db.stop()
+        dbs = []
+        dev0, dev1 = device(before), device(after)
+        host_w = dev1.get("host_write_bytes", 0) - dev0.get("host_write_bytes", 0)
+        media_w = dev1.get("nand_program_bytes", 0) - dev0.get("nand_program_bytes", 0)
+        report = {
+            "instances": instances,
+            "tps_total": sum(i["tps"] for i in instances),
+            "latency_ms_avg": statistics.mean(i["latency_ms_avg"] for i in instances),
+            "latency_ms_p95": statistics.mean(i["latency_ms_p95"] for i in instances),
+            "ssd_host_write_bytes": host_w,
+            "ssd_write_amplification": media_w / host_w if host_w else None,
+        }
+        if name != "raw":
+            report["gc_bytes_relocated"] = after["gc_bytes_relocated"] - before["gc_bytes_relocated"]
+            report["user_bytes_written"] = after.get("user_bytes_written", 0) - before.get("user_bytes_written", 0)
+        # The file systems must be clean.
+        for mnt in list(reversed(s.mounts)):
+            umount(mnt)
+            s.mounts.remove(mnt)
+        for dev in devs:
+            run(["xfs_repair", "-n", dev] if "xfs" in args.mkfs else ["e2fsck", "-fn", dev])
+        return report
+    finally:
+        for db in dbs:
+            db.stop()
+        s.close()
+
+
+def chart(report):
+    """Fig. 6a: every instance's transactions per second over the measured time, last round."""
+    last = report["rounds"][-1]
+    w, h, left, top, bottom = 720, 320, 50, 30, 40
+    series = [(setup, i, inst["tps_series"]) for setup, r in last.items() for i, inst in enumerate(r["instances"])]
+    peak = max((max(s) for _, _, s in series if s), default=1) or 1
+    length = max((len(s) for _, _, s in series), default=1) or 1
+    colors = {"raw": "#9e9e9e", "salsa": "#1f77b4"}
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">' % (w, h)]
+    out.append('<rect width="100%" height="100%" fill="white"/>')
+    out.append('<text x="%d" y="18" font-size="13">sysbench oltp_read_write per instance on one SSD model in real time: tps over time</text>' % left)
+    out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, h - bottom, w - 10, h - bottom))
+    out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, top, left, h - bottom))
+    out.append('<text x="5" y="%d">%.0f</text>' % (top + 4, peak))
+    out.append('<text x="%d" y="%d">%d s</text>' % (w - 40, h - bottom + 14, length))
+    for setup, _, s in series:
+        pts = " ".join("%.1f,%.1f" % (left + (w - 10 - left) * k / max(length - 1, 1), h - bottom - (h - top - bottom) * v / peak)
+                       for k, v in enumerate(s))
+        out.append('<polyline fill="none" stroke="%s" stroke-width="1" points="%s"/>' % (colors.get(setup, "black"), pts))
+    for k, setup in enumerate(colors):
+        out.append('<rect x="%d" y="%d" width="10" height="10" fill="%s"/>' % (left + k * 120, h - 18, colors[setup]))
+        out.append('<text x="%d" y="%d">%s</text>' % (left + 14 + k * 120, h - 9, setup))
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ssd-size", default="2G")
+    ap.add_argument("--instances", type=int, default=4)
+    ap.add_argument("--tables", type=int, default=4)
+    ap.add_argument("--table-size", type=int, default=60000)
+    ap.add_argument("--threads", type=int, default=2, help="sysbench threads per instance")
+    ap.add_argument("--buffer-pool", default="32M")
+    ap.add_argument("--seconds", type=int, default=120)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--setups", default="raw,salsa")
+    ap.add_argument("--precondition", action=argparse.BooleanOptionalAction, default=True,
+                    help="precondition the drive as section V-A does (--no-precondition: a fresh drive)")
+    ap.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=True,
+                    help="the model keeps real time (--no-realtime: at the host's speed)")
+    ap.add_argument("--quick", action="store_true", help="a short run: 1 GiB SSD, 2 instances, 15 s, one round")
+    ap.add_argument("--mkfs", default="mkfs.ext4 -q -F -E nodiscard",
+                    help="how each database's file system is made (without discards: they would unmap what preconditioning wrote)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directories (logs, the drive images)")
+    ap.add_argument("--out")
+    ap.add_argument("--svg")
+    args = ap.parse_args()
+    if args.quick:
+        args.ssd_size, args.instances, args.tables, args.table_size = "1G", 2, 2, 5000
+        args.seconds, args.rounds, args.buffer_pool = 15, 1, "16M"
+    for tool in ("mariadbd", "mariadb-install-db", "sysbench", "nbdfuse", "mkfs.ext4", "e2fsck"):
+        if shutil.which(tool) is None:
+            raise SystemExit("%s is not installed; run scripts/install-deps.sh" % tool)
+    setups = args.setups.split(",")
+    report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "svg")}, "rounds": []}
+    for r in range(args.rounds):
+        # Alternating order, so that neither setup always runs on a warmer machine.
+        order = setups if r % 2 == 0 else list(reversed(setups))
+        results = {}
+        for name in order:
+            work = tempfile.mkdtemp(prefix="salsa-sysbench-")
+            try:
+                results[name] = run_setup(name, work, args)
+            finally:
+                if args.keep:
+                    print("kept %s" % work, file=sys.stderr)
+                else:
+                    shutil.rmtree(work, ignore_errors=True)
+            print("round %d %s: %.1f tps, p95 %.1f ms" % (r + 1, name, results[name]["tps_total"], results[name]["latency_ms_p95"]),
+                  file=sys.stderr)
+        report["rounds"].append({n: results[n] for n in setups})
+    med = {n: {k: statistics.median(r[n][k] for r in report["rounds"]) for k in ("tps_total", "latency_ms_avg", "latency_ms_p95")}
+           for n in setups}
+    report["median"] = med
+    if "raw" in med and "salsa" in med:
+        report["salsa_vs_raw"] = {
+            "tps": med["salsa"]["tps_total"] / med["raw"]["tps_total"],
+            "latency_avg_lower": med["raw"]["latency_ms_avg"] / med["salsa"]["latency_ms_avg"],
+            "latency_p95_lower": med["raw"]["latency_ms_p95"] / med["salsa"]["latency_ms_p95"],
+            "tps_ratio_per_round": [r["salsa"]["tps_total"] / r["raw"]["tps_total"] for r in report["rounds"]],
+        }
+    save_report(report, args.out, args.svg, chart)
+    print(json.dumps({k: report[k] for k in ("median", "salsa_vs_raw") if k in report}))
+
+
+if __name__ == "__main__":
+    main()
