@@ -146,12 +146,19 @@ class MariaDB:
             time.sleep(0.5)
 
     def stop(self):
+        """Shuts the server down, and kills it when it does not go within two minutes (a
+        server stuck on a corrupt page must not outlive the run and hold its mount)."""
         if self.proc is not None and self.proc.poll() is None:
-            subprocess.run(["mariadb-admin", "--no-defaults", "-S", self.sock, "-u", "root", "shutdown"], capture_output=True)
             try:
-                self.proc.wait(timeout=120)
+                subprocess.run(["mariadb-admin", "--no-defaults", "-S", self.sock, "-u", "root", "shutdown"],
+                               capture_output=True, timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
 
 
 def sysbench(sock, args, command, seconds=0):

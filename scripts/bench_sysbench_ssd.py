@@ -48,24 +48,20 @@ import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import bench_mixed  # noqa: E402
 from bench_mixed import MariaDB, device  # noqa: E402
-from bench_object_store import run, salsa_binary, save_report, tear_down, umount, wait_for  # noqa: E402
+from bench_object_store import run, salsa_binary, save_report, umount, wait_for  # noqa: E402
 from object_store import control_stats, parse_size  # noqa: E402
 
 MIB = 1 << 20
 
 
-class Setup:
-    """One setup on a fresh SSD model: serves it, attaches one block device per database, and
-    takes everything down."""
+class Setup(bench_mixed.Setup):
+    """One setup on a fresh SSD model: serves it, attaches one block device per database
+    (`bench_mixed.Setup.attach`), and takes everything down (`close`)."""
 
     def __init__(self, name, work, args):
-        self.name, self.args = name, args
-        self.d = os.path.join(work, name)
-        os.makedirs(self.d)
-        self.procs, self.loops, self.mounts, self.fuses = [], [], [], []
-        self.ctl = os.path.join(self.d, "pool.ctl")
-        self.sock = os.path.join(self.d, "nbd.sock")
+        super().__init__(name, work, args)
         self.ssd = "ssd:size=%s,file=%s" % (args.ssd_size, os.path.join(self.d, "ssd.img"))
         ssd_bytes = parse_size(args.ssd_size)
         # SALSA's logical size at 20% spare, in whole MiB for every database's share.
@@ -91,30 +87,11 @@ class Setup:
         wait_for(self.sock, "the NBD socket", self.procs[0], timeout=300)
         wait_for(self.ctl, "the control socket", self.procs[0], timeout=300)
 
-    def attach(self, export, offset=None, size=None):
-        fuse_dir = os.path.join(self.d, "fuse-" + export)
-        node = os.path.join(fuse_dir, "nbd")
-        if not os.path.exists(node):
-            os.makedirs(fuse_dir)
-            p = subprocess.Popen(["nbdfuse", fuse_dir, "nbd+unix:///%s?socket=%s" % (export, self.sock)])
-            self.procs.append(p)
-            self.fuses.append((fuse_dir, p))
-            wait_for(node, "the nbdfuse node", p)
-        cmd = ["losetup", "-f", "--show", "--direct-io=on"]
-        if offset is not None:
-            cmd += ["--offset", str(offset), "--sizelimit", str(size)]
-        loop = run(cmd + [node]).strip()
-        self.loops.append(loop)
-        return loop
-
     def devices(self):
         n, size = self.args.instances, self.volume_bytes
         if self.name == "raw":
             return [self.attach("raw", i * size, size) for i in range(n)]
         return [self.attach("db%d" % i) for i in range(n)]
-
-    def close(self):
-        tear_down(list(reversed(self.mounts)), self.loops, self.fuses, self.procs[0] if self.procs else None)
 
 
 def sysbench(sock, args, command):
