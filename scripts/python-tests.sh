@@ -10,4 +10,6 @@ venv=$(cd "$target" && pwd)/py-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2" "pytest>=7"
 (cd crates/salsa-py && VIRTUAL_ENV="$venv" "$venv/bin/maturin" develop --release -q)
-"$venv/bin/pytest" -q crates/salsa-py/tests "$@"
+# Its temporary files under the target directory (pytest empties --basetemp at each start), so
+# the suite leaves nothing in the system's temporary directory.
+"$venv/bin/pytest" -q -p no:cacheprovider --basetemp="$(cd "$target" && pwd)/pytest-tmp" crates/salsa-py/tests "$@"
