@@ -5,11 +5,6 @@ mod common;
 use common::*;
 use std::process::Command;
 
-/// A fresh directory for one test, removed when dropped (see `common::TestDir`).
-fn scratch(name: &str) -> TestDir {
-    test_dir(name)
-}
-
 fn salsa(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_salsa")).args(args).output().unwrap();
     (
@@ -21,7 +16,7 @@ fn salsa(args: &[&str]) -> (bool, String, String) {
 
 #[test]
 fn policies_side_by_side_with_json_and_charts() {
-    let dir = scratch("side");
+    let dir = test_dir("side");
     let out = dir.join("report");
     let (ok, stdout, stderr) = salsa(&[
         "bench",
@@ -69,7 +64,7 @@ fn policies_side_by_side_with_json_and_charts() {
 
 #[test]
 fn compare_runs_every_named_pair_and_writes_one_report() {
-    let dir = scratch("compare");
+    let dir = test_dir("compare");
     let out = dir.join("report");
     let (ok, stdout, stderr) = salsa(&[
         "bench",
@@ -146,7 +141,7 @@ fn compare_runs_every_named_pair_and_writes_one_report() {
 
 #[test]
 fn trace_replay_and_device_trace() {
-    let dir = scratch("trace");
+    let dir = test_dir("trace");
     // An Alibaba-format trace: volume 3 writes 16 MiB twice with 64 KiB requests and reads
     // some back; volume 4's lines must be ignored.
     let mut t = String::new();
@@ -233,7 +228,7 @@ fn json_of(stdout: &str) -> serde_json::Value {
 /// write amplification, wear and modelled throughput, and draws both over time.
 #[test]
 fn device_bench_ssd_model_raw_versus_salsa() {
-    let dir = scratch("ssd");
+    let dir = test_dir("ssd");
     let out = dir.join("report");
     let (ok, stdout, stderr) = salsa(&[
         "bench-device",
@@ -301,7 +296,7 @@ fn device_bench_on_host_managed_smr_and_bad_specs() {
 /// the zones (it would otherwise write and read as on a flat disk, and the drive refuses that).
 #[test]
 fn device_trace_on_a_zoned_drive() {
-    let dir = scratch("zoned-trace");
+    let dir = test_dir("zoned-trace");
     let trace = dir.join("zoned.log");
     let (ok, _, stderr) = salsa(&[
         "bench",
@@ -327,7 +322,7 @@ fn device_trace_on_a_zoned_drive() {
 /// removed afterwards.
 #[test]
 fn raw_baseline_against_salsa_in_both_io_modes() {
-    let dir = scratch("raw");
+    let dir = test_dir("raw");
     let file = dir.join("bench.img");
     for (flag, mode) in [(None, "direct"), (Some("--page-cache"), "page-cache")] {
         let mut args = vec![
@@ -368,7 +363,7 @@ fn raw_baseline_against_salsa_in_both_io_modes() {
 
 #[test]
 fn garbage_trigger_and_volume_size_run_sepbit_style_cleaning_on_a_roomy_pool() {
-    let dir = scratch("garbage");
+    let dir = test_dir("garbage");
     let run = |volume: &str, extra: &[&str]| {
         let mut args = vec![
             "bench",
@@ -461,7 +456,7 @@ fn a_window_too_short_for_its_sampling_period_is_reported() {
 /// (the long run behind BENCHMARKS.md uses the defaults).
 #[test]
 fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
-    let dir = scratch("raid");
+    let dir = test_dir("raid");
     // One round of a second on small members, with `extra` arguments.
     let short_raid_bench = |extra: &[&str]| {
         let members = dir.join("m");
@@ -683,7 +678,7 @@ fn case_study(script: &str, args: &[&str], tools: &[&str]) -> serde_json::Value 
         let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().unwrap();
         assert!(found.status.success(), "{tool} is not installed; run scripts/install-deps.sh");
     }
-    let dir = scratch(script.trim_end_matches(".py"));
+    let dir = test_dir(script.trim_end_matches(".py"));
     let out = dir.join("report.json");
     let path = format!("{}/../../scripts/{script}", env!("CARGO_MANIFEST_DIR"));
     let run = Command::new("python3")
@@ -740,7 +735,7 @@ fn amf_bench_compares_append_only_volumes_with_the_page_map() {
 /// the data they produce (the compaction reads back every 97th page against its origin).
 #[test]
 fn share_bench_compares_double_write_and_compaction_with_their_baselines() {
-    let dir = scratch("share");
+    let dir = test_dir("share");
     let device = format!("{}:256M", dir.join("b.img").display());
     let (ok, out, err) = salsa(&[
         "bench-share",
@@ -836,7 +831,7 @@ fn the_shipped_traces_replay_whole_and_repeated() {
             }
         }
         assert!(written > 0 && trims > 0, "{name}: the trace holds writes and trims");
-        let dir = scratch(&format!("shipped-{name}"));
+        let dir = test_dir(&format!("shipped-{name}"));
         let (ok, stdout, stderr) = salsa(&[
             "bench",
             "--memory",
@@ -868,7 +863,7 @@ fn the_shipped_traces_replay_whole_and_repeated() {
 /// moves more than greedy (the trace half of the cleaning study in docs/BENCHMARKS.md).
 #[test]
 fn the_long_database_trace_makes_the_cleaners_differ() {
-    let dir = scratch("trace-cleaning");
+    let dir = test_dir("trace-cleaning");
     let (ok, stdout, stderr) = salsa(&[
         "bench",
         "--memory",

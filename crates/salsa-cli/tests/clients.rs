@@ -234,9 +234,8 @@ impl Raid5Fixture {
         }
     }
 
-    /// Stops the server (its client first).
-    /// Stops the server; the directory is handed back, so that its member files outlive
-    /// the server for as long as the caller keeps it.
+    /// Stops the server (its client first); the directory is handed back, so that its member
+    /// files outlive the server for as long as the caller keeps it.
     fn stop(self) -> TestDir {
         drop(self.client);
         self.srv.stop();

@@ -5,11 +5,6 @@ mod common;
 use common::*;
 use std::process::Command;
 
-/// A fresh directory for one test, removed when dropped (see `common::TestDir`).
-fn scratch(name: &str) -> TestDir {
-    test_dir(name)
-}
-
 fn salsa(dir: &std::path::Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_salsa"))
         .current_dir(dir)
@@ -23,7 +18,7 @@ fn salsa(dir: &std::path::Path, args: &[&str]) -> (bool, String) {
 
 #[test]
 fn looking_at_a_missing_pool_creates_nothing() {
-    let dir = scratch("missing");
+    let dir = test_dir("missing");
     for args in [
         vec!["info", "--device", "missing.img:100M"],
         vec!["check", "--device", "missing.img:100M"],
@@ -39,7 +34,7 @@ fn looking_at_a_missing_pool_creates_nothing() {
 
 #[test]
 fn a_server_that_cannot_start_leaves_nothing_behind() {
-    let dir = scratch("serve");
+    let dir = test_dir("serve");
     // A missing parent directory is not created.
     let (ok, out) = salsa(
         &dir,
@@ -85,7 +80,7 @@ fn a_server_that_cannot_start_leaves_nothing_behind() {
 
 #[test]
 fn volume_list_has_a_header_human_sizes_and_json() {
-    let dir = scratch("list");
+    let dir = test_dir("list");
     let (ok, out) = salsa(&dir, &["format", "--device", "pool.img:64M"]);
     assert!(ok, "{out}");
     let (ok, out) = salsa(&dir, &["volume", "create", "--device", "pool.img", "db", "3M"]);
@@ -113,7 +108,7 @@ fn volume_list_has_a_header_human_sizes_and_json() {
 
 #[test]
 fn commands_refused_by_a_served_pool_point_to_the_server() {
-    let dir = scratch("served");
+    let dir = test_dir("served");
     let srv = start_server(&dir, &["--device", "pool.img:64M"], "pool.ctl");
     let (ok, out) = salsa(&dir, &["info", "--device", "pool.img"]);
     assert!(
@@ -154,7 +149,7 @@ fn stop_server(mut srv: std::process::Child) {
 /// (before, the server tried to open it again and called it locked by another process).
 #[test]
 fn an_online_replacement_takes_paths_as_the_user_meant_them() {
-    let dir = scratch("online-replace");
+    let dir = test_dir("online-replace");
     let members = ["--array", "raid5", "-d", "a.img:64M", "-d", "b.img:64M", "-d", "c.img:64M"];
     let srv = start_server(&dir, &members, "a.ctl");
     let sub = dir.join("sub");
@@ -173,7 +168,7 @@ fn an_online_replacement_takes_paths_as_the_user_meant_them() {
 
 #[test]
 fn stats_json_carries_the_device_models_counters_and_the_victim_policys_state() {
-    let dir = scratch("models");
+    let dir = test_dir("models");
     let mut srv = Command::new(env!("CARGO_BIN_EXE_salsa"))
         .current_dir(&dir)
         .args([
@@ -230,7 +225,7 @@ fn stats_json_carries_the_device_models_counters_and_the_victim_policys_state() 
 /// refuses one before anything is written.
 #[test]
 fn a_raid5_parity_buffer_is_created_reported_and_required() {
-    let dir = scratch("parity-buffer");
+    let dir = test_dir("parity-buffer");
     let members = ["-d", "m0.img:32M", "-d", "m1.img:32M", "-d", "m2.img:32M"];
     let mut format = vec!["format", "--array", "raid5", "--parity-buffer", "nvm.img"];
     format.extend(members);
@@ -283,7 +278,7 @@ fn a_raid5_parity_buffer_is_created_reported_and_required() {
 /// the layout can do without.
 #[test]
 fn a_device_named_twice_or_too_few_members_get_a_clear_error() {
-    let dir = scratch("twice");
+    let dir = test_dir("twice");
     let (ok, out) = salsa(
         &dir,
         &["format", "--array", "raid5", "-d", "a.img:64M", "-d", "b.img:64M", "-d", "./a.img"],
@@ -313,7 +308,7 @@ fn a_device_named_twice_or_too_few_members_get_a_clear_error() {
 /// `--force`, the device untouched; with `--force` the rebuild runs.
 #[test]
 fn device_replace_refuses_a_device_holding_another_pool_without_force() {
-    let dir = scratch("replace-force");
+    let dir = test_dir("replace-force");
     format_raid5_of_three(&dir);
     let (ok, out) = salsa(&dir, &["format", "-d", "other.img:64M"]);
     assert!(ok, "{out}");
@@ -363,7 +358,7 @@ fn device_replace_refuses_a_device_holding_another_pool_without_force() {
 /// pool the way the user did), and a replaced member given again is refused as such.
 #[test]
 fn device_fail_prints_a_replace_command_that_runs() {
-    let dir = scratch("fail-hint");
+    let dir = test_dir("fail-hint");
     format_raid5_of_three(&dir);
     let (ok, out) = salsa(&dir, &["device", "fail", "-d", "a.img", "-d", "b.img", "-d", "c.img", "1"]);
     assert!(ok, "{out}");
@@ -385,7 +380,7 @@ fn device_fail_prints_a_replace_command_that_runs() {
 /// go on, and following it rebuilds the member.
 #[test]
 fn a_member_that_lost_its_superblock_is_not_offered_to_format() {
-    let dir = scratch("lost-superblock");
+    let dir = test_dir("lost-superblock");
     format_raid5_of_three(&dir);
     let wipe = |name: &str| {
         use std::os::unix::fs::FileExt;
@@ -419,7 +414,7 @@ fn a_member_that_lost_its_superblock_is_not_offered_to_format() {
 /// nothing changed.
 #[test]
 fn a_lost_parity_buffer_is_replaced_or_done_without() {
-    let dir = scratch("parity-buffer-change");
+    let dir = test_dir("parity-buffer-change");
     let mut args = vec!["format", "--array", "raid5", "--parity-buffer", "nvm.img"];
     args.extend(["-d", "a.img:64M", "-d", "b.img:64M", "-d", "c.img:64M"]);
     let (ok, out) = salsa(&dir, &args);

@@ -430,7 +430,7 @@ fn sub_page_writes_from_threads(buffered: bool) {
                         x ^= x << 17;
                         let page = x % PAGES;
                         let value = (t << 48) | (page << 32) | round;
-                        let sector = vec![0u8; SECTOR].chunks(8).flat_map(|_| value.to_le_bytes()).collect::<Vec<u8>>();
+                        let sector = value.to_le_bytes().repeat(SECTOR / 8);
                         let at = page * PAGE as u64 + t * SECTOR as u64;
                         // Every third write makes the sector zeros instead (a file system
                         // zeroing its blocks: WRITE_ZEROES of less than a page).

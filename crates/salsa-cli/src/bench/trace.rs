@@ -470,27 +470,12 @@ impl Device for RecordingDevice {
 mod tests {
     use super::*;
 
-    /// A file written for one test, removed when dropped (pass or fail).
-    struct TmpFile(tempfile::TempPath);
-
-    impl std::ops::Deref for TmpFile {
-        type Target = std::path::Path;
-        fn deref(&self) -> &std::path::Path {
-            &self.0
-        }
-    }
-
-    impl AsRef<std::path::Path> for TmpFile {
-        fn as_ref(&self) -> &std::path::Path {
-            &self.0
-        }
-    }
-
-    /// `text` in a new temporary file whose name ends in `name` (its extension tells formats).
-    fn write_tmp(name: &str, text: &str) -> TmpFile {
+    /// `text` in a new temporary file whose name ends in `name` (its extension tells formats),
+    /// removed when the returned path is dropped (pass or fail).
+    fn write_tmp(name: &str, text: &str) -> tempfile::TempPath {
         let file = tempfile::Builder::new().prefix("salsa-trace-").suffix(name).tempfile().unwrap();
         std::fs::write(file.path(), text).unwrap();
-        TmpFile(file.into_temp_path())
+        file.into_temp_path()
     }
 
     #[test]

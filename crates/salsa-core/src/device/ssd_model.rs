@@ -539,7 +539,7 @@ impl SsdModel {
             x ^= x >> 12;
             x ^= x << 25;
             x ^= x >> 27;
-            let u = x.wrapping_mul(0x2545_f491_4f6c_dd1d) % units.max(1);
+            let u = x.wrapping_mul(0x2545_f491_4f6c_dd1d) % units;
             f.host_write(u * unit, unit);
         }
         f.flush();
