@@ -10,19 +10,28 @@ models for each, alternating over the rounds:
 
 - raw:   the model served as it is (`salsa serve --raw`); the databases get partitions (loop
          devices at offsets) of SALSA's logical size split evenly, the rest of the drive never
-         written; that logical size is preconditioned (written once in order, once at random:
-         `precondition=SIZE`), as the paper's section V-A prepares a drive;
+         written;
 - salsa: a SALSA pool with the default controller and 20% spare on the model, one volume per
-         database of the same size as the raw partitions; the whole drive preconditioned
-         (`precondition=on`) before the pool opens on it.
+         database of the same size as the raw partitions, served with the server's defaults
+         (its write buffer; no read cache, which the raw drive does not have either).
 
-Both setups make their file systems with `mkfs.ext4 -E nodiscard`, so that making a file system
-does not unmap what the preconditioning wrote. Each round: the databases are created with
+Preconditioning, as the paper's section V-A prepares a drive, and through the same exports the
+databases then use: every database's device written whole once in order (1 MiB writes), then
+once more in a uniformly random order of 4 KiB blocks (every block once), with a flush after
+every MiB so that no write buffer can sort the random pass. On the raw drive that writes its
+partitions; on SALSA its volumes, so the drive sees what SALSA writes for them (its segments,
+its GC), and SALSA's pool is as full as the paper's.
+
+Both setups make their file systems with `mkfs.ext4 -b 4096 -E nodiscard`, so that making a
+file system does not unmap what the preconditioning wrote (and with the 4 KiB blocks mkfs
+gives large volumes). Each round: the databases are created with
 `sysbench prepare` (on the device in real time, as the paper's images were placed on it), then
 sysbench runs for the measured time in every instance at once, reporting every second
 (Fig. 6). The report gives per setup and round each instance's tps, average and 95th
-percentile latency, the SSD's write amplification over the measured phase, and medians over the
-rounds; `--svg` draws throughput over time of the last round.
+percentile latency, the SSD's write amplification over the measured phase, what each
+transaction cost the drive (requests, bytes, flash programs, its GC's moves) and SALSA (user,
+GC, metadata bytes), and medians over the rounds; `--svg` draws throughput over time of the
+last round.
 
 Scaled to this machine (2 cores, 24 GiB), see docs/RESULTS.md: a 2 GiB drive instead of 1 TB,
 four instances of 4 tables x 60,000 rows (about 60 MiB each) instead of 160 GiB, two sysbench
@@ -62,7 +71,8 @@ class Setup(bench_mixed.Setup):
 
     def __init__(self, name, work, args):
         super().__init__(name, work, args)
-        self.ssd = "ssd:size=%s,file=%s" % (args.ssd_size, os.path.join(self.d, "ssd.img"))
+        self.ssd = "ssd:size=%s,file=%s%s" % (args.ssd_size, os.path.join(self.d, "ssd.img"),
+                                             "," + args.ssd_params if args.ssd_params else "")
         ssd_bytes = parse_size(args.ssd_size)
         # SALSA's logical size at 20% spare, in whole MiB for every database's share.
         self.volume_bytes = ssd_bytes * 8 // 10 // args.instances // MIB * MIB
@@ -72,20 +82,54 @@ class Setup(bench_mixed.Setup):
         logical = self.volume_bytes * self.args.instances
         timing = ",realtime=on" if self.args.realtime else ""
         if self.name == "raw":
-            spec = self.ssd + timing + (",precondition=%d" % logical if self.args.precondition else "")
+            spec = self.ssd + timing
             serve = [salsa, "serve", "--raw", "--device", spec]
         else:
-            run([salsa, "format", "--device", self.ssd, "--spare", "20", "--no-default-volume"])
+            run([salsa, "format", "--device", self.ssd, "--spare", "20", "--no-default-volume",
+                 "--segment-size", self.args.segment_size])
             for i in range(self.args.instances):
-                run([salsa, "volume", "create", "--device", self.ssd, "db%d" % i, str(self.volume_bytes)])
-            spec = self.ssd + timing + (",precondition=on" if self.args.precondition else "")
+                run([salsa, "volume", "create", "--device", self.ssd, "db%d" % i, str(self.volume_bytes)]
+                    + (["--placement", self.args.placement] if self.args.placement else []))
+            spec = self.ssd + timing
             # The device's own cache would hide what the setups change; MariaDB has its own.
             serve = [salsa, "serve", "--device", spec, "--read-cache", "0"]
+            if self.args.write_buffer != "default":
+                serve += ["--write-buffer", self.args.write_buffer]
         serve += ["--no-tcp", "--unix", self.sock, "--control", self.ctl]
         log = open(os.path.join(self.d, "serve.log"), "w")
         self.procs.append(subprocess.Popen(serve, stdout=log, stderr=log))
         wait_for(self.sock, "the NBD socket", self.procs[0], timeout=300)
         wait_for(self.ctl, "the control socket", self.procs[0], timeout=300)
+
+    def targets(self):
+        """Each database's device as an NBD export: (export, offset in it)."""
+        n, size = self.args.instances, self.volume_bytes
+        if self.name == "raw":
+            return [("raw", i * size) for i in range(n)]
+        return [("db%d" % i, 0) for i in range(n)]
+
+    def precondition(self):
+        """Section V-A's preconditioning, through the same exports the databases then use, on
+        every database's device at once: each written whole once in order (1 MiB writes), then
+        once more in a uniformly random order of 4 KiB blocks (every block once), then flushed
+        (what a server buffered reaches the drive before anything is measured). On the raw
+        drive that is its partitions (the rest stays never written); on SALSA its volumes, so
+        the drive sees what SALSA writes for them (its segments, its GC). Returns the seconds
+        each pass took."""
+        took = {}
+        for name, rw, bs, depth in (("sequential", "write", "1M", 4), ("random", "randwrite", self.args.precondition_bs, 32)):
+            # A flush every MiB: a write buffer (SALSA's, the drive's) may only reorder what a
+            # flush interval holds, so the random pass stays random on both setups.
+            cmd = ["fio", "--output-format=json", "--ioengine=nbd", "--rw=" + rw, "--bs=" + bs, "--iodepth=%d" % depth,
+                   "--fsync=%d" % (MIB // parse_size(bs)),
+                   "--size=%d" % self.volume_bytes, "--randrepeat=0", "--end_fsync=1"]
+            for export, offset in self.targets():
+                cmd += ["--name=%s-%s-%d" % (name, export, offset), "--uri=nbd+unix:///%s?socket=%s" % (export, self.sock),
+                        "--offset=%d" % offset]
+            out = run(cmd)
+            jobs = json.loads(out[out.index("{"):])["jobs"]
+            took[name] = max(j["job_runtime"] for j in jobs) / 1000.0
+        return took
 
     def devices(self):
         n, size = self.args.instances, self.volume_bytes
@@ -115,6 +159,7 @@ def parse_run(out):
     series = [float(x) for x in re.findall(r"^\[ *\d+s \].*? tps: ([\d.]+)", out, re.M)]
     return {
         "tps": number(r"transactions:\s+\d+\s+\(([\d.]+) per sec"),
+        "transactions": int(number(r"transactions:\s+(\d+)")),
         "latency_ms_avg": number(r"avg:\s+([\d.]+)"),
         "latency_ms_p95": number(r"95th percentile:\s+([\d.]+)"),
         "errors": int(number(r"ignored errors:\s+(\d+)")),
@@ -148,6 +193,7 @@ def run_setup(name, work, args):
     dbs = []
     try:
         s.serve()
+        took = s.precondition() if args.precondition else {}
         devs = s.devices()
         mounts = []
         for i, dev in enumerate(devs):
@@ -189,17 +235,30 @@ def run_setup(name, work, args):
         dev0, dev1 = device(before), device(after)
         host_w = dev1.get("host_write_bytes", 0) - dev0.get("host_write_bytes", 0)
         media_w = dev1.get("nand_program_bytes", 0) - dev0.get("nand_program_bytes", 0)
+        transactions = sum(i["transactions"] for i in instances)
+
+        def per_transaction(counter, stats=(dev0, dev1)):
+            return (stats[1].get(counter, 0) - stats[0].get(counter, 0)) / max(transactions, 1)
+
         report = {
             "instances": instances,
+            # What each transaction cost the drive: the requests it saw and what it wrote.
+            "ssd_per_transaction": {c: per_transaction(c) for c in (
+                "host_writes", "host_write_bytes", "host_flushes", "nand_program_bytes", "nand_map_program_bytes",
+                "read_modify_write_units", "gc_moved_bytes", "discarded_bytes")},
             "tps_total": sum(i["tps"] for i in instances),
             "latency_ms_avg": statistics.mean(i["latency_ms_avg"] for i in instances),
             "latency_ms_p95": statistics.mean(i["latency_ms_p95"] for i in instances),
             "ssd_host_write_bytes": host_w,
             "ssd_write_amplification": media_w / host_w if host_w else None,
+            "precondition_seconds": took,
         }
         if name != "raw":
             report["gc_bytes_relocated"] = after["gc_bytes_relocated"] - before["gc_bytes_relocated"]
             report["user_bytes_written"] = after.get("user_bytes_written", 0) - before.get("user_bytes_written", 0)
+            report["salsa_per_transaction"] = {c: per_transaction(c, (before, after)) for c in (
+                "user_bytes_written", "gc_bytes_relocated", "metadata_bytes_written", "pad_bytes_written", "device_bytes_written",
+                "flushes", "syncs", "records_written_ahead")}
         # The file systems must be clean.
         for mnt in list(reversed(s.mounts)):
             umount(mnt)
@@ -242,28 +301,42 @@ def chart(report):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ssd-size", default="2G")
+    ap.add_argument("--ssd-params", default="", help="more parameters of the ssd: model (e.g. mapcache=full)")
+    ap.add_argument("--placement", help="SALSA's placement policy for the volumes (salsa volume create --placement)")
+    ap.add_argument("--segment-size", default="8M",
+                    help="SALSA's segments (salsa format --segment-size). Scaled with the drive: the paper's 1 GiB "
+                         "segments are a thousandth of its 1 TB drive and its few streams hold under 1%% of it; the "
+                         "default for this model (its erase block times its channels, 32 MiB) would let the "
+                         "volumes' 12 open segments hold a fifth of a 2 GiB drive")
     ap.add_argument("--instances", type=int, default=4)
     ap.add_argument("--tables", type=int, default=4)
     ap.add_argument("--table-size", type=int, default=60000)
     ap.add_argument("--threads", type=int, default=2, help="sysbench threads per instance")
     ap.add_argument("--buffer-pool", default="32M")
     ap.add_argument("--seconds", type=int, default=120)
+    ap.add_argument("--write-buffer", default="default",
+                    help="SALSA's write buffer (salsa serve --write-buffer SIZE, 0: off; default: the server's own, "
+                         "an eighth of the machine's memory; the preconditioning flushes every MiB, so it cannot "
+                         "sort the random pass)")
+    ap.add_argument("--precondition-bs", default="4k", help="block size of the random preconditioning pass")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--setups", default="raw,salsa")
     ap.add_argument("--precondition", action=argparse.BooleanOptionalAction, default=True,
                     help="precondition the drive as section V-A does (--no-precondition: a fresh drive)")
     ap.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=True,
                     help="the model keeps real time (--no-realtime: at the host's speed)")
-    ap.add_argument("--quick", action="store_true", help="a short run: 1 GiB SSD, 2 instances, 15 s, one round")
-    ap.add_argument("--mkfs", default="mkfs.ext4 -q -F -E nodiscard",
-                    help="how each database's file system is made (without discards: they would unmap what preconditioning wrote)")
+    ap.add_argument("--quick", action="store_true", help="a short run: 1 GiB SSD, 2 instances, 15 s, one round, the random preconditioning in 64 KiB blocks")
+    ap.add_argument("--mkfs", default="mkfs.ext4 -q -F -b 4096 -E nodiscard",
+                    help="how each database's file system is made (without discards: they would unmap what "
+                         "preconditioning wrote; 4 KiB blocks, which mkfs gives the paper's 200 GB volumes, not the "
+                         "1 KiB it picks under 512 MiB)")
     ap.add_argument("--keep", action="store_true", help="keep the work directories (logs, the drive images)")
     ap.add_argument("--out")
     ap.add_argument("--svg")
     args = ap.parse_args()
     if args.quick:
         args.ssd_size, args.instances, args.tables, args.table_size = "1G", 2, 2, 5000
-        args.seconds, args.rounds, args.buffer_pool = 15, 1, "16M"
+        args.seconds, args.rounds, args.buffer_pool, args.precondition_bs = 15, 1, "16M", "64k"
     for tool in ("mariadbd", "mariadb-install-db", "sysbench", "nbdfuse", "mkfs.ext4", "e2fsck"):
         if shutil.which(tool) is None:
             raise SystemExit("%s is not installed; run scripts/install-deps.sh" % tool)

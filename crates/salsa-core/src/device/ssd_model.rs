@@ -122,7 +122,9 @@ impl SsdParams {
 
 #[derive(Default, Clone, Copy)]
 struct Counters {
+    host_writes: u64,
     host_write_bytes: u64,
+    host_flushes: u64,
     host_read_bytes: u64,
     program_units: u64,
     map_program_units: u64,
@@ -400,6 +402,7 @@ impl Ftl {
     }
 
     fn host_write(&mut self, offset: u64, len: u64) {
+        self.c.host_writes += 1;
         self.c.host_write_bytes += len;
         let ub = self.p.unit_bytes;
         let spu = self.sectors_per_unit();
@@ -607,7 +610,10 @@ impl Device for SsdModel {
         )
     }
     fn sync(&self) -> io::Result<()> {
-        self.request(Instant::now(), Ftl::flush);
+        self.request(Instant::now(), |f| {
+            f.c.host_flushes += 1;
+            f.flush()
+        });
         self.backing.sync()
     }
     /// Unmaps the whole units of the range in the FTL, and discards the range on the backing
@@ -623,7 +629,9 @@ impl Device for SsdModel {
         let ub = self.params.unit_bytes;
         let c = f.c;
         vec![
+            ("host_writes".into(), c.host_writes),
             ("host_write_bytes".into(), c.host_write_bytes),
+            ("host_flushes".into(), c.host_flushes),
             ("host_read_bytes".into(), c.host_read_bytes),
             ("nand_program_bytes".into(), (c.program_units + c.map_program_units) * ub),
             ("nand_data_program_bytes".into(), c.program_units * ub),
