@@ -500,6 +500,13 @@ fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
     assert!(t["in_place_p50_us"].as_f64().unwrap() >= 60.0, "{v}");
     assert!(t["salsa_p99_us"].as_f64().unwrap() > 0.0, "{v}");
     assert!(t["throughput_ratio"].as_f64().unwrap() > 1.5, "{v}");
+    // RAID-1 spreads random reads over both mirrors (the smaller's share of the bytes read).
+    let r1 = &v["raid1_reads"];
+    assert!(
+        r1["one_disk_modelled_mbps"].as_f64().unwrap() > 0.0 && r1["raid1_modelled_mbps"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    assert!(r1["raid1_smaller_mirror_share_of_reads"].as_f64().unwrap() > 0.3, "{v}");
     let rebuild = &v["rebuild"];
     let (done, total) = (
         rebuild["salsa_segments_rebuilt"].as_u64().unwrap(),
@@ -606,10 +613,11 @@ fn mixed_workload_on_one_ssd_raw_single_and_tailored_volumes() {
 }
 
 /// The paper's Table IIa protocol, short: MariaDB instances under sysbench, each on ext4 over
-/// its own partition of a preconditioned SSD model in real time and over its own SALSA volume
-/// on another. Every instance must run transactions without an error, every table must hold
-/// the rows prepare put in it (the script counts them), the file systems must be clean (it
-/// runs e2fsck), and the report must be consistent; never a timing.
+/// its own partition of an SSD model in real time and over its own SALSA volume on another,
+/// each device preconditioned through its export first. Every instance must run transactions
+/// without an error, every table must hold the rows prepare put in it (the script counts
+/// them), the file systems must be clean (it runs e2fsck), and the report must be consistent
+/// and hold the preconditioning and the per-transaction costs; never a timing.
 #[test]
 fn sysbench_on_one_ssd_model_raw_partitions_against_salsa_volumes() {
     let r = case_study(
@@ -629,7 +637,18 @@ fn sysbench_on_one_ssd_model_raw_partitions_against_salsa_volumes() {
             assert!(!i["tps_series"].as_array().unwrap().is_empty(), "{setup}: {i}");
         }
         assert!(s["ssd_host_write_bytes"].as_u64().unwrap() > 0, "{setup}: {s}");
+        // Both passes of the preconditioning ran through the setup's exports, and the drive's
+        // requests per transaction were counted.
+        for pass in ["sequential", "random"] {
+            assert!(s["precondition_seconds"][pass].as_f64().is_some_and(|t| t > 0.0), "{setup}: {s}");
+        }
+        assert!(
+            s["ssd_per_transaction"]["host_writes"].as_f64().is_some_and(|n| n > 0.0),
+            "{setup}: {s}"
+        );
     }
+    let salsa = &rounds[0]["salsa"]["salsa_per_transaction"];
+    assert!(salsa["user_bytes_written"].as_f64().is_some_and(|b| b > 0.0), "{salsa}");
     let ratio = r["salsa_vs_raw"]["tps"].as_f64().unwrap();
     let (salsa, raw) = (
         r["median"]["salsa"]["tps_total"].as_f64().unwrap(),

@@ -427,6 +427,15 @@ impl DirtyPages {
             .is_some_and(|v| v.open.contains_key(&page) || v.frozen.contains_key(&page))
     }
 
+    /// Bytes of volume `id`'s buffered pages that its controller does not map yet (the pages
+    /// that hold room in the pool).
+    pub fn reserved_bytes_of(&self, id: u32) -> u64 {
+        let st = self.state.lock();
+        st.volumes
+            .get(&id)
+            .map_or(0, |v| v.reserved.len() as u64 * v.vol.page_bytes() as u64)
+    }
+
     pub fn stats(&self) -> Option<WriteBufferStats> {
         let capacity_bytes = self.capacity();
         if capacity_bytes == 0 {

@@ -115,6 +115,42 @@ fn thin_pool_reports_enospc_only_when_full_and_recovers_after_trim() {
     assert_eq!(buf, pattern(1, 600, 12));
 }
 
+/// Each stream of each volume may keep a segment open, so volumes with many streams can take
+/// a small pool's whole space before any data is written. `create_volume` refuses the volume
+/// that would leave the pool no room for the data it holds and a segment more, says how many
+/// streams fit, and leaves the pool as it was: the volumes created before still take writes.
+#[test]
+fn a_volume_whose_streams_the_pool_cannot_hold_is_refused_and_writes_go_on() {
+    let (pool, _dev) = memory_pool(32, &inline_gc());
+    let mut created = 0u32;
+    let err = loop {
+        match pool.create_volume_with(&format!("h{created}"), 4 * MIB, 4096, "heatlog") {
+            Ok(_) => created += 1,
+            Err(e) => break e,
+        }
+        assert!(created < 100, "the pool took {created} volumes of 12 streams each");
+    };
+    let msg = err.to_string();
+    assert!(matches!(err, salsa_core::Error::InvalidArgument(_)), "{msg}");
+    assert!(
+        msg.contains("streams") && msg.contains("user-gc"),
+        "the reason and what would fit: {msg}"
+    );
+    assert!(pool.volume(&format!("h{created}")).is_err(), "the refused volume was not made");
+    // Every volume made still takes a volume's worth of writes and reads them back.
+    for v in 0..created {
+        let vol = pool.volume(&format!("h{v}")).unwrap();
+        for p in 0..16u64 {
+            vol.write(p * PAGE as u64, &pattern(v, p, 1)).unwrap();
+        }
+        vol.flush().unwrap();
+        let mut buf = vec![0u8; PAGE];
+        vol.read(5 * PAGE as u64, &mut buf).unwrap();
+        assert_eq!(buf, pattern(v, 5, 1));
+    }
+    assert!(created >= 1, "a 32 MiB pool holds one volume of 12 streams: {msg}");
+}
+
 #[test]
 fn bad_requests_are_refused_and_lose_nothing() {
     let (pool, dev) = memory_pool(32, &inline_gc());

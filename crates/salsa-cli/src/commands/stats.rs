@@ -37,6 +37,14 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
         n("gc_low_watermark_segments"),
         n("gc_high_watermark_segments")
     );
+    let spoken_for = v["write_buffer"]["reserved_bytes"].as_u64().unwrap_or(0);
+    if spoken_for > 0 {
+        println!(
+            "  spoken for      {} by buffered writes not yet in the log (about {} segments)",
+            human(spoken_for),
+            spoken_for.div_ceil(n("segment_bytes").max(1))
+        );
+    }
     if n("free_segments_over_holes") > 0 {
         println!(
             "  over holes      {} (of the pool file: handed out last)",

@@ -140,7 +140,20 @@ impl Pool {
         let gc = c.gc_bytes_relocated.load(SeqCst);
         let dev = c.device_bytes_written.load(SeqCst);
         let ratio = |a: u64| if user == 0 { 0.0 } else { a as f64 / user as f64 };
-        let mut vols: Vec<VolumeStats> = self.eng.volumes.read().values().map(|v| v.stats()).collect();
+        // A buffered page the controller does not map yet is mapped all the same: it reads as
+        // written and holds room in the pool (before, `stats` showed such a volume empty while
+        // its writes were refused for want of space).
+        let mut vols: Vec<VolumeStats> = self
+            .eng
+            .volumes
+            .read()
+            .values()
+            .map(|v| {
+                let mut s = v.stats();
+                s.mapped_bytes += self.eng.dirty.reserved_bytes_of(v.id());
+                s
+            })
+            .collect();
         {
             let meta = self.eng.log.meta().lock();
             for v in &mut vols {

@@ -2,7 +2,7 @@
 //! it takes effect) and the [`Volume`] handle: byte-addressed reads, writes, trims and
 //! write-zeroes on whole and partial pages.
 
-use super::{Pool, MAX_VOLUME_PAGES};
+use super::{human_bytes, Pool, MAX_VOLUME_PAGES};
 use crate::controller::Controller;
 use crate::dirty::PagedPayload;
 use crate::engine::Engine;
@@ -182,6 +182,7 @@ impl Pool {
         };
         // Built before the entry is durable, so a bad policy name or setting changes nothing.
         let vol = crate::controller::build(&rec, self.eng.log.geo(), &self.policies).map_err(Error::InvalidArgument)?;
+        self.check_streams_fit(name, vol.streams().layout().count())?;
         next.volumes.push(rec);
         self.eng.log.write_pool_meta(&mut next)?;
         *meta = next;
@@ -191,6 +192,40 @@ impl Pool {
             eng: self.eng.clone(),
             vol,
         })
+    }
+
+    /// Refuses a new volume of `new_streams` streams when the streams of all volumes would keep
+    /// so many segments open that the pool could no longer hold the data it holds now and one
+    /// segment more: each stream may keep a partly written segment of its own, which no other
+    /// stream can use ([`crate::log::Log::usable_grains_for_streams`]). (Before, 85 empty
+    /// volumes of 12 streams each on a 1 GiB pool were accepted, and the next write found no
+    /// usable space.) The message says how many streams fit and what else would.
+    fn check_streams_fit(&self, name: &str, new_streams: u32) -> Result<()> {
+        let log = &self.eng.log;
+        let geo = log.geo();
+        let grain = geo.grain_bytes as u64;
+        let streams_now: u64 = self.eng.volumes.read().values().map(|v| v.streams().layout().count() as u64).sum();
+        let held_bytes: u64 = self.eng.volumes.read().values().map(|v| v.mapped_bytes()).sum();
+        let needed = held_bytes + geo.data_grains_per_segment() as u64 * grain;
+        let usable_after = log.usable_grains_for_streams(streams_now + new_streams as u64) * grain;
+        if usable_after >= needed {
+            return Ok(());
+        }
+        // The most streams that still leave room for what is held and one segment more.
+        let mut fit = 0u64;
+        while log.usable_grains_for_streams(fit + 1) * grain >= needed {
+            fit += 1;
+        }
+        Err(Error::InvalidArgument(format!(
+            "volume {name:?} does not fit: its {new_streams} streams and the {streams_now} of the pool's volumes would each keep \
+             a segment of {} open, leaving {} usable for the {} the volumes hold now; this pool of {} segments has room \
+             for {fit} streams in all. Use a placement with fewer streams (user-gc has 2), delete a volume, or format \
+             the pool with smaller segments (--segment-size) or on more space",
+            human_bytes(geo.segment_bytes),
+            human_bytes(usable_after),
+            human_bytes(held_bytes),
+            geo.total_segments
+        )))
     }
 
     /// A hybrid volume needs a linear pool with both a slow device (its data) and a fast one
