@@ -500,13 +500,6 @@ fn raid_bench_compares_salsa_raid5_with_an_in_place_raid5() {
     assert!(t["in_place_p50_us"].as_f64().unwrap() >= 60.0, "{v}");
     assert!(t["salsa_p99_us"].as_f64().unwrap() > 0.0, "{v}");
     assert!(t["throughput_ratio"].as_f64().unwrap() > 1.5, "{v}");
-    // RAID-1 spreads random reads over both mirrors (the smaller's share of the bytes read).
-    let r1 = &v["raid1_reads"];
-    assert!(
-        r1["one_disk_modelled_mbps"].as_f64().unwrap() > 0.0 && r1["raid1_modelled_mbps"].as_f64().unwrap() > 0.0,
-        "{v}"
-    );
-    assert!(r1["raid1_smaller_mirror_share_of_reads"].as_f64().unwrap() > 0.3, "{v}");
     let rebuild = &v["rebuild"];
     let (done, total) = (
         rebuild["salsa_segments_rebuilt"].as_u64().unwrap(),

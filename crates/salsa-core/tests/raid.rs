@@ -430,53 +430,6 @@ fn a_failed_member_leaves_a_redundant_pool_serving_and_is_remembered() {
     }
 }
 
-/// RAID-1 spreads reads over its mirrors: one reader's random reads alternate between them
-/// (each serves about half), a sequential reader stays on one mirror (its read-ahead serves it),
-/// and with a mirror failed the other serves everything. Before, every read went to the first
-/// healthy mirror.
-#[test]
-fn raid1_reads_are_spread_over_the_mirrors_and_sequential_ones_stay_on_one() {
-    let (faults, devs) = members(2);
-    let pool = Pool::create(devs, &config(ArrayKind::Raid1), &opts()).unwrap();
-    let mut model = volume_with_model(&pool, 50);
-    let vol = pool.volume("v").unwrap();
-    for (p, v) in model.iter_mut().enumerate() {
-        *v = 1;
-        vol.write(p as u64 * PAGE as u64, &pattern(1, p as u64, 1)).unwrap();
-    }
-    pool.flush().unwrap();
-    let read_bytes = |pool: &Pool| -> Vec<u64> { pool.stats().members.iter().map(|m| m.bytes_read).collect() };
-    let before = read_bytes(&pool);
-    let mut rng = SmallRng::seed_from_u64(9);
-    let mut buf = vec![0u8; PAGE];
-    for _ in 0..400 {
-        let p = rng.gen_range(0..model.len() as u64);
-        vol.read(p * PAGE as u64, &mut buf).unwrap();
-    }
-    let after = read_bytes(&pool);
-    let (a, b) = (after[0] - before[0], after[1] - before[1]);
-    assert!(a > 0 && b > 0, "random reads spread over both mirrors: {a} and {b} bytes");
-    assert!(a.min(b) * 3 >= a.max(b), "about half each: {a} and {b} bytes");
-    // A sequential read, in pages, continues on the mirror that served its start.
-    let before = read_bytes(&pool);
-    for p in 0..64u64 {
-        vol.read(p * PAGE as u64, &mut buf).unwrap();
-    }
-    let after = read_bytes(&pool);
-    let (a, b) = (after[0] - before[0], after[1] - before[1]);
-    assert!(
-        a.min(b) <= a.max(b) / 8,
-        "a sequential reader stays on one mirror: {a} and {b} bytes"
-    );
-    // With mirror 0 failed, mirror 1 serves every read, and every page is there.
-    faults[0].set_plan(FaultPlan {
-        dead: true,
-        ..FaultPlan::default()
-    });
-    verify(&pool, &model);
-    pool.close().unwrap();
-}
-
 #[test]
 fn a_raid0_member_lost_is_a_clear_error() {
     let (faults, devs) = members(2);

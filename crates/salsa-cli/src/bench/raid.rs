@@ -47,7 +47,7 @@ pub struct RaidBenchParams {
     /// SALSA's stripe unit (`None`: the layout's default).
     pub salsa_stripe_unit: Option<u32>,
     /// Parts to run: `randwrite_4k`, `seqwrite_1m`, `flush_4k`, `ssd_models`, `ssd_real_time`,
-    /// `raid1_reads`, `reads_rebuild`
+    /// `reads_rebuild`
     /// (empty: all).
     pub only: Vec<String>,
     /// SALSA paces its writers while the GC is behind.
@@ -657,13 +657,12 @@ fn comparison(p: &RaidBenchParams, w: Workload, base: &[Run], ours: &[SalsaRound
 }
 
 /// The parts of the comparison, in the order they run.
-const PARTS: [&str; 7] = [
+const PARTS: [&str; 6] = [
     "randwrite_4k",
     "seqwrite_1m",
     "flush_4k",
     "ssd_models",
     "ssd_real_time",
-    "raid1_reads",
     "reads_rebuild",
 ];
 
@@ -729,9 +728,6 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
     }
     if wanted("ssd_real_time") {
         report["ssd_real_time"] = on_ssd_models_in_real_time(p)?;
-    }
-    if wanted("raid1_reads") {
-        report["raid1_reads"] = raid1_reads(p)?;
     }
     if !wanted("reads_rebuild") {
         return Ok(report);
@@ -1068,75 +1064,6 @@ fn on_ssd_models_in_real_time(p: &RaidBenchParams) -> Result<Value, String> {
     report["workload_bytes"] = span.into();
     report["settle_seconds"] = REAL_TIME_SETTLE_SECONDS.into();
     Ok(report)
-}
-
-/// Random 4 KiB reads from a SALSA RAID-1 of two disk models (`hdd:` timing: every read that
-/// does not continue the last costs a positioning), against the same reads from a SALSA pool
-/// on one such disk (the baseline: what a mirror that reads only its first member gives), in
-/// modelled time (the busiest member's): a mirror that spreads its reads serves up to twice
-/// as many. Reads are what a disk's head bounds, which this machine's two cores do not (an SSD
-/// model in real time here is bound by the host's CPU, and one drive and two read alike).
-/// Fresh disks per round; the volume written once, then read at random from one reader.
-fn raid1_reads(p: &RaidBenchParams) -> Result<Value, String> {
-    use salsa_core::device::{DiskTiming, MemoryDevice, TimedDisk};
-    const DISK_BYTES: u64 = 256 << 20;
-    const READS: u64 = 2_000;
-    let opts = salsa_options(p);
-    let mut runs: Vec<(f64, f64)> = Vec::new();
-    let mut split = Vec::new();
-    for round in 0..p.rounds {
-        let mut rates = Vec::new();
-        for (array, members) in [(ArrayKind::Linear, 1), (ArrayKind::Raid1, 2)] {
-            let disks: Vec<Arc<dyn Device>> = (0..members)
-                .map(|i| {
-                    let mem: Arc<dyn Device> = Arc::new(MemoryDevice::new(format!("hdd{i}"), DISK_BYTES));
-                    Arc::new(TimedDisk::new(mem, DiskTiming::default())) as Arc<dyn Device>
-                })
-                .collect();
-            let cfg = PoolConfig {
-                array,
-                ..PoolConfig::default()
-            };
-            let pool = Pool::create(disks.clone(), &cfg, &opts).map_err(|e| e.to_string())?;
-            let span = volume_bytes(&pool, 0.5);
-            let vol = pool.create_volume("bench", span, 4096).map_err(|e| e.to_string())?;
-            fill_once(span, &|o, d| vol.write(o, d).map_err(|e| e.to_string()))?;
-            pool.flush().map_err(|e| e.to_string())?;
-            let (time0, read0) = (
-                model_time_us(&disks),
-                pool.stats().members.iter().map(|m| m.bytes_read).collect::<Vec<_>>(),
-            );
-            let mut rng = SmallRng::seed_from_u64(round as u64);
-            let mut buf = vec![0u8; 4096];
-            for _ in 0..READS {
-                vol.read(rng.gen_range(0..span / 4096) * 4096, &mut buf)
-                    .map_err(|e| e.to_string())?;
-            }
-            let took_us = model_time_us(&disks).saturating_sub(time0).max(1);
-            rates.push((READS * 4096) as f64 / took_us as f64);
-            if members == 2 {
-                let read: Vec<u64> = pool.stats().members.iter().zip(&read0).map(|(m, b)| m.bytes_read - b).collect();
-                split.push(read[0].min(read[1]) as f64 / read.iter().sum::<u64>().max(1) as f64);
-            }
-            eprintln!(
-                "[bench-raid] raid1_reads round {round}: {} {:.2} MB per modelled second",
-                if members == 1 { "one disk" } else { "RAID-1 of two disks" },
-                rates[rates.len() - 1]
-            );
-            drop(vol);
-            pool.close().map_err(|e| e.to_string())?;
-        }
-        runs.push((rates[0], rates[1]));
-    }
-    let (one, two) = (
-        median(runs.iter().map(|r| r.0).collect()),
-        median(runs.iter().map(|r| r.1).collect()),
-    );
-    Ok(json!({
-        "one_disk_modelled_mbps": one, "raid1_modelled_mbps": two, "throughput_ratio": two / one.max(1e-9),
-        "raid1_smaller_mirror_share_of_reads": median(split),
-        "reads": READS, "disk_bytes": DISK_BYTES,
-    }))
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use parity_buffer::ParityBuffer;
 use parking_lot::{Mutex, RwLock};
 use rows::{LandedRow, OpenRows};
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use stripe::{Piece, Stripe};
 use write_parity::{ParityGeometry, WriteParity};
@@ -56,10 +56,6 @@ struct Health {
     write_errors: AtomicU64,
     repaired_bytes: AtomicU64,
     damaged_bytes: AtomicU64,
-    /// RAID-1 reads of this member under way, and where (member byte offset) its last one
-    /// ended: what [`RaidArray::mirror_to_read`] balances by.
-    mirror_reads_in_flight: AtomicU32,
-    mirror_read_end: AtomicU64,
 }
 
 impl Health {
@@ -128,13 +124,7 @@ pub struct RaidArray {
     /// What became of a replacement that failed while it was rebuilt, until the rebuild
     /// takes it ([`Array::take_replacement_failure`]).
     replacement_failure: Mutex<Option<String>>,
-    /// Turns for RAID-1 reads that find their mirrors equally busy.
-    mirror_read_turn: AtomicU64,
 }
-
-/// How far past the end of a mirror's last read a read may start and still count as
-/// continuing it ([`RaidArray::mirror_to_read`]).
-const MIRROR_SEQUENTIAL_GAP_BYTES: u64 = 128 << 10;
 
 /// The bytes `[at, at + len)` of the concatenation of `bufs`, as slices.
 fn sub_slices<'b>(bufs: &'b [IoSlice<'_>], at: u64, len: u64) -> Vec<&'b [u8]> {
@@ -204,7 +194,6 @@ impl RaidArray {
             slots: members.iter().map(|m| RwLock::new((m.device.clone(), m.layout))).collect(),
             outgoing: members.iter().map(|_| RwLock::new(None)).collect(),
             replacement_failure: Mutex::new(None),
-            mirror_read_turn: AtomicU64::new(0),
             members,
             ids: Mutex::new(ids),
             stripe,
@@ -852,55 +841,19 @@ impl RaidArray {
         Ok(())
     }
 
-    /// RAID-1 read: from the healthy member [`RaidArray::mirror_to_read`] picks, then, if
-    /// that fails, from the others in turn; returns the member that answered.
+    /// RAID-1 read: the first healthy member that answers.
     fn read_mirror(&self, segment: u32, offset: u64, buf: &mut [u8], skip: Option<u32>) -> Result<u32> {
-        let n = self.members.len() as u32;
-        let healthy = |m: u32| !self.is_failed(m) && skip != Some(m);
-        let first = self.mirror_to_read(segment, offset, &healthy);
         let mut last = None;
-        for m in (0..n).map(|i| (first + i) % n).filter(|&m| healthy(m)) {
-            let at = self.offset(m, segment, offset);
-            let h = &self.health[m as usize];
-            h.mirror_reads_in_flight.fetch_add(1, SeqCst);
-            let r = self.read_member(m, buf, at);
-            h.mirror_reads_in_flight.fetch_sub(1, SeqCst);
-            match r {
-                Ok(()) => {
-                    h.mirror_read_end.store(at + buf.len() as u64, SeqCst);
-                    return Ok(m);
-                }
+        for m in 0..self.members.len() as u32 {
+            if self.is_failed(m) || skip == Some(m) {
+                continue;
+            }
+            match self.read_member(m, buf, self.offset(m, segment, offset)) {
+                Ok(()) => return Ok(m),
                 Err(e) => last = Some(e),
             }
         }
         Err(last.unwrap_or_else(|| Error::Poisoned("no healthy mirror left".into())))
-    }
-
-    /// The mirror a read of `offset` in `segment` goes to first, as MD's read balancing
-    /// does: the member whose last read ended where this one starts or a little before
-    /// ([`MIRROR_SEQUENTIAL_GAP_BYTES`]: a reader of pages skips the log's metadata pages
-    /// between records), so that a sequential reader stays on one member, whose read-ahead
-    /// and head position serve it; else the one with
-    /// the fewest reads under way, ties taken in turn (so that one reader's random reads
-    /// alternate too). Before, every read went to the first healthy member and the others
-    /// served none.
-    fn mirror_to_read(&self, segment: u32, offset: u64, healthy: &dyn Fn(u32) -> bool) -> u32 {
-        let n = self.members.len() as u32;
-        let candidates = (0..n).filter(|&m| healthy(m));
-        let continues = |m: u32| {
-            let (end, at) = (
-                self.health[m as usize].mirror_read_end.load(SeqCst),
-                self.offset(m, segment, offset),
-            );
-            end > 0 && at >= end && at - end <= MIRROR_SEQUENTIAL_GAP_BYTES
-        };
-        if let Some(m) = candidates.clone().find(|&m| continues(m)) {
-            return m;
-        }
-        let turn = self.mirror_read_turn.fetch_add(1, SeqCst) as u32;
-        candidates
-            .min_by_key(|&m| (self.health[m as usize].mirror_reads_in_flight.load(SeqCst), (m + n - turn % n) % n))
-            .unwrap_or(0)
     }
 
     /// Writes runs of (member offset, slices) per member, merging contiguous ones.
