@@ -195,8 +195,7 @@ impl Pool {
     }
 
     /// Refuses a new volume of `new_streams` streams when the streams of all volumes would keep
-    /// so many segments open that the pool could no longer hold the data it holds now and one
-    /// segment more: each stream may keep a partly written segment of its own, which no other
+    /// so many segments open that the pool would have no segment's worth of room left for data: each stream may keep a partly written segment of its own, which no other
     /// stream can use ([`crate::log::Log::usable_grains_for_streams`]). (Before, 85 empty
     /// volumes of 12 streams each on a 1 GiB pool were accepted, and the next write found no
     /// usable space.) The message says how many streams fit and what else would.
@@ -206,7 +205,9 @@ impl Pool {
         let grain = geo.grain_bytes as u64;
         let streams_now: u64 = self.eng.volumes.read().values().map(|v| v.streams().layout().count() as u64).sum();
         let held_bytes: u64 = self.eng.volumes.read().values().map(|v| v.mapped_bytes()).sum();
-        let needed = held_bytes + geo.data_grains_per_segment() as u64 * grain;
+        // Only what the streams take away is checked: a thin pool may hold (or be promised)
+        // more than it has room for, and a full one still takes volumes its streams leave room for.
+        let needed = geo.data_grains_per_segment() as u64 * grain;
         let usable_after = log.usable_grains_for_streams(streams_now + new_streams as u64) * grain;
         if usable_after >= needed {
             return Ok(());
