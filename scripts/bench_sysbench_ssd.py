@@ -79,7 +79,6 @@ class Setup(bench_mixed.Setup):
 
     def serve(self):
         salsa = salsa_binary()
-        logical = self.volume_bytes * self.args.instances
         timing = ",realtime=on" if self.args.realtime else ""
         if self.name == "raw":
             spec = self.ssd + timing
@@ -132,10 +131,10 @@ class Setup(bench_mixed.Setup):
         return took
 
     def devices(self):
-        n, size = self.args.instances, self.volume_bytes
+        """A block device per database, over its export (`targets`)."""
         if self.name == "raw":
-            return [self.attach("raw", i * size, size) for i in range(n)]
-        return [self.attach("db%d" % i) for i in range(n)]
+            return [self.attach(export, offset, self.volume_bytes) for export, offset in self.targets()]
+        return [self.attach(export) for export, _ in self.targets()]
 
 
 def sysbench(sock, args, command):

@@ -315,6 +315,11 @@ impl VolumePages {
         }
         held
     }
+
+    /// Bytes of the pages that hold room in the pool (buffered, not mapped by the controller).
+    fn reserved_bytes(&self) -> u64 {
+        self.reserved.len() as u64 * self.vol.page_bytes() as u64
+    }
 }
 
 /// Grains one page of `vol` takes in the pool.
@@ -431,9 +436,7 @@ impl DirtyPages {
     /// that hold room in the pool).
     pub fn reserved_bytes_of(&self, id: u32) -> u64 {
         let st = self.state.lock();
-        st.volumes
-            .get(&id)
-            .map_or(0, |v| v.reserved.len() as u64 * v.vol.page_bytes() as u64)
+        st.volumes.get(&id).map_or(0, VolumePages::reserved_bytes)
     }
 
     pub fn stats(&self) -> Option<WriteBufferStats> {
@@ -451,11 +454,7 @@ impl DirtyPages {
             destages: self.destages.load(Relaxed),
             pages_destaged: self.pages_destaged.load(Relaxed),
             writer_waits: self.writer_waits.load(Relaxed),
-            reserved_bytes: st
-                .volumes
-                .values()
-                .map(|v| v.reserved.len() as u64 * v.vol.page_bytes() as u64)
-                .sum(),
+            reserved_bytes: st.volumes.values().map(VolumePages::reserved_bytes).sum(),
             spare_bytes: self.spares.spare_bytes.load(Relaxed),
         })
     }

@@ -117,7 +117,7 @@ fn thin_pool_reports_enospc_only_when_full_and_recovers_after_trim() {
 
 /// Each stream of each volume may keep a segment open, so volumes with many streams can take
 /// a small pool's whole space before any data is written. `create_volume` refuses the volume
-/// that would leave the pool no room for the data it holds and a segment more, says how many
+/// whose streams would leave the pool less than a segment's worth of room, says how many
 /// streams fit, and leaves the pool as it was: the volumes created before still take writes.
 #[test]
 fn a_volume_whose_streams_the_pool_cannot_hold_is_refused_and_writes_go_on() {

@@ -195,16 +195,18 @@ impl Pool {
     }
 
     /// Refuses a new volume of `new_streams` streams when the streams of all volumes would keep
-    /// so many segments open that the pool would have no segment's worth of room left for data: each stream may keep a partly written segment of its own, which no other
-    /// stream can use ([`crate::log::Log::usable_grains_for_streams`]). (Before, 85 empty
+    /// so many segments open that the pool would have no segment's worth of room left for
+    /// data: each stream may keep a partly written segment of its own, which no other stream
+    /// can use ([`crate::log::Log::usable_grains_for_streams`]). (Before, 85 empty
     /// volumes of 12 streams each on a 1 GiB pool were accepted, and the next write found no
     /// usable space.) The message says how many streams fit and what else would.
     fn check_streams_fit(&self, name: &str, new_streams: u32) -> Result<()> {
         let log = &self.eng.log;
         let geo = log.geo();
         let grain = geo.grain_bytes as u64;
-        let streams_now: u64 = self.eng.volumes.read().values().map(|v| v.streams().layout().count() as u64).sum();
-        let held_bytes: u64 = self.eng.volumes.read().values().map(|v| v.mapped_bytes()).sum();
+        let (streams_now, held_bytes) = self.eng.volumes.read().values().fold((0u64, 0u64), |(s, h), v| {
+            (s + v.streams().layout().count() as u64, h + v.mapped_bytes())
+        });
         // Only what the streams take away is checked: a thin pool may hold (or be promised)
         // more than it has room for, and a full one still takes volumes its streams leave room for.
         let needed = geo.data_grains_per_segment() as u64 * grain;
@@ -212,7 +214,7 @@ impl Pool {
         if usable_after >= needed {
             return Ok(());
         }
-        // The most streams that still leave room for what is held and one segment more.
+        // The most streams that still leave a segment's worth of room.
         let mut fit = 0u64;
         while log.usable_grains_for_streams(fit + 1) * grain >= needed {
             fit += 1;
