@@ -33,7 +33,9 @@ struct Devices {
     /// hdd, nvm) declares its storage type at format (hybrid volumes keep data on hdd and hot
     /// copies on flash). Repeat for several devices; `salsa format --array` chose how they
     /// combine (linearly by default).
-    #[arg(long = "device", short = 'd', required = true, value_name = "PATH[:SIZE][@TYPE]")]
+    /// Default (every command but `format`): salsa-data/pool.img, the pool `salsa serve`
+    /// makes by default.
+    #[arg(long = "device", short = 'd', value_name = "PATH[:SIZE][@TYPE]")]
     devices: Vec<DeviceSpec>,
     /// RAID-5 only: a small fast device (a file or block device; on real hardware NVM, an NVMe
     /// PMR or a small SSD partition) that keeps the parity of the rows being filled, so that a
@@ -60,8 +62,21 @@ struct ServerOrDevices {
 }
 
 impl Devices {
+    /// Names the default pool (`salsa serve`'s, [`DEFAULT_DEVICE`]) when no device was given,
+    /// as `salsa stats` finds the default server: for every command that looks at or changes
+    /// a pool. `format` names its devices itself.
+    fn or_default(&mut self) -> Result<(), String> {
+        if self.devices.is_empty() {
+            self.devices.push(DEFAULT_DEVICE.parse()?);
+        }
+        Ok(())
+    }
+
     /// Opens (creating missing files at the sizes given): for `format`.
     fn open(&self, read_only: bool) -> Result<Vec<Arc<dyn salsa_core::Device>>, String> {
+        if self.devices.is_empty() {
+            return Err("give the pool's devices: --device PATH:SIZE (e.g. --device salsa-data/pool.img:1G)".into());
+        }
         self.check_distinct()?;
         self.devices.iter().map(|d| d.open(read_only)).collect()
     }
@@ -70,6 +85,13 @@ impl Devices {
     /// (one gone from a redundant pool is left out, see [`open_present`]).
     fn open_existing(&self, read_only: bool) -> Result<Vec<Arc<dyn salsa_core::Device>>, String> {
         self.check_distinct()?;
+        if let [only] = &self.devices[..] {
+            if only.model.is_none() && only.path == std::path::Path::new(DEFAULT_DEVICE) && !only.path.exists() {
+                return Err(format!(
+                    "no pool at {DEFAULT_DEVICE} (the default); give its devices with --device PATH, or start one with `salsa serve`"
+                ));
+            }
+        }
         open_present(&self.devices, |d| d.open_existing(read_only))
     }
 
@@ -288,8 +310,9 @@ enum Command {
         /// no data at all are formatted. Default: salsa-data/pool.img:1G.
         #[arg(long = "device", short = 'd', value_name = "PATH[:SIZE]")]
         devices: Vec<DeviceSpec>,
-        /// TCP address to listen on.
-        #[arg(long, default_value = "127.0.0.1:10809")]
+        /// TCP address to listen on, HOST:PORT (an address or a name: 0.0.0.0:10809,
+        /// [::1]:10809, localhost:10809).
+        #[arg(long, default_value = "127.0.0.1:10809", value_parser = parse_listen)]
         listen: std::net::SocketAddr,
         /// Do not listen on TCP (use with --unix).
         #[arg(long)]
@@ -711,6 +734,17 @@ fn print_report(report: serde_json::Value) -> Result<(), String> {
     Ok(())
 }
 
+/// `--listen`: an address, or a host name resolved to its first address.
+fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    let hint = "give HOST:PORT, e.g. 127.0.0.1:10809, [::1]:10809 or localhost:10809";
+    let mut addrs = s.to_socket_addrs().map_err(|e| format!("{e}; {hint}"))?;
+    addrs.next().ok_or_else(|| format!("{s} names no address; {hint}"))
+}
+
 fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "warn",
@@ -719,9 +753,12 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colour only for a terminal: a log redirected to a file or a journal stays plain text.
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
@@ -774,9 +811,24 @@ fn ro_options() -> OpenOptions {
     }
 }
 
+impl Command {
+    /// The default pool for the commands that look at or change one and were given no device.
+    fn default_devices(&mut self) -> Result<(), String> {
+        match self {
+            Command::Info { devices } | Command::Check { devices, .. } => devices.or_default(),
+            Command::Volume { command } => command.devices_mut().or_default(),
+            _ => Ok(()),
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     init_logging(cli.verbose);
+    if let Err(e) = cli.command.default_devices() {
+        eprintln!("salsa: {e}");
+        return ExitCode::from(2);
+    }
     let result = match &cli.command {
         Command::Serve {
             devices,

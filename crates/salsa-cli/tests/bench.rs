@@ -262,6 +262,52 @@ fn device_bench_ssd_model_raw_versus_salsa() {
     }
 }
 
+/// Several volumes on one drive, each worker flushing its volume as a database commits:
+/// the report says so, SALSA's pool holds that many volumes, and its own bytes per user byte
+/// (user, GC, metadata) come with the flushes it took.
+#[test]
+fn device_bench_splits_the_drive_into_volumes_that_flush() {
+    let (ok, stdout, stderr) = salsa(&[
+        "bench-device",
+        "--device",
+        "ssd:size=256M",
+        "--measure",
+        "0.25",
+        "--queue-depth",
+        "4",
+        "--volumes",
+        "4",
+        "--flush-every",
+        "64K",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let r = json_of(&stdout);
+    let runs = r["runs"].as_array().unwrap();
+    let (s, raw) = (&runs[0], &runs[1]);
+    for x in [s, raw] {
+        assert_eq!(
+            (x["volumes"].as_u64(), x["flush_every_bytes"].as_u64()),
+            (Some(4), Some(64 << 10)),
+            "{x}"
+        );
+    }
+    let per_user = &s["salsa_per_user_byte"];
+    assert!((per_user["user"].as_f64().unwrap() - 1.0).abs() < 0.01, "{per_user}");
+    // A flush after every 64 KiB a worker writes: about 16 per MB written.
+    let flushes_per_mb = per_user["flushes"].as_f64().unwrap();
+    assert!(
+        (8.0..=20.0).contains(&flushes_per_mb),
+        "{flushes_per_mb} flushes per MB: {per_user}"
+    );
+    assert!(per_user["metadata"].as_f64().unwrap() > 0.0, "{per_user}");
+    // The raw drive took a cache flush for each.
+    let raw_flushes = raw["device_counters"][0]["counters"]["host_flushes"].as_u64().unwrap();
+    assert!(raw_flushes > 0, "{raw}");
+    let (ok, _, stderr) = salsa(&["bench-device", "--device", "ssd:size=64M", "--volumes", "0"]);
+    assert!(!ok && stderr.contains("volumes"), "{stderr}");
+}
+
 /// Through SALSA on a host-managed SMR drive (zoned, with disk timing); a raw run is not
 /// possible there and is skipped; a wrong model parameter is a clear error.
 #[test]

@@ -213,8 +213,11 @@ fn stats_json_carries_the_device_models_counters_and_the_victim_policys_state() 
     );
     // And what an adaptive victim policy has learned: the exponent it starts with.
     assert_eq!(v["victim_policy_state"]["age_exponent"].as_f64(), Some(0.8), "{v}");
+    // The counters say what period they cover.
+    assert!(v["counters_since_unix_seconds"].as_u64().is_some_and(|t| t > 1_700_000_000), "{v}");
     let (ok, out) = salsa(&dir, &["stats", "--control", "pool.ctl"]);
     assert!(ok && out.contains("victim policy     age_exponent 0.8"), "{out}");
+    assert!(out.contains("counters since the server started"), "{out}");
     // SAFETY: kill only sends a signal to our own child's pid.
     unsafe { libc::kill(srv.id() as i32, libc::SIGTERM) };
     assert!(srv.wait().unwrap().success());
@@ -465,4 +468,93 @@ fn format_raid5_of_three(dir: &std::path::Path) {
     args.extend(["-d", "a.img:64M", "-d", "b.img:64M", "-d", "c.img:64M"]);
     let (ok, out) = salsa(dir, &args);
     assert!(ok, "{out}");
+}
+
+/// Commands that only look at a pool never advise `format --force` (which would destroy what
+/// the file holds) for a file that is not a pool, and leave it as it was.
+#[test]
+fn look_only_commands_never_advise_formatting() {
+    let dir = test_dir("foreign-look");
+    std::fs::write(dir.join("data.img"), vec![7u8; 8 << 20]).unwrap();
+    for args in [
+        vec!["info", "--device", "data.img"],
+        vec!["check", "--device", "data.img"],
+        vec!["volume", "list", "--device", "data.img"],
+    ] {
+        let (ok, out) = salsa(&dir, &args);
+        assert!(
+            !ok && out.contains("not a SALSA pool member") && !out.contains("format"),
+            "{args:?}: {out}"
+        );
+    }
+    assert!(
+        std::fs::read(dir.join("data.img")).unwrap().iter().all(|&b| b == 7),
+        "the file was modified"
+    );
+}
+
+/// `--listen` takes a host name as well as an address, and a wrong one says what it wants; a
+/// directory given as a device says that a member is a file or a block device.
+#[test]
+fn listen_names_and_directories_get_a_message_that_names_the_fix() {
+    let dir = test_dir("listen");
+    std::fs::create_dir_all(dir.join("pool-dir")).unwrap();
+    // The address parses (the server goes on to the device, and stops there).
+    let (ok, out) = salsa(&dir, &["serve", "--listen", "localhost:10904", "--device", "pool-dir"]);
+    assert!(
+        !ok && out.contains("pool-dir is a directory") && out.contains("file or a block device"),
+        "{out}"
+    );
+    let (ok, out) = salsa(&dir, &["serve", "--listen", "no port here", "--device", "pool-dir"]);
+    assert!(!ok && out.contains("HOST:PORT"), "{out}");
+    let (ok, out) = salsa(&dir, &["info", "--device", "pool-dir"]);
+    assert!(!ok && out.contains("is a directory"), "{out}");
+}
+
+/// A scrub of a pool without redundancy says that it had nothing to compare instead of
+/// reporting "0 rows compared, 0 disagreed" as if it had verified something.
+#[test]
+fn a_scrub_without_redundancy_says_it_compared_nothing() {
+    let dir = test_dir("scrub-linear");
+    let (ok, out) = salsa(&dir, &["format", "--device", "p.img:128M"]);
+    assert!(ok, "{out}");
+    let (ok, out) = salsa(&dir, &["check", "--device", "p.img", "--scrub"]);
+    assert!(ok && out.contains("nothing to compare") && !out.contains("rows compared"), "{out}");
+}
+
+/// `info`, `check` and `volume` find the default pool (salsa-data/pool.img, what `salsa serve`
+/// makes) without --device, as `stats` finds the default server; with no pool there, they say
+/// so and create nothing. `format` still wants its devices named.
+#[test]
+fn look_and_volume_commands_find_the_default_pool() {
+    let dir = test_dir("default-pool");
+    let (ok, out) = salsa(&dir, &["info"]);
+    assert!(!ok && out.contains("no pool at salsa-data/pool.img"), "{out}");
+    assert!(!dir.join("salsa-data").exists(), "looking created the default directory");
+    let (ok, out) = salsa(&dir, &["format"]);
+    assert!(!ok && out.contains("--device"), "{out}");
+    std::fs::create_dir_all(dir.join("salsa-data")).unwrap();
+    let (ok, out) = salsa(&dir, &["format", "--device", "salsa-data/pool.img:128M"]);
+    assert!(ok, "{out}");
+    let (ok, out) = salsa(&dir, &["volume", "create", "v", "8M"]);
+    assert!(ok, "{out}");
+    let (ok, out) = salsa(&dir, &["info"]);
+    assert!(ok && out.contains("default") && out.contains(" v "), "{out}");
+    let (ok, out) = salsa(&dir, &["volume", "list"]);
+    assert!(ok && out.contains("v "), "{out}");
+    let (ok, out) = salsa(&dir, &["check"]);
+    assert!(ok, "{out}");
+}
+
+/// A log written to a file (not a terminal) carries no colour codes.
+#[test]
+fn a_log_to_a_file_has_no_colour_codes() {
+    let dir = test_dir("log-colour");
+    let (ok, out) = salsa(&dir, &["-vv", "format", "--device", "p.img:128M"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("INFO") || out.contains("DEBUG"),
+        "the format logged nothing at -vv: {out}"
+    );
+    assert!(!out.contains('\u{1b}'), "colour codes in a log to a pipe: {out:?}");
 }

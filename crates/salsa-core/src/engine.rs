@@ -304,18 +304,18 @@ impl Engine {
                         self.log.capacity().wait_for_free(types, 0, Duration::from_millis(20));
                         continue;
                     }
-                    return Err(Error::NoSpace("garbage collection ran out of free segments".into()));
+                    return Err(self.log.out_of_space("garbage collection ran out of free segments"));
                 }
-                Purpose::Checkpoint => return Err(Error::NoSpace("no free segment for the checkpoint".into())),
+                Purpose::Checkpoint => return Err(self.log.out_of_space("no free segment for the checkpoint")),
                 // The fast tier borrows segments from the capacity manager directly, never here.
-                Purpose::Tier => return Err(Error::NoSpace("no free segment for the fast tier".into())),
+                Purpose::Tier => return Err(self.log.out_of_space("no free segment for the fast tier")),
                 Purpose::User | Purpose::Trim => {
                     self.writer_stalled();
                     if self.background_gc {
                         // The worker found nothing to clean: confirm with an attempt of our own
                         // before reporting that the pool is full.
                         if self.gc_stuck.load(SeqCst) && !self.gc_step()? {
-                            return Err(Error::NoSpace("every segment is full of live data".into()));
+                            return Err(self.log.out_of_space("every segment is full of live data"));
                         }
                         if self.shutting_down.load(SeqCst) {
                             return Err(Error::ShuttingDown);
@@ -325,7 +325,7 @@ impl Engine {
                             .capacity()
                             .wait_for_free(types, self.log.capacity().watermarks().gc_reserve, Duration::from_millis(50));
                     } else if !self.gc_step()? {
-                        return Err(Error::NoSpace("every segment is full of live data".into()));
+                        return Err(self.log.out_of_space("every segment is full of live data"));
                     }
                 }
             }

@@ -23,7 +23,7 @@ pub enum Error {
     #[error("pool is read-only after an earlier I/O error ({0}); fix the device and reopen the pool")]
     Poisoned(String),
     /// A device does not carry a SALSA superblock at all.
-    #[error("device {device} is not a SALSA pool member: {reason}; use `salsa format --force` to overwrite it")]
+    #[error("device {device} is not a SALSA pool member: {reason}; check the path (nothing was changed on it)")]
     NotAPool { device: String, reason: String },
     /// A device carries a superblock that is damaged.
     #[error("device {device} has a damaged superblock: {reason}")]

@@ -336,10 +336,21 @@ impl DeviceSpec {
             direct: !page_cache,
             read_only,
         };
+        if self.path.is_dir() {
+            return Err(format!(
+                "{} is a directory; a pool member is a file or a block device (PATH:SIZE creates a missing file, e.g. {}/pool.img:1G)",
+                self.path.display(),
+                self.path.display()
+            ));
+        }
         FileDevice::open(&self.path, opts)
             .map(|d| Arc::new(d) as Arc<dyn Device>)
             .map_err(|e| {
-                let hint = if e.kind() == std::io::ErrorKind::WouldBlock {
+                let hint = if e.kind() == std::io::ErrorKind::PermissionDenied && !read_only {
+                    "; run as a user who may write it, or look without writing: `--read-only` (serve), `salsa info`, `salsa check`".to_string()
+                } else if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    "; run as a user who may read it".to_string()
+                } else if e.kind() == std::io::ErrorKind::WouldBlock {
                     format!(
                         "; if `salsa serve` has it, ask the server: `salsa stats --device {0}`, `salsa device fail|replace --device {0} ...` (its control socket is {1})",
                         self.path.display(),

@@ -430,6 +430,45 @@ fn a_failed_member_leaves_a_redundant_pool_serving_and_is_remembered() {
     }
 }
 
+/// Two RAID-5 members dying while the pool serves is more than it survives: writes, flushes
+/// and a replacement say so (the members out of service), not that the pool or the GC ran
+/// out of space, which is what the offline segments made it look like before.
+#[test]
+fn a_raid5_that_lost_two_members_says_so() {
+    let (faults, devs) = members(4);
+    let pool = Pool::create(devs, &config(ArrayKind::Raid5), &opts()).unwrap();
+    let mut model = volume_with_model(&pool, 50);
+    let n = model.len() * 2;
+    churn(&pool, &mut model, 3, n);
+    pool.flush().unwrap();
+    // One member taken out by request (its free segments go offline at once), then another
+    // dies under the writes.
+    pool.fail_member("1").unwrap();
+    churn(&pool, &mut model, 4, n / 4);
+    faults[2].set_plan(FaultPlan {
+        dead: true,
+        ..FaultPlan::default()
+    });
+    let vol = pool.volume("v").unwrap();
+    let mut errors = Vec::new();
+    for i in 0..64u64 {
+        if let Err(e) = vol.write(i * PAGE as u64, &pattern(9, i, 9)).and_then(|_| vol.flush()) {
+            errors.push(e.to_string());
+        }
+    }
+    assert!(!errors.is_empty(), "writes went on with two of four members dead");
+    for e in &errors {
+        assert!(
+            e.contains("out of service") && !e.contains("ran out of free segments") && !e.contains("pool is full"),
+            "{e}"
+        );
+        assert_eq!(e.matches("read-only after an earlier I/O error").count(), 1, "said once: {e}");
+    }
+    let spare: Arc<dyn Device> = Arc::new(MemoryDevice::new("spare", MEMBER_MIB * MIB));
+    let e = pool.replace_member("1", spare, RebuildOptions::default(), &|_, _| {}).unwrap_err();
+    assert!(!e.to_string().contains("ran out of free segments"), "{e}");
+}
+
 #[test]
 fn a_raid0_member_lost_is_a_clear_error() {
     let (faults, devs) = members(2);

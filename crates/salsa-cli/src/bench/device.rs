@@ -39,40 +39,92 @@ pub struct Params {
     pub precondition: bool,
     /// Writes measured, in target sizes.
     pub measure_volumes: f64,
+    /// The target split into this many equal volumes (partitions on the raw device).
+    pub volumes: u32,
+    /// Each worker flushes its volume after writing this many bytes.
+    pub flush_every_bytes: Option<u64>,
     pub seed: u64,
     pub out_dir: Option<PathBuf>,
 }
 
-/// Where the workload goes.
+/// Where the workload goes: the raw device (a partition of `size` bytes at its start, split
+/// into equal parts only by name), or SALSA volumes of one pool, each `size / vols.len()` bytes,
+/// lying one after the other in the target's address space.
 enum Target {
     Raw { dev: Arc<dyn Device>, size: u64 },
-    Salsa { pool: Pool, vol: salsa_core::Volume },
+    Salsa { pool: Pool, vols: Vec<salsa_core::Volume> },
 }
 
 impl Target {
     fn size(&self) -> u64 {
         match self {
             Target::Raw { size, .. } => *size,
-            Target::Salsa { vol, .. } => vol.size_bytes(),
+            Target::Salsa { vols, .. } => vols.iter().map(|v| v.size_bytes()).sum(),
         }
     }
+
+    /// The volume holding target offset `offset`, the offset inside it and the bytes from
+    /// there to the volume's end.
+    fn locate(vols: &[salsa_core::Volume], offset: u64) -> Result<(&salsa_core::Volume, u64, u64), String> {
+        let mut at = offset;
+        for v in vols {
+            if at < v.size_bytes() {
+                return Ok((v, at, v.size_bytes() - at));
+            }
+            at -= v.size_bytes();
+        }
+        Err(format!("offset {offset} lies beyond the volumes"))
+    }
+
+    /// Runs `op` on each piece of `[offset, offset + len)` as the volumes divide it.
+    fn pieces(
+        &self,
+        offset: u64,
+        len: u64,
+        mut op: impl FnMut(&salsa_core::Volume, u64, std::ops::Range<usize>) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let Target::Salsa { vols, .. } = self else {
+            unreachable!("pieces of a raw target")
+        };
+        let mut done = 0;
+        while done < len {
+            let (v, at, room) = Self::locate(vols, offset + done)?;
+            let n = room.min(len - done);
+            op(v, at, done as usize..(done + n) as usize)?;
+            done += n;
+        }
+        Ok(())
+    }
+
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), String> {
         match self {
             Target::Raw { dev, .. } => dev.write_at(data, offset).map_err(|e| e.to_string()),
-            Target::Salsa { vol, .. } => vol.write(offset, data).map_err(|e| e.to_string()),
+            Target::Salsa { .. } => self.pieces(offset, data.len() as u64, |v, at, r| {
+                v.write(at, &data[r]).map_err(|e| e.to_string())
+            }),
         }
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
         match self {
             Target::Raw { dev, .. } => dev.read_at(buf, offset).map_err(|e| e.to_string()),
-            Target::Salsa { vol, .. } => vol.read(offset, buf).map_err(|e| e.to_string()),
+            Target::Salsa { .. } => self.pieces(offset, buf.len() as u64, |v, at, r| {
+                v.read(at, &mut buf[r]).map_err(|e| e.to_string())
+            }),
         }
     }
     /// A trace's discard: the raw device's discard (a TRIM on an SSD model), SALSA's trim.
     fn trim(&self, offset: u64, len: u64) -> Result<(), String> {
         match self {
             Target::Raw { dev, .. } => dev.discard(offset, len).map_err(|e| e.to_string()),
-            Target::Salsa { vol, .. } => vol.trim(offset, len).map_err(|e| e.to_string()),
+            Target::Salsa { .. } => self.pieces(offset, len, |v, at, r| v.trim(at, r.len() as u64).map_err(|e| e.to_string())),
+        }
+    }
+    /// A commit after writes at `offset`: the raw device's cache flush, or the flush of the
+    /// volume holding `offset`.
+    fn flush(&self, offset: u64) -> Result<(), String> {
+        match self {
+            Target::Raw { dev, .. } => dev.sync().map_err(|e| e.to_string()),
+            Target::Salsa { vols, .. } => Self::locate(vols, offset)?.0.flush().map_err(|e| e.to_string()),
         }
     }
     fn devices(&self) -> Vec<Arc<dyn Device>> {
@@ -142,6 +194,7 @@ fn run_workload(
             s.spawn(move || {
                 let mut buf = aligned(p.block_bytes as usize);
                 let mut stamp = (p.seed << 20) ^ (worker as u64) << 48;
+                let mut unflushed = 0u64;
                 while !failed.load(Relaxed) && done.load(Relaxed) < bytes {
                     let Some(Request { kind, offset, len, .. }) = gen.lock().next_request() else {
                         break;
@@ -165,7 +218,14 @@ fn run_workload(
                             chunk[..n].copy_from_slice(&stamp.to_le_bytes()[..n]);
                         }
                         written.fetch_add(len as u64, Relaxed);
-                        t.write(offset, &buf[..len])
+                        unflushed += len as u64;
+                        t.write(offset, &buf[..len]).and_then(|()| match p.flush_every_bytes {
+                            Some(every) if unflushed >= every => {
+                                unflushed = 0;
+                                t.flush(offset)
+                            }
+                            _ => Ok(()),
+                        })
                     } else {
                         t.read(offset, &mut buf[..len])
                     };
@@ -254,6 +314,10 @@ fn measure(label: &'static str, t: &Target, p: &Params, quiet: bool) -> Result<O
         p.measure_volumes, p.workload, p.queue_depth
     ));
     let start = sample(t, 0, 0);
+    let pool_before = match t {
+        Target::Salsa { pool, .. } => Some(pool.stats()),
+        Target::Raw { .. } => None,
+    };
     let samples = Mutex::new(vec![start]);
     run_workload(t, &mut gen, p, bytes, &samples, (bytes / 100).max(p.block_bytes))?;
     let mut samples = samples.into_inner();
@@ -292,6 +356,8 @@ fn measure(label: &'static str, t: &Target, p: &Params, quiet: bool) -> Result<O
         "read_percent": p.read_percent,
         "block_bytes": p.block_bytes,
         "queue_depth": p.queue_depth,
+        "volumes": p.volumes,
+        "flush_every_bytes": p.flush_every_bytes,
         "target_bytes": size,
         "user_bytes": user,
         "user_bytes_written": user_written,
@@ -312,6 +378,25 @@ fn measure(label: &'static str, t: &Target, p: &Params, quiet: bool) -> Result<O
         json["spare_percent"] = json!(p.spare_percent);
         json["segment_bytes"] = json!(pool.geometry().segment_bytes);
         json["discarded_bytes"] = json!(s.discarded_bytes);
+        // What SALSA wrote while measuring, per byte the workload wrote: where its own write
+        // amplification comes from.
+        if let Some(b) = pool_before {
+            let per_user = |after: u64, before: u64| {
+                if user_written > 0.0 {
+                    after.saturating_sub(before) as f64 / user_written
+                } else {
+                    0.0
+                }
+            };
+            json["salsa_per_user_byte"] = json!({
+                "user": per_user(s.user_bytes_written, b.user_bytes_written),
+                "gc": per_user(s.gc_bytes_relocated, b.gc_bytes_relocated),
+                "metadata": per_user(s.metadata_bytes_written, b.metadata_bytes_written),
+                "pad": per_user(s.pad_bytes_written, b.pad_bytes_written),
+                "device": per_user(s.device_bytes_written, b.device_bytes_written),
+                "flushes": per_user(s.flushes, b.flushes) * 1e6,
+            });
+        }
     }
     say(&format!(
         "modelled {mbps:.1} MB/s (median {median:.1}), media writes per user byte {wear_per_user_byte:.2}, device-internal WA {:.2}",
@@ -357,14 +442,28 @@ pub fn run(p: &Params, quiet: bool) -> Result<Value, String> {
             ..OpenOptions::default()
         };
         let pool = Pool::create(vec![dev], &cfg, &opts).map_err(|e| format!("SALSA on the model: {e}"))?;
-        let size = pool.logical_capacity_bytes() / p.block_bytes * p.block_bytes;
-        let vol = pool.create_volume("bench", size, p.page_bytes).map_err(|e| e.to_string())?;
+        // Equal volumes of whole blocks, so that no request of the workload spans two. Several
+        // take no more than the pool holds with every volume's streams holding a segment open
+        // (one volume keeps the pool's logical size, as the paper's runs and ours always had).
+        let mut total = pool.logical_capacity_bytes();
+        if p.volumes > 1 {
+            let placements = vec![p.placement.as_str(); p.volumes as usize];
+            total = total.min(pool.usable_bytes_for(&placements).map_err(|e| e.to_string())?);
+        }
+        let volume_bytes = total / p.volumes as u64 / p.block_bytes * p.block_bytes;
+        let vols = (0..p.volumes)
+            .map(|i| {
+                let name = if p.volumes == 1 { "bench".to_string() } else { format!("bench{i}") };
+                pool.create_volume(&name, volume_bytes, p.page_bytes).map_err(|e| e.to_string())
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let size = volume_bytes * p.volumes as u64;
         // A host-managed zoned drive refuses random writes: there is no raw run to compare with.
         let zoned = pool.devices().iter().any(|d| d.zones().is_some());
-        let t = Target::Salsa { pool, vol };
+        let t = Target::Salsa { pool, vols };
         let o = measure("salsa", &t, p, quiet)?;
-        if let Target::Salsa { pool, vol } = t {
-            drop(vol);
+        if let Target::Salsa { pool, vols } = t {
+            drop(vols);
             pool.close().map_err(|e| e.to_string())?;
         }
         (o, size, zoned)

@@ -192,6 +192,7 @@ pub(crate) fn scrub_json(pool: &Pool, repair: bool) -> Result<serde_json::Value,
         "rows_mismatched": r.rows_mismatched, "rows_repaired": r.rows_repaired,
         "pages_damaged": r.pages_damaged, "pages_repairable": r.pages_repairable,
         "pages_repaired": r.pages_repaired, "array": pool.array_description(),
+        "redundant": pool.has_redundancy(),
         "members_repaired": rewritten,
     }))
 }
@@ -199,6 +200,14 @@ pub(crate) fn scrub_json(pool: &Pool, repair: bool) -> Result<serde_json::Value,
 /// Prints a scrub's report ([`scrub_json`]); whether everything that disagreed was repaired.
 fn print_scrub(v: &serde_json::Value, repair: bool) -> bool {
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    if v["redundant"] == false {
+        // A scrub that compares nothing says so rather than report zeros as if it verified.
+        println!(
+            "scrub: nothing to compare: the array ({}) keeps no redundancy (no parity, no second copy of the data); its pages are verified by their checksums only",
+            v["array"].as_str().unwrap_or("?")
+        );
+        return true;
+    }
     println!(
         "scrub: {} segments in use, {} rows compared, {} disagreed with their data, {} repaired ({})",
         n("segments"),

@@ -56,6 +56,15 @@ pub(crate) struct BenchDeviceArgs {
     /// Volumes written while measuring.
     #[arg(long, default_value_t = 2.0)]
     measure: f64,
+    /// Split the target into this many equal volumes (SALSA volumes of one pool; on the raw
+    /// device, equal partitions), as several applications share a drive; each request goes to
+    /// the volume its offset falls in.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    volumes: u32,
+    /// Each worker flushes its volume after writing this many bytes (a database's commits); by
+    /// default nothing flushes while measuring.
+    #[arg(long, value_parser = parse_size)]
+    flush_every: Option<u64>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Directory for results.json, throughput.svg and wear.svg.
@@ -164,6 +173,8 @@ pub(crate) fn run_device_bench(a: &BenchDeviceArgs) -> Result<(), String> {
         discard: !a.no_discard,
         precondition: !a.no_precondition,
         measure_volumes: a.measure,
+        volumes: a.volumes,
+        flush_every_bytes: a.flush_every,
         seed: a.seed,
         out_dir: a.out.clone(),
     };

@@ -312,7 +312,13 @@ pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool, exports
     };
     let mut words = request.split_whitespace();
     let reply = match words.next() {
-        None | Some("stats") => format!("{}", stats::stats_json(pool)),
+        None | Some("stats") => {
+            let mut v = stats::stats_json(pool);
+            // The counters run since the pool was opened by this server.
+            let since = super::serve::SERVING_SINCE.get_or_init(std::time::SystemTime::now);
+            v["counters_since_unix_seconds"] = since.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()).into();
+            format!("{v}")
+        }
         Some("scrub") => match super::admin::scrub_json(pool, words.next() == Some("repair")) {
             Ok(v) => v.to_string(),
             Err(e) => format!("error {e}"),

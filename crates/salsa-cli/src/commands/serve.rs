@@ -75,9 +75,13 @@ const CONTROL_CONNECTIONS_MAX: usize = 8;
 /// Answers one control connection.
 type ControlAnswer = Arc<dyn Fn(std::os::unix::net::UnixStream) + Send + Sync>;
 
+/// When this process began serving: the pool's counters (`salsa stats`) run from then.
+pub(crate) static SERVING_SINCE: std::sync::OnceLock<std::time::SystemTime> = std::sync::OnceLock::new();
+
 /// Answers the control socket with `answer` (for a pool, [`super::device::answer`]), each
 /// connection on its own thread, until `stop`; waits for the connections in progress.
 pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, answer: ControlAnswer, stop: Arc<std::sync::atomic::AtomicBool>) {
+    SERVING_SINCE.get_or_init(std::time::SystemTime::now);
     let _ = listener.set_nonblocking(true);
     let mut running: Vec<std::thread::JoinHandle<()>> = Vec::new();
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {

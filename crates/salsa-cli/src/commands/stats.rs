@@ -25,6 +25,20 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
         return Ok(());
     }
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    if let Some(since) = v["counters_since_unix_seconds"].as_u64() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let ago = now.saturating_sub(since);
+        println!(
+            "counters since the server started {} ago (they restart with each start)",
+            if ago >= 3600 {
+                format!("{} h {:02} min", ago / 3600, ago % 3600 / 60)
+            } else {
+                format!("{} min {:02} s", ago / 60, ago % 60)
+            }
+        );
+    }
     println!("user written      {}", human(n("user_bytes_written")));
     println!("user read         {}", human(n("user_bytes_read")));
     println!("GC relocated      {}", human(n("gc_bytes_relocated")));

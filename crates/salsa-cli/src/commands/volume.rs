@@ -148,6 +148,16 @@ impl VolumeCommand {
             | VolumeCommand::Resize { devices, .. } => devices,
         }
     }
+
+    pub(crate) fn devices_mut(&mut self) -> &mut Devices {
+        match self {
+            VolumeCommand::Create { devices, .. }
+            | VolumeCommand::Set { devices, .. }
+            | VolumeCommand::List { devices, .. }
+            | VolumeCommand::Delete { devices, .. }
+            | VolumeCommand::Resize { devices, .. } => devices,
+        }
+    }
 }
 
 /// `salsa volume ...`: through the server that serves the pool when one answers, else offline.

@@ -543,7 +543,12 @@ impl Log {
         let mut p = self.poison.lock();
         if p.is_none() {
             tracing::error!("pool poisoned: {e}");
-            *p = Some(e.to_string());
+            // A poisoning error already says why in full: kept as it is, so that the errors
+            // that follow do not wrap "read-only after an earlier I/O error" in itself.
+            *p = Some(match e {
+                Error::Poisoned(why) => why.clone(),
+                e => e.to_string(),
+            });
         }
         self.poisoned.store(true, SeqCst);
         self.capacity.changed.notify_all();
@@ -787,6 +792,74 @@ impl Log {
         self.sync_through(target)
     }
 
+    /// Makes every write to volume `volume_id` that returned before this call durable, data
+    /// and map, and leaves the open records nothing needs alone: other volumes' user records
+    /// (their writers flush their own volumes) and the GC's moves, whose sources stay on the
+    /// device until a release makes the moves durable first ([`Log::sync_for_release`]).
+    ///
+    /// Why: a flush that sealed every stream cut every open record of the pool short at each
+    /// commit of any database on it, so each record carried a metadata page for a few data
+    /// pages, the GC's relocations reached the device a few pages at a time between the users'
+    /// records, and an SSD below mixed data that dies at different times in its erase blocks
+    /// (`salsa bench-device --volumes 4 --flush-every 16K`, docs/BENCHMARKS.md).
+    ///
+    /// A record left open keeps its id, so `synced_through` (a prefix of ids) may stay behind
+    /// this flush's records: this flush waits for the sealed records themselves and for a sync
+    /// begun after them instead. What a stalled prefix costs is only caution, never loss: a
+    /// segment is reused only past the prefix, and recovery takes a record past the prefix
+    /// that is whole on the device (every page's checksum matches), as a flushed one is.
+    ///
+    /// A parity array that pads flushes to its rows flushes the whole pool (its row rule
+    /// reasons about every stream at a flush).
+    pub fn flush_volume(&self, volume_id: u32) -> Result<()> {
+        if self.flush_alignment() > 1 {
+            return self.flush();
+        }
+        self.check_not_poisoned()?;
+        self.counters.flushes.fetch_add(1, SeqCst);
+        let mut user_records = 0;
+        for s in self.streams_snapshot() {
+            let mine = s.volume_id() == volume_id;
+            let which = |r: &record::OpenRecord| match r.meta.stream {
+                StreamKind::User(_) => mine,
+                StreamKind::Gc(_) => false,
+                StreamKind::Checkpoint => true,
+            };
+            for r in s.seal_matching(self, which) {
+                user_records += u64::from(r.user);
+                self.write_record(r)?;
+            }
+        }
+        self.note_flush(user_records > 0);
+        self.sync_sealed(None)?;
+        self.release_synced();
+        Ok(())
+    }
+
+    /// Waits for every record sealed so far to reach the device, then makes sure a sync that
+    /// began after that covers them (sharing one begun meanwhile by another caller, counted in
+    /// `shared`); `false` when the log was poisoned meanwhile.
+    fn sync_sealed(&self, shared: Option<&AtomicU64>) -> Result<bool> {
+        let in_flight = self.tracker.sealed_in_flight();
+        if !self.tracker.wait_all_complete(&in_flight, || self.is_poisoned()) {
+            return self.check_not_poisoned().map(|_| false);
+        }
+        self.check_not_poisoned()?;
+        // Group commit: a sync that began after the records above were on the device covers
+        // them (syncs run under the lock, so it has ended; had it failed, the log is poisoned).
+        let begun_before = self.tracker.syncs_begun();
+        {
+            let _s = self.tracker.sync_lock.lock();
+            if self.tracker.syncs_begun() == begun_before {
+                self.sync_devices()?;
+            } else if let Some(shared) = shared {
+                shared.fetch_add(1, SeqCst);
+            }
+        }
+        self.check_not_poisoned()?;
+        Ok(true)
+    }
+
     /// Seals the open record of every stream that `which` picks and writes them (without a
     /// sync); returns how many of them were user records.
     fn seal_and_write(&self, which: impl Fn(&record::OpenRecord) -> bool) -> Result<u64> {
@@ -949,24 +1022,7 @@ impl Log {
         let align = self.flush_alignment();
         let mid_row = |r: &record::OpenRecord| align > 1 && !r.meta.start_grain.is_multiple_of(align);
         self.seal_and_write(|r| r.gc_moves || r.buf.record_id <= kill_through || mid_row(r))?;
-        let in_flight = self.tracker.sealed_in_flight();
-        if !self.tracker.wait_all_complete(&in_flight, || self.is_poisoned()) {
-            return self.check_not_poisoned().map(|_| false);
-        }
-        self.check_not_poisoned()?;
-        // Group commit: a sync that began after the records above were on the device covers
-        // them (syncs run under the lock, so it has ended; had it failed, the log is poisoned).
-        let begun_before = self.tracker.syncs_begun();
-        {
-            let _s = self.tracker.sync_lock.lock();
-            if self.tracker.syncs_begun() == begun_before {
-                self.sync_devices()?;
-            } else {
-                self.counters.releases_sharing_a_sync.fetch_add(1, SeqCst);
-            }
-        }
-        self.check_not_poisoned()?;
-        Ok(true)
+        self.sync_sealed(Some(&self.counters.releases_sharing_a_sync))
     }
 
     /// Frees the pending segments that the last sync covered (and any other released ones),
@@ -1443,13 +1499,29 @@ impl Log {
         let usable = self.usable_grains();
         let mapped = self.mapped_grains() + self.reserved_grains();
         if new_grains > 0 && mapped + new_grains > usable {
-            return Err(Error::NoSpace(format!(
+            return Err(self.out_of_space(format!(
                 "pool is full: {} of {} usable bytes hold data; trim or delete data (a pool does not grow: copy its volumes to a larger one)",
                 mapped * self.geo.grain_bytes as u64,
                 usable * self.geo.grain_bytes as u64
             )));
         }
         Ok(())
+    }
+
+    /// The error for a pool that found no room for `why`: when the array has lost more
+    /// members than it survives, that loss (their segments are offline, so the pool only
+    /// looks full), else [`Error::NoSpace`].
+    pub fn out_of_space(&self, why: impl Into<String>) -> Error {
+        let failed = self.array.failed_ids().len();
+        let members = self.array.members().len();
+        let tolerated = self.array.kind().tolerated_failures(members as u32) as usize;
+        if failed > tolerated {
+            return Error::Poisoned(format!(
+                "{failed} of {members} members of the {} array are out of service, more than it survives ({tolerated}): replace them with their contents, or restore the pool from a copy",
+                self.array.kind().name()
+            ));
+        }
+        Error::NoSpace(why.into())
     }
 
     /// [`Log::usable_grains`] when the volumes have `streams` streams in all: each stream

@@ -118,6 +118,11 @@ impl Streams {
         self
     }
 
+    /// The volume whose streams these are.
+    pub fn volume_id(&self) -> u32 {
+        self.volume_id
+    }
+
     /// The storage types the streams write, in preference order.
     pub fn types(&self) -> &'static [StorageType] {
         self.types
@@ -400,6 +405,27 @@ impl Streams {
         self.place_items(log, kind, purpose, pg, 1, count, page, commit)
     }
 
+    /// The stream a write of `kind` goes to: `kind`'s own, except for a GC write when `kind`'s
+    /// stream holds no open segment and free segments are short (no more than this volume's
+    /// GC streams): it then goes to a GC stream of the volume that holds one. Why: after a
+    /// restart no stream holds a segment, and a victim whose pages a policy spreads over
+    /// several classes needed a free segment per class, more than a pool that crashed near
+    /// its GC reserve had left (the dual-mapping crash sweep, seed 11346). Classes mix for as
+    /// long as space is that short, which costs placement quality only.
+    fn index_for(&self, log: &Log, kind: StreamKind, purpose: Purpose) -> usize {
+        let index = self.layout.index(kind);
+        if purpose != Purpose::Gc || log.capacity.free_segments() > u32::from(self.layout.gcs) {
+            return index;
+        }
+        let has_segment = |i: usize| lock_stream(&self.streams[i]).seg.is_some();
+        if has_segment(index) {
+            return index;
+        }
+        (self.layout.users as usize..self.streams.len())
+            .find(|&i| has_segment(i))
+            .unwrap_or(index)
+    }
+
     /// Runs `commit` once with an open record of stream `kind` that has room for `slots`
     /// metadata slots (and one data page when `page` is given, copied into the record's next
     /// slot first), so that entries which must be atomic (a share batch, a shared page's
@@ -439,7 +465,7 @@ impl Streams {
             "pages of {pg} grains in streams of {}",
             self.page_grains
         );
-        let index = self.layout.index(kind);
+        let index = self.index_for(log, kind, purpose);
         let (stream, ready) = (&self.streams[index], &self.ready[index]);
         let gb = log.geo.grain_bytes as usize;
         let mut next = 0;

@@ -241,6 +241,12 @@ impl Pool {
         self.eng.log.array().describe()
     }
 
+    /// Whether the array keeps redundancy (RAID-1 copies, RAID-5 parity) that a scrub compares
+    /// with the data and a damaged page is rebuilt from.
+    pub fn has_redundancy(&self) -> bool {
+        self.eng.log.has_redundancy()
+    }
+
     pub fn pool_id(&self) -> u128 {
         self.eng.log.pool_id()
     }

@@ -597,10 +597,10 @@ impl Volume {
             self.checked_write(offset, data.len(), || {
                 self.eng.dirty.write_through(&self.eng, &self.vol, offset, data)
             })?;
-            return self.eng.log.flush();
+            return self.eng.log.flush_volume(self.vol.id());
         }
         self.write(offset, data)?;
-        self.eng.flush()
+        self.eng.log.flush_volume(self.vol.id())
     }
 
     /// Whether this volume's writes go through the pool's write buffer.
@@ -739,9 +739,15 @@ impl Volume {
         Ok(offset)
     }
 
-    /// Pool-wide flush.
+    /// Makes every write to this volume that returned before this call durable (its pages in
+    /// the write buffer go down to its controller first). Other volumes' writes are left to
+    /// their own flushes, as two disks each flush their own cache ([`Pool::flush`] flushes
+    /// them all).
     pub fn flush(&self) -> Result<()> {
-        self.eng.flush()
+        if self.buffered() {
+            self.eng.dirty.write_down_volume(&self.eng, &self.vol, || Ok(()))?;
+        }
+        self.eng.log.flush_volume(self.vol.id())
     }
 
     /// Write-behind (see [`crate::engine::Engine::write_behind`]): a front-end calls it after
