@@ -658,6 +658,16 @@ const COPIED: Writes = Writes {
     write_buffer: false,
 };
 
+/// A dual-mapping volume beside an LSA one, payload writes among the copied ones.
+const DUAL: Writes = Writes {
+    write_back_threads: 0,
+    payload_writes: true,
+    dual: true,
+    extent: false,
+    shares: false,
+    write_buffer: false,
+};
+
 /// The same with sealed user records written back by threads while writers go on: what was
 /// flushed survives, wherever the crash falls among the queued writes. (Thread timing moves the
 /// crash points, so a failing seed here may not replay; rerun it in the test above.)
@@ -809,15 +819,7 @@ fn raid5_parity_buffer_crash_at_many_points() {
 #[test]
 fn dual_mapping_crash_at_many_points() {
     let seeds = count_from_env("SALSA_DUAL_CRASH_SEEDS", 16);
-    let writes = Writes {
-        write_back_threads: 0,
-        payload_writes: true,
-        dual: true,
-        extent: false,
-        shares: false,
-        write_buffer: false,
-    };
-    crash_seeds(seeds, 25, writes, |seed| {
+    crash_seeds(seeds, 25, DUAL, |seed| {
         if seed % 4 == 3 {
             Medium::Zoned { conventional_zones: 0 }
         } else {
@@ -904,15 +906,7 @@ fn hybrid_crash_at_many_points() {
 /// Such a trim now keeps a tombstone while small pages' records may exist.
 #[test]
 fn regression_dual_trim_of_small_pages_only_seed_4843() {
-    let writes = Writes {
-        write_back_threads: 0,
-        payload_writes: true,
-        dual: true,
-        extent: false,
-        shares: false,
-        write_buffer: false,
-    };
-    run_seed(4843, Some(843), Medium::Flat, writes);
+    run_seed(4843, Some(843), Medium::Flat, DUAL);
 }
 
 /// Runs `seeds` seeds from `SALSA_CRASH_FIRST_SEED` (default 0, so that a longer sweep can go
@@ -1083,15 +1077,7 @@ fn regression_shared_grain_released_before_its_leaving_owner_was_durable_seed_45
 /// segments are that short, a GC write now goes to a GC stream of the volume that holds one.
 #[test]
 fn regression_gc_classes_after_a_restart_near_the_reserve_seed_11346() {
-    let writes = Writes {
-        write_back_threads: 0,
-        payload_writes: true,
-        dual: true,
-        extent: false,
-        shares: false,
-        write_buffer: false,
-    };
-    run_seed(11346, Some(1346), Medium::Flat, writes);
+    run_seed(11346, Some(1346), Medium::Flat, DUAL);
 }
 
 /// A volume's flush makes its own writes durable and leaves other volumes' open records

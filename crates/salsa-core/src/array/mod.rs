@@ -264,6 +264,11 @@ pub trait Array: Send + Sync {
     fn take_failure_change(&self) -> Option<Vec<u64>> {
         None
     }
+    /// When more members are out of service than the layout survives, which and how many (as
+    /// the error that poisons the pool says it); `None` while the array holds all its data.
+    fn members_lost(&self) -> Option<String> {
+        None
+    }
     /// The ids of the failed members.
     fn failed_ids(&self) -> Vec<u64> {
         Vec::new()

@@ -817,19 +817,11 @@ impl Log {
         }
         self.check_not_poisoned()?;
         self.counters.flushes.fetch_add(1, SeqCst);
-        let mut user_records = 0;
-        for s in self.streams_snapshot() {
-            let mine = s.volume_id() == volume_id;
-            let which = |r: &record::OpenRecord| match r.meta.stream {
-                StreamKind::User(_) => mine,
-                StreamKind::Gc(_) => false,
-                StreamKind::Checkpoint => true,
-            };
-            for r in s.seal_matching(self, which) {
-                user_records += u64::from(r.user);
-                self.write_record(r)?;
-            }
-        }
+        let user_records = self.seal_and_write(|r| match r.meta.stream {
+            StreamKind::User(_) => r.meta.volume_id == volume_id,
+            StreamKind::Gc(_) => false,
+            StreamKind::Checkpoint => true,
+        })?;
         self.note_flush(user_records > 0);
         self.sync_sealed(None)?;
         self.release_synced();
@@ -1512,16 +1504,10 @@ impl Log {
     /// members than it survives, that loss (their segments are offline, so the pool only
     /// looks full), else [`Error::NoSpace`].
     pub fn out_of_space(&self, why: impl Into<String>) -> Error {
-        let failed = self.array.failed_ids().len();
-        let members = self.array.members().len();
-        let tolerated = self.array.kind().tolerated_failures(members as u32) as usize;
-        if failed > tolerated {
-            return Error::Poisoned(format!(
-                "{failed} of {members} members of the {} array are out of service, more than it survives ({tolerated}): replace them with their contents, or restore the pool from a copy",
-                self.array.kind().name()
-            ));
+        match self.array.members_lost() {
+            Some(lost) => Error::Poisoned(format!("{lost}: replace them with their contents, or restore the pool from a copy")),
+            None => Error::NoSpace(why.into()),
         }
-        Error::NoSpace(why.into())
     }
 
     /// [`Log::usable_grains`] when the volumes have `streams` streams in all: each stream

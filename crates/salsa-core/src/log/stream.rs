@@ -118,11 +118,6 @@ impl Streams {
         self
     }
 
-    /// The volume whose streams these are.
-    pub fn volume_id(&self) -> u32 {
-        self.volume_id
-    }
-
     /// The storage types the streams write, in preference order.
     pub fn types(&self) -> &'static [StorageType] {
         self.types

@@ -314,16 +314,10 @@ impl RaidArray {
     /// `Ok` while no more members are out of service than the array survives; else the error
     /// that poisons the pool, naming `why` the last one left.
     fn still_has_its_data(&self, why: &dyn std::fmt::Display) -> Result<()> {
-        let tolerated = self.stripe.kind.tolerated_failures(self.members.len() as u32);
-        if self.failed_count() > tolerated {
-            return Err(Error::Poisoned(format!(
-                "{} of {} members of the {} array are out of service, more than it survives ({why})",
-                self.failed_count(),
-                self.members.len(),
-                self.stripe.kind.name()
-            )));
+        match Array::members_lost(self) {
+            Some(lost) => Err(Error::Poisoned(format!("{lost} ({why})"))),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Applies `op` at `offset` to `out`, the outgoing member slot `m` had when the slot's
@@ -1254,6 +1248,16 @@ impl Array for RaidArray {
 
     fn take_failure_change(&self) -> Option<Vec<u64>> {
         self.failure_changed.swap(false, SeqCst).then(|| self.failed_ids())
+    }
+
+    fn members_lost(&self) -> Option<String> {
+        let (failed, members) = (self.failed_count(), self.members.len() as u32);
+        (failed > self.stripe.kind.tolerated_failures(members)).then(|| {
+            format!(
+                "{failed} of {members} members of the {} array are out of service, more than it survives",
+                self.stripe.kind.name()
+            )
+        })
     }
 
     fn failed_ids(&self) -> Vec<u64> {
