@@ -395,16 +395,27 @@ impl RaidArray {
         if h.rebuilding.load(SeqCst) && self.restore_outgoing(m, &err) {
             return Ok(());
         }
-        if h.rebuilding.load(SeqCst) && !h.failed.load(SeqCst) {
+        let newly_failed = if h.rebuilding.load(SeqCst) {
             // A replacement that fails while it is rebuilt leaves its slot failed, as the
             // member it replaced was; the rebuild ends and the pool serves degraded. Said
-            // before the failure shows, so that the rebuild finds why when it sees it.
-            *self.replacement_failure.lock() = Some(format!(
-                "{} ({err}); slot {m} is failed, as before: replace it again",
-                self.device(m).name()
-            ));
-        }
-        if !h.failed.swap(true, SeqCst) {
+            // before the failure shows, so that the rebuild finds why when it sees it, and
+            // said once: the lock makes "not yet failed, so say why" one step, so that a
+            // second writer failing on the same device cannot say it again after the
+            // rebuild took the first (a stale reason that ended the next replacement).
+            let mut why = self.replacement_failure.lock();
+            let newly_failed = !h.failed.load(SeqCst);
+            if newly_failed {
+                *why = Some(format!(
+                    "{} ({err}); slot {m} is failed, as before: replace it again",
+                    self.device(m).name()
+                ));
+                h.failed.store(true, SeqCst);
+            }
+            newly_failed
+        } else {
+            !h.failed.swap(true, SeqCst)
+        };
+        if newly_failed {
             tracing::error!("member {} failed: {err}", self.device(m).name());
             self.failure_changed.store(true, SeqCst);
         }
@@ -1385,6 +1396,8 @@ impl Array for RaidArray {
         // The counters describe the device in the slot: a new disk has read, written,
         // failed and been repaired nothing (the array's total keeps the old one's writes).
         self.replaced_bytes_written.fetch_add(h.reset_counters(), SeqCst);
+        // A reason left from an earlier replacement is not this one's.
+        self.replacement_failure.lock().take();
         h.rebuilding.store(true, SeqCst);
         h.failed.store(false, SeqCst);
         Ok(())
