@@ -85,7 +85,8 @@ class Setup(bench_mixed.Setup):
             serve = [salsa, "serve", "--raw", "--device", spec]
         else:
             run([salsa, "format", "--device", self.ssd, "--spare", "20", "--no-default-volume",
-                 "--segment-size", self.args.segment_size])
+                 "--segment-size", self.args.segment_size]
+                + (["--victim", self.args.victim] if self.args.victim else []))
             for i in range(self.args.instances):
                 run([salsa, "volume", "create", "--device", self.ssd, "db%d" % i, str(self.volume_bytes)]
                     + (["--placement", self.args.placement] if self.args.placement else []))
@@ -302,6 +303,7 @@ def main():
     ap.add_argument("--ssd-size", default="2G")
     ap.add_argument("--ssd-params", default="", help="more parameters of the ssd: model (e.g. mapcache=full)")
     ap.add_argument("--placement", help="SALSA's placement policy for the volumes (salsa volume create --placement)")
+    ap.add_argument("--victim", help="SALSA's GC victim policy (salsa format --victim)")
     ap.add_argument("--segment-size", default="8M",
                     help="SALSA's segments (salsa format --segment-size). Scaled with the drive: the paper's 1 GiB "
                          "segments are a thousandth of its 1 TB drive and its few streams hold under 1%% of it; the "

@@ -89,7 +89,7 @@ impl Oracle {
     }
 }
 
-const PLACEMENTS: [&str; 3] = ["salsa", "sepbit", "user-gc"];
+const PLACEMENTS: [&str; 4] = ["salsa", "sepbit", "user-gc", "salsa-age"];
 
 fn config(medium: Medium) -> PoolConfig {
     PoolConfig {

@@ -451,7 +451,7 @@ fn cases(default: u32) -> u32 {
     count_from_env("SALSA_MODEL_CASES", default)
 }
 
-pub const PLACEMENTS: [&str; 3] = ["salsa", "sepbit", "user-gc"];
+pub const PLACEMENTS: [&str; 3] = ["salsa", "sepbit", "salsa-age"];
 
 static GC_SEGMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Share batches the model cases applied, and the shared pages the GC moved (counted as the

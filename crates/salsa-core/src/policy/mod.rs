@@ -9,6 +9,7 @@
 
 pub mod adaptive;
 pub mod heatlog;
+pub mod page_age;
 pub mod placement;
 pub mod sepbit;
 pub mod victim;
@@ -100,6 +101,11 @@ impl Registry {
         r.add_placement("salsa", "SALSA: hot/cold user streams by segment age, one GC stream", |_| {
             Box::new(placement::SalsaHeat)
         });
+        r.add_placement(
+            "salsa-age",
+            "SALSA's hot/cold classes by each page's age, for user writes and relocations: 2 user + 2 GC streams",
+            |pages| Box::new(page_age::PageAgeHeat::new(pages)),
+        );
         r.add_placement("user-gc", "one user stream, one GC stream", |_| Box::new(placement::UserGc));
         r.add_placement(
             "heatlog",

@@ -126,15 +126,29 @@ impl StreamLayout {
 
 /// The last user-write time of every page, 4 bytes per page (0: never written since the
 /// volume was opened). Times wrap at 2^32 clock ticks (16 TiB of 4 KiB writes); a wrapped age
-/// only misplaces a page.
+/// only misplaces a page. A coarse clock ([`PageClock::coarse`]) keeps one time for each run of
+/// `2^shift` neighbouring pages, the latest write's.
 pub struct PageClock {
     times: RwLock<Box<[AtomicU32]>>,
+    /// Pages per slot, as a power of two.
+    shift: u32,
 }
 
 impl PageClock {
     pub fn new(pages: u64) -> PageClock {
+        PageClock::coarse(pages, u64::MAX)
+    }
+
+    /// A clock of at most `max_slots` slots (at least one page each) for `pages` pages.
+    pub fn coarse(pages: u64, max_slots: u64) -> PageClock {
+        let max_slots = max_slots.max(1);
+        let mut shift = 0;
+        while shift < 63 && pages.div_ceil(1 << shift) > max_slots {
+            shift += 1;
+        }
         PageClock {
-            times: RwLock::new((0..pages).map(|_| AtomicU32::new(0)).collect()),
+            times: RwLock::new((0..pages.div_ceil(1 << shift)).map(|_| AtomicU32::new(0)).collect()),
+            shift,
         }
     }
 
@@ -142,7 +156,7 @@ impl PageClock {
     /// the page was written before.
     pub fn stamp(&self, page: u64, now: u64) -> Option<u64> {
         let t = self.times.read();
-        let slot = t.get(page as usize)?;
+        let slot = t.get((page >> self.shift) as usize)?;
         let old = slot.swap((now as u32).max(1), Relaxed);
         (old != 0).then(|| (now as u32).wrapping_sub(old) as u64)
     }
@@ -150,14 +164,17 @@ impl PageClock {
     /// Age of the page's last user write, if known.
     pub fn age(&self, page: u64, now: u64) -> Option<u64> {
         let t = self.times.read();
-        let old = t.get(page as usize)?.load(Relaxed);
+        let old = t.get((page >> self.shift) as usize)?.load(Relaxed);
         (old != 0).then(|| (now as u32).wrapping_sub(old) as u64)
     }
 
-    /// Forgets pages `[first, first + count)`.
+    /// Forgets pages `[first, first + count)` (on a coarse clock, the slots the range covers
+    /// whole).
     pub fn forget(&self, first: u64, count: u64) {
         let t = self.times.read();
-        for slot in &t[page_range(t.len(), first, count)] {
+        let unit = 1u64 << self.shift;
+        let (from, to) = (first.div_ceil(unit), first.saturating_add(count) / unit);
+        for slot in &t[page_range(t.len(), from, to.saturating_sub(from))] {
             slot.store(0, Relaxed);
         }
     }
@@ -165,7 +182,7 @@ impl PageClock {
     pub fn resize(&self, pages: u64) {
         grow_slots(
             &mut self.times.write(),
-            pages,
+            pages.div_ceil(1 << self.shift),
             |a| AtomicU32::new(a.load(Relaxed)),
             || AtomicU32::new(0),
         );
@@ -261,6 +278,17 @@ mod tests {
         assert_eq!(c.stamp(9, 31), Some(1));
         assert_eq!(c.bytes(), 40);
         assert_eq!(page_range(4, 9, 3), 4..4);
+        // A coarse clock: 10 pages in 3 slots of 4.
+        let c = PageClock::coarse(10, 3);
+        assert_eq!(c.bytes(), 12);
+        c.stamp(5, 7);
+        assert_eq!(c.age(4, 9), Some(2), "page 4 shares page 5's slot");
+        c.forget(5, 3);
+        assert_eq!(c.age(4, 9), Some(2), "a range that covers a slot in part keeps it");
+        c.forget(3, 6);
+        assert_eq!(c.age(4, 9), None);
+        c.resize(13);
+        assert_eq!(c.bytes(), 16);
         assert_eq!(page_range(4, 2, u64::MAX), 2..4);
     }
 
