@@ -35,10 +35,10 @@
 //! Lock order: `destaging`, then `partial`, then `order`, then `state`.
 
 use crate::controller::Controller;
-use crate::engine::Engine;
 use crate::error::Result;
 use crate::format::ControllerKind;
 use crate::log::payload::WriteBuffer;
+use crate::log::Log;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -299,19 +299,19 @@ struct VolumePages {
 
 impl VolumePages {
     /// Room for `page`'s grains, when neither the buffer nor the controller holds it yet.
-    fn reserve(&mut self, eng: &Engine, page: u64) {
+    fn reserve(&mut self, log: &Log, page: u64) {
         if !self.reserved.contains(&page) && self.vol.page_location(page).is_none() {
             self.reserved.insert(page);
-            eng.log.add_reserved_grains(page_grains(eng, &*self.vol) as i64);
+            log.add_reserved_grains(page_grains(log, &*self.vol) as i64);
         }
     }
 
     /// Gives `page`'s room back (written down, trimmed, or its volume deleted); whether it
     /// held any.
-    fn release(&mut self, eng: &Engine, page: u64) -> bool {
+    fn release(&mut self, log: &Log, page: u64) -> bool {
         let held = self.reserved.remove(&page);
         if held {
-            eng.log.add_reserved_grains(-(page_grains(eng, &*self.vol) as i64));
+            log.add_reserved_grains(-(page_grains(log, &*self.vol) as i64));
         }
         held
     }
@@ -323,8 +323,8 @@ impl VolumePages {
 }
 
 /// Grains one page of `vol` takes in the pool.
-fn page_grains(eng: &Engine, vol: &dyn Controller) -> u64 {
-    vol.page_bytes() as u64 / eng.log.geo().grain_bytes as u64
+fn page_grains(log: &Log, vol: &dyn Controller) -> u64 {
+    vol.page_bytes() as u64 / log.geo().grain_bytes as u64
 }
 
 #[derive(Default)]
@@ -462,30 +462,30 @@ impl DirtyPages {
     // ----- writes -----
 
     /// Writes `data` at byte `offset` of `vol` (a buffered volume, range checked).
-    pub fn write(&self, eng: &Engine, vol: &Arc<dyn Controller>, offset: u64, data: &[u8]) -> Result<()> {
+    pub fn write(&self, log: &Log, vol: &Arc<dyn Controller>, offset: u64, data: &[u8]) -> Result<()> {
         if data.is_empty() {
             // (It would otherwise read and buffer the page at `offset`, which may be past the
             // end of the volume.)
             return Ok(());
         }
         if self.bypasses(data.len()) {
-            return self.write_through(eng, vol, offset, data);
+            return self.write_through(log, vol, offset, data);
         }
         let pb = vol.page_bytes() as u64;
         let end = offset + data.len() as u64;
-        self.check_room(eng, vol, offset / pb..end.div_ceil(pb))?;
+        self.check_room(log, vol, offset / pb..end.div_ceil(pb))?;
         let (first_full, end_full) = (offset.div_ceil(pb) * pb, end / pb * pb);
         if end_full <= first_full {
             // Within one page, or the ends of two.
             let mid = ((offset / pb + 1) * pb).min(end);
-            self.write_partial(eng, vol, offset, &data[..(mid - offset) as usize])?;
+            self.write_partial(log, vol, offset, &data[..(mid - offset) as usize])?;
             if mid < end {
-                self.write_partial(eng, vol, mid, &data[(mid - offset) as usize..])?;
+                self.write_partial(log, vol, mid, &data[(mid - offset) as usize..])?;
             }
             return Ok(());
         }
         if offset < first_full {
-            self.write_partial(eng, vol, offset, &data[..(first_full - offset) as usize])?;
+            self.write_partial(log, vol, offset, &data[..(first_full - offset) as usize])?;
         }
         let whole = &data[(first_full - offset) as usize..(end_full - offset) as usize];
         let pages = whole
@@ -493,9 +493,9 @@ impl DirtyPages {
             .enumerate()
             .map(|(i, c)| (first_full / pb + i as u64, self.spares.page(c)))
             .collect();
-        self.insert(eng, vol, pages)?;
+        self.insert(log, vol, pages)?;
         if end_full < end {
-            self.write_partial(eng, vol, end_full, &data[(end_full - offset) as usize..])?;
+            self.write_partial(log, vol, end_full, &data[(end_full - offset) as usize..])?;
         }
         Ok(())
     }
@@ -524,8 +524,8 @@ impl DirtyPages {
 
     /// Buffers the pages of `payload` (pages of `vol`'s size, from
     /// [`DirtyPages::paged_payload`], range checked) without copying them.
-    pub fn write_paged(&self, eng: &Engine, vol: &Arc<dyn Controller>, payload: PagedPayload) -> Result<()> {
-        let left = self.buffer_paged(eng, vol, payload, true)?;
+    pub fn write_paged(&self, log: &Log, vol: &Arc<dyn Controller>, payload: PagedPayload) -> Result<()> {
+        let left = self.buffer_paged(log, vol, payload, true)?;
         debug_assert!(left.is_none(), "a write that may wait is always buffered");
         Ok(())
     }
@@ -534,21 +534,21 @@ impl DirtyPages {
     /// once they are buffered, `Ok(Some(payload))` with nothing written when the write would
     /// wait for a destage to make room. It never waits and never touches a device, so a
     /// front-end can run it on the thread that received the write.
-    pub fn write_paged_now(&self, eng: &Engine, vol: &Arc<dyn Controller>, payload: PagedPayload) -> Result<Option<PagedPayload>> {
-        self.buffer_paged(eng, vol, payload, false)
+    pub fn write_paged_now(&self, log: &Log, vol: &Arc<dyn Controller>, payload: PagedPayload) -> Result<Option<PagedPayload>> {
+        self.buffer_paged(log, vol, payload, false)
     }
 
     /// Buffers the pages of `payload`, first waiting for room if `wait`; without `wait`, hands
     /// the payload back untouched when there is none.
-    fn buffer_paged(&self, eng: &Engine, vol: &Arc<dyn Controller>, mut payload: PagedPayload, wait: bool) -> Result<Option<PagedPayload>> {
+    fn buffer_paged(&self, log: &Log, vol: &Arc<dyn Controller>, mut payload: PagedPayload, wait: bool) -> Result<Option<PagedPayload>> {
         let pb = vol.page_bytes() as u64;
         let first = payload.offset / pb;
         let count = payload.pages.len() as u64;
         debug_assert!(payload.has_pages_of(pb as usize));
-        self.check_room(eng, vol, first..first + count)?;
+        self.check_room(log, vol, first..first + count)?;
         let need = count * page_cost(pb as usize);
         let st = if wait {
-            self.wait_for_room(eng, need)?
+            self.wait_for_room(log, need)?
         } else {
             let st = self.state.lock();
             if st.bytes + need > self.capacity() {
@@ -561,17 +561,17 @@ impl DirtyPages {
             .enumerate()
             .map(|(i, bytes)| (first + i as u64, self.spares.wrap(bytes)))
             .collect();
-        self.insert_locked(st, eng, vol, pages);
+        self.insert_locked(st, log, vol, pages);
         Ok(None)
     }
 
     /// Refuses a write of `pages` when the pool has no room for those of them that neither the
     /// buffer nor the controller holds yet (what the controller itself would refuse), so the
     /// buffer never acknowledges a write it cannot destage for want of space.
-    fn check_room(&self, eng: &Engine, vol: &Arc<dyn Controller>, pages: std::ops::Range<u64>) -> Result<()> {
+    fn check_room(&self, log: &Log, vol: &Arc<dyn Controller>, pages: std::ops::Range<u64>) -> Result<()> {
         // Room for every page, new or not, is room enough (the count below can only be
         // smaller); only a pool near full needs each page looked up.
-        if eng.log.check_room((pages.end - pages.start) * page_grains(eng, &**vol)).is_ok() {
+        if log.check_room((pages.end - pages.start) * page_grains(log, &**vol)).is_ok() {
             return Ok(());
         }
         let st = self.state.lock();
@@ -580,35 +580,35 @@ impl DirtyPages {
             .filter(|p| !held.is_some_and(|r| r.contains(p)) && vol.page_location(*p).is_none())
             .count() as u64;
         drop(st);
-        eng.log.check_room(fresh * page_grains(eng, &**vol))
+        log.check_room(fresh * page_grains(log, &**vol))
     }
 
     /// A piece of one page: merged into the page's newest copy, which is then buffered.
-    fn write_partial(&self, eng: &Engine, vol: &Arc<dyn Controller>, at: u64, piece: &[u8]) -> Result<()> {
+    fn write_partial(&self, log: &Log, vol: &Arc<dyn Controller>, at: u64, piece: &[u8]) -> Result<()> {
         let pb = vol.page_bytes() as u64;
         let page = at / pb;
         let _p = self.partial.lock();
         let mut bytes = self.spares.take(pb as usize);
-        if let Err(e) = self.read(eng, vol, page * pb, &mut bytes) {
+        if let Err(e) = self.read(log, vol, page * pb, &mut bytes) {
             self.spares.give(bytes);
             return Err(e);
         }
         let from = (at - page * pb) as usize;
         bytes[from..from + piece.len()].copy_from_slice(piece);
-        self.insert(eng, vol, vec![(page, self.spares.wrap(bytes))])
+        self.insert(log, vol, vec![(page, self.spares.wrap(bytes))])
     }
 
     /// Puts whole pages into the volume's open set, waiting for room first.
-    fn insert(&self, eng: &Engine, vol: &Arc<dyn Controller>, pages: Vec<(u64, Page)>) -> Result<()> {
+    fn insert(&self, log: &Log, vol: &Arc<dyn Controller>, pages: Vec<(u64, Page)>) -> Result<()> {
         let need: u64 = pages.iter().map(|(_, p)| cost(p)).sum();
-        let st = self.wait_for_room(eng, need)?;
-        self.insert_locked(st, eng, vol, pages);
+        let st = self.wait_for_room(log, need)?;
+        self.insert_locked(st, log, vol, pages);
         Ok(())
     }
 
     /// The state, locked, once the buffer has room for `need` more bytes: a writer that finds
     /// it full wakes the destager and waits (or, without one, destages itself).
-    fn wait_for_room(&self, eng: &Engine, need: u64) -> Result<parking_lot::MutexGuard<'_, State>> {
+    fn wait_for_room(&self, log: &Log, need: u64) -> Result<parking_lot::MutexGuard<'_, State>> {
         let capacity = self.capacity();
         let mut st = self.state.lock();
         let mut waited = false;
@@ -624,7 +624,7 @@ impl DirtyPages {
                 st.waiting -= 1;
             } else {
                 drop(st);
-                self.destage(eng, Rewritten::Skip)?;
+                self.destage(log, Rewritten::Skip)?;
                 st = self.state.lock();
             }
         }
@@ -632,7 +632,7 @@ impl DirtyPages {
     }
 
     /// Puts whole pages into the volume's open set, under the state's lock (which it lets go).
-    fn insert_locked(&self, mut st: parking_lot::MutexGuard<'_, State>, eng: &Engine, vol: &Arc<dyn Controller>, pages: Vec<(u64, Page)>) {
+    fn insert_locked(&self, mut st: parking_lot::MutexGuard<'_, State>, log: &Log, vol: &Arc<dyn Controller>, pages: Vec<(u64, Page)>) {
         let capacity = self.capacity();
         let (mut added_bytes, mut added_pages, mut absorbed) = (0u64, 0u64, 0u64);
         let n = pages.len() as u64;
@@ -680,7 +680,7 @@ impl DirtyPages {
                     absorbed += 1;
                     superseded.push(old);
                 }
-                None => entry.reserve(eng, p),
+                None => entry.reserve(log, p),
             }
         }
         st.bytes += added_bytes;
@@ -712,7 +712,7 @@ impl DirtyPages {
     /// destage. MariaDB on ext4 of 1 KiB blocks lost its index pages that way: its
     /// writers flush after every write, so some of its small writes pass the buffer
     /// ([`crate::pool::Volume`]'s `passes_buffer`) while others are buffered.
-    pub fn write_through(&self, eng: &Engine, vol: &Arc<dyn Controller>, offset: u64, data: &[u8]) -> Result<()> {
+    pub fn write_through(&self, log: &Log, vol: &Arc<dyn Controller>, offset: u64, data: &[u8]) -> Result<()> {
         let pb = vol.page_bytes() as u64;
         let end = offset + data.len() as u64;
         let (first, last) = (offset / pb, end.div_ceil(pb));
@@ -720,52 +720,51 @@ impl DirtyPages {
         let _o = self.order.lock();
         let covered = self.snapshot(vol.id(), first..last);
         if covered.is_empty() {
-            return vol.write(&eng.log, offset, data, None);
+            return vol.write(log, offset, data, None);
         }
         let edges: Vec<(u64, Page)> = covered
             .iter()
             .filter(|(p, _)| (*p == first && !offset.is_multiple_of(pb)) || (*p == last - 1 && !end.is_multiple_of(pb)))
             .cloned()
             .collect();
-        self.write_down(eng, vol, &edges)?;
-        self.write_below(eng, vol, covered.iter().map(|(p, _)| *p), offset, data, None)?;
-        self.drop_superseded(eng, vol.id(), first..last, &covered);
+        self.write_down(log, vol, &edges)?;
+        self.write_below(log, vol, covered.iter().map(|(p, _)| *p), offset, data, None)?;
+        self.drop_superseded(log, vol.id(), first..last, &covered);
         Ok(())
     }
 
     /// Drops the buffered whole pages of `[offset, offset + len)` of `vol` after `trim` has
     /// discarded them below.
-    pub fn trim(&self, eng: &Engine, vol: &Arc<dyn Controller>, offset: u64, len: u64, trim: impl FnOnce() -> Result<()>) -> Result<()> {
+    pub fn trim(&self, log: &Log, vol: &Arc<dyn Controller>, offset: u64, len: u64, trim: impl FnOnce() -> Result<()>) -> Result<()> {
         let pb = vol.page_bytes() as u64;
         let pages = offset.div_ceil(pb)..(offset + len) / pb;
         let _o = self.order.lock();
         let covered = self.snapshot(vol.id(), pages.clone());
         trim()?;
-        self.drop_superseded(eng, vol.id(), pages, &covered);
+        self.drop_superseded(log, vol.id(), pages, &covered);
         Ok(())
     }
 
     /// Writes every buffered page of `vol` down, then runs `then` while nothing else reaches
     /// the volume's controller through the buffer (a share, which must see every write that
     /// returned before it).
-    pub fn write_down_volume<T>(&self, eng: &Engine, vol: &Arc<dyn Controller>, then: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub fn write_down_volume<T>(&self, log: &Log, vol: &Arc<dyn Controller>, then: impl FnOnce() -> Result<T>) -> Result<T> {
         let _o = self.order.lock();
         let all = self.snapshot(vol.id(), 0..u64::MAX);
-        self.write_down(eng, vol, &all)?;
-        self.drop_superseded(eng, vol.id(), 0..u64::MAX, &all);
+        self.write_down(log, vol, &all)?;
+        self.drop_superseded(log, vol.id(), 0..u64::MAX, &all);
         then()
     }
 
     /// Forgets every buffered page of a volume being deleted.
-    pub fn forget_volume(&self, eng: &Engine, id: u32) {
+    pub fn forget_volume(&self, log: &Log, id: u32) {
         let _o = self.order.lock();
         let mut st = self.state.lock();
         if let Some(v) = st.volumes.remove(&id) {
             for p in v.open.values().chain(v.frozen.values()) {
                 st.forget(p);
             }
-            eng.log
-                .add_reserved_grains(-((v.reserved.len() as u64 * page_grains(eng, &*v.vol)) as i64));
+            log.add_reserved_grains(-((v.reserved.len() as u64 * page_grains(log, &*v.vol)) as i64));
         }
         self.room.notify_all();
     }
@@ -775,7 +774,7 @@ impl DirtyPages {
     /// ones still buffered and unmapped if the write fails.
     fn write_below(
         &self,
-        eng: &Engine,
+        log: &Log,
         vol: &Arc<dyn Controller>,
         pages: impl Iterator<Item = u64>,
         offset: u64,
@@ -785,17 +784,17 @@ impl DirtyPages {
         let gave: Vec<u64> = {
             let mut st = self.state.lock();
             match st.volumes.get_mut(&vol.id()) {
-                Some(v) => pages.filter(|p| v.release(eng, *p)).collect(),
+                Some(v) => pages.filter(|p| v.release(log, *p)).collect(),
                 None => Vec::new(),
             }
         };
-        let r = vol.write(&eng.log, offset, data, payload);
+        let r = vol.write(log, offset, data, payload);
         if r.is_err() && !gave.is_empty() {
             let mut st = self.state.lock();
             if let Some(v) = st.volumes.get_mut(&vol.id()) {
                 for p in gave {
                     if v.open.contains_key(&p) || v.frozen.contains_key(&p) {
-                        v.reserve(eng, p);
+                        v.reserve(log, p);
                     }
                 }
             }
@@ -819,7 +818,7 @@ impl DirtyPages {
     /// After `pages` were written down or superseded below: drops every frozen page of the
     /// range (older than what went down; only holders of `order` change `frozen`) and every
     /// open page still holding the copy `covered` saw (one written since is newer: it stays).
-    fn drop_superseded(&self, eng: &Engine, id: u32, pages: std::ops::Range<u64>, covered: &[(u64, Page)]) {
+    fn drop_superseded(&self, log: &Log, id: u32, pages: std::ops::Range<u64>, covered: &[(u64, Page)]) {
         if pages.is_empty() {
             return;
         }
@@ -846,13 +845,13 @@ impl DirtyPages {
         // A page with no copy left gives its room back (it is mapped below now, or trimmed).
         for k in left {
             if !v.open.contains_key(&k) && !v.frozen.contains_key(&k) {
-                v.release(eng, k);
+                v.release(log, k);
             }
         }
         // A copy written meanwhile stays; if what was below is gone (a trim), it now needs
         // room of its own, which a rewrite of a buffered page does not look for again.
         for k in newer {
-            v.reserve(eng, k);
+            v.reserve(log, k);
         }
         for p in &gone {
             st.forget(p);
@@ -862,7 +861,7 @@ impl DirtyPages {
 
     /// Writes `pages` (sorted, of one volume) to its controller, consecutive pages together.
     /// The caller holds `order`.
-    fn write_down(&self, eng: &Engine, vol: &Arc<dyn Controller>, pages: &[(u64, Page)]) -> Result<()> {
+    fn write_down(&self, log: &Log, vol: &Arc<dyn Controller>, pages: &[(u64, Page)]) -> Result<()> {
         let pb = vol.page_bytes() as u64;
         let per_run = (MAX_RUN_BYTES / pb).max(1) as usize;
         let mut i = 0;
@@ -874,7 +873,7 @@ impl DirtyPages {
             // A run long enough for a payload buffer goes down in one, which the log's records
             // hold instead of copying the pages a second time.
             let len = (j - i) * pb as usize;
-            let payload = eng.log.payloads().get(len).map(|mut payload| {
+            let payload = log.payloads().get(len).map(|mut payload| {
                 for (k, (_, p)) in pages[i..j].iter().enumerate() {
                     payload[k * pb as usize..(k + 1) * pb as usize].copy_from_slice(p);
                 }
@@ -889,7 +888,7 @@ impl DirtyPages {
             }
             let data = payload.as_deref().map_or(&buf[..], |p| &p[..]);
             let at = pages[i].0 * pb;
-            self.write_below(eng, vol, pages[i..j].iter().map(|(p, _)| *p), at, data, payload.as_ref())?;
+            self.write_below(log, vol, pages[i..j].iter().map(|(p, _)| *p), at, data, payload.as_ref())?;
             self.pages_destaged.fetch_add((j - i) as u64, Relaxed);
             i = j;
         }
@@ -900,7 +899,7 @@ impl DirtyPages {
 
     /// Reads `buf.len()` bytes at `offset` of `vol`: buffered pages from memory, the rest from
     /// the controller.
-    pub fn read(&self, eng: &Engine, vol: &Arc<dyn Controller>, offset: u64, buf: &mut [u8]) -> Result<()> {
+    pub fn read(&self, log: &Log, vol: &Arc<dyn Controller>, offset: u64, buf: &mut [u8]) -> Result<()> {
         let pb = vol.page_bytes() as u64;
         let end = offset + buf.len() as u64;
         let (first, last) = (offset / pb, end.div_ceil(pb));
@@ -914,7 +913,7 @@ impl DirtyPages {
             }
         };
         if copies.is_empty() {
-            return vol.read(&eng.log, offset, buf);
+            return vol.read(log, offset, buf);
         }
         let span = |from_page: u64, to_page: u64| (offset.max(from_page * pb), end.min(to_page * pb));
         let mut i = 0;
@@ -928,7 +927,7 @@ impl DirtyPages {
                 j += 1;
             }
             let (from, to) = span(first + i as u64, first + j as u64);
-            vol.read(&eng.log, from, &mut buf[(from - offset) as usize..(to - offset) as usize])?;
+            vol.read(log, from, &mut buf[(from - offset) as usize..(to - offset) as usize])?;
             i = j;
         }
         for (i, copy) in copies.iter().enumerate() {
@@ -948,13 +947,13 @@ impl DirtyPages {
     /// volume's frozen pages go to its controller in logical order, in runs of consecutive
     /// pages. On an error the pages not written stay buffered (and are retried by the next
     /// destage or flush).
-    pub fn destage_all(&self, eng: &Engine) -> Result<()> {
-        self.destage(eng, Rewritten::WriteNewest)
+    pub fn destage_all(&self, log: &Log) -> Result<()> {
+        self.destage(log, Rewritten::WriteNewest)
     }
 
     /// [`DirtyPages::destage_all`], with frozen pages rewritten since they were frozen
     /// handled as `rewritten` says.
-    fn destage(&self, eng: &Engine, rewritten: Rewritten) -> Result<()> {
+    fn destage(&self, log: &Log, rewritten: Rewritten) -> Result<()> {
         if self.capacity() == 0 {
             return Ok(());
         }
@@ -1014,15 +1013,15 @@ impl DirtyPages {
                 let Some(range) = range else { break };
                 if vol.is_retired() {
                     drop(_o);
-                    self.forget_volume(eng, id);
+                    self.forget_volume(log, id);
                     break;
                 }
-                self.write_down(eng, &vol, &chunk)?;
+                self.write_down(log, &vol, &chunk)?;
                 self.pages_absorbed.fetch_add(newer.len() as u64 + skipped, Relaxed);
                 // The range's frozen pages are all written down or superseded (`frozen`
                 // changes only under `order`, held since they were taken), and so are the
                 // open copies written in their place unless rewritten again meanwhile.
-                self.drop_superseded(eng, id, range, &newer);
+                self.drop_superseded(log, id, range, &newer);
             }
         }
         Ok(())
@@ -1030,16 +1029,17 @@ impl DirtyPages {
 
     /// Starts the thread that destages when the buffer is half full, a writer waits for
     /// room, or the oldest page is older than the expiry.
-    pub fn start_destager(eng: &Arc<Engine>) -> Result<()> {
-        if eng.dirty.capacity() == 0 {
+    pub fn start_destager<O: BufferOwner>(owner: &Arc<O>) -> Result<()> {
+        let d = owner.write_buffer();
+        if d.capacity() == 0 {
             return Ok(());
         }
-        let e = eng.clone();
+        let o = owner.clone();
         let h = std::thread::Builder::new()
             .name("salsa-destage".into())
-            .spawn(move || destager(e))
+            .spawn(move || destager(&*o))
             .map_err(|e| crate::error::Error::InvalidConfig(format!("cannot start the write buffer's destager: {e}")))?;
-        *eng.dirty.destager.lock() = Some(h);
+        *d.destager.lock() = Some(h);
         Ok(())
     }
 
@@ -1055,8 +1055,15 @@ impl DirtyPages {
     }
 }
 
-fn destager(eng: Arc<Engine>) {
-    let d = &eng.dirty;
+/// What the destager thread needs from whoever owns the buffer (the engine): the buffer and
+/// the log it destages to. A trait, so that the buffer does not depend on the engine.
+pub trait BufferOwner: Send + Sync + 'static {
+    fn write_buffer(&self) -> &DirtyPages;
+    fn log(&self) -> &Log;
+}
+
+fn destager(owner: &dyn BufferOwner) {
+    let d = owner.write_buffer();
     let capacity = d.capacity();
     let expire = Duration::from_millis(d.expire_ms.load(Relaxed));
     // Since when the buffer has been empty: after an expiry of that, its spare pages go back
@@ -1081,7 +1088,7 @@ fn destager(eng: Arc<Engine>) {
                 d.wake.wait_for(&mut st, DESTAGER_TICK);
             }
         }
-        let r = d.destage(&eng, Rewritten::Skip);
+        let r = d.destage(owner.log(), Rewritten::Skip);
         let mut st = d.state.lock();
         st.failed = r.is_err();
         d.room.notify_all();

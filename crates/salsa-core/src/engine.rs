@@ -237,7 +237,7 @@ impl Engine {
     /// Makes every write that returned before this call durable: the write buffer's pages go
     /// down to their controllers, then the log flushes.
     pub fn flush(&self) -> Result<()> {
-        self.dirty.destage_all(self)?;
+        self.dirty.destage_all(&self.log)?;
         self.log.flush()
     }
 
@@ -250,7 +250,7 @@ impl Engine {
         if !self.log.write_behind_due() || !self.log.claim_write_ahead() {
             return Ok(());
         }
-        self.dirty.destage_all(self)?;
+        self.dirty.destage_all(&self.log)?;
         self.log.write_ahead()
     }
 
@@ -793,5 +793,14 @@ impl Engine {
 impl SegmentSource for Engine {
     fn allocate_segment(&self, purpose: Purpose, types: &'static [StorageType]) -> Result<u32> {
         Engine::allocate_segment(self, purpose, types)
+    }
+}
+
+impl crate::dirty::BufferOwner for Engine {
+    fn write_buffer(&self) -> &crate::dirty::DirtyPages {
+        &self.dirty
+    }
+    fn log(&self) -> &Log {
+        &self.log
     }
 }

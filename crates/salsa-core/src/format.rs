@@ -38,6 +38,9 @@ pub const POOL_META_SLOT_OFFSETS: [u64; 2] = [64 << 10, 544 << 10];
 pub const POOL_META_SLOT_BYTES: usize = 448 << 10;
 /// Maximum number of volumes in a pool (bounded so the volume table fits its slot).
 pub const MAX_VOLUMES: usize = 1024;
+/// Most pages a volume may have (its map must fit in memory); the volume table and the
+/// recovery scan refuse more.
+pub const MAX_VOLUME_PAGES: u64 = 1 << 32;
 /// Maximum length of a volume name in bytes.
 pub const MAX_VOLUME_NAME_BYTES: usize = 64;
 /// Maximum number of segments a checkpoint may occupy (bounded so the list fits its slot).

@@ -10,9 +10,9 @@
 use crate::controller::{Reference, ScannedRecord};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::format::MAX_VOLUME_PAGES;
 use crate::format::{decode_checkpoint_header, CheckpointRef, RecordMeta, SegmentHeader, StreamKind};
 use crate::log::capacity::SegmentState;
-use crate::pool::MAX_VOLUME_PAGES;
 use crate::scan::walk_segment;
 use crate::util::{AlignedBuf, Decoder};
 use std::sync::atomic::Ordering::SeqCst;

@@ -1,4 +1,5 @@
-//! Small shared helpers: aligned buffers for direct I/O and checked little-endian codecs.
+//! Small shared helpers: aligned buffers for direct I/O, checked little-endian codecs, and
+//! sizes as people read them.
 
 use std::alloc::{alloc, alloc_zeroed, dealloc, Layout};
 use std::ops::{Deref, DerefMut};
@@ -314,6 +315,25 @@ impl<'a> Decoder<'a> {
         let mut a = [0; 16];
         a.copy_from_slice(self.take(16, what)?);
         Ok(u128::from_le_bytes(a))
+    }
+}
+
+/// A byte count for messages: `1.5 GiB`, `64 KiB`, `512 bytes`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} bytes");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
     }
 }
 

@@ -14,7 +14,7 @@
 //! every page is what the flat map would hold after the same updates (a property test holds
 //! the two side by side).
 
-use super::map::{Encoding, Entry};
+use super::map_entry::{Encoding, Entry};
 use parking_lot::Mutex;
 
 /// Pages per chunk (8 MiB of 4 KiB pages): runs never cross a chunk.

@@ -26,6 +26,9 @@ pub mod extent_map;
 pub mod hybrid;
 pub mod lsa;
 pub mod map;
+mod map_entry;
+mod spec;
+pub use spec::VolumeSpec;
 
 use crate::error::Result;
 use crate::format::{ControllerKind, RecordMeta, VolumeRecord};
@@ -34,7 +37,6 @@ use crate::log::stream::Streams;
 use crate::log::{Geometry, Log, StorageClass};
 use crate::policy::placement::Placement;
 use crate::policy::Registry;
-use crate::pool::VolumeSpec;
 use crate::util::Decoder;
 use std::sync::Arc;
 

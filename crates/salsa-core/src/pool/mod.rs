@@ -16,7 +16,8 @@ mod volumes;
 
 pub use crate::controller::amf::default_segment_bytes as default_amf_segment_bytes;
 pub use crate::controller::dual::default_sparse_pages;
-pub use open::{device_is_blank, first_non_blank, human_bytes, read_superblock};
+pub use crate::util::human_bytes;
+pub use open::{device_is_blank, first_non_blank, read_superblock};
 pub use rebuild::{RebuildOptions, RebuildReport};
 pub use stats::{RebuildProgress, Stats, VolumeStats};
 pub use volumes::{ShareRange, Volume, VolumeSpec, WrittenNow, MAX_SHARE_OWNERS, MAX_SHARE_RANGES};
@@ -37,8 +38,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// Most pages a volume may have (its map must fit in memory).
-pub const MAX_VOLUME_PAGES: u64 = 1 << 32;
+pub use crate::format::MAX_VOLUME_PAGES;
 
 /// How to format a pool.
 #[derive(Debug, Clone)]
@@ -406,7 +406,7 @@ impl Pool {
         let destaged = if self.eng.log.is_read_only() {
             Ok(())
         } else {
-            self.eng.dirty.destage_all(&self.eng)
+            self.eng.dirty.destage_all(&self.eng.log)
         };
         self.stop_gc();
         destaged?;
@@ -543,7 +543,7 @@ impl Drop for Pool {
             // devices still answer, and leave the rest to recovery.
             self.eng.dirty.stop_destager();
             if !self.eng.log.is_read_only() && !self.eng.log.is_poisoned() {
-                let _ = self.eng.dirty.destage_all(&self.eng);
+                let _ = self.eng.dirty.destage_all(&self.eng.log);
             }
             self.stop_gc();
             if !self.eng.log.is_read_only() && !self.eng.log.is_poisoned() {

@@ -16,7 +16,7 @@ use crate::format::{
 };
 use crate::log::{Geometry, Log};
 use crate::policy::VictimParams;
-use crate::util::AlignedBuf;
+use crate::util::{human_bytes, AlignedBuf};
 use parking_lot::Mutex;
 use rand::Rng;
 use std::sync::atomic::Ordering::SeqCst;
@@ -996,25 +996,6 @@ fn plan_members(devices: &[Arc<dyn Device>], cfg: &PoolConfig) -> Result<MemberP
         total_segments: count,
         members: plans.into_iter().map(|(layout, _)| (0, count, layout)).collect(),
     })
-}
-
-/// A byte count for messages: `1.5 GiB`, `64 KiB`, `512 bytes`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} bytes");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if v.fract() == 0.0 {
-        format!("{v:.0} {}", UNITS[u])
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
 }
 
 /// Refuses options no pool can run with, before anything is written.

@@ -20,13 +20,14 @@
 //! instead, it takes the slot back (without one, the slot stays failed), and the rebuild ends
 //! with `Error::ReplacementFailed` while the pool serves on.
 
-use super::open::{device_is_blank, human_bytes, read_superblock, write_superblock};
+use super::open::{device_is_blank, read_superblock, write_superblock};
 use super::Pool;
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::format::{DeviceLayout, RebuildState, Superblock, FORMAT_VERSION};
 use crate::log::capacity::SegmentState;
+use crate::util::human_bytes;
 use rand::Rng;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;

@@ -4,6 +4,7 @@
 
 use super::{human_bytes, Pool, MAX_VOLUME_PAGES};
 use crate::controller::Controller;
+pub use crate::controller::VolumeSpec;
 use crate::dirty::PagedPayload;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -23,74 +24,6 @@ pub enum WrittenNow {
     /// Nothing written: the write needs a wait. Write it with [`Volume::write_paged`] on a
     /// thread that may wait.
     NotNow(PagedPayload),
-}
-
-/// What a new volume is: its controller, page size and policies.
-#[derive(Debug, Clone)]
-pub struct VolumeSpec {
-    pub controller: ControllerKind,
-    /// The unit of mapping (for the dual-mapping controller, the large pages of its dense
-    /// map; its sparse map holds grain-sized pages).
-    pub page_bytes: u32,
-    /// Placement policy; `None`: the pool's default.
-    pub placement: Option<String>,
-    /// Victim policy ranking the volume's segments; `None`: the pool's.
-    pub victim: Option<String>,
-    /// Dual mapping: most small pages the sparse map holds; `None`: the default for the
-    /// volume's size ([`crate::controller::dual::default_sparse_pages`]).
-    pub sparse_pages: Option<u64>,
-    /// Hybrid: group size, fast-tier bound, promotion rate, temperature half-life.
-    pub hybrid: crate::controller::hybrid::HybridSpec,
-    /// LSA and dual mapping: the storage types its data is written to (default any).
-    pub storage: crate::log::StorageClass,
-    /// AMF: the segment size; `None`: [`crate::controller::amf::default_segment_bytes`].
-    pub segment_bytes: Option<u64>,
-    /// AMF: user streams, segments written at once that never share a log segment (1 to 8;
-    /// `None`: 1).
-    pub segment_streams: Option<u8>,
-}
-
-impl VolumeSpec {
-    /// An LSA (page map) volume with the pool's policies.
-    pub fn lsa(page_bytes: u32) -> VolumeSpec {
-        VolumeSpec {
-            controller: ControllerKind::Lsa,
-            page_bytes,
-            placement: None,
-            victim: None,
-            sparse_pages: None,
-            hybrid: Default::default(),
-            storage: Default::default(),
-            segment_bytes: None,
-            segment_streams: None,
-        }
-    }
-
-    /// An append-only (AMF) volume of `page_bytes` pages in segments of `segment_bytes`
-    /// (`None`: the default for the pool).
-    pub fn amf(page_bytes: u32, segment_bytes: Option<u64>) -> VolumeSpec {
-        VolumeSpec {
-            controller: ControllerKind::Amf,
-            segment_bytes,
-            ..VolumeSpec::lsa(page_bytes)
-        }
-    }
-
-    /// A dual-mapping volume of `page_bytes` large pages with the pool's policies.
-    pub fn dual(page_bytes: u32) -> VolumeSpec {
-        VolumeSpec {
-            controller: ControllerKind::Dual,
-            ..VolumeSpec::lsa(page_bytes)
-        }
-    }
-
-    /// A hybrid volume of `page_bytes` pages with the pool's policies and default tiering.
-    pub fn hybrid(page_bytes: u32) -> VolumeSpec {
-        VolumeSpec {
-            controller: ControllerKind::Hybrid,
-            ..VolumeSpec::lsa(page_bytes)
-        }
-    }
 }
 
 pub(super) fn validate_volume(name: &str, page_bytes: u32, grain_bytes: u32, size_bytes: u64) -> Result<()> {
@@ -349,7 +282,7 @@ impl Pool {
         let vol = self.volume(name)?.vol;
         // Its buffered pages die with it (before the GC is held: a destage in progress may
         // be waiting for the GC to make room).
-        self.eng.dirty.forget_volume(&self.eng, vol.id());
+        self.eng.dirty.forget_volume(&self.eng.log, vol.id());
         // No GC victim of this volume may be in progress.
         let _gc = self.eng.gc_lock.write();
         vol.retire();
@@ -440,7 +373,7 @@ impl Volume {
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
         if self.buffered() {
-            self.eng.dirty.read(&self.eng, &self.vol, offset, buf)?;
+            self.eng.dirty.read(&self.eng.log, &self.vol, offset, buf)?;
         } else {
             self.vol.read(&self.eng.log, offset, buf)?;
         }
@@ -525,7 +458,7 @@ impl Volume {
             // writers flush after every write.
             return self.write(offset, &payload.to_vec());
         }
-        self.checked_write(offset, len, || self.eng.dirty.write_paged(&self.eng, &self.vol, payload))
+        self.checked_write(offset, len, || self.eng.dirty.write_paged(&self.eng.log, &self.vol, payload))
     }
 
     /// [`Volume::write_paged`] if it needs no wait: [`WrittenNow::Written`] once the pages are
@@ -541,7 +474,7 @@ impl Volume {
             return Ok(WrittenNow::NotNow(payload));
         }
         self.check_write(offset, len)?;
-        if let Some(payload) = self.eng.dirty.write_paged_now(&self.eng, &self.vol, payload)? {
+        if let Some(payload) = self.eng.dirty.write_paged_now(&self.eng.log, &self.vol, payload)? {
             return Ok(WrittenNow::NotNow(payload));
         }
         self.count_written(len);
@@ -562,9 +495,9 @@ impl Volume {
         if !self.buffered() {
             self.vol.write(&self.eng.log, offset, data, payload)
         } else if self.passes_buffer() {
-            self.eng.dirty.write_through(&self.eng, &self.vol, offset, data)
+            self.eng.dirty.write_through(&self.eng.log, &self.vol, offset, data)
         } else {
-            self.eng.dirty.write(&self.eng, &self.vol, offset, data)
+            self.eng.dirty.write(&self.eng.log, &self.vol, offset, data)
         }
     }
 
@@ -595,7 +528,7 @@ impl Volume {
         if self.buffered() {
             // Past the buffer, and only this write's log records made durable.
             self.checked_write(offset, data.len(), || {
-                self.eng.dirty.write_through(&self.eng, &self.vol, offset, data)
+                self.eng.dirty.write_through(&self.eng.log, &self.vol, offset, data)
             })?;
             return self.eng.log.flush_volume(self.vol.id());
         }
@@ -625,7 +558,7 @@ impl Volume {
             return self
                 .eng
                 .dirty
-                .trim(&self.eng, &self.vol, offset, len, || self.vol.trim(&self.eng.log, offset, len));
+                .trim(&self.eng.log, &self.vol, offset, len, || self.vol.trim(&self.eng.log, offset, len));
         }
         self.vol.trim(&self.eng.log, offset, len)
     }
@@ -705,7 +638,7 @@ impl Volume {
             return self
                 .eng
                 .dirty
-                .write_down_volume(&self.eng, &self.vol, || self.vol.share(&self.eng.log, &remaps));
+                .write_down_volume(&self.eng.log, &self.vol, || self.vol.share(&self.eng.log, &remaps));
         }
         self.vol.share(&self.eng.log, &remaps)
     }
@@ -745,7 +678,7 @@ impl Volume {
     /// them all).
     pub fn flush(&self) -> Result<()> {
         if self.buffered() {
-            self.eng.dirty.write_down_volume(&self.eng, &self.vol, || Ok(()))?;
+            self.eng.dirty.write_down_volume(&self.eng.log, &self.vol, || Ok(()))?;
         }
         self.eng.log.flush_volume(self.vol.id())
     }

@@ -1219,7 +1219,7 @@ impl Array for RaidArray {
 
     fn describe(&self) -> String {
         let n = self.members.len();
-        let unit = crate::pool::human_bytes(self.stripe.unit_bytes);
+        let unit = crate::util::human_bytes(self.stripe.unit_bytes);
         // A member being rebuilt is not read from either, but it is no longer missing; one
         // that failed while being rebuilt counts as failed (as `MemberStatus::state` says).
         let failed = self.health.iter().filter(|h| h.failed.load(SeqCst)).count();
@@ -1238,7 +1238,7 @@ impl Array for RaidArray {
             ArrayKind::Raid0 => format!("raid0 ({n} devices, stripe unit {unit}, no redundancy{failed})"),
             ArrayKind::Raid1 => format!("raid1 ({n} mirrors{failed})"),
             _ => {
-                let row = crate::pool::human_bytes(self.stripe.row_bytes());
+                let row = crate::util::human_bytes(self.stripe.row_bytes());
                 let failed_buffer = self.parity_buffer_failed.lock().clone();
                 let mode = match (&self.parity_buffer, failed_buffer) {
                     (Some(_), Some(why)) => format!("parity buffer OUT OF SERVICE ({why}): a flush pads the log to a whole {row} row"),

@@ -89,9 +89,9 @@ impl ParityBuffer {
             return Err(Error::InvalidConfig(format!(
                 "parity buffer {} holds {}; with a {} stripe unit it needs at least {} ({MIN_ENTRIES_PER_BANK} rows in each of two banks)",
                 device.name(),
-                crate::pool::human_bytes(device.size_bytes()),
-                crate::pool::human_bytes(unit_bytes as u64),
-                crate::pool::human_bytes(needed)
+                crate::util::human_bytes(device.size_bytes()),
+                crate::util::human_bytes(unit_bytes as u64),
+                crate::util::human_bytes(needed)
             )));
         }
         let mut block = AlignedBuf::zeroed(3 * PARITY_BLOCK_BYTES);
@@ -273,7 +273,7 @@ impl ParityBuffer {
                 "{} rows are being filled, the parity buffer {} holds {capacity} per bank; give a larger one (about {})",
                 rows.len(),
                 self.device.name(),
-                crate::pool::human_bytes(buffer_bytes_for(
+                crate::util::human_bytes(buffer_bytes_for(
                     self.header.unit_bytes,
                     self.header.row_grains,
                     rows.len() as u64 * 2
