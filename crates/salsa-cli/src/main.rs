@@ -1,6 +1,7 @@
 //! `salsa`: format, inspect, check and benchmark SALSA pools.
 
 mod commands;
+mod control;
 use salsa_cli::{bench, progress_bar, spec};
 
 use bench::workload;
@@ -907,7 +908,7 @@ fn main() -> ExitCode {
             // Damage a member holds but the redundancy covers counts as fixed only when the
             // scrub rewrote it.
             // A served pool is scrubbed through its server; the offline check needs it closed.
-            let served = commands::device::running_server(&devices.devices, None).is_some();
+            let served = control::running_server(&devices.devices, None).is_some();
             let outcome = match (served, *scrub) {
                 (true, true) => scrub_pool(devices, *repair),
                 (true, false) => Err(format!(

@@ -158,8 +158,8 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
 /// running server when one answers (the pool keeps serving), else offline.
 pub(crate) fn scrub_pool(devices: &Devices, repair: bool) -> Result<bool, String> {
     let line = if repair { "scrub repair" } else { "scrub" };
-    if let Some(control) = super::device::running_server(&devices.devices, None) {
-        let answer = super::device::request(&control, line)?;
+    if let Some(control) = crate::control::running_server(&devices.devices, None) {
+        let answer = crate::control::request(&control, line)?;
         let v: serde_json::Value = serde_json::from_str(&answer).map_err(|e| format!("the server answered {answer:?}: {e}"))?;
         return Ok(print_scrub(&v, repair));
     }

@@ -2,56 +2,11 @@
 //! out, replace a member of a redundant pool and rebuild it, and change the running rebuild's
 //! rate limit; offline (the command opens the pool itself) or online (through the running
 //! server's control socket, while it serves), with a progress bar and an optional rate limit.
-//!
-//! The control socket speaks lines: a client sends one request line (`stats`, `scrub`,
-//! `scrub repair`, `fail <member>`, `volume <JSON of a salsa volume command>` (see
-//! [`super::volume`]), `share <volume> <dst>:<src>:<len> ...`, `replace <member> <new device
-//! spec> [<bytes per second> [force]]`, or `rebuild-rate <bytes per second, 0: no limit>`); the server
-//! answers `stats` and `scrub` with one JSON line, `fail`, `share` and `rebuild-rate` with `ok`
-//! or `error`, `volume` with `ok <JSON string to print>` or `error`, and `replace` with
-//! `progress <done> <total>` lines and
-//! a final `ok <json>` or `error <message>` line. A client that sends nothing gets the
-//! statistics (what `salsa stats` did before requests existed).
+//! The control socket they use online is [`crate::control`].
 
-use super::{serve, stats};
+use crate::control::{open_offline, request, running_server};
 use crate::*;
 use std::io::{BufRead, BufReader, Write};
-
-/// The control socket of a server that answers: `control`, or the one next to the first
-/// device.
-pub(crate) fn running_server(devices: &[DeviceSpec], control: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
-    control
-        .map(|p| p.to_path_buf())
-        .or_else(|| devices.first().map(|d| serve::control_path_for(&d.path)))
-        .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
-}
-
-/// Opens the pool on `devices` for a change, when no server has it.
-pub(crate) fn open_offline(devices: &[DeviceSpec], parity_buffer: Option<&DeviceSpec>) -> Result<Pool, String> {
-    if devices.is_empty() {
-        return Err("give the pool's devices (--device), or --control of the server that serves it".into());
-    }
-    salsa_core::spec::check_distinct(devices.iter().chain(parity_buffer))?;
-    let devs = open_present(devices, |d| d.open_existing(false))?;
-    let opts = with_parity_buffer(rw_options(), parity_buffer, None)?;
-    Pool::open(devs, &opts).map_err(|e| e.to_string())
-}
-
-/// Sends one request line to the server at `control` and returns its one-line answer, or the
-/// error it answered with.
-pub(crate) fn request(control: &std::path::Path, line: &str) -> Result<String, String> {
-    let mut s = std::os::unix::net::UnixStream::connect(control).map_err(|e| format!("{}: {e}", control.display()))?;
-    writeln!(s, "{line}").map_err(|e| e.to_string())?;
-    let mut answer = String::new();
-    BufReader::new(s).read_line(&mut answer).map_err(|e| e.to_string())?;
-    match answer.trim() {
-        "" => Err("the server closed the control connection without an answer".into()),
-        a => match a.strip_prefix("error ") {
-            Some(e) => Err(e.to_string()),
-            None => Ok(a.to_string()),
-        },
-    }
-}
 
 /// Offline or online replacement of member `old` by `new`.
 pub(crate) fn replace(
@@ -112,7 +67,7 @@ pub(crate) fn replace_with(
 }
 
 /// The report as JSON (the control socket's `ok` line).
-fn report_json(r: &salsa_core::RebuildReport) -> serde_json::Value {
+pub(crate) fn report_json(r: &salsa_core::RebuildReport) -> serde_json::Value {
     serde_json::json!({
         "segments_rebuilt": r.segments_rebuilt,
         "segments_total": r.segments_total,
@@ -196,7 +151,7 @@ pub(crate) fn fail(
 /// Fails member `member` of `pool` (its name or slot number) and says what became of its slot:
 /// `None` when it is failed, or the name of the member that took it back (`member` was the
 /// replacement of a healthy member, which serves the slot again).
-fn fail_member(pool: &salsa_core::Pool, member: &str) -> Result<Option<String>, String> {
+pub(crate) fn fail_member(pool: &salsa_core::Pool, member: &str) -> Result<Option<String>, String> {
     let before = pool.members();
     let slot = before.iter().position(|m| m.name == member).or_else(|| member.parse().ok());
     pool.fail_member(member).map_err(|e| e.to_string())?;
@@ -298,74 +253,4 @@ pub(crate) fn set_rebuild_rate(
         None => println!("the rebuild now runs without a rate limit"),
     }
     Ok(())
-}
-
-/// Serves one control connection (see the module documentation).
-pub(crate) fn answer(mut s: std::os::unix::net::UnixStream, pool: &Pool, exports: &salsa_nbd::server::Exports) {
-    let _ = s.set_nonblocking(false);
-    let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(200)));
-    let mut line = String::new();
-    // A request is one line, at most 64 KiB (a share batch of 256 ranges fits).
-    let request = match BufReader::new(std::io::Read::take(&s, 64 << 10)).read_line(&mut line) {
-        Ok(_) => line.trim().to_string(),
-        Err(_) => String::new(), // said nothing: the statistics
-    };
-    let mut words = request.split_whitespace();
-    let reply = match words.next() {
-        None | Some("stats") => {
-            let mut v = stats::stats_json(pool);
-            // The counters run since the pool was opened by this server.
-            let since = super::serve::SERVING_SINCE.get_or_init(std::time::SystemTime::now);
-            v["counters_since_unix_seconds"] = since.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()).into();
-            format!("{v}")
-        }
-        Some("scrub") => match super::admin::scrub_json(pool, words.next() == Some("repair")) {
-            Ok(v) => v.to_string(),
-            Err(e) => format!("error {e}"),
-        },
-        Some("replace") => {
-            let (Some(old), Some(spec)) = (words.next(), words.next()) else {
-                let _ = writeln!(s, "error usage: replace <member> <device spec> [<bytes per second> [force]]");
-                return;
-            };
-            let opts = salsa_core::RebuildOptions {
-                rate_bytes_per_sec: words.next().and_then(|r| r.parse::<u64>().ok()).filter(|r| *r > 0),
-                overwrite: words.next() == Some("force"),
-            };
-            let result = spec.parse::<DeviceSpec>().and_then(|new| {
-                let out = std::sync::Mutex::new(s.try_clone().map_err(|e| e.to_string())?);
-                let progress = |done: u64, total: u64| {
-                    if let Ok(mut o) = out.lock() {
-                        let _ = writeln!(o, "progress {done} {total}");
-                    }
-                };
-                replace_with(pool, old, &new, opts, &progress)
-            });
-            match result {
-                Ok(r) => format!("ok {}", report_json(&r)),
-                Err(e) => format!("error {e}"),
-            }
-        }
-        Some("fail") => match words.next() {
-            Some(member) => match fail_member(pool, member) {
-                Ok(back) => format!("ok {}", serde_json::json!({"failed": member, "serves_again": back})),
-                Err(e) => format!("error {e}"),
-            },
-            None => "error usage: fail <member>".into(),
-        },
-        Some("volume") => {
-            let json = request.trim_start().strip_prefix("volume").unwrap_or_default();
-            super::volume::answer(pool, exports, json)
-        }
-        Some("share") => super::share::answer(pool, words),
-        Some("rebuild-rate") => match words.next().map(|r| r.parse::<u64>()) {
-            Some(Ok(rate)) => match pool.set_rebuild_rate((rate > 0).then_some(rate)) {
-                Ok(()) => "ok".into(),
-                Err(e) => format!("error {e}"),
-            },
-            _ => "error usage: rebuild-rate <bytes per second, 0: no limit>".into(),
-        },
-        Some(other) => format!("error unknown request {other:?} (stats, scrub [repair], fail, replace, rebuild-rate, volume, share)"),
-    };
-    let _ = writeln!(s, "{reply}");
 }

@@ -2,6 +2,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod bench;
+pub(crate) mod control_requests;
 pub(crate) mod device;
 pub(crate) mod events;
 pub(crate) mod files_to_create;

@@ -1,7 +1,9 @@
 //! `salsa serve`: open (or create) the pool, serve its volumes over NBD, answer the control
 //! socket, and shut down cleanly on SIGINT/SIGTERM.
 
+use crate::control::{control_thread, ControlAnswer};
 use crate::*;
+use salsa_core::spec::control_path_for;
 
 pub(crate) struct ServeArgs {
     pub(crate) tcp: Option<std::net::SocketAddr>,
@@ -64,44 +66,6 @@ fn stop_on_signals() -> Result<Arc<std::sync::atomic::AtomicBool>, String> {
         signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("cannot handle signals: {e}"))?;
     }
     Ok(stop)
-}
-
-/// The control socket of a server whose first device is `device`: `<device without extension>.ctl`.
-pub(crate) use salsa_core::spec::control_path_for;
-
-/// Most control connections answered at once (a rebuild holds one for its whole run).
-const CONTROL_CONNECTIONS_MAX: usize = 8;
-
-/// Answers one control connection.
-type ControlAnswer = Arc<dyn Fn(std::os::unix::net::UnixStream) + Send + Sync>;
-
-/// When this process began serving: the pool's counters (`salsa stats`) run from then.
-pub(crate) static SERVING_SINCE: std::sync::OnceLock<std::time::SystemTime> = std::sync::OnceLock::new();
-
-/// Answers the control socket with `answer` (for a pool, [`super::device::answer`]), each
-/// connection on its own thread, until `stop`; waits for the connections in progress.
-pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, answer: ControlAnswer, stop: Arc<std::sync::atomic::AtomicBool>) {
-    SERVING_SINCE.get_or_init(std::time::SystemTime::now);
-    let _ = listener.set_nonblocking(true);
-    let mut running: Vec<std::thread::JoinHandle<()>> = Vec::new();
-    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-        running.retain(|h| !h.is_finished());
-        match listener.accept() {
-            Ok((s, _)) if running.len() < CONTROL_CONNECTIONS_MAX => {
-                let answer = answer.clone();
-                running.push(std::thread::spawn(move || answer(s)));
-            }
-            Ok((s, _)) => {
-                use std::io::Write;
-                let mut s = s;
-                let _ = writeln!(s, "error the server is busy with {CONTROL_CONNECTIONS_MAX} control requests");
-            }
-            Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
-        }
-    }
-    for h in running {
-        let _ = h.join();
-    }
 }
 
 /// Opens the pool on `specs`, or creates it when every device is blank; refuses anything else.
@@ -292,7 +256,7 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
     let control = salsa_nbd::server::bind_unix(&control_path)?;
     let control_thread = {
         let (pool, exports, stop) = (pool.clone(), listening.exports(), stop.clone());
-        let answer: ControlAnswer = Arc::new(move |s| super::device::answer(s, &pool, &exports));
+        let answer: ControlAnswer = Arc::new(move |s| super::control_requests::answer(s, &pool, &exports));
         std::thread::spawn(move || control_thread(control, answer, stop))
     };
     let metrics_thread = metrics.map(|listener| {

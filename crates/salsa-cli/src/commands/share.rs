@@ -3,7 +3,7 @@
 //! <json>` or `error <message>`) or offline on the pool's devices. The batch is atomic and
 //! durable when the command returns.
 
-use super::device::{open_offline, request, running_server};
+use crate::control::{open_offline, request, running_server};
 use crate::*;
 use salsa_core::ShareRange;
 

@@ -1,7 +1,7 @@
 //! `salsa stats`: the running server's statistics over its control socket, and their JSON form.
 
-use super::serve::control_path_for;
 use crate::*;
+use salsa_core::spec::control_path_for;
 
 pub(crate) use salsa_cli::stats_json::{stats_json, volume_json};
 

@@ -164,9 +164,9 @@ impl VolumeCommand {
 pub(crate) fn volume(cmd: &VolumeCommand) -> Result<(), String> {
     cmd.check()?;
     let devices = cmd.devices();
-    if let Some(control) = super::device::running_server(&devices.devices, None) {
+    if let Some(control) = crate::control::running_server(&devices.devices, None) {
         let request = serde_json::to_string(cmd).map_err(|e| e.to_string())?;
-        let answer = super::device::request(&control, &format!("volume {request}"))?;
+        let answer = crate::control::request(&control, &format!("volume {request}"))?;
         let text: String = answer
             .strip_prefix("ok ")
             .and_then(|json| serde_json::from_str(json).ok())
