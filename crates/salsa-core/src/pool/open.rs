@@ -395,7 +395,7 @@ impl Pool {
                 let e = eng.clone();
                 let h = std::thread::Builder::new()
                     .name(format!("salsa-gc-{i}"))
-                    .spawn(move || gc_worker(e))
+                    .spawn(move || crate::engine::gc::gc_worker(e))
                     .map_err(|e| Error::InvalidConfig(format!("cannot start a GC thread: {e}")))?;
                 pool.gc_threads.lock().push(h);
             }
@@ -1028,26 +1028,5 @@ fn maintenance_worker(eng: Arc<Engine>) {
         if !busy {
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-}
-
-/// GC workers run at the writers' CPU priority. They ran at nice 10 while a victim was read
-/// whole (so that a paced writer woken for its turn did not wait behind the GC's copies: p99
-/// 889 against 699 us then). Once the GC read only victims' live pages, it was CPU that
-/// bounded its pace, and nice 10 cost paced RAID-5 random writes to half the array 776
-/// against 954 MB/s, with a p99 of 540 against 498 us (docs/BENCHMARKS.md, "GC reads of live
-/// pages only").
-fn gc_worker(eng: Arc<Engine>) {
-    while !eng.shutting_down.load(SeqCst) {
-        if eng.needs_gc_round() && !eng.log.is_poisoned() {
-            if let Err(e) = eng.gc_round() {
-                if !eng.log.is_poisoned() {
-                    tracing::error!("garbage collection failed: {e}");
-                    eng.gc_stuck.store(true, SeqCst);
-                    eng.log.capacity().changed.notify_all();
-                }
-            }
-        }
-        eng.gc_wait(Duration::from_millis(50));
     }
 }
