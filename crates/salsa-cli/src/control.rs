@@ -63,8 +63,9 @@ pub(crate) type ControlAnswer = Arc<dyn Fn(std::os::unix::net::UnixStream) + Sen
 /// When this process began serving: the pool's counters (`salsa stats`) run from then.
 pub(crate) static SERVING_SINCE: std::sync::OnceLock<std::time::SystemTime> = std::sync::OnceLock::new();
 
-/// Answers the control socket with `answer` (for a pool, [`crate::commands::control_requests::answer`]), each
-/// connection on its own thread, until `stop`; waits for the connections in progress.
+/// Answers the control socket with `answer` (for a pool,
+/// [`crate::commands::control_requests::answer`]), each connection on its own thread, until
+/// `stop`; waits for the connections in progress.
 pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, answer: ControlAnswer, stop: Arc<std::sync::atomic::AtomicBool>) {
     SERVING_SINCE.get_or_init(std::time::SystemTime::now);
     let _ = listener.set_nonblocking(true);
@@ -76,9 +77,7 @@ pub(crate) fn control_thread(listener: std::os::unix::net::UnixListener, answer:
                 let answer = answer.clone();
                 running.push(std::thread::spawn(move || answer(s)));
             }
-            Ok((s, _)) => {
-                use std::io::Write;
-                let mut s = s;
+            Ok((mut s, _)) => {
                 let _ = writeln!(s, "error the server is busy with {CONTROL_CONNECTIONS_MAX} control requests");
             }
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),

@@ -23,7 +23,7 @@
 //! neighbour is hot. Not persisted: after a restart, until a page is written again, its age is
 //! judged by its segment as `salsa` does.
 
-use super::placement::{PageClock, Placement, Relocation, SegmentView, UserWrite};
+use super::placement::{is_hot, PageClock, Placement, Relocation, UserWrite};
 use crate::format::StreamKind;
 
 /// Clock slots per volume (256 MiB of clock, a 256 GiB volume of 4 KiB pages page by page).
@@ -44,21 +44,6 @@ impl PageAgeHeat {
             clock: PageClock::coarse(pages, max_slots),
         }
     }
-
-    /// Hot below half the mapped pages' worth of ticks.
-    fn hot(age: u64, mapped_pages: u64) -> bool {
-        age < (mapped_pages / 2).max(1)
-    }
-
-    /// The age of a segment's data as `salsa` judges it: the time since the segment was sealed
-    /// (0 while it is open).
-    fn segment_age(s: &SegmentView, now: u64) -> u64 {
-        if s.sealed_seq == 0 {
-            0
-        } else {
-            now.saturating_sub(s.sealed_seq)
-        }
-    }
 }
 
 impl Placement for PageAgeHeat {
@@ -69,14 +54,10 @@ impl Placement for PageAgeHeat {
         2
     }
     fn place_user(&self, w: &UserWrite) -> StreamKind {
-        let age = match (self.clock.stamp(w.page, w.now), w.previous) {
-            (Some(age), _) => Some(age),
-            // Not written since the volume was opened: its segment tells.
-            (None, Some(prev)) => Some(Self::segment_age(&prev, w.now)),
-            (None, None) => None,
-        };
+        // Not written since the volume was opened: its segment tells.
+        let age = self.clock.stamp(w.page, w.now).or_else(|| w.previous.map(|prev| prev.age(w.now)));
         match age {
-            Some(age) if Self::hot(age, w.mapped_pages) => StreamKind::User(0),
+            Some(age) if is_hot(age, w.mapped_pages) => StreamKind::User(0),
             _ => StreamKind::User(1),
         }
     }
@@ -84,10 +65,10 @@ impl Placement for PageAgeHeat {
         let age = self.clock.age(r.page, r.now).unwrap_or_else(|| match r.victim.stream {
             // Unknown since a restart: a hot user segment's data is as young as the segment; a
             // GC segment's data is older than the segment says, so it counts as cold.
-            StreamKind::User(0) => Self::segment_age(&r.victim, r.now),
+            StreamKind::User(0) => r.victim.age(r.now),
             _ => u64::MAX,
         });
-        if Self::hot(age, r.mapped_pages) {
+        if is_hot(age, r.mapped_pages) {
             StreamKind::Gc(0)
         } else {
             StreamKind::Gc(1)
@@ -107,6 +88,7 @@ impl Placement for PageAgeHeat {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::placement::SegmentView;
 
     fn user(p: &PageAgeHeat, page: u64, now: u64, previous: Option<SegmentView>) -> StreamKind {
         p.place_user(&UserWrite {

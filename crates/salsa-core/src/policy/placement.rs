@@ -27,6 +27,24 @@ pub struct SegmentView {
     pub sealed_seq: u64,
 }
 
+impl SegmentView {
+    /// The age of the segment's data as SALSA's placement judges it: the ticks since it was
+    /// sealed (0 while it is open).
+    pub fn age(&self, now: u64) -> u64 {
+        if self.sealed_seq == 0 {
+            0
+        } else {
+            now.saturating_sub(self.sealed_seq)
+        }
+    }
+}
+
+/// SALSA's heat rule: data `age` ticks old is hot while younger than half the volume's mapped
+/// pages in ticks.
+pub fn is_hot(age: u64, mapped_pages: u64) -> bool {
+    age < (mapped_pages / 2).max(1)
+}
+
 /// A user write about to be placed.
 #[derive(Debug, Clone, Copy)]
 pub struct UserWrite {
@@ -222,19 +240,8 @@ impl Placement for SalsaHeat {
     }
     fn place_user(&self, w: &UserWrite) -> StreamKind {
         match w.previous {
-            Some(prev) => {
-                let age = if prev.sealed_seq == 0 {
-                    0
-                } else {
-                    w.now.saturating_sub(prev.sealed_seq)
-                };
-                if age < (w.mapped_pages / 2).max(1) {
-                    StreamKind::User(0)
-                } else {
-                    StreamKind::User(1)
-                }
-            }
-            None => StreamKind::User(1),
+            Some(prev) if is_hot(prev.age(w.now), w.mapped_pages) => StreamKind::User(0),
+            _ => StreamKind::User(1),
         }
     }
     fn place_gc(&self, _r: &Relocation) -> StreamKind {
