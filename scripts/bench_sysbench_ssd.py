@@ -9,11 +9,16 @@ figures are sysbench's own wall-clock transactions per second and latencies. Two
 models for each, alternating over the rounds:
 
 - raw:   the model served as it is (`salsa serve --raw`); the databases get partitions (loop
-         devices at offsets) of SALSA's logical size split evenly, the rest of the drive never
-         written;
-- salsa: a SALSA pool with the default controller and 20% spare on the model, one volume per
-         database of the same size as the raw partitions, served with the server's defaults
-         (its write buffer; no read cache, which the raw drive does not have either).
+         devices at offsets) of SALSA's logical size split evenly (80% of the segments SALSA
+         lays out on the model, found by formatting a scratch model), the rest of the drive
+         never written;
+- salsa: a SALSA pool with the default controller and 20% spare on the model, served with the
+         server's defaults (its write buffer; no read cache, which the raw drive does not have
+         either). As the paper ("in this device we create one (logical) volume per MySQL
+         instance"): one SALSA volume, split into one region per database of the same size as
+         the raw partitions (`--salsa-layout one-volume`, the default), so the databases share
+         SALSA's streams as they share the raw drive's write frontier; `--salsa-layout
+         per-instance` gives each database a SALSA volume of its own instead.
 
 Preconditioning, as the paper's section V-A prepares a drive, and through the same exports the
 databases then use: every database's device written whole once in order (1 MiB writes), then
@@ -73,9 +78,8 @@ class Setup(bench_mixed.Setup):
         super().__init__(name, work, args)
         self.ssd = "ssd:size=%s,file=%s%s" % (args.ssd_size, os.path.join(self.d, "ssd.img"),
                                              "," + args.ssd_params if args.ssd_params else "")
-        ssd_bytes = parse_size(args.ssd_size)
-        # SALSA's logical size at 20% spare, in whole MiB for every database's share.
-        self.volume_bytes = ssd_bytes * 8 // 10 // args.instances // MIB * MIB
+        # Each database's share of SALSA's logical size (`salsa_logical_bytes`), in whole MiB.
+        self.volume_bytes = args.logical_bytes // args.instances // MIB * MIB
 
     def serve(self):
         salsa = salsa_binary()
@@ -87,8 +91,8 @@ class Setup(bench_mixed.Setup):
             run([salsa, "format", "--device", self.ssd, "--spare", "20", "--no-default-volume",
                  "--segment-size", self.args.segment_size]
                 + (["--victim", self.args.victim] if self.args.victim else []))
-            for i in range(self.args.instances):
-                run([salsa, "volume", "create", "--device", self.ssd, "db%d" % i, str(self.volume_bytes)]
+            for name, size in self.salsa_volumes():
+                run([salsa, "volume", "create", "--device", self.ssd, name, str(size)]
                     + (["--placement", self.args.placement] if self.args.placement else []))
             spec = self.ssd + timing
             # The device's own cache would hide what the setups change; MariaDB has its own.
@@ -101,11 +105,20 @@ class Setup(bench_mixed.Setup):
         wait_for(self.sock, "the NBD socket", self.procs[0], timeout=300)
         wait_for(self.ctl, "the control socket", self.procs[0], timeout=300)
 
+    def salsa_volumes(self):
+        """SALSA's volumes: (name, bytes)."""
+        n, size = self.args.instances, self.volume_bytes
+        if self.args.salsa_layout == "one-volume":
+            return [("dbs", n * size)]
+        return [("db%d" % i, size) for i in range(n)]
+
     def targets(self):
         """Each database's device as an NBD export: (export, offset in it)."""
         n, size = self.args.instances, self.volume_bytes
         if self.name == "raw":
             return [("raw", i * size) for i in range(n)]
+        if self.args.salsa_layout == "one-volume":
+            return [("dbs", i * size) for i in range(n)]
         return [("db%d" % i, 0) for i in range(n)]
 
     def precondition(self):
@@ -133,7 +146,7 @@ class Setup(bench_mixed.Setup):
 
     def devices(self):
         """A block device per database, over its export (`targets`)."""
-        if self.name == "raw":
+        if self.name == "raw" or self.args.salsa_layout == "one-volume":
             return [self.attach(export, offset, self.volume_bytes) for export, offset in self.targets()]
         return [self.attach(export) for export, _ in self.targets()]
 
@@ -186,6 +199,26 @@ def in_parallel(fns):
     if errors:
         raise errors[0]
     return results
+
+
+def salsa_logical_bytes(args):
+    """SALSA's logical size on the model at 20% spare with the chosen segments (`salsa info`'s
+    `logical`: 80% of the segments the pool lays out, less what its open segments and GC
+    reserve take), found by formatting a scratch model. The raw partitions get the same size,
+    as the paper's equal logical size."""
+    work = tempfile.mkdtemp(prefix="salsa-sysbench-size-")
+    try:
+        ssd = "ssd:size=%s,file=%s%s" % (args.ssd_size, os.path.join(work, "ssd.img"),
+                                         "," + args.ssd_params if args.ssd_params else "")
+        salsa = salsa_binary()
+        run([salsa, "format", "--device", ssd, "--spare", "20", "--no-default-volume", "--segment-size", args.segment_size])
+        info = run([salsa, "info", "--device", ssd])
+        m = re.search(r"^logical\s+.*\((\d+) bytes", info, re.M)
+        if not m:
+            raise SystemExit("cannot read the pool's logical capacity from salsa info:\n" + info)
+        return int(m.group(1))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def run_setup(name, work, args):
@@ -300,33 +333,37 @@ def chart(report):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ssd-size", default="2G")
+    ap.add_argument("--ssd-size", help="the model's size (default 2G; --quick: 1G)")
     ap.add_argument("--ssd-params", default="", help="more parameters of the ssd: model (e.g. mapcache=full)")
     ap.add_argument("--placement", help="SALSA's placement policy for the volumes (salsa volume create --placement)")
     ap.add_argument("--victim", help="SALSA's GC victim policy (salsa format --victim)")
-    ap.add_argument("--segment-size", default="8M",
+    ap.add_argument("--segment-size", default="16M",
                     help="SALSA's segments (salsa format --segment-size). Scaled with the drive: the paper's 1 GiB "
-                         "segments are a thousandth of its 1 TB drive and its few streams hold under 1%% of it; the "
-                         "default for this model (its erase block times its channels, 32 MiB) would let the "
-                         "volumes' 12 open segments hold a fifth of a 2 GiB drive")
-    ap.add_argument("--instances", type=int, default=4)
-    ap.add_argument("--tables", type=int, default=4)
-    ap.add_argument("--table-size", type=int, default=60000)
+                         "segments are a thousandth of its 1 TB drive and its few streams hold under 1%% of it. "
+                         "16 MiB is two stripes of the 2 GiB model (an erase block on each of its channels) and "
+                         "four of the 1 GiB one: a segment of one stripe shares every stripe with its neighbours "
+                         "and the drive's own GC moves what SALSA wrote (docs/BENCHMARKS.md)")
+    ap.add_argument("--salsa-layout", choices=("one-volume", "per-instance"), default="one-volume",
+                    help="the databases on one SALSA volume split into regions, as the paper's logical volumes on "
+                         "its SALSA device (default), or on a SALSA volume each")
+    ap.add_argument("--instances", type=int, help="MariaDB instances (default 4; --quick: 2)")
+    ap.add_argument("--tables", type=int, help="sysbench tables per database (default 4; --quick: 2)")
+    ap.add_argument("--table-size", type=int, help="rows per table (default 60000; --quick: 5000)")
     ap.add_argument("--threads", type=int, default=2, help="sysbench threads per instance")
-    ap.add_argument("--buffer-pool", default="32M")
-    ap.add_argument("--seconds", type=int, default=120)
+    ap.add_argument("--buffer-pool", help="InnoDB buffer pool per instance (default 32M; --quick: 16M)")
+    ap.add_argument("--seconds", type=int, help="measured seconds (default 120; --quick: 15)")
     ap.add_argument("--write-buffer", default="default",
                     help="SALSA's write buffer (salsa serve --write-buffer SIZE, 0: off; default: the server's own, "
                          "an eighth of the machine's memory; the preconditioning flushes every MiB, so it cannot "
                          "sort the random pass)")
-    ap.add_argument("--precondition-bs", default="4k", help="block size of the random preconditioning pass")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--precondition-bs", help="block size of the random preconditioning pass (default 4k; --quick: 64k)")
+    ap.add_argument("--rounds", type=int, help="rounds, setups alternating (default 3; --quick: 1)")
     ap.add_argument("--setups", default="raw,salsa")
     ap.add_argument("--precondition", action=argparse.BooleanOptionalAction, default=True,
                     help="precondition the drive as section V-A does (--no-precondition: a fresh drive)")
     ap.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=True,
                     help="the model keeps real time (--no-realtime: at the host's speed)")
-    ap.add_argument("--quick", action="store_true", help="a short run: 1 GiB SSD, 2 instances, 15 s, one round, the random preconditioning in 64 KiB blocks")
+    ap.add_argument("--quick", action="store_true", help="a short run: 1 GiB SSD, 2 instances, 15 s, one round, the random preconditioning in 64 KiB blocks (options given explicitly are kept)")
     ap.add_argument("--mkfs", default="mkfs.ext4 -q -F -b 4096 -E nodiscard",
                     help="how each database's file system is made (without discards: they would unmap what "
                          "preconditioning wrote; 4 KiB blocks, which mkfs gives the paper's 200 GB volumes, not the "
@@ -335,13 +372,19 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--svg")
     args = ap.parse_args()
+    defaults = dict(ssd_size="2G", instances=4, tables=4, table_size=60000, seconds=120, rounds=3,
+                    buffer_pool="32M", precondition_bs="4k")
     if args.quick:
-        args.ssd_size, args.instances, args.tables, args.table_size = "1G", 2, 2, 5000
-        args.seconds, args.rounds, args.buffer_pool, args.precondition_bs = 15, 1, "16M", "64k"
+        defaults.update(ssd_size="1G", instances=2, tables=2, table_size=5000, seconds=15, rounds=1,
+                        buffer_pool="16M", precondition_bs="64k")
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     for tool in ("mariadbd", "mariadb-install-db", "sysbench", "nbdfuse", "mkfs.ext4", "e2fsck"):
         if shutil.which(tool) is None:
             raise SystemExit("%s is not installed; run scripts/install-deps.sh" % tool)
     setups = args.setups.split(",")
+    args.logical_bytes = salsa_logical_bytes(args)
     report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "svg")}, "rounds": []}
     for r in range(args.rounds):
         # Alternating order, so that neither setup always runs on a warmer machine.

@@ -387,6 +387,12 @@ enum Command {
         /// file system allocate it again); only free segments beyond that are punched.
         #[arg(long)]
         no_discard: bool,
+        /// The GC writes its records in bursts of SIZE (0: each as it fills). Default: what
+        /// the devices prefer to be written in order (an SSD model's stripe, an SMR band;
+        /// nothing on files), so that a drive which programs in arrival order keeps the GC's
+        /// cold data apart from the users' hot data.
+        #[arg(long, value_parser = parse_size)]
+        gc_burst: Option<u64>,
         /// TLS for clients (NBD STARTTLS): off, on (clients may start it) or require
         /// (default: require when credentials are given, else off).
         #[arg(long, value_parser = parse_tls_mode)]
@@ -850,6 +856,7 @@ fn main() -> ExitCode {
             hot_spares,
             raw,
             no_discard,
+            gc_burst,
             tls,
             tls_certificates,
             tls_psk,
@@ -874,6 +881,7 @@ fn main() -> ExitCode {
                 hot_spares: hot_spares.clone(),
                 raw: *raw,
                 discard: !*no_discard,
+                gc_burst_bytes: *gc_burst,
                 tls: *tls,
                 tls_credentials: match (tls_certificates, tls_psk) {
                     (Some(dir), _) => Some(salsa_nbd::tls::Credentials::Certificates {

@@ -35,6 +35,8 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
         })),
         "pad_bytes_written": s.pad_bytes_written,
         "discarded_bytes": s.discarded_bytes,
+        "gc_bursts": s.gc_bursts,
+        "gc_burst_records": s.gc_burst_records,
         "discard_errors": s.discard_errors,
         "discards_skipped": s.discards_skipped,
         "parity_buffer": s.parity_buffer.as_ref().map(|b| serde_json::json!({

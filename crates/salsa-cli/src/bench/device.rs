@@ -35,6 +35,8 @@ pub struct Params {
     pub raw: bool,
     /// SALSA discards the segments it frees.
     pub discard: bool,
+    /// The GC's write burst (`None`: the device's preferred, `Some(0)`: off).
+    pub gc_burst_bytes: Option<u64>,
     /// Precondition: one sequential and one random pass over the target.
     pub precondition: bool,
     /// Writes measured, in target sizes.
@@ -439,6 +441,7 @@ pub fn run(p: &Params, quiet: bool) -> Result<Value, String> {
         };
         let opts = OpenOptions {
             discard_freed_segments: p.discard,
+            gc_burst_bytes: p.gc_burst_bytes,
             ..OpenOptions::default()
         };
         let pool = Pool::create(vec![dev], &cfg, &opts).map_err(|e| format!("SALSA on the model: {e}"))?;

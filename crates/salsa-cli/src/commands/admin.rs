@@ -97,6 +97,11 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
         human(st.free_segments as u64 * g.segment_bytes)
     );
     println!("spare       {}%", pool.spare_percent());
+    println!(
+        "logical     {} ({} bytes: what a volume of the default placement can hold beside the spare)",
+        human(pool.logical_capacity_bytes()),
+        pool.logical_capacity_bytes()
+    );
     println!("victim      {}", pool.victim_policy());
     println!("placement   {} (default for new volumes)", pool.default_placement());
     println!("opened from {:?}", pool.opened_from());

@@ -50,6 +50,10 @@ pub(crate) struct BenchDeviceArgs {
     /// without TRIM).
     #[arg(long)]
     no_discard: bool,
+    /// SALSA's GC writes its records in bursts of SIZE (0: each as it fills; default: the
+    /// device's preferred write size, an SSD model's stripe).
+    #[arg(long, value_parser = parse_size)]
+    gc_burst: Option<u64>,
     /// Skip the precondition (one sequential and one random pass).
     #[arg(long)]
     no_precondition: bool,
@@ -171,6 +175,7 @@ pub(crate) fn run_device_bench(a: &BenchDeviceArgs) -> Result<(), String> {
         victim: a.victim.clone(),
         raw: !a.no_raw,
         discard: !a.no_discard,
+        gc_burst_bytes: a.gc_burst,
         precondition: !a.no_precondition,
         measure_volumes: a.measure,
         volumes: a.volumes,

@@ -80,6 +80,18 @@ pub(crate) fn render(s: &Stats) -> String {
         s.pad_bytes_written as f64,
     );
     e.one(
+        "gc_bursts_total",
+        c,
+        "Bursts in which the GC wrote the records it held back (its records together, for drives that program in arrival order).",
+        s.gc_bursts as f64,
+    );
+    e.one(
+        "gc_burst_records_total",
+        c,
+        "GC records written in bursts.",
+        s.gc_burst_records as f64,
+    );
+    e.one(
         "discarded_bytes_total",
         c,
         "Bytes of freed segments discarded on the devices (TRIM, punched holes).",

@@ -28,6 +28,8 @@ pub(crate) struct ServeArgs {
     pub(crate) raw: bool,
     /// Discard freed segments on the devices.
     pub(crate) discard: bool,
+    /// The GC's write burst (`None`: the devices' preferred write size).
+    pub(crate) gc_burst_bytes: Option<u64>,
     /// TLS: the mode (`None`: `require` when credentials are given, else off) and credentials.
     pub(crate) tls: Option<salsa_nbd::proto::TlsMode>,
     pub(crate) tls_credentials: Option<salsa_nbd::tls::Credentials>,
@@ -115,6 +117,7 @@ pub(crate) fn open_or_create(specs: &[DeviceSpec], args: &ServeArgs, format: &Fo
             .read_cache_bytes
             .unwrap_or_else(salsa_core::pool::default_server_read_cache_bytes),
         discard_freed_segments: args.discard,
+        gc_burst_bytes: args.gc_burst_bytes,
         write_buffer_bytes: args
             .write_buffer_bytes
             .unwrap_or_else(salsa_core::pool::default_server_write_buffer_bytes),

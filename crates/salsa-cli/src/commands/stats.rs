@@ -42,6 +42,14 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     println!("user written      {}", human(n("user_bytes_written")));
     println!("user read         {}", human(n("user_bytes_read")));
     println!("GC relocated      {}", human(n("gc_bytes_relocated")));
+    if n("gc_bursts") > 0 {
+        println!(
+            "GC bursts         {} ({} records, {:.1} a burst)",
+            n("gc_bursts"),
+            n("gc_burst_records"),
+            n("gc_burst_records") as f64 / n("gc_bursts") as f64
+        );
+    }
     println!("device written    {}", human(n("device_bytes_written")));
     println!("write amp.        {:.3}", v["write_amplification"].as_f64().unwrap_or(0.0));
     println!(

@@ -77,6 +77,11 @@ impl Tracker {
         self.inner.lock().sealed.insert(id);
     }
 
+    /// Whether record `id` is marked sealed and not yet on the device.
+    pub fn is_sealed(&self, id: u64) -> bool {
+        self.inner.lock().sealed.contains(&id)
+    }
+
     /// Records sealed but not yet on the device.
     pub fn sealed_in_flight(&self) -> Vec<u64> {
         self.inner.lock().sealed.iter().copied().collect()

@@ -105,6 +105,10 @@ pub struct Counters {
     pub pad_bytes_written: AtomicU64,
     /// Bytes of freed segments discarded on the devices.
     pub discarded_bytes: AtomicU64,
+    /// Bursts of GC records written together ([`Log::set_gc_burst_bytes`]), and the records
+    /// they held.
+    pub gc_bursts: AtomicU64,
+    pub gc_burst_records: AtomicU64,
     /// Discards a device refused with an error (advisory: nothing is lost).
     pub discard_errors: AtomicU64,
     /// Freed segments not discarded because the discard would cost an allocation at their
@@ -131,6 +135,10 @@ pub trait SegmentSource: Send + Sync {
 /// Write payload buffers out at once (being received, or held by records not yet written);
 /// past it writes are copied into records instead (see [`payload`]).
 pub const PAYLOAD_BUDGET_BYTES: usize = 64 << 20;
+
+/// Most bytes of GC records a GC stream holds back for one burst ([`Log::set_gc_burst_bytes`]):
+/// their buffers stay in memory until written.
+pub const GC_BURST_BYTES_MAX: u64 = 32 << 20;
 
 /// Allocation preference of every stream: SALSA is multi-type by design; this build places
 /// user and GC data on any type, preferring flash, then NVM, then disks, and keeps the
@@ -265,6 +273,9 @@ pub struct Log {
     read_cache: OnceLock<read_cache::ReadCache>,
     /// Whether the writers flush after every write (see [`Log::write_behind_due`]).
     write_behind: WriteBehind,
+    /// Grains of GC records a GC stream holds back before writing them together (0: each
+    /// record as it is sealed); see [`Log::set_gc_burst_bytes`].
+    gc_burst_grains: AtomicU32,
 }
 
 /// Write-behind for writers that flush after every write (a database's log at queue depth 1).
@@ -329,6 +340,7 @@ impl Log {
             parity_geometry: array.parity_geometry(),
             read_cache: OnceLock::new(),
             write_behind: WriteBehind::default(),
+            gc_burst_grains: AtomicU32::new(0),
             pool_id,
             geo,
             array,
@@ -353,6 +365,56 @@ impl Log {
             segment_source: OnceLock::new(),
             write_watchers: Default::default(),
         }
+    }
+
+    /// GC records are written in bursts of up to `bytes` (at most a segment, and at most
+    /// [`GC_BURST_BYTES_MAX`]; 0: each as it is sealed). A GC stream holds its sealed records
+    /// back (they need not be durable before a GC release, and reads find their pages in their
+    /// buffers) until the burst is full, its segment is full, or a release, flush or close
+    /// needs them, and then writes them one after the other.
+    ///
+    /// Why: a drive that programs what arrives in arrival order (an SSD's write frontier, a
+    /// drive-managed SMR disk's media cache) puts the GC's cold survivors in the same erase
+    /// blocks as the users' hot data when they arrive a record at a time between the users'
+    /// records; those blocks never empty by SALSA's discards of freed segments, and the drive
+    /// moves the cold data again (docs/BENCHMARKS.md).
+    pub fn set_gc_burst_bytes(&self, bytes: u64) {
+        let seg = u64::from(self.geo.grains_per_segment);
+        let grains = (bytes.min(GC_BURST_BYTES_MAX) / u64::from(self.geo.grain_bytes)).min(seg);
+        self.gc_burst_grains.store(grains as u32, SeqCst);
+    }
+
+    /// See [`Log::set_gc_burst_bytes`].
+    pub fn gc_burst_grains(&self) -> u32 {
+        self.gc_burst_grains.load(SeqCst)
+    }
+
+    /// Writes every GC record the streams hold back for their bursts, in each stream's order.
+    fn write_held_gc_records(&self) -> Result<()> {
+        let mut first_err = None;
+        for s in self.streams_snapshot() {
+            if let Err(e) = self.write_gc_burst(s.take_held(self)) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Writes records a GC stream held back, in order (all of them, also after an error: each
+    /// must complete; the first error is returned).
+    pub(crate) fn write_gc_burst(&self, burst: Vec<SealedRecord>) -> Result<()> {
+        if burst.is_empty() {
+            return Ok(());
+        }
+        self.counters.gc_bursts.fetch_add(1, SeqCst);
+        self.counters.gc_burst_records.fetch_add(burst.len() as u64, SeqCst);
+        let mut first_err = None;
+        for r in burst {
+            if let Err(e) = self.write_record(r) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Names the space manager streams ask for segments (once).
@@ -787,6 +849,7 @@ impl Log {
         self.check_not_poisoned()?;
         self.counters.flushes.fetch_add(1, SeqCst);
         let target = self.tracker.last_id();
+        self.write_held_gc_records()?;
         let user_records = self.seal_and_write(|_| true)?;
         self.note_flush(user_records > 0);
         self.sync_through(target)
@@ -1013,6 +1076,7 @@ impl Log {
         // flushed long before, moved into a row that never got its parity.
         let align = self.flush_alignment();
         let mid_row = |r: &record::OpenRecord| align > 1 && !r.meta.start_grain.is_multiple_of(align);
+        self.write_held_gc_records()?;
         self.seal_and_write(|r| r.gc_moves || r.buf.record_id <= kill_through || mid_row(r))?;
         self.sync_sealed(Some(&self.counters.releases_sharing_a_sync))
     }
@@ -1150,6 +1214,12 @@ impl Log {
     /// are on the device; `false` when the log was poisoned meanwhile.
     pub fn wait_segment_written(&self, segment: u32) -> bool {
         let in_flight: Vec<u64> = self.capacity.segment(segment).records.lock().iter().map(|r| r.record_id).collect();
+        // A record of a sealed segment that is not marked sealed is held for a GC burst (a
+        // stream writes its held records when it closes their segment; this covers any path
+        // that closes one without a record): write them rather than wait for the burst.
+        if in_flight.iter().any(|&id| !self.tracker.is_sealed(id)) && self.write_held_gc_records().is_err() {
+            return false;
+        }
         in_flight.is_empty() || self.tracker.wait_all_complete(&in_flight, || self.is_poisoned())
     }
 

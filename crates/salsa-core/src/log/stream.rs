@@ -47,6 +47,11 @@ struct Stream {
     allocating: bool,
     seg: Option<OpenSegment>,
     rec: Option<OpenRecord>,
+    /// A GC stream's sealed records held back for a burst ([`Log::set_gc_burst_bytes`]), in
+    /// order: in flight for the tracker but not marked sealed (a flush waits for sealed
+    /// records only), in their segment's record list (reads find their pages).
+    held: Vec<SealedRecord>,
+    held_grains: u32,
 }
 
 /// A data page to place, and the payload that holds it (and where) when a record may keep it
@@ -104,6 +109,8 @@ impl Streams {
                         allocating: false,
                         seg: None,
                         rec: None,
+                        held: Vec::new(),
+                        held_grains: 0,
                     })
                 })
                 .collect(),
@@ -248,7 +255,11 @@ impl Streams {
             b.add_parity(0, 1, gb, rec.meta.start_grain as u64 * gb as u64);
         }
         rec.buf.span_grains.store(used, SeqCst);
-        log.tracker.mark_sealed(rec.buf.record_id);
+        // A GC record sealed because it is full waits for its burst (`write_sealed`); it is
+        // marked sealed when it leaves (`Streams::take_held`).
+        if for_flush || !holds_for_burst(log, st.kind) {
+            log.tracker.mark_sealed(rec.buf.record_id);
+        }
         log.counters.meta_bytes_written.fetch_add(gb as u64, SeqCst);
         let pad = rec.meta.pad_grains;
         log.counters.pad_bytes_written.fetch_add(pad as u64 * gb as u64, SeqCst);
@@ -274,6 +285,17 @@ impl Streams {
         self.seal_streams(log, which, false)
     }
 
+    /// Takes every record the streams hold back for a GC burst, marked sealed, in order; the
+    /// caller writes them (before anything these streams seal after).
+    pub fn take_held(&self, log: &Log) -> Vec<SealedRecord> {
+        let mut out = Vec::new();
+        for s in self.streams.iter() {
+            let mut st = lock_stream(s);
+            out.extend(take_held_locked(log, &mut st));
+        }
+        out
+    }
+
     /// Seals every record and closes every open segment (clean shutdown, deletion); returns
     /// the records to write.
     pub fn close(&self, log: &Log) -> Vec<SealedRecord> {
@@ -288,8 +310,16 @@ impl Streams {
             let mut st = lock_stream(s);
             // Between records, mid-row: open one to carry the padding (see `seal_record`).
             let mid_row = st.seg.as_ref().is_some_and(|os| align > 1 && !os.next_grain.is_multiple_of(align));
+            // Records held for a GC burst come before anything sealed now in the segment.
+            if close || mid_row || st.rec.as_ref().is_some_and(&which) {
+                out.extend(take_held_locked(log, &mut st));
+            }
             if st.rec.is_none() && mid_row {
                 if let Prep::Write(r) = self.prepare(log, &mut st, false, self.page_grains, 1) {
+                    // (Sealed full, so possibly not marked: it is written now, not held.)
+                    if !log.tracker.is_sealed(r.buf.record_id) {
+                        log.tracker.mark_sealed(r.buf.record_id);
+                    }
                     out.push(r);
                 }
             }
@@ -554,10 +584,39 @@ impl Streams {
     }
 }
 
+/// Whether a record of stream `kind` sealed when full is held back for a GC burst.
+fn holds_for_burst(log: &Log, kind: StreamKind) -> bool {
+    matches!(kind, StreamKind::Gc(_)) && log.gc_burst_grains() > 0
+}
+
+/// Under the stream's lock: its held GC records, marked sealed, in order.
+fn take_held_locked(log: &Log, st: &mut Stream) -> Vec<SealedRecord> {
+    st.held_grains = 0;
+    let held = std::mem::take(&mut st.held);
+    for r in &held {
+        log.tracker.mark_sealed(r.buf.record_id);
+    }
+    held
+}
+
 /// Sends a record sealed under `st` to the device. A user record goes to write-back and the
 /// writer returns (queued while the stream is still locked, so that the stream's records stay
 /// in order); the GC writes its own, which paces it and lets a release count on them.
-fn write_sealed(log: &Log, purpose: Purpose, st: StdMutexGuard<'_, Stream>, r: SealedRecord) -> Result<()> {
+fn write_sealed(log: &Log, purpose: Purpose, mut st: StdMutexGuard<'_, Stream>, r: SealedRecord) -> Result<()> {
+    if !log.tracker.is_sealed(r.buf.record_id) {
+        // Held for a GC burst (see `seal_record`): written with the others once the burst or
+        // the segment is full.
+        let segment = r.buf.segment;
+        st.held_grains += r.used_grains + r.pad_grains;
+        st.held.push(r);
+        let segment_closed = st.seg.as_ref().is_none_or(|os| os.segment != segment);
+        if !segment_closed && st.held_grains < log.gc_burst_grains() {
+            return Ok(());
+        }
+        let burst = take_held_locked(log, &mut st);
+        drop(st);
+        return log.write_gc_burst(burst);
+    }
     let own = if matches!(purpose, Purpose::User | Purpose::Trim) {
         log.write_back.submit(r)
     } else {

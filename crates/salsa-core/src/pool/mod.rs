@@ -149,6 +149,12 @@ pub struct OpenOptions {
     pub write_buffer_bytes: u64,
     /// With a background GC, buffered pages are written down once the oldest is this old.
     pub write_buffer_expire: std::time::Duration,
+    /// The GC writes its records in bursts of this many bytes (capped at a segment and at
+    /// [`crate::log::GC_BURST_BYTES_MAX`]; see [`crate::log::Log::set_gc_burst_bytes`]), so
+    /// that a drive which programs in arrival order keeps the GC's cold data out of the
+    /// erase blocks of the users' hot data. `None`: what the devices prefer to be written in
+    /// order (an SSD's stripe, an SMR band; nothing on plain files); `Some(0)`: off.
+    pub gc_burst_bytes: Option<u64>,
 }
 
 /// A write buffer for a server on this machine: as [`default_server_read_cache_bytes`], an
@@ -194,6 +200,7 @@ impl Default for OpenOptions {
             discard_freed_segments: true,
             write_buffer_bytes: 0,
             write_buffer_expire: DEFAULT_WRITE_BUFFER_EXPIRE,
+            gc_burst_bytes: None,
         }
     }
 }

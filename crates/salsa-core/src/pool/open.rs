@@ -349,6 +349,7 @@ impl Pool {
         }
         let log = Arc::new(log);
         log.enable_read_cache(opts.read_cache_bytes);
+        log.set_gc_burst_bytes(opts.gc_burst_bytes.unwrap_or(gc_burst_for(&devices)));
         log.capacity().set_discard(opts.discard_freed_segments && !opts.read_only);
         let eng = Engine::new(
             log,
@@ -828,6 +829,14 @@ struct MemberPlan {
     stripe_unit_bytes: u32,
     total_segments: u32,
     members: Vec<(u32, u32, DeviceLayout)>,
+}
+
+/// The GC's write burst a pool on `devices` gets by default ([`OpenOptions::gc_burst_bytes`]):
+/// what the devices prefer to be written in order (an SSD's stripe of erase blocks, a
+/// drive-managed SMR band), on each member; 0 (none) on devices that declare nothing.
+fn gc_burst_for(devices: &[Arc<dyn Device>]) -> u64 {
+    let preferred = devices.iter().map(|d| d.preferred_alignment_bytes()).max().unwrap_or(0);
+    preferred.saturating_mul(devices.len() as u64)
 }
 
 /// Plans the members of a new pool. A linear pool concatenates the members' segments; a RAID

@@ -77,6 +77,10 @@ pub struct Stats {
     pub pad_bytes_written: u64,
     /// Bytes of freed segments discarded on the devices.
     pub discarded_bytes: u64,
+    /// Bursts in which the GC wrote the records it held back
+    /// ([`crate::pool::OpenOptions::gc_burst_bytes`]), and the records they held.
+    pub gc_bursts: u64,
+    pub gc_burst_records: u64,
     /// Discards a device refused (advisory; nothing lost).
     pub discard_errors: u64,
     /// Freed segments left undiscarded on devices where a discard costs an allocation at
@@ -200,6 +204,8 @@ impl Pool {
             members,
             pad_bytes_written: c.pad_bytes_written.load(SeqCst),
             discarded_bytes: c.discarded_bytes.load(SeqCst),
+            gc_bursts: c.gc_bursts.load(SeqCst),
+            gc_burst_records: c.gc_burst_records.load(SeqCst),
             discard_errors: c.discard_errors.load(SeqCst),
             discards_skipped: c.discards_skipped.load(SeqCst),
             hole_fill_bytes: c.hole_fill_bytes.load(SeqCst),
