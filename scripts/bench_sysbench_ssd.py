@@ -39,7 +39,7 @@ GC, metadata bytes), and medians over the rounds; `--svg` draws throughput over 
 last round.
 
 Scaled to this machine (2 cores, 24 GiB), see docs/RESULTS.md: a 2 GiB drive instead of 1 TB,
-four instances of 4 tables x 60,000 rows (about 60 MiB each) instead of 160 GiB, two sysbench
+four instances of 4 tables x 150,000 rows (about 145 MiB each, with the redo log about 60% of a volume) instead of 160 GiB, two sysbench
 threads each instead of four, a 32 MiB buffer pool each.
 
     python3 scripts/bench_sysbench_ssd.py                 # 3 rounds, 120 s measured
@@ -90,7 +90,8 @@ class Setup(bench_mixed.Setup):
         else:
             run([salsa, "format", "--device", self.ssd, "--spare", "20", "--no-default-volume",
                  "--segment-size", self.args.segment_size]
-                + (["--victim", self.args.victim] if self.args.victim else []))
+                + (["--victim", self.args.victim] if self.args.victim else [])
+                + (["--placement", self.args.placement] if self.args.placement else []))
             for name, size in self.salsa_volumes():
                 run([salsa, "volume", "create", "--device", self.ssd, name, str(size)]
                     + (["--placement", self.args.placement] if self.args.placement else []))
@@ -211,7 +212,8 @@ def salsa_logical_bytes(args):
         ssd = "ssd:size=%s,file=%s%s" % (args.ssd_size, os.path.join(work, "ssd.img"),
                                          "," + args.ssd_params if args.ssd_params else "")
         salsa = salsa_binary()
-        run([salsa, "format", "--device", ssd, "--spare", "20", "--no-default-volume", "--segment-size", args.segment_size])
+        run([salsa, "format", "--device", ssd, "--spare", "20", "--no-default-volume", "--segment-size", args.segment_size]
+            + (["--placement", args.placement] if args.placement else []))
         info = run([salsa, "info", "--device", ssd])
         m = re.search(r"^logical\s+.*\((\d+) bytes", info, re.M)
         if not m:
@@ -348,7 +350,7 @@ def main():
                          "its SALSA device (default), or on a SALSA volume each")
     ap.add_argument("--instances", type=int, help="MariaDB instances (default 4; --quick: 2)")
     ap.add_argument("--tables", type=int, help="sysbench tables per database (default 4; --quick: 2)")
-    ap.add_argument("--table-size", type=int, help="rows per table (default 60000; --quick: 5000)")
+    ap.add_argument("--table-size", type=int, help="rows per table (default 150000: with InnoDB's redo log about 60%% of a volume, the paper's databases filled most of theirs; --quick: 5000)")
     ap.add_argument("--threads", type=int, default=2, help="sysbench threads per instance")
     ap.add_argument("--buffer-pool", help="InnoDB buffer pool per instance (default 32M; --quick: 16M)")
     ap.add_argument("--seconds", type=int, help="measured seconds (default 120; --quick: 15)")
@@ -372,7 +374,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--svg")
     args = ap.parse_args()
-    defaults = dict(ssd_size="2G", instances=4, tables=4, table_size=60000, seconds=120, rounds=3,
+    defaults = dict(ssd_size="2G", instances=4, tables=4, table_size=150000, seconds=120, rounds=3,
                     buffer_pool="32M", precondition_bs="4k")
     if args.quick:
         defaults.update(ssd_size="1G", instances=2, tables=2, table_size=5000, seconds=15, rounds=1,
