@@ -77,9 +77,10 @@ impl Tracker {
         self.inner.lock().sealed.insert(id);
     }
 
-    /// Whether record `id` is marked sealed and not yet on the device.
-    pub fn is_sealed(&self, id: u64) -> bool {
-        self.inner.lock().sealed.contains(&id)
+    /// Whether every record of `ids` is marked sealed (none is open or held back).
+    pub fn all_sealed(&self, ids: &[u64]) -> bool {
+        let g = self.inner.lock();
+        ids.iter().all(|id| g.sealed.contains(id))
     }
 
     /// Records sealed but not yet on the device.

@@ -1217,7 +1217,7 @@ impl Log {
         // A record of a sealed segment that is not marked sealed is held for a GC burst (a
         // stream writes its held records when it closes their segment; this covers any path
         // that closes one without a record): write them rather than wait for the burst.
-        if in_flight.iter().any(|&id| !self.tracker.is_sealed(id)) && self.write_held_gc_records().is_err() {
+        if !self.tracker.all_sealed(&in_flight) && self.write_held_gc_records().is_err() {
             return false;
         }
         in_flight.is_empty() || self.tracker.wait_all_complete(&in_flight, || self.is_poisoned())

@@ -222,6 +222,9 @@ pub struct SealedRecord {
     pub pad_grains: u32,
     /// Of a user stream (clients' writes, not GC moves or checkpoints).
     pub user: bool,
+    /// A GC record sealed when full, to be held for a burst (`Log::set_gc_burst_bytes`): not
+    /// marked sealed for the tracker until it leaves the stream's held list.
+    pub for_burst: bool,
 }
 
 #[cfg(test)]

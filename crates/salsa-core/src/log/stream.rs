@@ -257,7 +257,8 @@ impl Streams {
         rec.buf.span_grains.store(used, SeqCst);
         // A GC record sealed because it is full waits for its burst (`write_sealed`); it is
         // marked sealed when it leaves (`Streams::take_held`).
-        if for_flush || !holds_for_burst(log, st.kind) {
+        let for_burst = !for_flush && holds_for_burst(log, st.kind);
+        if !for_burst {
             log.tracker.mark_sealed(rec.buf.record_id);
         }
         log.counters.meta_bytes_written.fetch_add(gb as u64, SeqCst);
@@ -276,6 +277,7 @@ impl Streams {
             used_grains: used,
             pad_grains: pad,
             user: matches!(st.kind, StreamKind::User(_)),
+            for_burst,
         })
     }
 
@@ -315,9 +317,10 @@ impl Streams {
                 out.extend(take_held_locked(log, &mut st));
             }
             if st.rec.is_none() && mid_row {
-                if let Prep::Write(r) = self.prepare(log, &mut st, false, self.page_grains, 1) {
-                    // (Sealed full, so possibly not marked: it is written now, not held.)
-                    if !log.tracker.is_sealed(r.buf.record_id) {
+                if let Prep::Write(mut r) = self.prepare(log, &mut st, false, self.page_grains, 1) {
+                    // Sealed full, possibly for a burst: it is written now, not held.
+                    if r.for_burst {
+                        r.for_burst = false;
                         log.tracker.mark_sealed(r.buf.record_id);
                     }
                     out.push(r);
@@ -593,17 +596,20 @@ fn holds_for_burst(log: &Log, kind: StreamKind) -> bool {
 fn take_held_locked(log: &Log, st: &mut Stream) -> Vec<SealedRecord> {
     st.held_grains = 0;
     let held = std::mem::take(&mut st.held);
-    for r in &held {
-        log.tracker.mark_sealed(r.buf.record_id);
-    }
-    held
+    held.into_iter()
+        .map(|mut r| {
+            r.for_burst = false;
+            log.tracker.mark_sealed(r.buf.record_id);
+            r
+        })
+        .collect()
 }
 
 /// Sends a record sealed under `st` to the device. A user record goes to write-back and the
 /// writer returns (queued while the stream is still locked, so that the stream's records stay
 /// in order); the GC writes its own, which paces it and lets a release count on them.
 fn write_sealed(log: &Log, purpose: Purpose, mut st: StdMutexGuard<'_, Stream>, r: SealedRecord) -> Result<()> {
-    if !log.tracker.is_sealed(r.buf.record_id) {
+    if r.for_burst {
         // Held for a GC burst (see `seal_record`): written with the others once the burst or
         // the segment is full.
         let segment = r.buf.segment;

@@ -835,8 +835,12 @@ struct MemberPlan {
 /// what the devices prefer to be written in order (an SSD's stripe of erase blocks, a
 /// drive-managed SMR band), on each member; 0 (none) on devices that declare nothing.
 fn gc_burst_for(devices: &[Arc<dyn Device>]) -> u64 {
-    let preferred = devices.iter().map(|d| d.preferred_alignment_bytes()).max().unwrap_or(0);
-    preferred.saturating_mul(devices.len() as u64)
+    preferred_alignment_bytes(devices).saturating_mul(devices.len() as u64)
+}
+
+/// The largest write size any of `devices` prefers in order (0: none declares one).
+fn preferred_alignment_bytes(devices: &[Arc<dyn Device>]) -> u64 {
+    devices.iter().map(|d| d.preferred_alignment_bytes()).max().unwrap_or(0)
 }
 
 /// Plans the members of a new pool. A linear pool concatenates the members' segments; a RAID
@@ -846,7 +850,7 @@ fn gc_burst_for(devices: &[Arc<dyn Device>]) -> u64 {
 fn plan_members(devices: &[Arc<dyn Device>], cfg: &PoolConfig) -> Result<MemberPlan> {
     let n = devices.len() as u32;
     let zone_bytes = devices.iter().find_map(|d| d.zones().map(|z| z.zone_bytes()));
-    let preferred = devices.iter().map(|d| d.preferred_alignment_bytes()).max().unwrap_or(0);
+    let preferred = preferred_alignment_bytes(devices);
     let check_segment = |segment_bytes: u64| -> Result<()> {
         if !((1 << 20)..=(1 << 30)).contains(&segment_bytes) || !segment_bytes.is_multiple_of(cfg.grain_bytes as u64) {
             return Err(Error::InvalidConfig(format!(
