@@ -38,12 +38,20 @@ transaction cost the drive (requests, bytes, flash programs, its GC's moves) and
 GC, metadata bytes), and medians over the rounds; `--svg` draws throughput over time of the
 last round.
 
+The drive's erase blocks are scaled with it (`--ssd-params block=256K`): the paper's SALSA wrote
+segments "at the GiB level" on drives whose erase blocks are a few MiB, so a segment spanned
+hundreds of them; on a 2 GiB model SALSA's segments must stay near 1/128 of the drive (16 MiB)
+to leave its GC enough of them, and the model's own 1 MiB blocks (8 MiB stripes over 8
+channels) would make a segment two stripes, half its data in blocks it shares with the
+segments written before and after it (docs/BENCHMARKS.md, "Erase blocks scaled with the drive").
+
 Scaled to this machine (2 cores, 24 GiB), see docs/RESULTS.md: a 2 GiB drive instead of 1 TB,
 four instances of 4 tables x 150,000 rows (about 145 MiB each, with the redo log about 60% of a volume) instead of 160 GiB, two sysbench
 threads each instead of four, a 32 MiB buffer pool each.
 
     python3 scripts/bench_sysbench_ssd.py                 # 3 rounds, 120 s measured
     python3 scripts/bench_sysbench_ssd.py --quick         # a short run (the test suite's)
+    python3 scripts/bench_sysbench_ssd.py --raid5         # Table IIb: a 3+1 RAID-5 of four models
 
 Prints one JSON object; needs root (loop devices, mounts), MariaDB and sysbench
 (scripts/install-deps.sh installs them).
@@ -76,28 +84,26 @@ class Setup(bench_mixed.Setup):
 
     def __init__(self, name, work, args):
         super().__init__(name, work, args)
-        self.ssd = "ssd:size=%s,file=%s%s" % (args.ssd_size, os.path.join(self.d, "ssd.img"),
-                                             "," + args.ssd_params if args.ssd_params else "")
+        self.ssds = model_specs(args, self.d)
         # Each database's share of SALSA's logical size (`salsa_logical_bytes`), in whole MiB.
         self.volume_bytes = args.logical_bytes // args.instances // MIB * MIB
 
     def serve(self):
         salsa = salsa_binary()
         timing = ",realtime=on" if self.args.realtime else ""
+        devices = device_args(self.ssds)
         if self.name == "raw":
-            spec = self.ssd + timing
-            serve = [salsa, "serve", "--raw", "--device", spec]
+            serve = [salsa, "serve", "--raw"] + device_args(self.ssds, timing)
+            if self.args.raid5:
+                serve += ["--in-place-raid5", self.args.raid5_chunk]
         else:
-            run([salsa, "format", "--device", self.ssd, "--spare", "20", "--no-default-volume",
-                 "--segment-size", self.args.segment_size]
-                + (["--victim", self.args.victim] if self.args.victim else [])
-                + (["--placement", self.args.placement] if self.args.placement else []))
+            run([salsa, "format"] + devices + format_args(self.args)
+                + (["--victim", self.args.victim] if self.args.victim else []))
             for name, size in self.salsa_volumes():
-                run([salsa, "volume", "create", "--device", self.ssd, name, str(size)]
+                run([salsa, "volume", "create"] + devices + [name, str(size)]
                     + (["--placement", self.args.placement] if self.args.placement else []))
-            spec = self.ssd + timing
             # The device's own cache would hide what the setups change; MariaDB has its own.
-            serve = [salsa, "serve", "--device", spec, "--read-cache", "0"]
+            serve = [salsa, "serve"] + device_args(self.ssds, timing) + ["--read-cache", "0"]
             if self.args.write_buffer != "default":
                 serve += ["--write-buffer", self.args.write_buffer]
         serve += ["--no-tcp", "--unix", self.sock, "--control", self.ctl]
@@ -202,6 +208,25 @@ def in_parallel(fns):
     return results
 
 
+def model_specs(args, directory):
+    """The SSD models of a setup, in `directory`: one, or with --raid5 the array's members."""
+    params = "," + args.ssd_params if args.ssd_params else ""
+    count = args.raid5_members if args.raid5 else 1
+    return ["ssd:size=%s,file=%s%s" % (args.ssd_size, os.path.join(directory, "ssd%d.img" % i), params)
+            for i in range(count)]
+
+
+def device_args(specs, suffix=""):
+    return [x for spec in specs for x in ("--device", spec + suffix)]
+
+
+def format_args(args):
+    """`salsa format`'s options for SALSA's pool (the scratch pool that finds its size too)."""
+    return (["--spare", "20", "--no-default-volume", "--segment-size", args.segment_size]
+            + (["--array", "raid5"] if args.raid5 else [])
+            + (["--placement", args.placement] if args.placement else []))
+
+
 def salsa_logical_bytes(args):
     """SALSA's logical size on the model at 20% spare with the chosen segments (`salsa info`'s
     `logical`: 80% of the segments the pool lays out, less what its open segments and GC
@@ -209,12 +234,10 @@ def salsa_logical_bytes(args):
     as the paper's equal logical size."""
     work = tempfile.mkdtemp(prefix="salsa-sysbench-size-")
     try:
-        ssd = "ssd:size=%s,file=%s%s" % (args.ssd_size, os.path.join(work, "ssd.img"),
-                                         "," + args.ssd_params if args.ssd_params else "")
+        devices = device_args(model_specs(args, work))
         salsa = salsa_binary()
-        run([salsa, "format", "--device", ssd, "--spare", "20", "--no-default-volume", "--segment-size", args.segment_size]
-            + (["--placement", args.placement] if args.placement else []))
-        info = run([salsa, "info", "--device", ssd])
+        run([salsa, "format"] + devices + format_args(args))
+        info = run([salsa, "info"] + devices)
         m = re.search(r"^logical\s+.*\((\d+) bytes", info, re.M)
         if not m:
             raise SystemExit("cannot read the pool's logical capacity from salsa info:\n" + info)
@@ -317,7 +340,8 @@ def chart(report):
     colors = {"raw": "#9e9e9e", "salsa": "#1f77b4"}
     out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">' % (w, h)]
     out.append('<rect width="100%" height="100%" fill="white"/>')
-    out.append('<text x="%d" y="18" font-size="13">sysbench oltp_read_write per instance on one SSD model in real time: tps over time</text>' % left)
+    where = "a 3+1 RAID-5 of SSD models" if report["config"].get("raid5") else "one SSD model"
+    out.append('<text x="%d" y="18" font-size="13">sysbench oltp_read_write per instance on %s in real time: tps over time</text>' % (left, where))
     out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, h - bottom, w - 10, h - bottom))
     out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, top, left, h - bottom))
     out.append('<text x="5" y="%d">%.0f</text>' % (top + 4, peak))
@@ -336,11 +360,21 @@ def chart(report):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ssd-size", help="the model's size (default 2G; --quick: 1G)")
-    ap.add_argument("--ssd-params", default="", help="more parameters of the ssd: model (e.g. mapcache=full)")
+    ap.add_argument("--ssd-params", default="block=256K",
+                    help="more parameters of the ssd: model (default block=256K: erase blocks scaled with the "
+                         "drive, so that a SALSA segment spans many stripes as the paper's GiB segments did; "
+                         "'' for the model's own 1 MiB at 2 GiB)")
+    ap.add_argument("--raid5", action="store_true",
+                    help="Table IIb: the databases on a 3+1 RAID-5 of four ssd: models of --ssd-size each (default 1G): "
+                         "raw is an in-place RAID-5 over them (salsa serve --raw --in-place-raid5: read-modify-write "
+                         "of data and parity, as Linux MD, which this kernel lacks), SALSA a RAID-5 pool "
+                         "(full-row writes); SALSA's segments default to 24M (8 MiB, four 2 MiB stripes, on each member)")
+    ap.add_argument("--raid5-members", type=int, default=4, help=argparse.SUPPRESS)
+    ap.add_argument("--raid5-chunk", default="64K", help="the in-place RAID-5's chunk (bench-raid's default)")
     ap.add_argument("--placement", help="SALSA's placement policy for the volumes (salsa volume create --placement)")
     ap.add_argument("--victim", help="SALSA's GC victim policy (salsa format --victim)")
-    ap.add_argument("--segment-size", default="16M",
-                    help="SALSA's segments (salsa format --segment-size). Scaled with the drive: the paper's 1 GiB "
+    ap.add_argument("--segment-size",
+                    help="SALSA's segments (salsa format --segment-size; default 16M, with --raid5 24M). Scaled with the drive: the paper's 1 GiB "
                          "segments are a thousandth of its 1 TB drive and its few streams hold under 1%% of it. "
                          "16 MiB is two stripes of the 2 GiB model (an erase block on each of its channels) and "
                          "four of the 1 GiB one: a segment of one stripe shares every stripe with its neighbours "
@@ -374,10 +408,11 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--svg")
     args = ap.parse_args()
-    defaults = dict(ssd_size="2G", instances=4, tables=4, table_size=150000, seconds=120, rounds=3,
+    defaults = dict(ssd_size="1G" if args.raid5 else "2G", segment_size="24M" if args.raid5 else "16M",
+                    instances=4, tables=4, table_size=150000, seconds=120, rounds=3,
                     buffer_pool="32M", precondition_bs="4k")
     if args.quick:
-        defaults.update(ssd_size="1G", instances=2, tables=2, table_size=5000, seconds=15, rounds=1,
+        defaults.update(ssd_size="512M" if args.raid5 else "1G", instances=2, tables=2, table_size=5000, seconds=15, rounds=1,
                         buffer_pool="16M", precondition_bs="64k")
     for k, v in defaults.items():
         if getattr(args, k) is None:

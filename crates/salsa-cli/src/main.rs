@@ -379,6 +379,12 @@ enum Command {
         /// the same server and clients. Refuses a device that holds a SALSA pool.
         #[arg(long)]
         raw: bool,
+        /// With --raw: serve the devices given (three or more) as one in-place RAID-5 with
+        /// chunks of SIZE (rotating parity, read-modify-write of data and parity on every
+        /// partial-row write, as Linux MD does; `bench-raid`'s baseline): the baseline of the
+        /// paper's Table IIb, which MD is not in this kernel to give.
+        #[arg(long, value_parser = parse_size, value_name = "CHUNK", requires = "raw")]
+        in_place_raid5: Option<u64>,
         /// Do not discard freed segments on the devices. By default a segment the GC or
         /// overwrites emptied is discarded before reuse (TRIM on an SSD or a block device, a
         /// hole punched in an image file), so that an SSD does not move dead data in its own
@@ -855,6 +861,7 @@ fn main() -> ExitCode {
             on_event,
             hot_spares,
             raw,
+            in_place_raid5,
             no_discard,
             gc_burst,
             tls,
@@ -880,6 +887,7 @@ fn main() -> ExitCode {
                 on_event: on_event.clone(),
                 hot_spares: hot_spares.clone(),
                 raw: *raw,
+                in_place_raid5_chunk: *in_place_raid5,
                 discard: !*no_discard,
                 gc_burst_bytes: *gc_burst,
                 tls: *tls,

@@ -659,11 +659,23 @@ fn mixed_workload_on_one_ssd_raw_single_and_tailored_volumes() {
 /// and hold the preconditioning and the per-transaction costs; never a timing.
 #[test]
 fn sysbench_on_one_ssd_model_raw_partitions_against_salsa_volumes() {
+    check_sysbench_case_study(&[]);
+}
+
+/// Table IIb's protocol, short: the same on a 3+1 RAID-5 of four SSD models, the in-place
+/// RAID-5 (`salsa serve --raw --in-place-raid5`) against a SALSA RAID-5 pool.
+#[test]
+fn sysbench_on_a_raid5_of_ssd_models_in_place_against_salsa() {
+    check_sysbench_case_study(&["--raid5"]);
+}
+
+fn check_sysbench_case_study(extra: &[&str]) {
     let r = case_study(
         "bench_sysbench_ssd.py",
-        &[],
+        extra,
         &["mariadbd", "sysbench", "nbdfuse", "mkfs.ext4", "e2fsck", "losetup"],
     );
+    assert_eq!(r["config"]["raid5"], extra.contains(&"--raid5"), "{r}");
     let rounds = r["rounds"].as_array().unwrap_or_else(|| panic!("{r}"));
     assert_eq!(rounds.len(), 1, "{r}");
     for setup in ["raw", "salsa"] {

@@ -26,6 +26,9 @@ pub(crate) struct ServeArgs {
     pub(crate) hot_spares: Vec<DeviceSpec>,
     /// Serve the device raw, without a pool (a baseline).
     pub(crate) raw: bool,
+    /// With `raw`: serve the devices (three or more) as one in-place RAID-5 of this chunk,
+    /// the MD-like baseline of `bench-raid` (read-modify-write of data and parity).
+    pub(crate) in_place_raid5_chunk: Option<u64>,
     /// Discard freed segments on the devices.
     pub(crate) discard: bool,
     /// The GC's write burst (`None`: the devices' preferred write size).
@@ -148,19 +151,35 @@ pub(crate) fn open_or_create(specs: &[DeviceSpec], args: &ServeArgs, format: &Fo
 /// `salsa serve --raw`: the one device given, served as it is (a baseline), with a control
 /// socket that answers `stats` with the device's counters.
 fn serve_raw(specs: &[DeviceSpec], args: &ServeArgs) -> Result<(), String> {
-    let [spec] = specs else {
-        return Err("--raw serves exactly one device".into());
+    let spec = match (specs, args.in_place_raid5_chunk) {
+        ([spec], None) => spec,
+        (_, None) => return Err("--raw serves exactly one device (or several with --in-place-raid5)".into()),
+        (specs, Some(_)) if specs.len() < 3 => return Err("--in-place-raid5 needs at least three devices (give --device for each)".into()),
+        (specs, Some(_)) => &specs[0],
     };
     if args.parity_buffer.is_some() || args.metrics.is_some() || args.on_event.is_some() {
         return Err("--raw serves a device without a pool: --parity-buffer, --metrics and --on-event do not apply".into());
     }
-    let dev = spec.open_with(args.read_only, args.page_cache)?;
-    if salsa_core::pool::read_superblock(dev.as_ref()).is_ok() {
-        return Err(format!(
-            "{} holds a SALSA pool; serving it raw would let clients overwrite it. Serve it without --raw",
-            dev.name()
-        ));
+    let mut members = Vec::new();
+    for spec in specs {
+        let dev = spec.open_with(args.read_only, args.page_cache)?;
+        if salsa_core::pool::read_superblock(dev.as_ref()).is_ok() {
+            return Err(format!(
+                "{} holds a SALSA pool; serving it raw would let clients overwrite it. Serve it without --raw",
+                dev.name()
+            ));
+        }
+        members.push(dev);
     }
+    let dev: Arc<dyn salsa_core::Device> = match args.in_place_raid5_chunk {
+        Some(chunk) => {
+            if chunk < 4096 || !chunk.is_power_of_two() {
+                return Err(format!("--in-place-raid5 chunk {chunk}: a power of two of at least 4 KiB, please"));
+            }
+            Arc::new(crate::bench::raid::InPlaceRaid5::new(members, chunk))
+        }
+        None => members.remove(0),
+    };
     let cfg = args.server_config()?;
     let export = salsa_nbd::export::RawExport::new("raw", dev.clone());
     let listening = salsa_nbd::server::Listening::bind_exports(salsa_nbd::server::Exports::raw(export, args.read_only), &cfg)?;
