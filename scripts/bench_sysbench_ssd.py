@@ -12,7 +12,8 @@ models for each, alternating over the rounds:
          devices at offsets) of SALSA's logical size split evenly (80% of the segments SALSA
          lays out on the model, found by formatting a scratch model), the rest of the drive
          never written;
-- salsa: a SALSA pool with the default controller and 20% spare on the model, served with the
+- salsa: a SALSA pool with the default controller (one user and one GC stream, `--placement
+         user-gc`, the paper's user/GC segregation) and 20% spare on the model, served with the
          server's defaults (its write buffer; no read cache, which the raw drive does not have
          either). As the paper ("in this device we create one (logical) volume per MySQL
          instance"): one SALSA volume, split into one region per database of the same size as
@@ -371,7 +372,12 @@ def main():
                          "(full-row writes); SALSA's segments default to 24M (8 MiB, four 2 MiB stripes, on each member)")
     ap.add_argument("--raid5-members", type=int, default=4, help=argparse.SUPPRESS)
     ap.add_argument("--raid5-chunk", default="64K", help="the in-place RAID-5's chunk (bench-raid's default)")
-    ap.add_argument("--placement", help="SALSA's placement policy for the volumes (salsa volume create --placement)")
+    ap.add_argument("--placement", default="user-gc",
+                    help="SALSA's placement policy for the volumes (salsa volume create --placement; default "
+                         "user-gc: one user stream and one GC stream, the paper's user/GC segregation. SALSA's "
+                         "hot/cold user streams (salsa) interleave two slowly filled segments in the drive's one "
+                         "write frontier, whose erase blocks then hold data that dies at different times: 0.76x "
+                         "against 1.12x raw in Table IIa, docs/BENCHMARKS.md)")
     ap.add_argument("--victim", help="SALSA's GC victim policy (salsa format --victim)")
     ap.add_argument("--segment-size",
                     help="SALSA's segments (salsa format --segment-size; default 16M, with --raid5 24M). Scaled with the drive: the paper's 1 GiB "
