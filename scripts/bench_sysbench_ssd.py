@@ -382,9 +382,9 @@ def main():
     ap.add_argument("--segment-size",
                     help="SALSA's segments (salsa format --segment-size; default 16M, with --raid5 24M). Scaled with the drive: the paper's 1 GiB "
                          "segments are a thousandth of its 1 TB drive and its few streams hold under 1%% of it. "
-                         "16 MiB is two stripes of the 2 GiB model (an erase block on each of its channels) and "
-                         "four of the 1 GiB one: a segment of one stripe shares every stripe with its neighbours "
-                         "and the drive's own GC moves what SALSA wrote (docs/BENCHMARKS.md)")
+                         "16 MiB is eight stripes (an erase block on each of the model's channels) of the default "
+                         "256 KiB blocks: a segment of few stripes shares its end stripes with its neighbours and "
+                         "the drive's own GC moves what SALSA wrote (docs/BENCHMARKS.md)")
     ap.add_argument("--salsa-layout", choices=("one-volume", "per-instance"), default="one-volume",
                     help="the databases on one SALSA volume split into regions, as the paper's logical volumes on "
                          "its SALSA device (default), or on a SALSA volume each")

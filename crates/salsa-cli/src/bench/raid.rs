@@ -331,17 +331,6 @@ impl InPlaceRaid5 {
     }
 }
 
-/// Checks that an access of `len` bytes at `offset` lies inside a device of `size` bytes.
-fn in_range(size: u64, offset: u64, len: usize) -> std::io::Result<()> {
-    match offset.checked_add(len as u64) {
-        Some(end) if end <= size => Ok(()),
-        _ => Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("access of {len} bytes at {offset} is past the array's end {size}"),
-        )),
-    }
-}
-
 impl Device for InPlaceRaid5 {
     fn name(&self) -> &str {
         &self.name
@@ -358,17 +347,18 @@ impl Device for InPlaceRaid5 {
         self.devs.iter().map(|d| d.alignment_bytes()).max().unwrap_or(512)
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        in_range(self.capacity_bytes(), offset, buf.len())?;
+        salsa_core::device::check_range(self.capacity_bytes(), offset, buf.len())?;
         self.read(offset, buf)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        in_range(self.capacity_bytes(), offset, buf.len())?;
+        salsa_core::device::check_range(self.capacity_bytes(), offset, buf.len())?;
         self.write(offset, buf).map_err(std::io::Error::other)
     }
     fn sync(&self) -> std::io::Result<()> {
         InPlaceRaid5::sync(self).map_err(std::io::Error::other)
     }
-    /// The members' counters, summed by name (an SSD model's flash programs over the array).
+    /// The members' counters, summed by name (an SSD model's flash programs over the array;
+    /// `model_time_us` so becomes the members' total busy time, not the array's).
     fn counters(&self) -> Vec<(String, u64)> {
         let mut sum: Vec<(String, u64)> = Vec::new();
         for d in &self.devs {

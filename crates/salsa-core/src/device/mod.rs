@@ -274,8 +274,9 @@ pub(crate) fn complete_at(at: Instant) {
     }
 }
 
-/// Checks that an access lies inside the device, with checked arithmetic.
-pub(crate) fn check_range(size: u64, offset: u64, len: usize) -> io::Result<()> {
+/// Checks that an access lies inside the device, with checked arithmetic (for any `Device`
+/// implementation, in this crate or outside it).
+pub fn check_range(size: u64, offset: u64, len: usize) -> io::Result<()> {
     match offset.checked_add(len as u64) {
         Some(end) if end <= size => Ok(()),
         _ => Err(io::Error::new(
