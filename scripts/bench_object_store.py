@@ -126,9 +126,10 @@ def tear_down(mounts=(), loops=(), fuses=(), server=None, timeout=30):
 
 
 @contextlib.contextmanager
-def xfs_over_salsa(d, serve_args, export, loop_args=()):
+def xfs_over_salsa(d, serve_args, export, loop_args=(), mkfs_args=()):
     """Serves `serve_args` from directory `d`, attaches export `export` with nbdfuse and a loop
-    device (`loop_args` given to losetup), makes XFS on it and mounts it; yields (mount point,
+    device (`loop_args` given to losetup), makes XFS on it (`mkfs_args` given to mkfs.xfs) and
+    mounts it; yields (mount point,
     control socket, loop device). Unmounts, checks the file system with xfs_repair -n and
     stops everything on the way out."""
     os.makedirs(d)
@@ -148,7 +149,7 @@ def xfs_over_salsa(d, serve_args, export, loop_args=()):
         fuse = subprocess.Popen(["nbdfuse", fuse_dir, "nbd+unix:///%s?socket=%s" % (export, sock)])
         wait_for(os.path.join(fuse_dir, "nbd"), "the nbdfuse node", fuse)
         loop = run(["losetup", "-f", "--show"] + list(loop_args) + [os.path.join(fuse_dir, "nbd")]).strip()
-        run(["mkfs.xfs", "-q", "-f", loop])
+        run(["mkfs.xfs", "-q", "-f"] + list(mkfs_args) + [loop])
         run(["mount", loop, mnt])
         mounted = True
         yield mnt, ctl, loop

@@ -4,7 +4,8 @@ set -euo pipefail
 need=()
 for pair in fio:fio qemu-io:qemu-utils qemu-img:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdfuse:nbdfuse \
             nbdkit:nbdkit nbdsh:python3-libnbd fusermount3:fuse3 mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs losetup:mount \
-            c++:g++ mariadbd:mariadb-server sysbench:sysbench openssl:openssl pkg-config:pkg-config; do
+            c++:g++ mariadbd:mariadb-server sysbench:sysbench openssl:openssl pkg-config:pkg-config \
+            swift-object-server:swift-object; do
   tool=${pair%%:*}; pkg=${pair##*:}
   command -v "$tool" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -600,6 +600,40 @@ fn object_store_on_a_drive_managed_smr_model_raw_against_dual_mapping() {
     );
 }
 
+/// Swift's own object server, short: PUT, UPDATE, GET and DELETE of 128 KiB and 1 MiB objects
+/// through its HTTP API, on XFS over nbdfuse, on a drive-managed SMR model in real time served
+/// raw and through a dual-mapping volume. Every request must succeed, every GET must return what
+/// the last PUT stored (the script checks each body's MD5 against the server's ETag), deleted
+/// objects must answer 404 and XFS must be clean (the script raises otherwise); SALSA writes its
+/// segments in place, the raw disk goes through its media cache and cleans bands. No timing.
+#[test]
+fn swift_object_server_on_a_drive_managed_smr_model_raw_against_dual_mapping() {
+    let r = case_study(
+        "bench_swift.py",
+        &[],
+        &["swift-object-server", "nbdfuse", "mkfs.xfs", "xfs_repair", "losetup"],
+    );
+    for size in ["128K", "1M"] {
+        let s = &r["sizes"][size];
+        for target in ["raw", "salsa"] {
+            let phases = s[target].as_array().unwrap();
+            let ops: Vec<&str> = phases.iter().map(|p| p["op"].as_str().unwrap()).collect();
+            assert_eq!(ops, ["put", "update", "get", "delete"], "{size} {target}");
+            for p in phases {
+                assert_eq!(p["complete"], true, "{size} {target}: {p}");
+                assert_eq!(p["objects"], s["objects"], "{size} {target}: {p}");
+            }
+        }
+        let put = |target: &str| s[target][0]["disk"].clone();
+        assert_eq!(put("salsa")["media_cache_write_bytes"], 0, "{size}: {}", put("salsa"));
+        assert!(
+            put("raw")["media_cache_write_bytes"].as_u64().unwrap() > 0,
+            "{size}: {}",
+            put("raw")
+        );
+    }
+}
+
 /// The video-server case study, short: videos on XFS over nbdfuse, a writer adding one per
 /// interval and readers reading the popular ones, on a disk model served raw, through SALSA on
 /// the disk, and through a hybrid volume on the disk plus an SSD model. Every chunk must read

@@ -9,9 +9,11 @@
 //!   causes, on the wall clock, so that applications see the drive's latencies;
 //!   `precondition`: its whole capacity, or its first SIZE bytes, written once in order and
 //!   once at random when it is opened, as the SALSA paper's section V-A prepares a drive);
-//! - `dmsmr:size=4G[,band=32M,cache=8M,file=PATH]`: a drive-managed SMR model;
-//! - `hdd:size=8G[,seek_us=12000,mbps=150,file=PATH]`: a disk with the timing of one actuator
-//!   (every access that does not continue the last costs a seek).
+//! - `dmsmr:size=4G[,band=32M,cache=8M,file=PATH,realtime=on]`: a drive-managed SMR model;
+//! - `hdd:size=8G[,seek_us=12000,mbps=150,file=PATH,realtime=on]`: a disk with the timing of
+//!   one actuator (every access that does not continue the last costs a seek);
+//! - `realtime=on` on the disk models (and `hmsmr:`): the actuator serves requests on the wall
+//!   clock, one at a time in arrival order, each returning when its accesses end.
 //!
 //! Any spec may end in `@TYPE` (`flash`/`ssd`, `hdd`/`disk`, `nvm`) to declare the device's
 //! storage type, which `salsa format` records (a file cannot tell whether it is on a disk or
@@ -50,7 +52,8 @@ pub struct ModelSpec {
 impl ModelSpec {
     fn parse(kind: ModelKind, args: &str) -> Result<ModelSpec, String> {
         let allowed: &[&str] = match kind {
-            ModelKind::Zoned | ModelKind::HostManagedSmr => &["size", "zone", "conv", "type", "file"],
+            ModelKind::Zoned => &["size", "zone", "conv", "type", "file"],
+            ModelKind::HostManagedSmr => &["size", "zone", "conv", "type", "file", "realtime"],
             ModelKind::Ssd => &[
                 "size",
                 "op",
@@ -66,8 +69,8 @@ impl ModelSpec {
                 "realtime",
                 "precondition",
             ],
-            ModelKind::DriveManagedSmr => &["size", "band", "cache", "file"],
-            ModelKind::Disk => &["size", "seek_us", "mbps", "file"],
+            ModelKind::DriveManagedSmr => &["size", "band", "cache", "file", "realtime"],
+            ModelKind::Disk => &["size", "seek_us", "mbps", "file", "realtime"],
         };
         let mut params = BTreeMap::new();
         for kv in args.split(',').filter(|x| !x.is_empty()) {
@@ -98,6 +101,15 @@ impl ModelSpec {
                 .filter(|x| x.is_finite() && *x >= 0.0)
                 .ok_or_else(|| format!("device parameter {key}={v:?} is not a non-negative number"))
         })
+    }
+
+    /// `realtime=on|off` (off when absent).
+    fn real_time(&self) -> Result<bool, String> {
+        match self.params.get("realtime").map(String::as_str) {
+            None | Some("off") => Ok(false),
+            Some("on") => Ok(true),
+            Some(other) => Err(format!("device parameter realtime={other:?}: use on or off")),
+        }
     }
 
     /// The backing store for `bytes` of data: the file (created at that size when missing) or
@@ -137,7 +149,9 @@ impl ModelSpec {
                 };
                 let z: Arc<dyn Device> = Arc::new(ZonedEmulator::open_or_create(backing, geo).map_err(|e| e.to_string())?);
                 Ok(if self.kind == ModelKind::HostManagedSmr {
-                    Arc::new(TimedDisk::new(z, DiskTiming::default()))
+                    let disk = TimedDisk::new(z, DiskTiming::default());
+                    disk.set_real_time(self.real_time()?);
+                    Arc::new(disk)
                 } else {
                     z
                 })
@@ -157,11 +171,7 @@ impl ModelSpec {
                 p.read_us = self.number("read_us", p.read_us as f64)? as u64;
                 p.program_us = self.number("program_us", p.program_us as f64)? as u64;
                 p.erase_us = self.number("erase_us", p.erase_us as f64)? as u64;
-                let real_time = match self.params.get("realtime").map(String::as_str) {
-                    None | Some("off") => false,
-                    Some("on") => true,
-                    Some(other) => return Err(format!("device parameter realtime={other:?}: use on or off")),
-                };
+                let real_time = self.real_time()?;
                 let precondition_bytes = match self.params.get("precondition").map(String::as_str) {
                     None | Some("off") => 0,
                     Some("on") => size,
@@ -183,9 +193,9 @@ impl ModelSpec {
                 let mut p = SmrParams::drive_managed(size);
                 p.band_bytes = self.size("band", p.band_bytes)?;
                 p.media_cache_bytes = self.size("cache", p.media_cache_bytes)?;
-                Ok(Arc::new(
-                    DriveManagedSmr::new(self.backing(size, read_only)?, p).map_err(|e| e.to_string())?,
-                ))
+                let drive = DriveManagedSmr::new(self.backing(size, read_only)?, p).map_err(|e| e.to_string())?;
+                drive.set_real_time(self.real_time()?);
+                Ok(Arc::new(drive))
             }
             ModelKind::Disk => {
                 let d = DiskTiming::default();
@@ -200,8 +210,9 @@ impl ModelSpec {
                 if timing.position_us > 60_000_000 {
                     return Err("device parameter seek_us must be at most 60000000 (a minute)".into());
                 }
-                let disk: Arc<dyn Device> = Arc::new(TimedDisk::new(self.backing(size, read_only)?, timing));
-                Ok(Declared::wrap(disk, StorageType::Hdd))
+                let disk = TimedDisk::new(self.backing(size, read_only)?, timing);
+                disk.set_real_time(self.real_time()?);
+                Ok(Declared::wrap(Arc::new(disk), StorageType::Hdd))
             }
         }
     }

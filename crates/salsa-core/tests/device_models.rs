@@ -175,10 +175,14 @@ impl Device for CountingReads {
     }
 }
 
-#[test]
-fn pages_written_in_one_run_are_read_back_in_one_device_read() {
-    // Page by page, concurrent readers interleave their pages at a disk and pay a seek for
-    // each; a run read whole pays one.
+impl CountingReads {
+    fn reads(&self) -> u64 {
+        self.reads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A pool of 4 MiB segments on a memory device that counts its reads, no read cache.
+fn pool_counting_reads() -> (salsa_core::Pool, Arc<CountingReads>) {
     let disk = Arc::new(CountingReads {
         inner: Arc::new(MemoryDevice::new("disk", 64 << 20)),
         reads: Default::default(),
@@ -193,17 +197,80 @@ fn pages_written_in_one_run_are_read_back_in_one_device_read() {
         ..salsa_core::PoolConfig::default()
     };
     let pool = salsa_core::Pool::create(vec![disk.clone() as Arc<dyn Device>], &cfg, &opts).unwrap();
+    (pool, disk)
+}
+
+#[test]
+fn pages_written_in_one_run_are_read_back_in_one_device_read() {
+    // Page by page, concurrent readers interleave their pages at a disk and pay a seek for
+    // each; a run read whole pays one.
+    let (pool, disk) = pool_counting_reads();
     let vol = pool.create_volume("v", 16 << 20, 4096).unwrap();
     let data: Vec<u8> = (0..1u32 << 20).map(|i| (i / 4096) as u8 ^ (i as u8)).collect();
     vol.write(0, &data).unwrap();
     vol.flush().unwrap();
-    let before = disk.reads.load(std::sync::atomic::Ordering::SeqCst);
+    let before = disk.reads();
     let mut back = vec![0u8; data.len()];
     vol.read(0, &mut back).unwrap();
     assert!(back == data);
     // 256 pages in a few records (metadata pages between them): a handful of reads, not 256.
-    let used = disk.reads.load(std::sync::atomic::Ordering::SeqCst) - before;
+    let used = disk.reads() - before;
     assert!(used <= 20, "{used} device reads for 1 MiB written in one go");
+    // A page written after it and not flushed leaves a record open in the segment: the
+    // pages before it are still read in runs.
+    vol.write(2 << 20, &data[..4096]).unwrap();
+    let before = disk.reads();
+    vol.read(0, &mut back).unwrap();
+    assert!(back == data);
+    let used = disk.reads() - before;
+    assert!(used <= 20, "{used} device reads for 1 MiB beside an open record");
+}
+
+#[test]
+fn a_dual_mapping_volume_reads_large_pages_in_runs_and_only_the_small_pages_asked_for() {
+    const LARGE: u64 = 64 << 10;
+    let (pool, disk) = pool_counting_reads();
+    let vol = pool
+        .create_volume_spec("d", 16 << 20, &salsa_core::VolumeSpec::dual(LARGE as u32))
+        .unwrap();
+    let mut model: Vec<u8> = (0..2u64 << 20).map(|i| (i / 4096) as u8 ^ (i as u8)).collect();
+    vol.write(0, &model).unwrap();
+    // All of it in the first 4 MiB segment, which stays open. Large page 20 gets eight small
+    // pages, written apart so that they lie in records of their own.
+    for k in 0..8u64 {
+        let at = (20 * LARGE + k * 8192) as usize;
+        model[at..at + 4096].fill(0xA0 + k as u8);
+        vol.write(at as u64, &model[at..at + 4096]).unwrap();
+        let apart = (30 * LARGE + k * 4096) as usize;
+        vol.write(apart as u64, &model[apart..apart + 4096]).unwrap();
+    }
+    vol.flush().unwrap();
+    // A write left in an open record of the segment: the runs before it are still read whole.
+    let open = (31 * LARGE) as usize;
+    model[open..open + 4096].fill(0x11);
+    vol.write(open as u64, &model[open..open + 4096]).unwrap();
+    let read = |offset: u64, len: usize| {
+        let before = disk.reads();
+        let mut back = vec![0u8; len];
+        vol.read(offset, &mut back).unwrap();
+        assert!(
+            back[..] == model[offset as usize..offset as usize + len],
+            "read of {len} at {offset}"
+        );
+        disk.reads() - before
+    };
+    // 128 KiB from 96 KiB on (large pages 1 to 3, two of them in part), as a file system
+    // reads a file: one device read (the pages went down in one run), not one per page.
+    assert_eq!(read(96 << 10, 128 << 10), 1);
+    // 1 MiB not aligned to the large pages: the pages it covers in one read.
+    assert_eq!(read(LARGE + 4096, 1 << 20), 1);
+    // 4 KiB of large page 20 that is not in the sparse map: its dense page only, none of the
+    // eight small pages beside it.
+    assert_eq!(read(20 * LARGE + 4096, 4096), 1);
+    // One of its small pages: that small page only.
+    assert_eq!(read(20 * LARGE + 8192, 4096), 1);
+    // It and its neighbours: their dense pages in one run, and the eight small pages over it.
+    assert_eq!(read(19 * LARGE, 3 * LARGE as usize), 1 + 8);
 }
 
 #[test]
@@ -570,4 +637,59 @@ fn a_real_time_ssd_returns_when_its_operations_end_and_requests_issued_together_
     }));
     assert!(left.is_err());
     assert!(t.elapsed() < Duration::from_secs(10), "neither read waited on its own");
+}
+
+#[test]
+fn a_real_time_disk_serves_one_request_at_a_time_and_waits_for_its_seeks() {
+    use salsa_core::spec::DeviceSpec;
+    use std::time::{Duration, Instant};
+    let open = |spec: &str| spec.parse::<DeviceSpec>().unwrap().open(false).unwrap();
+    // Seeks of 10 s: at the host's speed unless asked (a wall-clock bound 10 s wide).
+    let slow = open("hdd:size=64M,seek_us=10000000");
+    let t = Instant::now();
+    slow.read_at(&mut [0u8; 4096], 32 * MIB).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10), "not timed without realtime=on");
+    // Two threads, two reads each, every one a seek of 30 ms: one actuator serves them one
+    // after the other, so the four take at least 120 ms however the threads interleave.
+    let disk = open("hdd:size=64M,seek_us=30000,realtime=on");
+    disk.write_at(&[7u8; 4096], 48 * MIB).unwrap();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for first in [0, 32 * MIB] {
+            let disk = &disk;
+            s.spawn(move || {
+                let mut buf = [0u8; 4096];
+                disk.read_at(&mut buf, first).unwrap();
+                disk.read_at(&mut buf, 48 * MIB).unwrap();
+                assert_eq!(buf, [7u8; 4096]);
+            });
+        }
+    });
+    assert!(t.elapsed() >= Duration::from_millis(120), "the reads overlapped: {:?}", t.elapsed());
+}
+
+#[test]
+fn a_real_time_drive_managed_smr_write_waits_for_the_band_cleaning_it_sets_off() {
+    use salsa_core::spec::DeviceSpec;
+    use std::time::{Duration, Instant};
+    // 1 MiB bands, a media cache of 16 KiB: the second write out of place cleans band 0 (read
+    // the band, read its cached blocks, rewrite the band: three seeks of 12 ms).
+    let d = "dmsmr:size=8M,band=1M,cache=16K,realtime=on"
+        .parse::<DeviceSpec>()
+        .unwrap()
+        .open(false)
+        .unwrap();
+    d.write_at(&[1u8; 16384], 4096).unwrap();
+    let t = Instant::now();
+    d.write_at(&[2u8; 4096], MIB + 4096).unwrap();
+    let waited = t.elapsed();
+    let counter = |name: &str| d.counters().into_iter().find(|(n, _)| n == name).map(|(_, v)| v);
+    assert_eq!(counter("bands_cleaned"), Some(1));
+    assert!(
+        waited >= Duration::from_millis(36),
+        "returned before the cleaning's seeks: {waited:?}"
+    );
+    let mut buf = [0u8; 16384];
+    d.read_at(&mut buf, 4096).unwrap();
+    assert_eq!(buf, [1u8; 16384]);
 }

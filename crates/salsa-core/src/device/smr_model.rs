@@ -17,12 +17,19 @@
 //! Time: an access costs a positioning time unless it starts where the previous one ended,
 //! plus its transfer at the media rate. The data is kept by logical address on a backing
 //! device, so SALSA runs on the model for real.
+//!
+//! Real time ([`DriveManagedSmr::set_real_time`], [`TimedDisk::set_real_time`]): the actuator
+//! also serves requests on the wall clock, one at a time in the order they arrive (no
+//! reordering of the queue, no volatile write cache: a write returns when it is on the media),
+//! and each request returns when its accesses end, a band cleaning it set off included, so that
+//! an application sees the disk's latencies and queueing. Off by default, as for the SSD model.
 
 use super::{modelled_io, Device, StorageType};
 use parking_lot::Mutex;
 use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Timing of one actuator.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -48,6 +55,15 @@ pub struct DiskTimer {
     head: u64,
     busy_ns: u64,
     seeks: u64,
+    real_time: Option<DiskRealTime>,
+}
+
+/// The wall clock of an actuator that keeps real time.
+#[derive(Debug, Clone, Copy)]
+struct DiskRealTime {
+    base: Instant,
+    /// When the actuator finishes what has been scheduled on it, in nanoseconds since `base`.
+    free_ns: u64,
 }
 
 impl DiskTimer {
@@ -57,7 +73,31 @@ impl DiskTimer {
             head: u64::MAX,
             busy_ns: 0,
             seeks: 0,
+            real_time: None,
         }
+    }
+
+    /// Keeps real time from now on (the actuator starts idle), or stops.
+    pub fn set_real_time(&mut self, on: bool) {
+        self.real_time = on.then(|| DiskRealTime {
+            base: Instant::now(),
+            free_ns: 0,
+        });
+    }
+
+    /// Runs one host request's model work (`work`, which makes its accesses on `timer(state)`)
+    /// and, in real time, returns when the request completes: it starts when it was `issued`
+    /// or when the actuator has served the requests before it, whichever is later, and lasts
+    /// as long as its accesses.
+    fn request<S>(state: &mut S, timer: fn(&mut S) -> &mut DiskTimer, issued: Instant, work: impl FnOnce(&mut S)) -> Option<Instant> {
+        let busy_before_ns = timer(state).busy_ns;
+        work(state);
+        let t = timer(state);
+        let cost_ns = t.busy_ns - busy_before_ns;
+        let rt = t.real_time.as_mut()?;
+        let issued_ns = u64::try_from(issued.saturating_duration_since(rt.base).as_nanos()).unwrap_or(u64::MAX);
+        rt.free_ns = rt.free_ns.max(issued_ns).saturating_add(cost_ns);
+        Some(rt.base.checked_add(Duration::from_nanos(rt.free_ns)).unwrap_or(rt.base))
     }
 
     /// Accounts for an access of `len` bytes at `position` (a physical byte position).
@@ -262,6 +302,20 @@ impl DriveManagedSmr {
             }),
         })
     }
+
+    /// Keeps real time from now on (`true`: see the module doc; the actuator starts idle) or
+    /// stops (`false`: requests return at the host's speed again).
+    pub fn set_real_time(&self, on: bool) {
+        self.state.lock().timer.set_real_time(on);
+    }
+
+    /// Models one host request issued at `issued`, and in real time returns when it completes.
+    fn request(&self, issued: Instant, work: impl FnOnce(&mut SmrState)) {
+        let done = DiskTimer::request(&mut *self.state.lock(), |s| &mut s.timer, issued, work);
+        if let Some(at) = done {
+            super::complete_at(at);
+        }
+    }
 }
 
 impl Device for DriveManagedSmr {
@@ -281,22 +335,23 @@ impl Device for DriveManagedSmr {
         self.params.band_bytes
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let len = buf.len();
+        let (len, issued) = (buf.len(), Instant::now());
         modelled_io(
             self.params.capacity_bytes,
             offset,
             len,
             || self.backing.read_at(buf, offset),
-            |at, n| self.state.lock().read(at, n),
+            |at, n| self.request(issued, |s| s.read(at, n)),
         )
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let issued = Instant::now();
         modelled_io(
             self.params.capacity_bytes,
             offset,
             buf.len(),
             || self.backing.write_at(buf, offset),
-            |at, n| self.state.lock().write(at, n),
+            |at, n| self.request(issued, |s| s.write(at, n)),
         )
     }
     fn sync(&self) -> io::Result<()> {
@@ -343,6 +398,19 @@ impl TimedDisk {
             read: Default::default(),
         }
     }
+
+    /// Keeps real time from now on, or stops (see the module doc).
+    pub fn set_real_time(&self, on: bool) {
+        self.timer.lock().set_real_time(on);
+    }
+
+    /// Times one access issued at `issued`; in real time, returns when it completes.
+    fn access(&self, issued: Instant, offset: u64, len: u64) {
+        let done = DiskTimer::request(&mut *self.timer.lock(), |t| t, issued, |t| t.access(offset, len));
+        if let Some(at) = done {
+            super::complete_at(at);
+        }
+    }
 }
 
 impl Device for TimedDisk {
@@ -351,14 +419,16 @@ impl Device for TimedDisk {
     }
     crate::forward_device_properties!(inner);
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let issued = Instant::now();
         self.inner.read_at(buf, offset)?;
-        self.timer.lock().access(offset, buf.len() as u64);
+        self.access(issued, offset, buf.len() as u64);
         self.read.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let issued = Instant::now();
         self.inner.write_at(buf, offset)?;
-        self.timer.lock().access(offset, buf.len() as u64);
+        self.access(issued, offset, buf.len() as u64);
         self.written.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }

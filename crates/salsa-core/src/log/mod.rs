@@ -1473,7 +1473,7 @@ impl Log {
     /// `still_mapped(i)` tells, after the segment's generation is noted, whether the caller's
     /// map still points page `i` at `grains[i]`. Returns per page what it found; the caller
     /// reads a `Moved` or `Damaged` page again with [`Log::read_page`] (which repairs from
-    /// redundancy). `None` when some of the segment is still in records being written (the
+    /// redundancy). `None` when some of the span is still in records being written (the
     /// caller then reads page by page).
     pub fn read_run(
         &self,
@@ -1494,7 +1494,9 @@ impl Log {
             self.geo.segment_of(last + page_grains - 1),
             "a run stays in one segment"
         );
-        if !info.records.lock().is_empty() {
+        // Records of the span not yet on the device are read page by page (from their buffers);
+        // the segment's open record, further on, does not keep the span from one device read.
+        if info.records.lock().iter().any(|r| r.overlaps(first, last + page_grains)) {
             return Ok(None);
         }
         let generation = info.generation.load(SeqCst);

@@ -168,6 +168,11 @@ impl Drop for RecordBuf {
 }
 
 impl RecordBuf {
+    /// Whether the buffer may hold any grain of `[first_grain, end_grain)`.
+    pub fn overlaps(&self, first_grain: u64, end_grain: u64) -> bool {
+        first_grain < self.first_grain + self.span_grains.load(SeqCst) as u64 && self.first_grain < end_grain
+    }
+
     /// Copies `out.len()` bytes of physical grain `grain` from the buffer, if it holds them.
     pub fn read(&self, grain: u64, grain_bytes: usize, out: &mut [u8]) -> bool {
         let b = self.bytes.read();
