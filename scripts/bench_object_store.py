@@ -215,34 +215,40 @@ def save_report(report, out, svg, chart):
     return text
 
 
-def phase_chart(report):
-    """Grouped bars, one panel per object size: operations per modelled second of each phase,
-    raw against SALSA, each bar labelled with its value."""
+def phase_chart(
+    report,
+    title="Object server on XFS, drive-managed SMR model: operations per modelled second",
+    metric="ops_per_model_second",
+    salsa="salsa_dual",
+):
+    """Grouped bars, one panel per object size: `metric` of each phase, raw against SALSA
+    (the report's `salsa` target), each bar labelled with its value (also bench_swift.py's
+    Fig. 7)."""
     sizes = list(report["sizes"])
     panel_w, h, top, bottom, left = 330, 300, 40, 50, 50
     w = left + panel_w * len(sizes) + 20
-    colors = {"raw": "#9e9e9e", "salsa_dual": "#1f77b4"}
+    colors = {"raw": "#9e9e9e", salsa: "#1f77b4"}
     out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">' % (w, h)]
     out.append('<rect width="100%" height="100%" fill="white"/>')
-    out.append('<text x="%d" y="16" font-size="13">Object server on XFS, drive-managed SMR model: operations per modelled second</text>' % left)
+    out.append('<text x="%d" y="16" font-size="13">%s</text>' % (left, title))
     for i, size in enumerate(sizes):
         s = report["sizes"][size]
         phases = [p["op"] for p in s["raw"]]
-        top_value = max(max(p["ops_per_model_second"] or 0 for p in s[t]) for t in ("raw", "salsa_dual")) or 1
+        top_value = max(max(p[metric] or 0 for p in s[t]) for t in ("raw", salsa)) or 1
         x0 = left + i * panel_w
         plot_h = h - top - bottom
         out.append('<text x="%d" y="%d" font-size="12">%s objects</text>' % (x0 + 10, top - 6, size))
         out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (x0, h - bottom, x0 + panel_w - 20, h - bottom))
         group = (panel_w - 30) / len(phases)
         for j, op in enumerate(phases):
-            for k, t in enumerate(("raw", "salsa_dual")):
-                v = s[t][j]["ops_per_model_second"] or 0
+            for k, t in enumerate(("raw", salsa)):
+                v = s[t][j][metric] or 0
                 bh = plot_h * v / top_value
                 bx = x0 + 5 + j * group + k * (group / 2 - 2)
                 out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>' % (bx, h - bottom - bh, group / 2 - 4, bh, colors[t]))
                 out.append('<text x="%.1f" y="%.1f" font-size="9">%.0f</text>' % (bx, h - bottom - bh - 3, v))
             out.append('<text x="%.1f" y="%d">%s</text>' % (x0 + 5 + j * group + 4, h - bottom + 14, op.upper()))
-    for k, (t, label) in enumerate((("raw", "raw dmsmr"), ("salsa_dual", "SALSA dual mapping"))):
+    for k, (t, label) in enumerate((("raw", "raw dmsmr"), (salsa, "SALSA dual mapping"))):
         out.append('<rect x="%d" y="%d" width="10" height="10" fill="%s"/>' % (left + k * 160, h - 22, colors[t]))
         out.append('<text x="%d" y="%d">%s</text>' % (left + 14 + k * 160, h - 13, label))
     out.append("</svg>")

@@ -53,7 +53,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_mixed import device  # noqa: E402
-from bench_object_store import run, salsa_binary, save_report, xfs_over_salsa  # noqa: E402
+from bench_object_store import phase_chart, run, salsa_binary, save_report, xfs_over_salsa  # noqa: E402
 from object_store import control_stats, parse_size  # noqa: E402
 
 # Swift's ring would spread objects over its partitions; the object server stores each under
@@ -280,34 +280,12 @@ def salsa_volume_bytes(model, serve_extra):
 
 def chart(report):
     """Fig. 7: objects per second of each phase, raw against SALSA, one panel per size."""
-    sizes = list(report["sizes"])
-    panel_w, h, top, bottom, left = 330, 300, 40, 50, 50
-    w = left + panel_w * len(sizes) + 20
-    colors = {"raw": "#9e9e9e", "salsa": "#1f77b4"}
-    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">' % (w, h),
-           '<rect width="100%" height="100%" fill="white"/>',
-           '<text x="%d" y="16" font-size="13">Swift object server on XFS, drive-managed SMR model in real time: objects/s</text>' % left]
-    for i, size in enumerate(sizes):
-        s = report["sizes"][size]
-        ops = [p["op"] for p in s["raw"]]
-        top_value = max(p["objects_per_second"] or 0 for t in ("raw", "salsa") for p in s[t]) or 1
-        x0, plot_h = left + i * panel_w, h - top - bottom
-        group = (panel_w - 30) / len(ops)
-        out.append('<text x="%d" y="%d" font-size="12">%s objects</text>' % (x0 + 10, top - 6, size))
-        out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (x0, h - bottom, x0 + panel_w - 20, h - bottom))
-        for j, op in enumerate(ops):
-            for k, t in enumerate(("raw", "salsa")):
-                v = s[t][j]["objects_per_second"] or 0
-                bh = plot_h * v / top_value
-                bx = x0 + 5 + j * group + k * (group / 2 - 2)
-                out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>' % (bx, h - bottom - bh, group / 2 - 4, bh, colors[t]))
-                out.append('<text x="%.1f" y="%.1f" font-size="9">%.0f</text>' % (bx, h - bottom - bh - 3, v))
-            out.append('<text x="%.1f" y="%d">%s</text>' % (x0 + 5 + j * group + 4, h - bottom + 14, op.upper()))
-    for k, (t, label) in enumerate((("raw", "raw dmsmr"), ("salsa", "SALSA dual mapping"))):
-        out.append('<rect x="%d" y="%d" width="10" height="10" fill="%s"/>' % (left + k * 160, h - 22, colors[t]))
-        out.append('<text x="%d" y="%d">%s</text>' % (left + 14 + k * 160, h - 13, label))
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    return phase_chart(
+        report,
+        title="Swift object server on XFS, drive-managed SMR model in real time: objects/s",
+        metric="objects_per_second",
+        salsa="salsa",
+    )
 
 
 def main():
