@@ -585,7 +585,8 @@ enum Command {
         #[arg(long, value_parser = parse_size)]
         salsa_stripe_unit: Option<u64>,
         /// Run only these parts: randwrite_4k, seqwrite_1m, flush_4k, ssd_models, ssd_real_time,
-        /// reads_rebuild (comma-separated).
+        /// reads_rebuild, raid1_reads (RAID-1 random reads on disk models against one disk)
+        /// (comma-separated).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
         /// SALSA paces its writers while the GC is behind (`salsa serve --pace-writes`). Its

@@ -138,15 +138,21 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
 /// Brings the array's redundancy back in line over what was being written at the crash: in
 /// every segment, from the first record that was not known durable to the end of its chain,
 /// and the row a chain ends in when it ends inside one. (Every other row was complete, and its
-/// parity or mirror copies synced, when the records in it became durable.)
+/// parity or mirror copies synced, when the records in it became durable.) On RAID-1 also the
+/// grain where a chain ends, when another record could have followed: a record in flight at
+/// the crash may have reached one mirror and not the one recovery read, and once reads are
+/// balanced a walk of the segment must find the chain ending there on every mirror.
 fn resync_unsynced(eng: &Engine, found: &[Found], durable_through: u64) -> Result<()> {
     let mut ranges: std::collections::BTreeMap<u32, (u64, u64)> = std::collections::BTreeMap::new();
-    let mut chain_end: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+    // Per segment: where its chain ends, and the page size of its last record.
+    let mut chain_end: std::collections::BTreeMap<u32, (u64, u32)> = std::collections::BTreeMap::new();
     for f in found {
         let start = f.meta.start_grain as u64;
         let end = start + f.meta.span_grains().unwrap_or(1) as u64;
-        let e = chain_end.entry(f.segment).or_insert(end);
-        *e = (*e).max(end);
+        let e = chain_end.entry(f.segment).or_insert((end, f.meta.page_grains));
+        if end >= e.0 {
+            *e = (end, f.meta.page_grains);
+        }
         if f.meta.record_id > durable_through {
             let r = ranges.entry(f.segment).or_insert((start, end));
             r.0 = r.0.min(start);
@@ -156,14 +162,20 @@ fn resync_unsynced(eng: &Engine, found: &[Found], durable_through: u64) -> Resul
     // A chain that ends inside a row: that row's parity was never written (the row was still
     // filling), durable records or not.
     let align = eng.log.array().row_grains(eng.log.geo().grain_bytes) as u64;
-    for (segment, end) in chain_end {
+    let gps = eng.log.geo().grains_per_segment as u64;
+    let mirrored = eng.log.array().kind() == crate::array::ArrayKind::Raid1;
+    for (segment, (end, last_page_grains)) in chain_end {
         if align > 1 && !end.is_multiple_of(align) {
             let r = ranges.entry(segment).or_insert((end - 1, end));
             r.0 = r.0.min(end - 1);
             r.1 = r.1.max(end);
         }
+        if mirrored && crate::scan::may_follow(end as usize, last_page_grains as usize, gps as usize) {
+            let r = ranges.entry(segment).or_insert((end, end + 1));
+            r.0 = r.0.min(end);
+            r.1 = r.1.max(end + 1);
+        }
     }
-    let gps = eng.log.geo().grains_per_segment as u64;
     for (segment, (from, to)) in ranges {
         eng.log.array().resync(segment, from, to.min(gps))?;
     }

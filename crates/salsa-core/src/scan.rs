@@ -141,7 +141,7 @@ fn repair_meta(array: &dyn Array, geo: &ScanGeometry, grain: u64, page: &mut [u8
 /// of `last_page_grains`: its stream sealed the segment once a metadata page and a page of
 /// its largest size (at least the last record's) no longer fitted, so past that point lie
 /// only an earlier use's bytes, not worth asking the redundancy about.
-fn may_follow(pos: usize, last_page_grains: usize, gps: usize) -> bool {
+pub(crate) fn may_follow(pos: usize, last_page_grains: usize, gps: usize) -> bool {
     pos + 2 + last_page_grains <= gps
 }
 

@@ -985,6 +985,30 @@ fn crash_seeds(seeds: u64, points_per_seed: u64, writes: Writes, medium: impl Fn
 /// found as seed 14997; the on-disk layout changed since, and the same failure, with that fix
 /// taken out, now shows as seed 52029: seed 51 crashed after 1029 device operations, on a
 /// zoned drive without conventional zones.)
+/// Found when RAID-1 reads began to go to either mirror: a record in flight at the crash
+/// reached the second mirror but not the first, which recovery read; its chain ended before
+/// the record there and went on through it on the second. Once reads were balanced, a walk of
+/// the segment (the scrub) read the second mirror and took the record for part of the chain,
+/// whose copies then disagreed. Recovery now makes the grain where an open chain ends the
+/// same on every mirror. (Seed 3490 crashed after 1035 device operations, on two mirrors
+/// below a write buffer.)
+#[test]
+fn regression_raid1_chain_end_differs_between_mirrors_seed_3491035() {
+    run_seed(
+        3491035,
+        Some(1035),
+        Medium::Raid {
+            kind: ArrayKind::Raid1,
+            members: 2,
+            parity_buffer: false,
+        },
+        Writes {
+            write_buffer: true,
+            ..SHARES
+        },
+    );
+}
+
 #[test]
 fn regression_zoned_seed_52029() {
     run_seed(52029, Some(1029), Medium::Zoned { conventional_zones: 0 }, COPIED);

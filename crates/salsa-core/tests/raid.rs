@@ -433,6 +433,62 @@ fn a_failed_member_leaves_a_redundant_pool_serving_and_is_remembered() {
 /// Two RAID-5 members dying while the pool serves is more than it survives: writes, flushes
 /// and a replacement say so (the members out of service), not that the pool or the GC ran
 /// out of space, which is what the offline segments made it look like before.
+/// RAID-1 spreads reads over its mirrors as MD does: random 4 KiB reads come from every
+/// mirror, a sequential read stays on one, and with a mirror failed the others serve every
+/// read. (Before, every read went to the first healthy mirror.)
+#[test]
+fn raid1_spreads_random_reads_over_its_mirrors_and_keeps_a_sequential_read_on_one() {
+    for n in [2usize, 3] {
+        let (_, devs) = members(n);
+        let pool = Pool::create(devs.clone(), &config(ArrayKind::Raid1), &opts()).unwrap();
+        let mut model = volume_with_model(&pool, 50);
+        for (p, m) in model.iter_mut().enumerate() {
+            pool.volume("v")
+                .unwrap()
+                .write(p as u64 * PAGE as u64, &pattern(1, p as u64, 7))
+                .unwrap();
+            *m = 7;
+        }
+        pool.close().unwrap();
+        let pool = Pool::open(devs.clone(), &opts()).unwrap();
+        let vol = pool.volume("v").unwrap();
+        let member_reads = || pool.stats().members.iter().map(|m| m.bytes_read).collect::<Vec<u64>>();
+        let delta = |before: &[u64]| member_reads().iter().zip(before).map(|(a, b)| a - b).collect::<Vec<u64>>();
+        let mut rng = SmallRng::seed_from_u64(n as u64);
+        let mut buf = vec![0u8; PAGE];
+        let before = member_reads();
+        for _ in 0..3000 {
+            let p = rng.gen_range(0..model.len());
+            vol.read(p as u64 * PAGE as u64, &mut buf).unwrap();
+            assert!(buf == pattern(1, p as u64, 7), "page {p}");
+        }
+        let random = delta(&before);
+        let total: u64 = random.iter().sum();
+        assert!(
+            random.iter().all(|&b| b * 4 >= total / n as u64),
+            "{n} mirrors: random reads per mirror {random:?}"
+        );
+        let before = member_reads();
+        let mut big = vec![0u8; 64 * PAGE];
+        for chunk in 0..(model.len() / 64) as u64 {
+            vol.read(chunk * big.len() as u64, &mut big).unwrap();
+        }
+        let sequential = delta(&before);
+        let total: u64 = sequential.iter().sum();
+        assert!(
+            sequential.iter().any(|&b| b * 10 >= total * 9),
+            "{n} mirrors: a sequential read went to {sequential:?}"
+        );
+        drop(vol);
+        pool.fail_member("0").unwrap();
+        let before = member_reads();
+        verify(&pool, &model);
+        let degraded = delta(&before);
+        assert_eq!(degraded[0], 0, "{n} mirrors: the failed mirror was read: {degraded:?}");
+        pool.close().unwrap();
+    }
+}
+
 #[test]
 fn a_raid5_that_lost_two_members_says_so() {
     let (faults, devs) = members(4);

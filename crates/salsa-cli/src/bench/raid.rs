@@ -20,7 +20,7 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use salsa_core::device::{FileDevice, SsdModel};
+use salsa_core::device::{DiskTiming, FileDevice, MemoryDevice, SsdModel, TimedDisk};
 use salsa_core::{ArrayKind, Device, OpenOptions, Pool, PoolConfig};
 use serde_json::{json, Value};
 use std::os::unix::io::{AsRawFd, RawFd};
@@ -47,8 +47,7 @@ pub struct RaidBenchParams {
     /// SALSA's stripe unit (`None`: the layout's default).
     pub salsa_stripe_unit: Option<u32>,
     /// Parts to run: `randwrite_4k`, `seqwrite_1m`, `flush_4k`, `ssd_models`, `ssd_real_time`,
-    /// `reads_rebuild`
-    /// (empty: all).
+    /// `reads_rebuild`, `raid1_reads` (empty: all).
     pub only: Vec<String>,
     /// SALSA paces its writers while the GC is behind.
     pub pace_writes: bool,
@@ -720,22 +719,27 @@ fn comparison(p: &RaidBenchParams, w: Workload, base: &[Run], ours: &[SalsaRound
 }
 
 /// The parts of the comparison, in the order they run.
-const PARTS: [&str; 6] = [
+const PARTS: [&str; 7] = [
     "randwrite_4k",
     "seqwrite_1m",
     "flush_4k",
     "ssd_models",
     "ssd_real_time",
     "reads_rebuild",
+    "raid1_reads",
 ];
 
 /// Runs the whole comparison; returns the JSON report (and prints a table on stderr).
 pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
-    if p.members < 3 {
-        return Err("RAID-5 needs at least 3 members".into());
-    }
     if let Some(unknown) = p.only.iter().find(|o| !PARTS.contains(&o.as_str())) {
         return Err(format!("no part {unknown:?}: the parts are {}", PARTS.join(", ")));
+    }
+    if p.only.iter().all(|o| o == "raid1_reads") && !p.only.is_empty() {
+        // The one part that needs neither member files nor a RAID-5.
+        return Ok(json!({ "queue_depth": p.queue_depth, "seconds": p.seconds, "rounds": p.rounds, "raid1_reads": raid1_reads(p)? }));
+    }
+    if p.members < 3 {
+        return Err("RAID-5 needs at least 3 members".into());
     }
     std::fs::create_dir_all(&p.dir).map_err(|e| format!("{}: {e}", p.dir.display()))?;
     let paths = member_paths(p);
@@ -791,6 +795,9 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
     }
     if wanted("ssd_real_time") {
         report["ssd_real_time"] = on_ssd_models_in_real_time(p)?;
+    }
+    if wanted("raid1_reads") {
+        report["raid1_reads"] = raid1_reads(p)?;
     }
     if !wanted("reads_rebuild") {
         return Ok(report);
@@ -1127,6 +1134,86 @@ fn on_ssd_models_in_real_time(p: &RaidBenchParams) -> Result<Value, String> {
     report["workload_bytes"] = span.into();
     report["settle_seconds"] = REAL_TIME_SETTLE_SECONDS.into();
     Ok(report)
+}
+
+/// The size of each disk model of [`raid1_reads`], and the bytes its reads cover.
+const RAID1_DISK_BYTES: u64 = 1 << 30;
+const RAID1_READ_SPAN_BYTES: u64 = 256 << 20;
+
+/// A disk model ([`TimedDisk`], default timing) over memory, not yet in real time.
+fn disk_model(name: &str) -> Arc<TimedDisk> {
+    let mem: Arc<dyn Device> = Arc::new(MemoryDevice::new(name.to_string(), RAID1_DISK_BYTES));
+    Arc::new(TimedDisk::new(mem, DiskTiming::default()))
+}
+
+/// Reads into the buffer at the offset, on either side.
+type ReadFn<'a> = dyn Fn(u64, &mut [u8]) -> Result<(), String> + Sync + 'a;
+
+/// Random 4 KiB reads of `span` bytes by `read`, from `p.queue_depth` threads for `p.seconds`.
+fn random_reads(p: &RaidBenchParams, span: u64, read: &ReadFn<'_>) -> Result<Run, String> {
+    drive(p.queue_depth, p.seconds, &|_, rng: &mut SmallRng| {
+        let mut buf = salsa_core::AlignedBuf::zeroed(4096);
+        read(rng.gen_range(0..span / 4096) * 4096, &mut buf)?;
+        Ok(4096)
+    })
+}
+
+/// RAID-1 random reads on disk models in real time, as MD's RAID-1 is judged: SALSA's RAID-1
+/// of two disk models, whose reads go to either mirror (the nearer head, the shorter queue),
+/// against one such disk read directly, over the same bytes (written once, sequentially,
+/// before the clock starts), `queue_depth` readers, alternating rounds. Reports reads per
+/// second, their ratio (two mirrors can serve up to twice one disk) and what each mirror read.
+fn raid1_reads(p: &RaidBenchParams) -> Result<Value, String> {
+    let say = |m: String| eprintln!("[bench-raid] {m}");
+    let span = RAID1_READ_SPAN_BYTES;
+    let (mut base, mut ours, mut shares) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..p.rounds {
+        let disk = disk_model("disk");
+        fill_once(span, &|o, d| disk.write_at(d, o).map_err(|e| e.to_string()))?;
+        disk.set_real_time(true);
+        let b = random_reads(p, span, &|o, buf| disk.read_at(buf, o).map_err(|e| e.to_string()))?;
+        let mirrors = [disk_model("mirror0"), disk_model("mirror1")];
+        let devs: Vec<Arc<dyn Device>> = mirrors.iter().map(|m| m.clone() as Arc<dyn Device>).collect();
+        let cfg = PoolConfig {
+            array: ArrayKind::Raid1,
+            ..PoolConfig::default()
+        };
+        let opts = OpenOptions {
+            read_cache_bytes: 0,
+            ..OpenOptions::default()
+        };
+        let pool = Pool::create(devs, &cfg, &opts).map_err(|e| e.to_string())?;
+        let vol = pool.create_volume("bench", span, 4096).map_err(|e| e.to_string())?;
+        fill_once(span, &|o, d| vol.write(o, d).map_err(|e| e.to_string()))?;
+        pool.flush().map_err(|e| e.to_string())?;
+        let before: Vec<u64> = pool.stats().members.iter().map(|m| m.bytes_read).collect();
+        mirrors.iter().for_each(|m| m.set_real_time(true));
+        let o = random_reads(p, span, &|o, buf| vol.read(o, buf).map_err(|e| e.to_string()))?;
+        let read: Vec<u64> = pool.stats().members.iter().zip(&before).map(|(m, b)| m.bytes_read - b).collect();
+        let total = read.iter().sum::<u64>().max(1);
+        let share: Vec<f64> = read.iter().map(|r| *r as f64 / total as f64).collect();
+        say(format!(
+            "raid1_reads round {round}: one disk {:.0} reads/s (p99 {} us), SALSA RAID-1 of two {:.0} reads/s (p99 {} us), mirrors' shares {share:.2?}",
+            b.mbps * 1e6 / 4096.0,
+            b.p99_us,
+            o.mbps * 1e6 / 4096.0,
+            o.p99_us
+        ));
+        drop(vol);
+        pool.close().map_err(|e| e.to_string())?;
+        base.push(b);
+        ours.push(o);
+        shares.push(share);
+    }
+    let iops = |runs: &[Run]| median(runs.iter().map(|r| r.mbps * 1e6 / 4096.0).collect());
+    let (one, two) = (iops(&base), iops(&ours));
+    Ok(json!({
+        "disk_model": "hdd (12 ms positioning, 150 MB/s), real time", "span_bytes": span,
+        "one_disk_reads_per_s": one, "raid1_reads_per_s": two, "ratio": two / one.max(1e-9),
+        "one_disk_p99_us": base.iter().map(|r| r.p99_us).collect::<Vec<_>>(),
+        "raid1_p99_us": ours.iter().map(|r| r.p99_us).collect::<Vec<_>>(),
+        "mirror_read_shares": shares,
+    }))
 }
 
 #[cfg(test)]

@@ -354,6 +354,10 @@ pub trait Array: Send + Sync {
     /// The members that hold log data (`None`: every member may). A linear array lets a
     /// member outside the list fail at run time without stopping the pool.
     fn set_log_members(&self, _log_members: Option<&[u64]>) {}
+    /// Recovery has made the redundancy agree with what it read: from now on a RAID-1 array
+    /// may serve each read from any healthy mirror (until then every read comes from the
+    /// first, so that recovery reads what it resyncs the others from).
+    fn balance_reads(&self) {}
     /// Whether `segment` lies on a member missing at open (a linear pool opens without a
     /// member that never held log data) or failed since while holding none: it is never
     /// allocated, scanned or read.

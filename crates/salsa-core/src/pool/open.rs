@@ -818,6 +818,8 @@ fn load_state(eng: &Engine, old_meta: &PoolMeta, opts: &OpenOptions, progress: &
     if !opts.read_only {
         // What recovery read is now the state; make it durable before anything new lands.
         eng.log.array().sync_all()?;
+        // The mirrors agree wherever the maps point: reads may go to any of them.
+        eng.log.array().balance_reads();
     }
     Ok(opened_from)
 }

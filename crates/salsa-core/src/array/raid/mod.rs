@@ -12,8 +12,9 @@
 //! Invariants: every member holds a segment in the same place (`segments_offset + segment *
 //! member_segment_bytes`); a RAID-5 row's parity is written only when the row is complete, by
 //! the write that completes it, and reaches the device before the flush that makes the row's
-//! data durable returns (the log pads flushes to whole rows); a RAID-1 read uses the first
-//! healthy member, so what recovery read is what it resyncs the others from; I/O is never sent
+//! data durable returns (the log pads flushes to whole rows); until recovery has resynced the
+//! mirrors, a RAID-1 read uses the first healthy member, so what recovery read is what it
+//! resyncs the others from (after, reads are balanced over the mirrors); I/O is never sent
 //! to a failed member; while a slot has an outgoing member in service, every write, fill and
 //! sync of the slot reaches both devices, and its reads come from the outgoing one.
 
@@ -124,6 +125,48 @@ pub struct RaidArray {
     /// What became of a replacement that failed while it was rebuilt, until the rebuild
     /// takes it ([`Array::take_replacement_failure`]).
     replacement_failure: Mutex<Option<String>>,
+    /// RAID-1 reads go to the mirror [`MirrorReads`] picks (after recovery), else the first.
+    balance: AtomicBool,
+    mirror_reads: MirrorReads,
+}
+
+/// Where RAID-1 reads go once they are balanced, as MD's `read_balance` chooses: the mirror
+/// whose last read ended where this one starts (a sequential stream stays on one disk),
+/// else the one with the fewest reads in flight, and of those the one whose last read ended
+/// nearest (on a disk, the shortest seek), ties in turn.
+struct MirrorReads {
+    /// Per member: where its last read ended, from the start of its segment area.
+    head: Vec<AtomicU64>,
+    /// Per member: reads in flight.
+    in_flight: Vec<AtomicU64>,
+    turn: AtomicU64,
+}
+
+impl MirrorReads {
+    fn new(members: usize) -> MirrorReads {
+        MirrorReads {
+            head: (0..members).map(|_| AtomicU64::new(0)).collect(),
+            in_flight: (0..members).map(|_| AtomicU64::new(0)).collect(),
+            turn: AtomicU64::new(0),
+        }
+    }
+
+    /// The mirror of `live` (not empty) to read member offset `at` from.
+    fn pick(&self, live: &[u32], at: u64) -> u32 {
+        if let Some(&m) = live.iter().find(|&&m| self.head[m as usize].load(SeqCst) == at) {
+            return m;
+        }
+        let turn = self.turn.fetch_add(1, SeqCst) as usize;
+        let n = live.len();
+        // Starting at a different mirror each time, so that exact ties take turns.
+        (0..n)
+            .map(|i| live[(turn + i) % n])
+            .min_by_key(|&m| {
+                let i = m as usize;
+                (self.in_flight[i].load(SeqCst), self.head[i].load(SeqCst).abs_diff(at))
+            })
+            .unwrap_or(live[0])
+    }
 }
 
 /// The bytes `[at, at + len)` of the concatenation of `bufs`, as slices.
@@ -176,6 +219,7 @@ impl RaidArray {
             None => (None, Vec::new()),
         };
         let stripe = Stripe::new(kind, members.len() as u32, unit_bytes, segment_bytes);
+        let n_members = members.len();
         let health: Vec<Health> = members.iter().map(|_| Health::default()).collect();
         let (rebuilding, outgoing) = match rebuilding {
             Some((slot, outgoing)) => (Some(slot), outgoing),
@@ -206,6 +250,8 @@ impl RaidArray {
             parity_buffer_failure_unrecorded: AtomicBool::new(false),
             parity_sync: Mutex::new(()),
             replaced_bytes_written: AtomicU64::new(0),
+            balance: AtomicBool::new(false),
+            mirror_reads: MirrorReads::new(n_members),
         };
         if let (Some(slot), Some((member, member_id))) = (rebuilding, outgoing) {
             a.attach_outgoing(slot, member, member_id);
@@ -846,6 +892,31 @@ impl RaidArray {
         Ok(())
     }
 
+    /// RAID-1 read of a volume's data: from the mirror [`MirrorReads`] picks once reads are
+    /// balanced, else (and when it fails) as [`RaidArray::read_mirror`].
+    fn read_balanced(&self, segment: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if !self.balance.load(SeqCst) {
+            return self.read_mirror(segment, offset, buf, None).map(|_| ());
+        }
+        let live: Vec<u32> = (0..self.members.len() as u32).filter(|m| !self.is_failed(*m)).collect();
+        if live.len() < 2 {
+            return self.read_mirror(segment, offset, buf, None).map(|_| ());
+        }
+        // In the members' common coordinates (their segment areas may start apart).
+        let at = segment as u64 * self.stripe.member_segment_bytes() + offset;
+        let m = self.mirror_reads.pick(&live, at);
+        let i = m as usize;
+        self.mirror_reads.in_flight[i].fetch_add(1, SeqCst);
+        let read = self.read_member(m, buf, self.offset(m, segment, offset));
+        self.mirror_reads.in_flight[i].fetch_sub(1, SeqCst);
+        self.mirror_reads.head[i].store(at + buf.len() as u64, SeqCst);
+        match read {
+            Ok(()) => Ok(()),
+            // The others may still have it.
+            Err(_) => self.read_mirror(segment, offset, buf, Some(m)).map(|_| ()),
+        }
+    }
+
     /// RAID-1 read: the first healthy member that answers.
     fn read_mirror(&self, segment: u32, offset: u64, buf: &mut [u8], skip: Option<u32>) -> Result<u32> {
         let mut last = None;
@@ -1121,7 +1192,7 @@ impl Array for RaidArray {
             "access crosses the end of segment {segment}"
         );
         if self.stripe.kind == ArrayKind::Raid1 {
-            return self.read_mirror(segment, offset, buf, None).map(|_| ());
+            return self.read_balanced(segment, offset, buf);
         }
         let pieces: Vec<Piece> = self.stripe.pieces(offset, buf.len() as u64).collect();
         self.read_pieces(segment, &pieces, buf)
@@ -1129,6 +1200,10 @@ impl Array for RaidArray {
 
     fn write_vectored(&self, grain: u64, bufs: &[IoSlice<'_>]) -> Result<()> {
         self.write_vectored_with_parity(grain, bufs, None)
+    }
+
+    fn balance_reads(&self) {
+        self.balance.store(true, SeqCst);
     }
 
     fn write_vectored_with_parity(&self, grain: u64, bufs: &[IoSlice<'_>], parity: Option<WriteParity>) -> Result<()> {
