@@ -24,7 +24,8 @@
 // A pool: open devices, the engine and its GC. Opaque to C.
 typedef struct SalsaPool SalsaPool;
 
-// A handle to one volume of a pool. Opaque to C.
+// A handle to one volume of a pool. Opaque to C. Every call on it goes through the
+// front-end-neutral volume interface; this crate keeps only the C ABI.
 typedef struct SalsaVolume SalsaVolume;
 
 // One range of a share batch, in bytes: afterwards `[dst_offset, dst_offset + len_bytes)` reads

@@ -16,6 +16,7 @@
 //!   that pool are open, so no handle can reach a closed engine.
 //! - Handles are thread-safe: any number of threads may do I/O through one volume handle.
 
+use salsa_core::frontend::BlockVolume;
 use salsa_core::spec::DeviceSpec;
 use salsa_core::{ControllerKind, Device, Error, OpenOptions, Pool, PoolConfig, VolumeSpec};
 use std::cell::RefCell;
@@ -37,9 +38,10 @@ pub struct SalsaPool {
     open_volumes: Arc<AtomicUsize>,
 }
 
-/// A handle to one volume of a pool. Opaque to C.
+/// A handle to one volume of a pool. Opaque to C. Every call on it goes through the
+/// front-end-neutral volume interface; this crate keeps only the C ABI.
 pub struct SalsaVolume {
-    volume: salsa_core::Volume,
+    volume: Box<dyn BlockVolume>,
     open_volumes: Arc<AtomicUsize>,
 }
 
@@ -332,7 +334,7 @@ pub unsafe extern "C" fn salsa_volume_create(
         let volume = p.pool.create_volume_spec(name, size_bytes, &spec)?;
         p.open_volumes.fetch_add(1, SeqCst);
         let v = SalsaVolume {
-            volume,
+            volume: Box::new(volume),
             open_volumes: p.open_volumes.clone(),
         };
         // SAFETY: the contract above.
@@ -352,7 +354,7 @@ pub unsafe extern "C" fn salsa_volume_open(pool: *const SalsaPool, name: *const 
         let volume = p.pool.volume(name)?;
         p.open_volumes.fetch_add(1, SeqCst);
         let v = SalsaVolume {
-            volume,
+            volume: Box::new(volume),
             open_volumes: p.open_volumes.clone(),
         };
         // SAFETY: the contract above.
@@ -390,7 +392,7 @@ pub unsafe extern "C" fn salsa_volume_size(volume: *const SalsaVolume) -> u64 {
 #[no_mangle]
 pub unsafe extern "C" fn salsa_volume_page_bytes(volume: *const SalsaVolume) -> u32 {
     // SAFETY: the contract above.
-    unsafe { volume.as_ref() }.map_or(0, |v| v.volume.preferred_write_bytes())
+    unsafe { volume.as_ref() }.map_or(0, |v| v.volume.preferred_block_bytes())
 }
 
 /// An append-only volume's segment size; 0 for any other volume (or a NULL handle).

@@ -4,6 +4,8 @@
 //!
 //! Layers, top to bottom; each knows only the one below, and each module's documentation says
 //! what it owns and which invariants it keeps (`docs/DESIGN.md` has the whole map):
+//! - [`frontend`]: the front-end-neutral volume interface ([`frontend::BlockVolume`]) that the
+//!   NBD server, the C API and the Python package serve volumes through;
 //! - `pool`: the public API: pools, volumes, statistics ([`Pool`], [`Volume`], [`Stats`]);
 //! - `controller`: volumes' logical-to-physical mapping (the LSA page map), behind the
 //!   `Controller` trait;
@@ -15,8 +17,8 @@
 //!   and device models;
 //! - `format` and `layout`: every on-disk structure and where it sits.
 //!
-//! Only `pool`, [`device`], [`policy`] and [`error`] are public; the rest is the engine's
-//! own.
+//! Only `pool`, [`frontend`], [`device`], [`policy`], [`spec`] and [`error`] are public; the
+//! rest is the engine's own.
 //!
 //! # Embedding a pool
 //!
@@ -52,6 +54,7 @@ pub(crate) mod dirty;
 pub(crate) mod engine;
 pub mod error;
 pub(crate) mod format;
+pub mod frontend;
 pub(crate) mod layout;
 pub(crate) mod log;
 pub(crate) mod pacing;

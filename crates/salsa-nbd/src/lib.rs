@@ -7,11 +7,12 @@
 //!   threads that take turns reading requests (leader/follower); the thread that read a request
 //!   executes it and replies as soon as it completes (possibly out of order), and replies ready
 //!   while another thread sends are combined into its write.
-//! - [`export`]: what is served: a SALSA volume, or a device served raw (for baselines).
+//!
+//! What is served is any `salsa_core::frontend::BlockVolume`: a pool's volumes, or a device
+//! served raw (for baselines); this crate keeps only the protocol.
 //! - `fuzzing` (feature `fuzzing`): the driver the `cargo fuzz` target and the codec's
 //!   property tests feed bytes through; not part of the server's API.
 
-pub mod export;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod proto;

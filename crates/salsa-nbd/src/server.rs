@@ -17,9 +17,9 @@
 //! Shutdown: when the stop flag is raised, listeners stop accepting, connections stop reading
 //! new requests, every request already read completes and is answered, then `run` returns.
 
-use crate::export::{Export, RawExport};
 use crate::proto::{self, Catalog, Command, ExportInfo, Negotiated, ProtocolError, RawRequest, Step, TlsMode};
 use parking_lot::{Condvar, Mutex};
+use salsa_core::frontend::{BlockVolume, RawVolume};
 use salsa_core::{ErrorKind, Pool};
 use salsa_core::{PagedPayload, WriteBuffer, WrittenNow};
 use std::cmp::Reverse;
@@ -92,7 +92,7 @@ pub struct ServerConfig {
 /// What a server serves: the pool's volumes, or one device served raw.
 enum Source {
     Pool(Arc<Pool>),
-    Raw(Arc<RawExport>),
+    Raw(Arc<RawVolume>),
 }
 
 /// The exports of a server, and how many connections each has open (so that a volume is not
@@ -132,7 +132,7 @@ impl Exports {
     }
 
     /// One device served as it is (a baseline), as the only export.
-    pub fn raw(export: RawExport, read_only: bool) -> Exports {
+    pub fn raw(export: RawVolume, read_only: bool) -> Exports {
         Exports {
             source: Source::Raw(Arc::new(export)),
             read_only,
@@ -140,7 +140,7 @@ impl Exports {
         }
     }
 
-    fn info(&self, v: &dyn Export) -> ExportInfo {
+    fn info(&self, v: &dyn BlockVolume) -> ExportInfo {
         ExportInfo {
             name: v.name().to_string(),
             description: v.description(),
@@ -150,20 +150,20 @@ impl Exports {
         }
     }
 
-    fn all(&self) -> Vec<Arc<dyn Export>> {
+    fn all(&self) -> Vec<Arc<dyn BlockVolume>> {
         match &self.source {
             Source::Pool(pool) => pool
                 .volume_names()
                 .iter()
                 .filter_map(|n| pool.volume(n).ok())
-                .map(|v| Arc::new(v) as Arc<dyn Export>)
+                .map(|v| Arc::new(v) as Arc<dyn BlockVolume>)
                 .collect(),
-            Source::Raw(r) => vec![r.clone() as Arc<dyn Export>],
+            Source::Raw(r) => vec![r.clone() as Arc<dyn BlockVolume>],
         }
     }
 
     /// The export named `name`; the empty name is `default`, or the first.
-    fn volume(&self, name: &str) -> Option<Arc<dyn Export>> {
+    fn volume(&self, name: &str) -> Option<Arc<dyn BlockVolume>> {
         let all = self.all();
         if name.is_empty() {
             let pick = all.iter().position(|v| v.name() == "default").unwrap_or(0);
@@ -174,7 +174,7 @@ impl Exports {
 
     /// Opens export `name` for a connection: its handle, and the hold that counts the
     /// connection as its client until dropped.
-    fn open(&self, name: &str) -> Option<(Arc<dyn Export>, ClientOf<'_>)> {
+    fn open(&self, name: &str) -> Option<(Arc<dyn BlockVolume>, ClientOf<'_>)> {
         let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
         let export = self.volume(name)?;
         let name = export.name().to_string();
@@ -370,7 +370,7 @@ struct Connection {
     outbox: Mutex<Outbox>,
     /// Signalled when the queued replies were taken for sending.
     drained: Condvar,
-    volume: Arc<dyn Export>,
+    volume: Arc<dyn BlockVolume>,
     negotiated: Negotiated,
     broken: AtomicBool,
     /// Threads serving this connection, and how many of them are waiting for a request.
@@ -721,7 +721,7 @@ fn answer_from_memory(conn: &Connection, request: &Request, answered: &mut Vec<u
 }
 
 /// `base:allocation` extents covering `[offset, offset + length)` (at most 1024 descriptors).
-fn block_status(vol: &dyn Export, offset: u64, length: u32, req_one: bool) -> Vec<(u32, u32)> {
+fn block_status(vol: &dyn BlockVolume, offset: u64, length: u32, req_one: bool) -> Vec<(u32, u32)> {
     let page = vol.page_bytes() as u64;
     let end = offset + length as u64;
     let mut extents: Vec<(u32, u32)> = Vec::new();

@@ -12,6 +12,7 @@ use parking_lot::RwLock;
 use pyo3::exceptions::{PyFileExistsError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use salsa_core::frontend::BlockVolume;
 use salsa_core::spec::DeviceSpec;
 use salsa_core::{ArrayKind, ControllerKind, Device, OpenOptions, PoolConfig, VolumeSpec};
 use std::collections::HashMap;
@@ -309,8 +310,10 @@ impl Volume {
         })
     }
 
-    fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&salsa_core::Volume) -> salsa_core::Result<T> + Send) -> PyResult<T> {
-        Volume::on(&self.shared, py, &self.name, f)
+    /// Runs `f` on the volume through the front-end-neutral interface, which every I/O method
+    /// of this class goes through.
+    fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&dyn BlockVolume) -> salsa_core::Result<T> + Send) -> PyResult<T> {
+        Volume::on(&self.shared, py, &self.name, |v| f(v))
     }
 }
 
@@ -334,7 +337,7 @@ impl Volume {
     }
     #[getter]
     fn mapped_bytes(&self, py: Python<'_>) -> PyResult<u64> {
-        self.with(py, |v| Ok(v.mapped_bytes()))
+        Volume::on(&self.shared, py, &self.name, |v| Ok(v.mapped_bytes()))
     }
 
     /// Reads `length` bytes at `offset` (both multiples of the page size).

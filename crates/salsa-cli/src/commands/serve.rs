@@ -181,7 +181,7 @@ fn serve_raw(specs: &[DeviceSpec], args: &ServeArgs) -> Result<(), String> {
         None => members.remove(0),
     };
     let cfg = args.server_config()?;
-    let export = salsa_nbd::export::RawExport::new("raw", dev.clone());
+    let export = salsa_core::frontend::RawVolume::new("raw", dev.clone());
     let listening = salsa_nbd::server::Listening::bind_exports(salsa_nbd::server::Exports::raw(export, args.read_only), &cfg)?;
     let stop = stop_on_signals()?;
     let control_path = args.control.clone().unwrap_or_else(|| control_path_for(&spec.path));

@@ -246,64 +246,29 @@ impl Pool {
         } else {
             old_meta.member_ids.clone()
         };
-        if !ids.is_empty() {
-            for (slot, (&claimed, m)) in present_ids.iter().zip(&members).enumerate() {
-                if claimed != 0 && ids.get(slot) != Some(&claimed) {
-                    return Err(Error::ReplacedMember {
-                        device: m.device.name().into(),
-                        slot: slot as u32,
-                    });
-                }
-            }
-        }
-        let missing_slots = missing.clone();
-        let missing: Vec<u64> = missing.iter().map(|&slot| ids.get(slot as usize).copied().unwrap_or(0)).collect();
+        check_not_replaced(&ids, &present_ids, &members)?;
         let rebuilding = old_meta
             .rebuild
             .filter(|r| present_ids.get(r.slot as usize) == Some(&r.member_id))
             .map(|r| r.slot);
-        let grain = first.grain_bytes;
         for v in &old_meta.volumes {
-            validate_volume(&v.name, v.page_bytes, grain, v.size_bytes)
+            validate_volume(&v.name, v.page_bytes, first.grain_bytes, v.size_bytes)
                 .map_err(|e| Error::Corrupt(format!("volume table entry {:?}: {e}", v.name)))?;
         }
         let geo = geometry(&first);
-        let array: Box<dyn Array> = match first.array {
-            ArrayKind::Linear => {
-                check_missing_hold_no_log(&first, &old_meta, &missing_slots, &missing, devices.len())?;
-                Box::new(LinearArray::new(
-                    members,
-                    ids.clone(),
-                    &missing_slots,
-                    first.segment_bytes,
-                    grain as u64,
-                )?)
-            }
-            kind => {
-                let mut failed = old_meta.failed_members.clone();
-                failed.extend(&missing);
-                failed.sort_unstable();
-                failed.dedup();
-                let buffer = open_parity_buffer(
-                    &first,
-                    &old_meta,
-                    members.len() as u32,
-                    failed.len() + rebuilding.iter().count(),
-                    opts,
-                )?;
-                Box::new(RaidArray::new(
-                    kind,
-                    members,
-                    ids.clone(),
-                    &failed,
-                    rebuilding.map(|slot| (slot, outgoing)),
-                    first.stripe_unit_bytes as u64,
-                    first.segment_bytes,
-                    grain as u64,
-                    buffer,
-                )?)
-            }
-        };
+        let array = open_array(
+            &first,
+            &old_meta,
+            OpenedMembers {
+                members,
+                ids,
+                missing_slots: missing,
+                rebuilding,
+                outgoing,
+                given: devices.len(),
+            },
+            opts,
+        )?;
         let policy = opts
             .policies
             .victim(
@@ -319,27 +284,7 @@ impl Pool {
                 .map_err(|e| Error::InvalidConfig(format!("volume {:?}: {e} (register it in OpenOptions::policies)", v.name)))?;
             volumes.push(c);
         }
-        // Mark the pool in use before anything else is written; its new generation is this
-        // session's epoch, so every id and sequence number of this session is larger than any
-        // of an earlier one. (A version-5 pool's metadata becomes version 6 here.)
-        let mut meta = old_meta.clone();
-        meta.clean = false;
-        meta.checkpoint = None;
-        meta.session_id = rand::thread_rng().gen();
-        // A member missing now is recorded as failed: if it comes back, it is stale.
-        meta.failed_members = array.failed_ids();
-        meta.member_ids = array.member_ids();
-        // The member a rebuild replaces serves again only if it was given and taken: else
-        // this session's writes go around it, and it must not be trusted at the next open.
-        meta.rebuild = meta.rebuild.map(|r| crate::array::naming_outgoing(array.as_ref(), r));
-        if opts.parity_buffer_lost && opts.parity_buffer.is_none() {
-            // Recorded at once: the rows it kept are re-derived below, and nothing later
-            // may wait for the lost device.
-            meta.parity_buffer_id = 0;
-        }
-        if !opts.read_only {
-            crate::log::write_meta_slot(&array.metadata_devices(), &mut meta)?;
-        }
+        let meta = begin_session(&old_meta, array.as_ref(), opts)?;
         // Pacing measures what the background GC sustains; writers that clean for themselves
         // are not paced.
         let pace_user_writes = opts.pace_user_writes && opts.background_gc;
@@ -384,30 +329,149 @@ impl Pool {
                 .map_err(|e| Error::InvalidConfig(format!("volume {:?}: {e} (register it in OpenOptions::policies)", v.name)))?;
             eng.set_volume_victim_policy(v.id, policy);
         }
-        if !opts.read_only {
-            crate::log::write_back::WriteBack::start(&eng.log, opts.write_back_threads)?;
+        pool.start_threads(opts)?;
+        Ok(pool)
+    }
+}
+
+/// The members found at open, as [`open_array`] puts them together.
+struct OpenedMembers {
+    members: Vec<Member>,
+    /// Per slot, the member id the pool metadata (or the superblock) names.
+    ids: Vec<u64>,
+    /// Slots whose member was not given.
+    missing_slots: Vec<u32>,
+    /// The slot whose rebuild is not finished, when its replacement was given.
+    rebuilding: Option<u32>,
+    /// The healthy member that rebuild replaces, when it was given too.
+    outgoing: Option<(Member, u64)>,
+    /// Devices given to the open.
+    given: usize,
+}
+
+/// Refuses a member whose superblock names it for a slot the pool metadata gives to another
+/// (it was replaced since, and is stale).
+fn check_not_replaced(ids: &[u64], present_ids: &[u64], members: &[Member]) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    for (slot, (&claimed, m)) in present_ids.iter().zip(members).enumerate() {
+        if claimed != 0 && ids.get(slot) != Some(&claimed) {
+            return Err(Error::ReplacedMember {
+                device: m.device.name().into(),
+                slot: slot as u32,
+            });
         }
-        if !opts.read_only {
-            pool.resume_rebuild()?;
+    }
+    Ok(())
+}
+
+/// The array the superblock `first` describes, over the members found: a linear array (which
+/// opens without a member that never held log data), or a RAID array with the missing and
+/// failed members marked, its rebuild state and its parity buffer.
+fn open_array(first: &Superblock, old_meta: &PoolMeta, found: OpenedMembers, opts: &OpenOptions) -> Result<Box<dyn Array>> {
+    let OpenedMembers {
+        members,
+        ids,
+        missing_slots,
+        rebuilding,
+        outgoing,
+        given,
+    } = found;
+    let missing: Vec<u64> = missing_slots
+        .iter()
+        .map(|&slot| ids.get(slot as usize).copied().unwrap_or(0))
+        .collect();
+    let grain = first.grain_bytes as u64;
+    Ok(match first.array {
+        ArrayKind::Linear => {
+            check_missing_hold_no_log(first, old_meta, &missing_slots, &missing, given)?;
+            Box::new(LinearArray::new(members, ids, &missing_slots, first.segment_bytes, grain)?)
         }
-        if opts.background_gc && !opts.read_only {
-            crate::dirty::DirtyPages::start_destager(&eng)?;
-            for i in 0..opts.gc_workers.clamp(1, 16) {
-                let e = eng.clone();
-                let h = std::thread::Builder::new()
-                    .name(format!("salsa-gc-{i}"))
-                    .spawn(move || crate::engine::gc::gc_worker(e))
-                    .map_err(|e| Error::InvalidConfig(format!("cannot start a GC thread: {e}")))?;
-                pool.gc_threads.lock().push(h);
-            }
+        kind => {
+            let mut failed = old_meta.failed_members.clone();
+            failed.extend(&missing);
+            failed.sort_unstable();
+            failed.dedup();
+            let buffer = open_parity_buffer(
+                first,
+                old_meta,
+                members.len() as u32,
+                failed.len() + rebuilding.iter().count(),
+                opts,
+            )?;
+            Box::new(RaidArray::new(
+                kind,
+                members,
+                ids,
+                &failed,
+                rebuilding.map(|slot| (slot, outgoing)),
+                first.stripe_unit_bytes as u64,
+                first.segment_bytes,
+                grain,
+                buffer,
+            )?)
+        }
+    })
+}
+
+/// This session's pool metadata, written at once unless read-only: the pool marked in use
+/// before anything else is written, with a new session id and generation (this session's
+/// epoch, so every id and sequence number of this session is larger than any of an earlier
+/// one; a version-5 pool's metadata becomes version 6 here), the members as the array has
+/// them now.
+fn begin_session(old_meta: &PoolMeta, array: &dyn Array, opts: &OpenOptions) -> Result<PoolMeta> {
+    let mut meta = old_meta.clone();
+    meta.clean = false;
+    meta.checkpoint = None;
+    meta.session_id = rand::thread_rng().gen();
+    // A member missing now is recorded as failed: if it comes back, it is stale.
+    meta.failed_members = array.failed_ids();
+    meta.member_ids = array.member_ids();
+    // The member a rebuild replaces serves again only if it was given and taken: else
+    // this session's writes go around it, and it must not be trusted at the next open.
+    meta.rebuild = meta.rebuild.map(|r| crate::array::naming_outgoing(array, r));
+    if opts.parity_buffer_lost && opts.parity_buffer.is_none() {
+        // Recorded at once: the rows it kept are re-derived below, and nothing later
+        // may wait for the lost device.
+        meta.parity_buffer_id = 0;
+    }
+    if !opts.read_only {
+        crate::log::write_meta_slot(&array.metadata_devices(), &mut meta)?;
+    }
+    Ok(meta)
+}
+
+impl Pool {
+    /// Starts what a writable pool runs beside its callers: the write-back threads, a rebuild
+    /// left unfinished, and with background GC the destager, the GC workers and the
+    /// maintenance thread.
+    fn start_threads(&self, opts: &OpenOptions) -> Result<()> {
+        if opts.read_only {
+            return Ok(());
+        }
+        let eng = &self.eng;
+        crate::log::write_back::WriteBack::start(&eng.log, opts.write_back_threads)?;
+        self.resume_rebuild()?;
+        if !opts.background_gc {
+            return Ok(());
+        }
+        crate::dirty::DirtyPages::start_destager(eng)?;
+        for i in 0..opts.gc_workers.clamp(1, 16) {
             let e = eng.clone();
             let h = std::thread::Builder::new()
-                .name("salsa-maint".into())
-                .spawn(move || maintenance_worker(e))
-                .map_err(|e| Error::InvalidConfig(format!("cannot start the maintenance thread: {e}")))?;
-            pool.gc_threads.lock().push(h);
+                .name(format!("salsa-gc-{i}"))
+                .spawn(move || crate::engine::gc::gc_worker(e))
+                .map_err(|e| Error::InvalidConfig(format!("cannot start a GC thread: {e}")))?;
+            self.gc_threads.lock().push(h);
         }
-        Ok(pool)
+        let e = eng.clone();
+        let h = std::thread::Builder::new()
+            .name("salsa-maint".into())
+            .spawn(move || maintenance_worker(e))
+            .map_err(|e| Error::InvalidConfig(format!("cannot start the maintenance thread: {e}")))?;
+        self.gc_threads.lock().push(h);
+        Ok(())
     }
 }
 
@@ -493,32 +557,7 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
     };
     let mut ordered: Vec<Option<(Arc<dyn Device>, Superblock)>> = vec![None; first.device_count as usize];
     for (d, sb) in given {
-        if sb.pool_id != first.pool_id {
-            return Err(Error::ForeignDevice {
-                device: d.name().into(),
-                expected: first.pool_id,
-                found: sb.pool_id,
-            });
-        }
-        let same_geometry = sb.device_count == first.device_count
-            && sb.grain_bytes == first.grain_bytes
-            && sb.segment_bytes == first.segment_bytes
-            && sb.total_segments == first.total_segments
-            && sb.meta_interval_pages == first.meta_interval_pages
-            && sb.array == first.array
-            && sb.stripe_unit_bytes == first.stripe_unit_bytes;
-        if !same_geometry {
-            return Err(Error::DamagedSuperblock {
-                device: d.name().into(),
-                reason: "geometry differs from the other members".into(),
-            });
-        }
-        if sb.device_size_bytes > d.size_bytes() {
-            return Err(Error::DamagedSuperblock {
-                device: d.name().into(),
-                reason: format!("device is {} bytes but was formatted with {}", d.size_bytes(), sb.device_size_bytes),
-            });
-        }
+        check_like_first(d.as_ref(), &sb, &first)?;
         // The type recorded at format is the member's type (a file cannot say it is a disk).
         let d = if d.zones().is_none() {
             crate::device::Declared::wrap(d.clone(), sb.storage_type)
@@ -549,8 +588,55 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
         first.array.tolerated_failures(first.device_count)
     };
     let missing: Vec<u32> = (0..first.device_count).filter(|i| ordered[*i as usize].is_none()).collect();
+    check_missing(&first, &missing, &strangers, tolerated, devices.len())?;
+    let present_ids: Vec<u64> = ordered.iter().map(|m| m.as_ref().map_or(0, |(_, sb)| sb.member_id)).collect();
+    let members = members_in_slot_order(ordered, &first, devices)?;
+    Ok(FoundMembers {
+        first,
+        members,
+        missing,
+        present_ids,
+        second,
+    })
+}
+
+/// Refuses a superblock `sb` read from `d` that is not of `first`'s pool or geometry, or
+/// that was formatted on a larger device.
+fn check_like_first(d: &dyn Device, sb: &Superblock, first: &Superblock) -> Result<()> {
+    if sb.pool_id != first.pool_id {
+        return Err(Error::ForeignDevice {
+            device: d.name().into(),
+            expected: first.pool_id,
+            found: sb.pool_id,
+        });
+    }
+    let same_geometry = sb.device_count == first.device_count
+        && sb.grain_bytes == first.grain_bytes
+        && sb.segment_bytes == first.segment_bytes
+        && sb.total_segments == first.total_segments
+        && sb.meta_interval_pages == first.meta_interval_pages
+        && sb.array == first.array
+        && sb.stripe_unit_bytes == first.stripe_unit_bytes;
+    if !same_geometry {
+        return Err(Error::DamagedSuperblock {
+            device: d.name().into(),
+            reason: "geometry differs from the other members".into(),
+        });
+    }
+    if sb.device_size_bytes > d.size_bytes() {
+        return Err(Error::DamagedSuperblock {
+            device: d.name().into(),
+            reason: format!("device is {} bytes but was formatted with {}", d.size_bytes(), sb.device_size_bytes),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses devices given that hold no superblock (`strangers`), and more `missing` slots than
+/// the layout does without (`tolerated`); warns of a RAID pool opening degraded.
+fn check_missing(first: &Superblock, missing: &[u32], strangers: &[String], tolerated: u32, given: usize) -> Result<()> {
     if !strangers.is_empty() {
-        return Err(not_a_member(strangers.join(", "), &first, &missing, tolerated));
+        return Err(not_a_member(strangers.join(", "), first, missing, tolerated));
     }
     if let Some(&slot) = missing.first() {
         if missing.len() as u32 > tolerated {
@@ -558,7 +644,7 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
             return Err(Error::MissingMember {
                 pool: first.pool_id,
                 expected: first.device_count,
-                given: devices.len() as u32,
+                given: given as u32,
                 missing: slot,
                 why: format!(
                     "{} missing (slots {}) and a {} array of {} can do without at most {tolerated}",
@@ -579,7 +665,16 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
             );
         }
     }
-    let present_ids: Vec<u64> = ordered.iter().map(|m| m.as_ref().map_or(0, |(_, sb)| sb.member_id)).collect();
+    Ok(())
+}
+
+/// The members in slot order (a missing one as a stand-in that fails all I/O, placed where the
+/// rest of a linear pool says its segments start), checked to cover every segment once.
+fn members_in_slot_order(
+    ordered: Vec<Option<(Arc<dyn Device>, Superblock)>>,
+    first: &Superblock,
+    devices: &[Arc<dyn Device>],
+) -> Result<Vec<Member>> {
     // Where each missing linear member's segments start: the rest of the pool tells.
     let starts: Vec<Option<u32>> = ordered.iter().map(|m| m.as_ref().map(|(_, sb)| sb.first_segment)).collect();
     let mut members = Vec::new();
@@ -624,13 +719,7 @@ fn read_members(devices: &[Arc<dyn Device>]) -> Result<FoundMembers> {
             reason: "segment counts do not add up".into(),
         });
     }
-    Ok(FoundMembers {
-        first,
-        members,
-        missing,
-        present_ids,
-        second,
-    })
+    Ok(members)
 }
 
 /// Of the second devices given for a slot (`second`), the healthy member a rebuild in
@@ -850,57 +939,72 @@ fn preferred_alignment_bytes(devices: &[Arc<dyn Device>]) -> u64 {
 /// it), so every member holds as many segments as the smallest can, and the rest of a larger
 /// member is left unused (and reported).
 fn plan_members(devices: &[Arc<dyn Device>], cfg: &PoolConfig) -> Result<MemberPlan> {
-    let n = devices.len() as u32;
+    if cfg.array == ArrayKind::Linear {
+        plan_linear(devices, cfg)
+    } else {
+        plan_array(devices, cfg)
+    }
+}
+
+/// Refuses a segment size outside 1 MiB to 1 GiB or not a multiple of the grain.
+fn check_segment_bytes(segment_bytes: u64, grain_bytes: u32) -> Result<()> {
+    if !((1 << 20)..=(1 << 30)).contains(&segment_bytes) || !segment_bytes.is_multiple_of(grain_bytes as u64) {
+        return Err(Error::InvalidConfig(format!(
+            "segment size {} must be 1 MiB to 1 GiB and a multiple of the grain",
+            human_bytes(segment_bytes)
+        )));
+    }
+    Ok(())
+}
+
+/// [`plan_members`] for a linear pool: each member's segments follow the previous member's;
+/// a zoned drive's segments are its zones.
+fn plan_linear(devices: &[Arc<dyn Device>], cfg: &PoolConfig) -> Result<MemberPlan> {
+    if cfg.stripe_unit_bytes.is_some() {
+        return Err(Error::InvalidConfig("a linear array has no stripe unit".into()));
+    }
     let zone_bytes = devices.iter().find_map(|d| d.zones().map(|z| z.zone_bytes()));
     let preferred = preferred_alignment_bytes(devices);
-    let check_segment = |segment_bytes: u64| -> Result<()> {
-        if !((1 << 20)..=(1 << 30)).contains(&segment_bytes) || !segment_bytes.is_multiple_of(cfg.grain_bytes as u64) {
+    let total: u64 = devices.iter().map(|d| d.size_bytes().saturating_sub(DEVICE_RESERVED_BYTES)).sum();
+    let segment_bytes = match (cfg.segment_bytes, zone_bytes) {
+        (Some(b), _) => b,
+        // Segments align to zones: one segment per zone.
+        (None, Some(z)) => z,
+        // At least a device's preferred write size (an SSD's block stripe, an SMR band).
+        (None, None) => default_segment_bytes(total).max(preferred.next_power_of_two().min(1 << 30)),
+    };
+    check_segment_bytes(segment_bytes, cfg.grain_bytes)?;
+    let mut first = 0u32;
+    let mut members = Vec::new();
+    for d in devices {
+        let (layout, count) = DeviceLayout::plan(d.as_ref(), segment_bytes)?;
+        if count == 0 {
             return Err(Error::InvalidConfig(format!(
-                "segment size {} must be 1 MiB to 1 GiB and a multiple of the grain",
-                human_bytes(segment_bytes)
+                "device {} ({}) is too small for one {} segment after its {} header",
+                d.name(),
+                human_bytes(d.size_bytes()),
+                human_bytes(segment_bytes),
+                human_bytes(layout.segments_offset_bytes)
             )));
         }
-        Ok(())
-    };
-    if cfg.array == ArrayKind::Linear {
-        if cfg.stripe_unit_bytes.is_some() {
-            return Err(Error::InvalidConfig("a linear array has no stripe unit".into()));
-        }
-        let total: u64 = devices.iter().map(|d| d.size_bytes().saturating_sub(DEVICE_RESERVED_BYTES)).sum();
-        let segment_bytes = match (cfg.segment_bytes, zone_bytes) {
-            (Some(b), _) => b,
-            // Segments align to zones: one segment per zone.
-            (None, Some(z)) => z,
-            // At least a device's preferred write size (an SSD's block stripe, an SMR band).
-            (None, None) => default_segment_bytes(total).max(preferred.next_power_of_two().min(1 << 30)),
-        };
-        check_segment(segment_bytes)?;
-        let mut first = 0u32;
-        let mut members = Vec::new();
-        for d in devices {
-            let (layout, count) = DeviceLayout::plan(d.as_ref(), segment_bytes)?;
-            if count == 0 {
-                return Err(Error::InvalidConfig(format!(
-                    "device {} ({}) is too small for one {} segment after its {} header",
-                    d.name(),
-                    human_bytes(d.size_bytes()),
-                    human_bytes(segment_bytes),
-                    human_bytes(layout.segments_offset_bytes)
-                )));
-            }
-            let count = u32::try_from(count).map_err(|_| Error::InvalidConfig("too many segments".into()))?;
-            members.push((first, count, layout));
-            first = first
-                .checked_add(count)
-                .ok_or_else(|| Error::InvalidConfig("too many segments".into()))?;
-        }
-        return Ok(MemberPlan {
-            segment_bytes,
-            stripe_unit_bytes: 0,
-            total_segments: first,
-            members,
-        });
+        let count = u32::try_from(count).map_err(|_| Error::InvalidConfig("too many segments".into()))?;
+        members.push((first, count, layout));
+        first = first
+            .checked_add(count)
+            .ok_or_else(|| Error::InvalidConfig("too many segments".into()))?;
     }
+    Ok(MemberPlan {
+        segment_bytes,
+        stripe_unit_bytes: 0,
+        total_segments: first,
+        members,
+    })
+}
+
+/// [`plan_members`] for a RAID pool: every member holds its share of each segment, as many
+/// segments as the smallest member can.
+fn plan_array(devices: &[Arc<dyn Device>], cfg: &PoolConfig) -> Result<MemberPlan> {
+    let n = devices.len() as u32;
     let kind = cfg.array;
     if n < kind.min_members() {
         return Err(Error::InvalidConfig(format!(
@@ -916,6 +1020,27 @@ fn plan_members(devices: &[Arc<dyn Device>], cfg: &PoolConfig) -> Result<MemberP
             kind.name()
         )));
     }
+    let unit = stripe_unit_bytes(kind, cfg)?;
+    let data_members = match kind {
+        ArrayKind::Raid0 => n,
+        ArrayKind::Raid5 => n - 1,
+        _ => 1,
+    } as u64;
+    let segment_bytes = array_segment_bytes(devices, cfg, unit, data_members)?;
+    check_segment_bytes(segment_bytes, cfg.grain_bytes)?;
+    let member_segment_bytes = segment_bytes / data_members;
+    let (count, layouts) = plan_member_layouts(devices, kind, member_segment_bytes)?;
+    Ok(MemberPlan {
+        segment_bytes,
+        stripe_unit_bytes: unit,
+        total_segments: count,
+        members: layouts.into_iter().map(|layout| (0, count, layout)).collect(),
+    })
+}
+
+/// A RAID layout's stripe unit: the one configured, checked, or the layout's default (none for
+/// RAID-1).
+fn stripe_unit_bytes(kind: ArrayKind, cfg: &PoolConfig) -> Result<u32> {
     let unit = match (kind, cfg.stripe_unit_bytes) {
         (ArrayKind::Raid1, Some(_)) => return Err(Error::InvalidConfig("a raid1 array has no stripe unit".into())),
         (ArrayKind::Raid1, None) => 0,
@@ -930,14 +1055,18 @@ fn plan_members(devices: &[Arc<dyn Device>], cfg: &PoolConfig) -> Result<MemberP
             human_bytes(super::MAX_STRIPE_UNIT_BYTES as u64)
         )));
     }
-    let data_members = match kind {
-        ArrayKind::Raid0 => n,
-        ArrayKind::Raid5 => n - 1,
-        _ => 1,
-    } as u64;
+    Ok(unit)
+}
+
+/// A RAID pool's segment size: the one configured, which must be whole rows, or by default
+/// a power-of-two share per data member, at least a stripe unit and a device's preferred
+/// write size, and at least 1 MiB in all.
+fn array_segment_bytes(devices: &[Arc<dyn Device>], cfg: &PoolConfig, unit: u32, data_members: u64) -> Result<u64> {
+    let kind = cfg.array;
+    let preferred = preferred_alignment_bytes(devices);
     let row = (unit as u64 * data_members).max(cfg.grain_bytes as u64);
     let smallest = devices.iter().map(|d| d.size_bytes()).min().unwrap_or(0);
-    let segment_bytes = match cfg.segment_bytes {
+    Ok(match cfg.segment_bytes {
         Some(b) => {
             if kind.is_striped() && !b.is_multiple_of(row) {
                 // Exact sizes (a rounded "1.0 MiB" would read as the size just refused), at
@@ -973,9 +1102,12 @@ fn plan_members(devices: &[Arc<dyn Device>], cfg: &PoolConfig) -> Result<MemberP
             }
             share * data_members
         }
-    };
-    check_segment(segment_bytes)?;
-    let member_segment_bytes = segment_bytes / data_members;
+    })
+}
+
+/// Each member's layout for shares of `member_segment_bytes`, and the segments the array
+/// holds (as many as its smallest member; what a larger one has beyond is reported unused).
+fn plan_member_layouts(devices: &[Arc<dyn Device>], kind: ArrayKind, member_segment_bytes: u64) -> Result<(u32, Vec<DeviceLayout>)> {
     let mut plans = Vec::new();
     for d in devices {
         plans.push(DeviceLayout::plan(d.as_ref(), member_segment_bytes)?);
@@ -1005,12 +1137,7 @@ fn plan_members(devices: &[Arc<dyn Device>], cfg: &PoolConfig) -> Result<MemberP
             )));
         }
     }
-    Ok(MemberPlan {
-        segment_bytes,
-        stripe_unit_bytes: unit,
-        total_segments: count,
-        members: plans.into_iter().map(|(layout, _)| (0, count, layout)).collect(),
-    })
+    Ok((count, plans.into_iter().map(|(layout, _)| layout).collect()))
 }
 
 /// Refuses options no pool can run with, before anything is written.

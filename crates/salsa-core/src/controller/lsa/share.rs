@@ -27,6 +27,7 @@ use crate::controller::map::{Entry, PageMap};
 use crate::error::{Error, Result};
 use crate::format::MetaEntry;
 use crate::log::capacity::Purpose;
+use crate::log::record::OpenRecord;
 use crate::log::Log;
 use crate::policy::placement::Relocation;
 use parking_lot::{Mutex, MutexGuard};
@@ -163,6 +164,22 @@ impl SharedPages {
     }
 }
 
+/// Each destination page of `remaps` with its source and the grain the source maps to now.
+fn resolve_targets(remaps: &[PageRemap], map: &PageMap) -> Vec<Target> {
+    remaps
+        .iter()
+        .flat_map(|r| (0..r.pages).map(move |i| (r.dst + i, r.src + i)))
+        .map(|(dst, src)| Target {
+            dst,
+            src,
+            grain: match map.load(src) {
+                Entry::Mapped(g) => Some(g),
+                _ => None,
+            },
+        })
+        .collect()
+}
+
 /// What a share batch resolved each destination page to, before changing anything.
 #[derive(Debug, Clone, Copy)]
 struct Target {
@@ -285,21 +302,7 @@ impl LsaVolume {
         self.check_batch(remaps, map.pages())?;
         let pg = self.page_grains as u64;
         let max_slots = log.geo().meta_entries;
-        let resolve = |map: &PageMap| -> Vec<Target> {
-            remaps
-                .iter()
-                .flat_map(|r| (0..r.pages).map(move |i| (r.dst + i, r.src + i)))
-                .map(|(dst, src)| Target {
-                    dst,
-                    src,
-                    grain: match map.load(src) {
-                        Entry::Mapped(g) => Some(g),
-                        _ => None,
-                    },
-                })
-                .collect()
-        };
-        let targets = resolve(&map);
+        let targets = resolve_targets(remaps, &map);
         let new_pages = targets
             .iter()
             .filter(|t| t.grain.is_some() && !matches!(map.load(t.dst), Entry::Mapped(_)))
@@ -321,104 +324,7 @@ impl LsaVolume {
             let attempt = placing
                 .streams
                 .place_group(log, placing.placement.place_trim(), Purpose::User, slots, None, |seg, rec| {
-                    // Never wait for the gate while holding the stream: the GC, holding the
-                    // gate shared, may flush, which needs this stream.
-                    let Some(_gate) = self.share_gate.try_write() else {
-                        return Attempt::Busy;
-                    };
-                    let _inflight = log.invalidation_guard();
-                    let _stripes = self.lock_all_stripes();
-                    let targets = resolve(&map);
-                    let runs = plan_entries(&targets, &map, pg);
-                    let need = slots_of(&runs);
-                    if need > slots {
-                        return Attempt::Replan(need);
-                    }
-                    if targets.iter().any(|t| t.grain.is_some_and(|g| !log.grain_durable(g))) {
-                        return Attempt::NotDurable;
-                    }
-                    let limit = max_share_owners(max_slots);
-                    let mut shared = self.shared.lock();
-                    let mut adding: HashMap<u64, u32> = HashMap::new();
-                    for t in &targets {
-                        if let Some(g) = t.grain {
-                            if map.load(t.dst) != Entry::Mapped(g) {
-                                *adding.entry(g).or_default() += 1;
-                            }
-                        }
-                    }
-                    for (&g, &n) in &adding {
-                        let now = shared.get(&g).map_or(1, |v| v.len() as u32);
-                        if now + n > limit {
-                            return Attempt::Refused(Error::InvalidArgument(format!(
-                                "share on volume {:?}: a page would have {} owners; at most {limit}",
-                                self.name,
-                                now + n
-                            )));
-                        }
-                    }
-                    // Every entry of the batch, under one sequence number, in this one record.
-                    let seq = log.next_seq();
-                    let seg = seg as u32;
-                    for &(dst, count, grain) in &runs {
-                        rec.push(match grain {
-                            Some(grain) => MetaEntry::Share {
-                                page: dst,
-                                count,
-                                grain,
-                                seq,
-                            },
-                            None => MetaEntry::Trim { page: dst, count, seq },
-                        });
-                    }
-                    // New owners join before any old one leaves, so that a grain two ranges swap
-                    // is never dropped in between. Each keeps the share record's segment alive.
-                    for t in &targets {
-                        if let Some(g) = t.grain {
-                            if map.load(t.dst) != Entry::Mapped(g) {
-                                let list = shared.entry(g).or_insert_with(|| {
-                                    self.shared.count.fetch_add(1, SeqCst);
-                                    vec![Owner { page: t.src, entry: None }]
-                                });
-                                debug_assert!(list.iter().all(|o| o.page != t.dst));
-                                list.push(Owner {
-                                    page: t.dst,
-                                    entry: Some(seg),
-                                });
-                                log.add_tombstone(seg);
-                            }
-                        }
-                    }
-                    drop(shared);
-                    let killer = rec.buf.record_id;
-                    let mut olds = Vec::new();
-                    for t in &targets {
-                        let old = map.load(t.dst);
-                        match t.grain {
-                            Some(g) if old != Entry::Mapped(g) => {
-                                map.store(t.dst, Entry::Mapped(g));
-                                olds.push((t.dst, old, true));
-                            }
-                            None if old != Entry::Unmapped && old != Entry::Trimmed(seg) => {
-                                log.add_tombstone(seg);
-                                map.store(t.dst, Entry::Trimmed(seg));
-                                olds.push((t.dst, old, false));
-                            }
-                            _ => {}
-                        }
-                    }
-                    for (page, old, mapped_now) in olds {
-                        if mapped_now {
-                            self.invalidate(log, page, old, killer);
-                        } else {
-                            self.invalidate_trimmed(log, page, old, killer);
-                        }
-                    }
-                    log.counters()
-                        .pages_shared
-                        .fetch_add(targets.iter().filter(|t| t.grain.is_some()).count() as u64, SeqCst);
-                    log.counters().share_batches.fetch_add(1, SeqCst);
-                    Attempt::Done
+                    self.share_in_record(log, &map, remaps, slots, seg as u32, rec)
                 })?;
             match attempt {
                 Attempt::Done => return Ok(()),
@@ -440,6 +346,122 @@ impl LsaVolume {
             "share on volume {:?}: its source pages kept changing during {SHARE_ATTEMPTS} attempts; retry",
             self.name
         )))
+    }
+
+    /// One attempt of [`LsaVolume::share_pages`] in the open record `rec` of segment `seg`,
+    /// which has room for `slots` metadata slots: the batch resolved again under the share
+    /// gate and every stripe lock, and, when it still fits, is durable in its sources and
+    /// keeps every page under its owner limit, its entries pushed under one sequence number
+    /// and the map changed.
+    fn share_in_record(&self, log: &Log, map: &PageMap, remaps: &[PageRemap], slots: u32, seg: u32, rec: &mut OpenRecord) -> Attempt {
+        // Never wait for the gate while holding the stream: the GC, holding the gate shared,
+        // may flush, which needs this stream.
+        let Some(_gate) = self.share_gate.try_write() else {
+            return Attempt::Busy;
+        };
+        let _inflight = log.invalidation_guard();
+        let _stripes = self.lock_all_stripes();
+        let targets = resolve_targets(remaps, map);
+        let runs = plan_entries(&targets, map, self.page_grains as u64);
+        let need = slots_of(&runs);
+        if need > slots {
+            return Attempt::Replan(need);
+        }
+        if targets.iter().any(|t| t.grain.is_some_and(|g| !log.grain_durable(g))) {
+            return Attempt::NotDurable;
+        }
+        let mut shared = self.shared.lock();
+        if let Some(e) = self.owners_over_limit(&shared, &targets, map, max_share_owners(log.geo().meta_entries)) {
+            return Attempt::Refused(e);
+        }
+        // Every entry of the batch, under one sequence number, in this one record.
+        let seq = log.next_seq();
+        for &(dst, count, grain) in &runs {
+            rec.push(match grain {
+                Some(grain) => MetaEntry::Share {
+                    page: dst,
+                    count,
+                    grain,
+                    seq,
+                },
+                None => MetaEntry::Trim { page: dst, count, seq },
+            });
+        }
+        // New owners join before any old one leaves, so that a grain two ranges swap is never
+        // dropped in between. Each keeps the share record's segment alive.
+        for t in &targets {
+            if let Some(g) = t.grain {
+                if map.load(t.dst) != Entry::Mapped(g) {
+                    let list = shared.entry(g).or_insert_with(|| {
+                        self.shared.count.fetch_add(1, SeqCst);
+                        vec![Owner { page: t.src, entry: None }]
+                    });
+                    debug_assert!(list.iter().all(|o| o.page != t.dst));
+                    list.push(Owner {
+                        page: t.dst,
+                        entry: Some(seg),
+                    });
+                    log.add_tombstone(seg);
+                }
+            }
+        }
+        drop(shared);
+        self.remap_targets(log, map, &targets, seg, rec.buf.record_id);
+        log.counters()
+            .pages_shared
+            .fetch_add(targets.iter().filter(|t| t.grain.is_some()).count() as u64, SeqCst);
+        log.counters().share_batches.fetch_add(1, SeqCst);
+        Attempt::Done
+    }
+
+    /// The refusal for a batch that would give a grain more than `limit` owners, if it would.
+    fn owners_over_limit(&self, shared: &HashMap<u64, Vec<Owner>>, targets: &[Target], map: &PageMap, limit: u32) -> Option<Error> {
+        let mut adding: HashMap<u64, u32> = HashMap::new();
+        for t in targets {
+            if let Some(g) = t.grain {
+                if map.load(t.dst) != Entry::Mapped(g) {
+                    *adding.entry(g).or_default() += 1;
+                }
+            }
+        }
+        adding.iter().find_map(|(g, &n)| {
+            let now = shared.get(g).map_or(1, |v| v.len() as u32);
+            (now + n > limit).then(|| {
+                Error::InvalidArgument(format!(
+                    "share on volume {:?}: a page would have {} owners; at most {limit}",
+                    self.name,
+                    now + n
+                ))
+            })
+        })
+    }
+
+    /// Points every target's destination at its source's grain (or trims it, in segment
+    /// `seg`), then lets go of what each held before (`killer`: the share record's id).
+    fn remap_targets(&self, log: &Log, map: &PageMap, targets: &[Target], seg: u32, killer: u64) {
+        let mut olds = Vec::new();
+        for t in targets {
+            let old = map.load(t.dst);
+            match t.grain {
+                Some(g) if old != Entry::Mapped(g) => {
+                    map.store(t.dst, Entry::Mapped(g));
+                    olds.push((t.dst, old, true));
+                }
+                None if old != Entry::Unmapped && old != Entry::Trimmed(seg) => {
+                    log.add_tombstone(seg);
+                    map.store(t.dst, Entry::Trimmed(seg));
+                    olds.push((t.dst, old, false));
+                }
+                _ => {}
+            }
+        }
+        for (page, old, mapped_now) in olds {
+            if mapped_now {
+                self.invalidate(log, page, old, killer);
+            } else {
+                self.invalidate_trimmed(log, page, old, killer);
+            }
+        }
     }
 
     /// The GC moves a shared page: its data is written once, with the data entry of the victim
