@@ -87,7 +87,7 @@ pub enum Error {
     /// The pool is being closed.
     #[error("the pool is shutting down")]
     ShuttingDown,
-    /// A read inside [`crate::log::memory_reads::memory_only`] needed a device; nothing was
+    /// A read inside `crate::log::memory_reads::memory_only` needed a device; nothing was
     /// read or counted, and the caller reads again where it may wait.
     #[error("the data is not in memory and this read may not wait for a device")]
     NotInMemory,

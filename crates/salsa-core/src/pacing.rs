@@ -163,7 +163,7 @@ const ACK_SLACK: Duration = Duration::from_micros(1);
 pub const ACK_EARLY: Duration = Duration::from_micros(50);
 
 /// Whether an acknowledgement held until `at` ([`crate::pool::Volume::write_with_ack_time`])
-/// may be sent at `now`: up to [`ACK_EARLY`] before it.
+/// may be sent at `now`: up to `ACK_EARLY` before it.
 pub fn ack_due(at: Instant, now: Instant) -> bool {
     at <= now + ACK_EARLY
 }

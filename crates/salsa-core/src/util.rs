@@ -23,7 +23,7 @@ pub fn shared_zeros() -> &'static [u8] {
     ZEROS.get_or_init(|| AlignedBuf::zeroed(SHARED_ZEROS_BYTES))
 }
 
-/// A zero-initialised heap buffer aligned to [`IO_ALIGN_BYTES`], as `O_DIRECT` requires.
+/// A zero-initialised heap buffer aligned to `IO_ALIGN_BYTES`, as `O_DIRECT` requires.
 ///
 /// Large buffers live on transparent huge pages where the kernel grants them: a direct write
 /// from a huge page pins one folio instead of hundreds of pages, and reaches the device as a

@@ -1,7 +1,7 @@
 //! `salsa._salsa`: the native half of the `salsa` Python package (the Python half is
-//! `python/salsa/__init__.py`). It exposes pools and volumes ([`pool`]), the benchmark runner
-//! and trace replay ([`bench`]), and lets placement and victim-selection policies written in
-//! Python be registered so that the engine calls them ([`policy`]).
+//! `python/salsa/__init__.py`). It exposes pools and volumes (`pool`), the benchmark runner
+//! and trace replay (`bench`), and lets placement and victim-selection policies written in
+//! Python be registered so that the engine calls them (`policy`).
 //!
 //! Rules every entry point keeps:
 //! - The GIL is released for every call into the engine: the engine's own threads (GC

@@ -2,7 +2,7 @@
 //! (placement × victim selection), and reports JSON plus SVG charts: throughput and write
 //! amplification over time, latency percentiles and CDF, and the policies side by side.
 //!
-//! Owns: the run loop ([`run_policy`] and its steps), workload generation ([`workload`]), trace replay and
+//! Owns: the run loop (`run_policy` and its steps), workload generation ([`workload`]), trace replay and
 //! device traces ([`trace`]), charts ([`plot`]), and the raw-device comparison of issue 2
 //! ([`raw`]).
 //!

@@ -53,7 +53,7 @@ pub struct RaidBenchParams {
     pub pace_writes: bool,
     /// Paced random writes come from one thread per queue slot, each sleeping for its turn;
     /// otherwise from one thread holding the queue's writes and acknowledging each at its
-    /// turn ([`drive_acknowledging`]).
+    /// turn (`drive_acknowledging`).
     pub paced_threads: bool,
     /// The share of the pool's logical capacity SALSA's volume takes; the write workloads of
     /// both sides cover as many bytes.

@@ -160,12 +160,12 @@ pub const FAST_TYPES: [StorageType; 2] = [StorageType::Flash, StorageType::Nvm];
 /// Which storage types a volume's data may be written to (its streams' constraint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StorageClass {
-    /// Any type, flash first ([`ANY_TYPE`]).
+    /// Any type, flash first (`ANY_TYPE`).
     #[default]
     Any = 0,
-    /// Flash and NVM only ([`FAST_TYPES`]).
+    /// Flash and NVM only (`FAST_TYPES`).
     Fast = 1,
-    /// Disks only ([`SLOW_TYPES`]).
+    /// Disks only (`SLOW_TYPES`).
     Slow = 2,
 }
 

@@ -61,7 +61,7 @@ impl PayloadPool {
     }
 }
 
-/// A payload buffer from a [`PayloadPool`]: `len` bytes at the start of a buffer aligned for
+/// A payload buffer from a `PayloadPool`: `len` bytes at the start of a buffer aligned for
 /// direct I/O. Goes back to its pool when dropped, which for a written payload is when the last
 /// record holding its pages is on the device.
 pub struct WriteBuffer {

@@ -1,11 +1,11 @@
 //! The public face of the engine: create or open a pool on a set of devices, manage its volumes,
 //! do I/O on them, flush, read statistics, and close cleanly.
 //!
-//! - [`open`](self::open): formatting a pool, opening one (every member checked before anything
+//! - `open`: formatting a pool, opening one (every member checked before anything
 //!   is written), recovery, starting the GC and write-back threads;
-//! - [`volumes`](self::volumes): the volume table (create, grow, delete) and the [`Volume`]
+//! - `volumes`: the volume table (create, grow, delete) and the [`Volume`]
 //!   handle's byte-addressed I/O;
-//! - [`stats`](self::stats): the statistics snapshot;
+//! - `stats`: the statistics snapshot;
 //! - here: the pool's options and handle, flush, and the clean shutdown that writes a
 //!   checkpoint.
 
@@ -72,7 +72,7 @@ pub const DEFAULT_RAID0_STRIPE_UNIT_BYTES: u32 = 64 << 10;
 /// to the end of its row (at most `data members x unit` less one grain).
 pub const DEFAULT_RAID5_STRIPE_UNIT_BYTES: u32 = 16 << 10;
 /// Bytes of a parity buffer for a RAID-5 pool of `members` devices formatted with `cfg`: room
-/// for [`crate::array::raid::parity_buffer::DEFAULT_ENTRIES_PER_BANK`] rows being filled.
+/// for `crate::array::raid::parity_buffer::DEFAULT_ENTRIES_PER_BANK` rows being filled.
 pub fn default_parity_buffer_bytes(cfg: &PoolConfig, members: u32) -> u64 {
     let unit = cfg.stripe_unit_bytes.unwrap_or(DEFAULT_RAID5_STRIPE_UNIT_BYTES);
     let row_grains = ArrayKind::Raid5.data_members(members.max(3)) * (unit / cfg.grain_bytes.max(1));
@@ -123,10 +123,10 @@ pub struct OpenOptions {
     /// free space runs low, which moves the least data.
     pub gc_garbage_percent: Option<f64>,
     /// Threads that write sealed user records while writers go on (see
-    /// [`crate::log::write_back`]); at most 16. With 0 every writer writes the records it fills
+    /// `crate::log::write_back`); at most 16. With 0 every writer writes the records it fills
     /// itself, which keeps the order of device writes deterministic (crash tests use that).
     pub write_back_threads: usize,
-    /// A RAID-5 pool's parity buffer (see [`crate::array::ParityBuffer`]): formatted by
+    /// A RAID-5 pool's parity buffer (see `crate::array::ParityBuffer`): formatted by
     /// [`Pool::create`], required by [`Pool::open`] of a pool created with one.
     pub parity_buffer: Option<Arc<dyn crate::device::Device>>,
     /// The pool's parity buffer is lost (a dead NVM): open a RAID-5 pool that has one
@@ -137,20 +137,20 @@ pub struct OpenOptions {
     /// ([`Pool::change_parity_buffer`] gives it a new one).
     pub parity_buffer_lost: bool,
     /// Bytes of DRAM for copies of pages read from the devices (see
-    /// [`crate::log::read_cache`]); 0: every read goes to the devices.
+    /// `crate::log::read_cache`); 0: every read goes to the devices.
     pub read_cache_bytes: u64,
     /// Discard segments on the devices when they become free ([`crate::device::Device::discard`]:
     /// TRIM on an SSD, a hole punched in a file), so that an SSD's own garbage collection
     /// stops moving data the pool has freed.
     pub discard_freed_segments: bool,
-    /// Bytes of DRAM for pages written and not yet flushed (see [`crate::dirty`]): overwrites
+    /// Bytes of DRAM for pages written and not yet flushed (see `crate::dirty`): overwrites
     /// before a flush never reach the log, and a destage writes pages in logical order. 0:
     /// every write goes to the log at once. Writes are durable after a flush either way.
     pub write_buffer_bytes: u64,
     /// With a background GC, buffered pages are written down once the oldest is this old.
     pub write_buffer_expire: std::time::Duration,
     /// The GC writes its records in bursts of this many bytes (capped at a segment and at
-    /// [`crate::log::GC_BURST_BYTES_MAX`]; see [`crate::log::Log::set_gc_burst_bytes`]), so
+    /// `crate::log::GC_BURST_BYTES_MAX`; see `crate::log::Log::set_gc_burst_bytes`), so
     /// that a drive which programs in arrival order keeps the GC's cold data out of the
     /// erase blocks of the users' hot data. `None`: what the devices prefer to be written in
     /// order (an SSD's stripe, an SMR band; nothing on plain files); `Some(0)`: off.

@@ -221,10 +221,10 @@ impl Pool {
 
     /// As [`Pool::open`], reporting recovery-scan progress as (segments done, total).
     ///
-    /// The steps: check every member's superblock against the others ([`read_members`]); take
-    /// the newest valid pool metadata of any member ([`read_pool_meta`]); mark the pool in use;
+    /// The steps: check every member's superblock against the others (`read_members`); take
+    /// the newest valid pool metadata of any member (`read_pool_meta`); mark the pool in use;
     /// build the log, the engine and a controller per volume; load the checkpoint or scan
-    /// ([`load_state`]); start the write-back and GC threads.
+    /// (`load_state`); start the write-back and GC threads.
     pub fn open_with_progress(devices: Vec<Arc<dyn Device>>, opts: &OpenOptions, progress: &dyn Fn(u64, u64)) -> Result<Pool> {
         if devices.is_empty() {
             return Err(Error::InvalidConfig("no devices given".into()));

@@ -49,10 +49,10 @@ pub struct Stats {
     /// count (0 unless something is wrong).
     pub gc_wait_timeouts: u64,
     /// User bytes written that records held in the writers' payload buffers instead of
-    /// copying them (zero-copy writes, [`Volume::write_payload`]).
+    /// copying them (zero-copy writes, [`Volume::write_payload`](crate::Volume::write_payload)).
     pub user_bytes_held: u64,
     /// Payload buffers out now: being received, or held by records not yet on the device
-    /// (at most [`crate::engine::PAYLOAD_BUDGET_BYTES`]).
+    /// (at most 64 MiB, `PAYLOAD_BUDGET_BYTES`).
     pub payload_buffer_bytes: u64,
     /// Memory held by the page maps.
     pub map_memory_bytes: u64,

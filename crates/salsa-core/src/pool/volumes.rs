@@ -19,7 +19,7 @@ use std::time::Instant;
 /// What [`Volume::write_paged_now`] did with a write.
 pub enum WrittenNow {
     /// Written (into the write buffer). To be acknowledged at once (`None`), or not before the
-    /// instant given: the write's turn while user writes are paced ([`crate::pacing`]).
+    /// instant given: the write's turn while user writes are paced (`crate::pacing`).
     Written { ack_at: Option<Instant> },
     /// Nothing written: the write needs a wait. Write it with [`Volume::write_paged`] on a
     /// thread that may wait.
@@ -405,7 +405,7 @@ impl Volume {
     }
 
     /// Writes `data` at `offset` like [`Volume::write`], but without waiting for its turn
-    /// while user writes are paced ([`crate::pacing`]): returns the instant before which the
+    /// while user writes are paced (`crate::pacing`): returns the instant before which the
     /// write must not be acknowledged to its client (`None`: at once). For a front-end that
     /// keeps many writes in flight on one thread: it holds each acknowledgement until its
     /// time instead of a thread sleeping per write, and a client that waits for
@@ -683,7 +683,7 @@ impl Volume {
         self.eng.log.flush_volume(self.vol.id())
     }
 
-    /// Write-behind (see [`crate::engine::Engine::write_behind`]): a front-end calls it after
+    /// Write-behind (see `crate::engine::Engine::write_behind`): a front-end calls it after
     /// answering a write when no other request of its client is under way.
     pub fn write_behind(&self) -> Result<()> {
         self.eng.write_behind()
