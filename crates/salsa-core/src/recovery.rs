@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::format::MAX_VOLUME_PAGES;
 use crate::format::{decode_checkpoint_header, CheckpointRef, RecordMeta, SegmentHeader, StreamKind};
 use crate::log::capacity::SegmentState;
-use crate::scan::walk_segment;
+use crate::scan::{walk_segment, ScanGeometry};
 use crate::util::{AlignedBuf, Decoder};
 use std::sync::atomic::Ordering::SeqCst;
 
@@ -41,46 +41,7 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
             .map(|t| {
                 let geo = &geo;
                 let done = &done;
-                scope.spawn(move || -> Result<ScanPart> {
-                    let mut out = Vec::new();
-                    let mut hdrs = Vec::new();
-                    let mut s = t;
-                    while s < n {
-                        if eng.log.array().is_segment_offline(s) {
-                            done.fetch_add(1, SeqCst);
-                            s += threads;
-                            continue;
-                        }
-                        let pb = |m: &RecordMeta| m.page_grains as usize * geo.grain_bytes;
-                        let h = walk_segment(eng.log.array(), eng.log.buffers(), geo, s, false, |header, meta, data| {
-                            let size = pb(meta);
-                            let base = s as u64 * geo.grains_per_segment as u64;
-                            let intact = meta
-                                .data_crcs()
-                                .enumerate()
-                                .map(|(i, crc)| {
-                                    // A page that fails its checksum may be torn, or damaged on
-                                    // one member of a redundant array: then the redundancy
-                                    // holds it whole.
-                                    crc32c::crc32c(&data[i * size..(i + 1) * size]) == crc
-                                        || eng.log.repair_page(meta.data_grain(base, i), size, crc).is_some()
-                                })
-                                .collect();
-                            out.push(Found {
-                                segment: s,
-                                header: header.clone(),
-                                meta: meta.clone(),
-                                intact,
-                            });
-                        })?;
-                        if let Some(h) = h {
-                            hdrs.push((s, h));
-                        }
-                        done.fetch_add(1, SeqCst);
-                        s += threads;
-                    }
-                    Ok((out, hdrs))
-                })
+                scope.spawn(move || scan_part(eng, geo, t, threads, done))
             })
             .collect();
         for h in handles {
@@ -133,6 +94,50 @@ pub fn scan(eng: &Engine, progress: &dyn Fn(u64, u64)) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One scan thread's part: segments `t`, `t + threads`, ... (counted in `done`), their
+/// records with which data pages pass their checksums, and the headers of those in use.
+fn scan_part(eng: &Engine, geo: &ScanGeometry, t: u32, threads: u32, done: &std::sync::atomic::AtomicU64) -> Result<ScanPart> {
+    let n = eng.log.geo().total_segments;
+    let mut out = Vec::new();
+    let mut hdrs = Vec::new();
+    let mut s = t;
+    while s < n {
+        if eng.log.array().is_segment_offline(s) {
+            done.fetch_add(1, SeqCst);
+            s += threads;
+            continue;
+        }
+        let pb = |m: &RecordMeta| m.page_grains as usize * geo.grain_bytes;
+        let h = walk_segment(eng.log.array(), eng.log.buffers(), geo, s, false, |header, meta, data| {
+            let size = pb(meta);
+            let base = s as u64 * geo.grains_per_segment as u64;
+            let intact = meta
+                .data_crcs()
+                .enumerate()
+                .map(|(i, crc)| {
+                    // A page that fails its checksum may be torn, or damaged on
+                    // one member of a redundant array: then the redundancy
+                    // holds it whole.
+                    crc32c::crc32c(&data[i * size..(i + 1) * size]) == crc
+                        || eng.log.repair_page(meta.data_grain(base, i), size, crc).is_some()
+                })
+                .collect();
+            out.push(Found {
+                segment: s,
+                header: header.clone(),
+                meta: meta.clone(),
+                intact,
+            });
+        })?;
+        if let Some(h) = h {
+            hdrs.push((s, h));
+        }
+        done.fetch_add(1, SeqCst);
+        s += threads;
+    }
+    Ok((out, hdrs))
 }
 
 /// Brings the array's redundancy back in line over what was being written at the crash: in

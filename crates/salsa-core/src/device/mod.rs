@@ -2,9 +2,11 @@
 //! synced at aligned offsets. Everything above sees only the [`Device`] trait.
 //!
 //! Owns: the [`Device`] contract, the storage types, the zone model, and the implementations:
-//! regular files and block devices, memory, the emulations of devices this machine lacks (a
-//! host-managed zoned drive, a commodity SSD, a drive-managed SMR disk, each with its counters)
-//! and the test decorators (crash simulation, fault injection).
+//! real devices (regular files and block devices: [`file`](mod@file), Linux zoned block devices:
+//! [`kernel_zones`]), memory, slices of a device; apart from them, the emulations of devices
+//! this machine lacks ([`models`]: a host-managed zoned drive, a commodity SSD, a drive-managed
+//! SMR disk, each with its counters) and simulated faults ([`faults`]: crash simulation, fault
+//! injection).
 //!
 //! Contract every implementation keeps (the "assumptions about the underlying media"):
 //! - A write that returned `Ok` is visible to every later read, but is durable only after a
@@ -13,28 +15,25 @@
 //!   it never changes bytes that were durable.
 //! - Offsets and lengths passed by the engine are multiples of [`Device::alignment_bytes`].
 
-mod crash;
 mod declared;
-mod fault;
+pub mod faults;
 pub mod file;
 pub mod kernel_zones;
 mod memory;
+pub mod models;
 mod slice;
-mod smr_model;
-mod ssd_model;
 pub mod zone;
-mod zoned_emulator;
 
-pub use crash::{CrashDevice, CrashPlan};
 pub use declared::Declared;
-pub use fault::{FaultDevice, FaultPlan};
+pub use faults::crash::{CrashDevice, CrashPlan};
+pub use faults::fault::{FaultDevice, FaultPlan};
 pub use file::FileDevice;
 pub use memory::MemoryDevice;
+pub use models::smr_model::{DiskTimer, DiskTiming, DriveManagedSmr, SmrParams, TimedDisk};
+pub use models::ssd_model::{SsdModel, SsdParams};
+pub use models::zoned_emulator::{ZonedEmulator, ZonedGeometry};
 pub use slice::SliceDevice;
-pub use smr_model::{DiskTimer, DiskTiming, DriveManagedSmr, SmrParams, TimedDisk};
-pub use ssd_model::{SsdModel, SsdParams};
 pub use zone::{Zone, ZoneCondition, ZoneKind, Zoned};
-pub use zoned_emulator::{ZonedEmulator, ZonedGeometry};
 
 use std::cell::Cell;
 use std::io;

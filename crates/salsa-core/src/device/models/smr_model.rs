@@ -24,7 +24,7 @@
 //! and each request returns when its accesses end, a band cleaning it set off included, so that
 //! an application sees the disk's latencies and queueing. Off by default, as for the SSD model.
 
-use super::{modelled_io, Device, StorageType};
+use crate::device::{modelled_io, Device, StorageType};
 use parking_lot::Mutex;
 use std::collections::{HashSet, VecDeque};
 use std::io;
@@ -313,7 +313,7 @@ impl DriveManagedSmr {
     fn request(&self, issued: Instant, work: impl FnOnce(&mut SmrState)) {
         let done = DiskTimer::request(&mut *self.state.lock(), |s| &mut s.timer, issued, work);
         if let Some(at) = done {
-            super::complete_at(at);
+            crate::device::complete_at(at);
         }
     }
 }
@@ -379,7 +379,7 @@ impl Device for DriveManagedSmr {
 }
 
 /// Gives any device the timing of one disk actuator (for a host-managed SMR drive emulated by
-/// [`super::ZonedEmulator`]): every access costs positioning unless sequential, plus transfer.
+/// [`crate::device::ZonedEmulator`]): every access costs positioning unless sequential, plus transfer.
 pub struct TimedDisk {
     name: String,
     inner: Arc<dyn Device>,
@@ -408,7 +408,7 @@ impl TimedDisk {
     fn access(&self, issued: Instant, offset: u64, len: u64) {
         let done = DiskTimer::request(&mut *self.timer.lock(), |t| t, issued, |t| t.access(offset, len));
         if let Some(at) = done {
-            super::complete_at(at);
+            crate::device::complete_at(at);
         }
     }
 }

@@ -2,7 +2,7 @@
 //! data returned by reads of a chosen range, slows its writes, syncs or discards down, or dies (fails
 //! everything).
 
-use super::Device;
+use crate::device::Device;
 use parking_lot::Mutex;
 use std::io;
 use std::sync::Arc;

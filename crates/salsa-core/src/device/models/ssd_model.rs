@@ -33,7 +33,7 @@
 //! cache). Off by default: a model is filled or preconditioned at the host's speed, then
 //! timed.
 
-use super::{modelled_io, Device, StorageType};
+use crate::device::{modelled_io, Device, StorageType};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
@@ -563,7 +563,7 @@ impl SsdModel {
     fn request(&self, issued: Instant, work: impl FnOnce(&mut Ftl)) {
         let done = self.ftl.lock().request(issued, work);
         if let Some(at) = done {
-            super::complete_at(at);
+            crate::device::complete_at(at);
         }
     }
 }
@@ -619,7 +619,7 @@ impl Device for SsdModel {
     /// Unmaps the whole units of the range in the FTL, and discards the range on the backing
     /// device too (a file gets its space back).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        super::check_range(self.params.capacity_bytes, offset, usize::try_from(len).map_err(io::Error::other)?)?;
+        crate::device::check_range(self.params.capacity_bytes, offset, usize::try_from(len).map_err(io::Error::other)?)?;
         self.backing.discard(offset, len)?;
         self.request(Instant::now(), |f| f.discard(offset, len));
         Ok(())
@@ -714,7 +714,7 @@ mod tests {
         let capacity = 64 << 20;
         let mut p = SsdParams::commodity(capacity);
         p.map_cache_bytes = None;
-        let backing = Arc::new(super::super::MemoryDevice::new("m", capacity));
+        let backing = Arc::new(crate::device::MemoryDevice::new("m", capacity));
         backing.write_at(&[7u8; 4096], 0).unwrap();
         let model = SsdModel::new(backing, p).unwrap();
         let count = |name: &str| model.counters().iter().find(|(n, _)| n == name).map(|&(_, v)| v).unwrap();

@@ -7,7 +7,7 @@
 //! N-th mutating operation (write or sync) given by [`CrashPlan::crash_after_ops`], so that a
 //! seeded test can crash inside any engine path, GC and checkpoints included.
 
-use super::{check_range, Device};
+use crate::device::{check_range, Device};
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};

@@ -3,7 +3,7 @@
 //! for crash tests.
 //!
 //! Owns: zone state (write pointers, finished zones) and its persistence, and the enforcement of
-//! the zone rules of [`super::zone`]: every illegal operation fails with an error that names the
+//! the zone rules of [`crate::device::zone`]: every illegal operation fails with an error that names the
 //! zone, as a real drive fails it.
 //!
 //! Layout of the backing device: the zones back to back from offset 0, then two state slots at
@@ -14,8 +14,8 @@
 //! engine saw synced is always readable, data that was not may be gone, as on a drive that lost
 //! its volatile cache.
 
-use super::zone::{Zone, ZoneCondition, ZoneKind, Zoned};
-use super::{check_range, Device, StorageType};
+use crate::device::zone::{Zone, ZoneCondition, ZoneKind, Zoned};
+use crate::device::{check_range, Device, StorageType};
 use crate::util::{AlignedBuf, Decoder, Encoder};
 use parking_lot::Mutex;
 use std::io;
