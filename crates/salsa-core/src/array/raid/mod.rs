@@ -37,6 +37,15 @@ use std::sync::Arc;
 use stripe::{Piece, Stripe};
 use write_parity::{ParityGeometry, WriteParity};
 
+/// One member's request of a striped read: (member, offset, bytes, the buffers to read into).
+type MemberRead<'a> = (u32, u64, u64, Vec<std::io::IoSliceMut<'a>>);
+/// A failed member read: its error, the device it was sent to (none: the read panicked), and
+/// whether that was an outgoing member.
+type ReadFailure = (std::io::Error, Option<Arc<dyn Device>>, bool);
+/// What became of a [`MemberRead`]: (member, device offset, bytes, whether it went to an
+/// outgoing member, or how it failed).
+type MemberReadResult = (u32, u64, u64, std::result::Result<bool, ReadFailure>);
+
 /// Below this many bytes per member, an array write goes to the members one after another;
 /// above, to all of them at once.
 const PARALLEL_IO_BYTES: u64 = 64 << 10;
@@ -787,8 +796,8 @@ impl RaidArray {
             .iter()
             .map(|l| self.scratch(gap_bytes(l).max(unit).min(unit * 64) as usize))
             .collect();
-        // One job per healthy member: (member, device offset, bytes, the pieces to read into).
-        let mut jobs: Vec<(u32, u64, u64, Vec<std::io::IoSliceMut<'_>>)> = Vec::new();
+        // One job per healthy member: (member, member offset, bytes, the pieces to read into).
+        let mut jobs: Vec<MemberRead<'_>> = Vec::new();
         for ((m, list), gap_buf) in by_member.iter().enumerate().zip(gap_bufs.iter_mut()) {
             let Some(&first) = list.first() else { continue };
             if self.is_failed(m as u32) {
@@ -820,32 +829,42 @@ impl RaidArray {
             }
             jobs.push((m as u32, job_start, at - job_start, iov));
         }
-        // Each member's request at its device offset: (member, offset, bytes, buffers).
-        let jobs: Vec<(u32, u64, u64, Vec<std::io::IoSliceMut<'_>>)> = jobs
+        // Each member's request at its device offset.
+        let jobs: Vec<MemberRead<'_>> = jobs
             .into_iter()
             .map(|(m, start, len, iov)| (m, self.offset(m, segment, start), len, iov))
             .collect();
-        let run = |(m, offset, len, mut iov): (u32, u64, u64, Vec<std::io::IoSliceMut<'_>>)| {
+        let results = self.run_member_reads(jobs);
+        self.count_member_reads(results, &by_member, &mut lost)?;
+        self.rebuild_lost_pieces(segment, pieces, lost, buf)
+    }
+
+    /// Runs each member's request of [`RaidArray::read_pieces`], at once when two or more are
+    /// large, and returns what became of each.
+    fn run_member_reads(&self, jobs: Vec<MemberRead<'_>>) -> Vec<MemberReadResult> {
+        let run = |(m, offset, len, mut iov): MemberRead<'_>| {
             let (device, outgoing) = self.reader(m);
             let r = device.read_vectored_at(&mut iov, offset);
             (m, offset, len, r.map(|()| outgoing).map_err(|e| (e, Some(device), outgoing)))
         };
         let parallel = jobs.len() >= 2 && jobs.iter().filter(|j| j.2 >= PARALLEL_IO_BYTES).count() >= 2;
-        // Whether a read went to an outgoing member; a failed read's error, the device it was
-        // sent to (no device: the read panicked), and whether that was an outgoing member.
-        type ReadFailure = (std::io::Error, Option<Arc<dyn Device>>, bool);
-        let results: Vec<(u32, u64, u64, std::result::Result<bool, ReadFailure>)> = if parallel {
-            let what: Vec<(u32, u64, u64)> = jobs.iter().map(|j| (j.0, j.1, j.2)).collect();
-            member_io::run_all(jobs.into_iter().map(|j| move || run(j)).collect())
-                .into_iter()
-                .zip(what)
-                .map(|(r, (m, offset, len))| {
-                    r.unwrap_or_else(|| (m, offset, len, Err((std::io::Error::other("a member read panicked"), None, false))))
-                })
-                .collect()
-        } else {
-            jobs.into_iter().map(run).collect()
-        };
+        if !parallel {
+            return jobs.into_iter().map(run).collect();
+        }
+        let what: Vec<(u32, u64, u64)> = jobs.iter().map(|j| (j.0, j.1, j.2)).collect();
+        member_io::run_all(jobs.into_iter().map(|j| move || run(j)).collect())
+            .into_iter()
+            .zip(what)
+            .map(|(r, (m, offset, len))| {
+                r.unwrap_or_else(|| (m, offset, len, Err((std::io::Error::other("a member read panicked"), None, false))))
+            })
+            .collect()
+    }
+
+    /// Counts the bytes each member read; a member whose read failed has its pieces (of
+    /// `by_member`) added to `lost`, to be rebuilt from the redundancy, and is failed or, when
+    /// outgoing, leaves. `Err` when a RAID-0 member fails: no copy can serve it.
+    fn count_member_reads(&self, results: Vec<MemberReadResult>, by_member: &[Vec<usize>], lost: &mut Vec<usize>) -> Result<()> {
         for (m, offset, len, r) in results {
             let h = &self.health[m as usize];
             match r {
@@ -871,6 +890,12 @@ impl RaidArray {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Rebuilds the pieces of `lost` (indices into `pieces`) in `buf` from the rest of their
+    /// rows; a RAID-0 array has nothing to rebuild them from.
+    fn rebuild_lost_pieces(&self, segment: u32, pieces: &[Piece], mut lost: Vec<usize>, buf: &mut [u8]) -> Result<()> {
         if lost.is_empty() {
             return Ok(());
         }
