@@ -8,10 +8,14 @@
 //! allocation streams ([`crate::log::stream::Streams`]), which the log registers, seals on
 //! flush and closes; it keeps only its map. The engine, the GC, recovery and the checkpoint
 //! hold volumes only as `Arc<dyn Controller>`, and the volume handle only as
-//! [`VolumeIo`], its byte-addressed front-end; a new controller (dual mapping, hybrid,
-//! append-only, extent map) implements both and a case in [`build`], and the core does not
-//! change. The LSA page-map controller ([`lsa::LsaVolume`]) is the default and the only one
-//! built so far.
+//! [`VolumeIo`], its byte-addressed front-end. Five kinds are built: the LSA page map
+//! ([`lsa::LsaVolume`], the default), the extent kind (the same controller over an
+//! [`extent_map`] of runs), dual mapping ([`dual`]), hybrid tiering ([`hybrid`]) and
+//! append-only AMF segments ([`amf`], also over an extent map). A new one implements
+//! both traits and a case in [`build`]; the engine, the GC and recovery do not change, but its
+//! kind's name, the write buffer's list of kinds it buffers, the volume handle's kind checks
+//! and the front-ends' lists of names do (`docs/DESIGN.md`, "Volume handle -> controller",
+//! lists the files).
 //!
 //! Invariants every controller keeps (the engine relies on them, and asserts what it can):
 //! - it writes only through its [`Controller::streams`], registered with the log, one open
