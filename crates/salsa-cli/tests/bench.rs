@@ -729,7 +729,11 @@ fn check_sysbench_case_study(extra: &[&str]) {
         assert_eq!(instances.len(), 2, "{setup}: {s}");
         for i in instances {
             assert!(i["tps"].as_f64().unwrap() > 0.0, "{setup}: {i}");
-            assert_eq!(i["errors"], 0, "{setup}: {i}");
+            // sysbench's "ignored errors" are deadlocks it rolled back and retried (InnoDB
+            // picks a victim among concurrent transactions), not failed I/O: a few are normal.
+            let errors = i["errors"].as_u64().unwrap();
+            let transactions = i["transactions"].as_u64().unwrap();
+            assert!(errors * 100 <= transactions, "{setup}: {i}");
             assert!(!i["tps_series"].as_array().unwrap().is_empty(), "{setup}: {i}");
         }
         assert!(s["ssd_host_write_bytes"].as_u64().unwrap() > 0, "{setup}: {s}");
