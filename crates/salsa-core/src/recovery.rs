@@ -149,6 +149,12 @@ fn scan_part(eng: &Engine, geo: &ScanGeometry, t: u32, threads: u32, done: &std:
 /// balanced a walk of the segment must find the chain ending there on every mirror.
 fn resync_unsynced(eng: &Engine, found: &[Found], durable_through: u64) -> Result<()> {
     let mut ranges: std::collections::BTreeMap<u32, (u64, u64)> = std::collections::BTreeMap::new();
+    // Widens segment `s`'s range to cover grains `[from, to)`.
+    let mut cover = |s: u32, from: u64, to: u64| {
+        let r = ranges.entry(s).or_insert((from, to));
+        r.0 = r.0.min(from);
+        r.1 = r.1.max(to);
+    };
     // Per segment: where its chain ends, and the page size of its last record.
     let mut chain_end: std::collections::BTreeMap<u32, (u64, u32)> = std::collections::BTreeMap::new();
     for f in found {
@@ -159,9 +165,7 @@ fn resync_unsynced(eng: &Engine, found: &[Found], durable_through: u64) -> Resul
             *e = (end, f.meta.page_grains);
         }
         if f.meta.record_id > durable_through {
-            let r = ranges.entry(f.segment).or_insert((start, end));
-            r.0 = r.0.min(start);
-            r.1 = r.1.max(end);
+            cover(f.segment, start, end);
         }
     }
     // A chain that ends inside a row: that row's parity was never written (the row was still
@@ -171,14 +175,10 @@ fn resync_unsynced(eng: &Engine, found: &[Found], durable_through: u64) -> Resul
     let mirrored = eng.log.array().kind() == crate::array::ArrayKind::Raid1;
     for (segment, (end, last_page_grains)) in chain_end {
         if align > 1 && !end.is_multiple_of(align) {
-            let r = ranges.entry(segment).or_insert((end - 1, end));
-            r.0 = r.0.min(end - 1);
-            r.1 = r.1.max(end);
+            cover(segment, end - 1, end);
         }
         if mirrored && crate::scan::may_follow(end as usize, last_page_grains as usize, gps as usize) {
-            let r = ranges.entry(segment).or_insert((end, end + 1));
-            r.0 = r.0.min(end);
-            r.1 = r.1.max(end + 1);
+            cover(segment, end, end + 1);
         }
     }
     for (segment, (from, to)) in ranges {

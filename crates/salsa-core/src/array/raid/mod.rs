@@ -160,21 +160,22 @@ impl MirrorReads {
         }
     }
 
-    /// The mirror of `live` (not empty) to read member offset `at` from.
-    fn pick(&self, live: &[u32], at: u64) -> u32 {
-        if let Some(&m) = live.iter().find(|&&m| self.head[m as usize].load(SeqCst) == at) {
+    /// The mirror of `members` that passes `healthy` (at least one does) to read offset `at`
+    /// from.
+    fn pick(&self, members: u32, healthy: impl Fn(u32) -> bool, at: u64) -> u32 {
+        if let Some(m) = (0..members).find(|&m| healthy(m) && self.head[m as usize].load(SeqCst) == at) {
             return m;
         }
-        let turn = self.turn.fetch_add(1, SeqCst) as usize;
-        let n = live.len();
+        let turn = self.turn.fetch_add(1, SeqCst) as u32 % members;
         // Starting at a different mirror each time, so that exact ties take turns.
-        (0..n)
-            .map(|i| live[(turn + i) % n])
+        (0..members)
+            .map(|i| (turn + i) % members)
+            .filter(|&m| healthy(m))
             .min_by_key(|&m| {
                 let i = m as usize;
                 (self.in_flight[i].load(SeqCst), self.head[i].load(SeqCst).abs_diff(at))
             })
-            .unwrap_or(live[0])
+            .unwrap_or(0)
     }
 }
 
@@ -923,13 +924,13 @@ impl RaidArray {
         if !self.balance.load(SeqCst) {
             return self.read_mirror(segment, offset, buf, None).map(|_| ());
         }
-        let live: Vec<u32> = (0..self.members.len() as u32).filter(|m| !self.is_failed(*m)).collect();
-        if live.len() < 2 {
+        let members = self.members.len() as u32;
+        if (0..members).filter(|&m| !self.is_failed(m)).nth(1).is_none() {
             return self.read_mirror(segment, offset, buf, None).map(|_| ());
         }
         // In the members' common coordinates (their segment areas may start apart).
         let at = segment as u64 * self.stripe.member_segment_bytes() + offset;
-        let m = self.mirror_reads.pick(&live, at);
+        let m = self.mirror_reads.pick(members, |m| !self.is_failed(m), at);
         let i = m as usize;
         self.mirror_reads.in_flight[i].fetch_add(1, SeqCst);
         let read = self.read_member(m, buf, self.offset(m, segment, offset));
