@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The SALSA paper's mixed-workload case study (section V-D, Table III), on this machine.
+"""The SALSA paper's mixed-workload case study (section V-D, Table III), on this machine, with
+the protocol of its application experiments.
 
 Two applications share one SSD: MariaDB under sysbench OLTP (read/write) and an object server
 PUTting 128 KiB objects the way Swift does (scripts/object_store.py), each on XFS aligned to the
@@ -14,12 +15,23 @@ for each of three setups, in one run:
 - salsa-dual:   a SALSA pool on the model with an LSA volume of 16 KiB pages (InnoDB's page)
                 for the database and a dual-mapping volume for the objects.
 
+The protocol (section V-A, as scripts/bench_sysbench_ssd.py runs Table IIa): a 2 GiB `ssd:`
+model with its erase blocks scaled with it (256 KiB) that keeps real time (`realtime=on`, so the
+applications' own wall-clock figures are the result); equal logical size (SALSA's logical
+capacity at 20% spare with 16 MiB segments, found by formatting a scratch model, split between
+the database, 40%, and the objects; the raw partitions get the same sizes and the rest of the
+drive is never written); every device preconditioned through the export the application then
+uses (written whole once in order, once in a uniformly random order of 4 KiB blocks with a flush
+every MiB); file systems made without discards (`mkfs.xfs -K`), so that they do not unmap what
+the preconditioning wrote. SALSA's LSA volumes use one user and one GC stream (`--placement
+user-gc`, the paper's user/GC segregation, as in Table IIa). `--no-protocol` gives the earlier
+run: a fresh 4 GiB model in modelled time, fixed sizes, no preconditioning.
+
 Both applications run at once for the same wall time (the object server PUTs and DELETEs, so that
 its store stops growing and the volumes reach a steady state of overwrites); the report gives, per setup, sysbench
-transactions and object MiB per second of the SSD model's modelled time (the device's cost of
-the work, which is what the setups change) and per wall second, the SSD's own write
-amplification, and for SALSA the map memory, the bytes a checkpoint of the maps takes on the
-device (metadata capacity) and the GC's relocation traffic during the run.
+transactions and object MiB per wall second (and per second of the SSD model's modelled time),
+the SSD's own write amplification, and for SALSA the map memory, the bytes a checkpoint of the
+maps takes on the device (metadata capacity) and the GC's relocation traffic during the run.
 
     python3 scripts/bench_mixed.py                # the benchmark
     python3 scripts/bench_mixed.py --quick        # a short run (the test suite's)
@@ -61,19 +73,21 @@ class Setup:
         self.procs, self.loops, self.mounts, self.fuses = [], [], [], []
         self.ctl = os.path.join(self.d, "pool.ctl")
         self.sock = os.path.join(self.d, "nbd.sock")
-        self.spec = "ssd:size=%s,file=%s" % (args.ssd_size, os.path.join(self.d, "ssd.img"))
+        params = "," + args.ssd_params if args.ssd_params else ""
+        self.spec = "ssd:size=%s,file=%s%s" % (args.ssd_size, os.path.join(self.d, "ssd.img"), params)
 
     def serve(self):
         salsa = salsa_binary()
         db, objects = parse_size(self.args.db_size), parse_size(self.args.objects_size)
-        serve = [salsa, "serve", "--no-tcp", "--unix", self.sock, "--control", self.ctl, "--device", self.spec]
+        timing = ",realtime=on" if self.args.protocol else ""
+        serve = [salsa, "serve", "--no-tcp", "--unix", self.sock, "--control", self.ctl, "--device", self.spec + timing]
         if self.name == "raw":
             serve.append("--raw")
         else:
-            run([salsa, "format", "--device", self.spec, "--no-default-volume"])
+            run([salsa, "format", "--device", self.spec] + format_args(self.args))
             db_page = "16K" if self.name == "salsa-dual" else "4K"
-            run([salsa, "volume", "create", "--device", self.spec, "db", str(db), "--page-size", db_page])
-            controller = ["--controller", "dual"] if self.name == "salsa-dual" else []
+            run([salsa, "volume", "create", "--device", self.spec, "db", str(db), "--page-size", db_page] + placement_args(self.args))
+            controller = ["--controller", "dual"] if self.name == "salsa-dual" else placement_args(self.args)
             run([salsa, "volume", "create", "--device", self.spec, "objects", str(objects)] + controller)
             # The device's own cache would hide what the setups change; MariaDB has its own.
             serve += ["--read-cache", "0"]
@@ -98,11 +112,35 @@ class Setup:
         self.loops.append(loop)
         return loop
 
+    def targets(self):
+        """The database's and the objects' devices as NBD exports: (export, offset, bytes)."""
+        db, objects = parse_size(self.args.db_size), parse_size(self.args.objects_size)
+        if self.name == "raw":
+            return [("raw", 0, db), ("raw", db, objects)]
+        return [("db", 0, db), ("objects", 0, objects)]
+
+    def precondition(self):
+        """Section V-A's preconditioning through the exports the applications then use, both
+        devices at once: written whole in order (1 MiB writes), then once more in a uniformly
+        random order of 4 KiB blocks with a flush every MiB (so that no write buffer can sort
+        it). On the raw drive that writes its two partitions; on SALSA its volumes, so the drive
+        sees SALSA's segments and GC. Returns the seconds each pass took."""
+        took = {}
+        for name, rw, bs, depth in (("sequential", "write", "1M", 4), ("random", "randwrite", self.args.precondition_bs, 32)):
+            cmd = ["fio", "--output-format=json", "--ioengine=nbd", "--rw=" + rw, "--bs=" + bs, "--iodepth=%d" % depth,
+                   "--fsync=%d" % ((1 << 20) // parse_size(bs)), "--randrepeat=0", "--end_fsync=1"]
+            for export, offset, size in self.targets():
+                cmd += ["--name=%s-%s-%d" % (name, export, offset), "--uri=nbd+unix:///%s?socket=%s" % (export, self.sock),
+                        "--offset=%d" % offset, "--size=%d" % size]
+            out = run(cmd)
+            jobs = json.loads(out[out.index("{"):])["jobs"]
+            took[name] = max(j["job_runtime"] for j in jobs) / 1000.0
+        return took
+
     def devices(self):
         """(database device, objects device)."""
         if self.name == "raw":
-            db = parse_size(self.args.db_size)
-            return self.attach("raw", 0, db), self.attach("raw", db, parse_size(self.args.objects_size))
+            return tuple(self.attach(export, offset, size) for export, offset, size in self.targets())
         return self.attach("db"), self.attach("objects")
 
     def mount(self, dev, mkfs, where):
@@ -169,11 +207,41 @@ def sysbench(sock, args, command, seconds=0):
     return subprocess.Popen(cmd + [command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def format_args(args):
+    """`salsa format`'s options for SALSA's pool (the scratch pool that finds its size too)."""
+    if not args.protocol:
+        return ["--no-default-volume"]
+    return ["--no-default-volume", "--spare", "20", "--segment-size", args.segment_size] + placement_args(args)
+
+
+def placement_args(args):
+    return ["--placement", args.placement] if args.protocol and args.placement else []
+
+
+def salsa_logical_bytes(args):
+    """SALSA's logical capacity on the model (`salsa info`'s `logical`), found by formatting a
+    scratch model: the raw partitions and SALSA's volumes together get that much."""
+    work = tempfile.mkdtemp(prefix="salsa-mixed-size-")
+    try:
+        params = "," + args.ssd_params if args.ssd_params else ""
+        spec = "ssd:size=%s,file=%s%s" % (args.ssd_size, os.path.join(work, "ssd.img"), params)
+        salsa = salsa_binary()
+        run([salsa, "format", "--device", spec] + format_args(args))
+        info = run([salsa, "info", "--device", spec])
+        m = re.search(r"^logical\s+.*\((\d+) bytes", info, re.M)
+        if not m:
+            raise SystemExit("cannot read the pool's logical capacity from salsa info:\n" + info)
+        return int(m.group(1))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def run_setup(name, work, args):
     s = Setup(name, work, args)
     db = None
     try:
         s.serve()
+        took = s.precondition() if args.protocol else {}
         db_dev, obj_dev = s.devices()
         db_mnt, obj_mnt = os.path.join(s.d, "db"), os.path.join(s.d, "objects")
         s.mount(db_dev, args.db_mkfs, db_mnt)
@@ -218,6 +286,7 @@ def run_setup(name, work, args):
             "object_mib_per_wall_second": obj["bytes_written"] / (1 << 20) / args.seconds,
             "ssd_write_amplification": media_w / host_w if host_w else None,
             "ssd_host_write_bytes": host_w,
+            "precondition_seconds": took,
         }
         if name != "raw":
             vols = after.get("volumes", [])
@@ -240,9 +309,19 @@ def run_setup(name, work, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ssd-size", default="4G")
-    ap.add_argument("--db-size", default="1280M")
-    ap.add_argument("--objects-size", default="2G")
+    ap.add_argument("--protocol", action=argparse.BooleanOptionalAction, default=True,
+                    help="the paper's protocol: the model in real time, equal logical size, preconditioning "
+                         "(--no-protocol: a fresh 4 GiB model in modelled time, fixed sizes)")
+    ap.add_argument("--ssd-size", help="the model's size (default 2G; --no-protocol 4G)")
+    ap.add_argument("--ssd-params", help="more parameters of the ssd: model (default block=256K under the protocol: "
+                                         "erase blocks scaled with the drive, as in Table IIa)")
+    ap.add_argument("--segment-size", default="16M", help="SALSA's segments under the protocol (as in Table IIa)")
+    ap.add_argument("--placement", default="user-gc",
+                    help="placement of SALSA's LSA volumes under the protocol (one user and one GC stream)")
+    ap.add_argument("--db-share", type=float, default=0.4, help="the database's share of the logical size under the protocol")
+    ap.add_argument("--precondition-bs", default="4k", help="block size of the random preconditioning pass (--quick: 64k)")
+    ap.add_argument("--db-size", help="the database's device (default: its share of SALSA's logical size; --no-protocol 1280M)")
+    ap.add_argument("--objects-size", help="the objects' device (default: the rest of SALSA's logical size; --no-protocol 2G)")
     ap.add_argument("--seconds", type=int, default=180)
     ap.add_argument("--tables", type=int, default=8)
     ap.add_argument("--table-size", type=int, default=50000)
@@ -256,17 +335,37 @@ def main():
     # The same file systems on every setup, aligned to the pages SALSA's tailored volumes use
     # (a file system cannot learn them through the loop device): InnoDB's 16 KiB pages, the
     # dual-mapping volume's 64 KiB large pages.
-    ap.add_argument("--db-mkfs", default="mkfs.xfs -q -f -d su=16k,sw=1")
-    ap.add_argument("--objects-mkfs", default="mkfs.xfs -q -f -d su=64k,sw=1")
+    # Without discards (-K), which would unmap what the preconditioning wrote.
+    ap.add_argument("--db-mkfs", default="mkfs.xfs -q -f -K -d su=16k,sw=1")
+    ap.add_argument("--objects-mkfs", default="mkfs.xfs -q -f -K -d su=64k,sw=1")
     ap.add_argument("--object-threads", type=int, default=16)
     ap.add_argument("--setups", default="raw,salsa-single,salsa-dual")
-    ap.add_argument("--quick", action="store_true", help="a short run: 3 GiB SSD, 20 s, small tables")
+    ap.add_argument("--quick", action="store_true", help="a short run: 20 s, small tables, the random "
+                                                         "preconditioning in 64 KiB blocks")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.quick:
-        args.ssd_size, args.db_size, args.objects_size, args.seconds = "3G", "1G", "1536M", 20
-        args.tables, args.table_size, args.buffer_pool, args.objects = 2, 10000, "64M", 200
-    for tool in ("mariadbd", "mariadb-install-db", "sysbench", "nbdfuse", "mkfs.xfs", "mkfs.ext4"):
+        args.seconds, args.tables, args.table_size, args.buffer_pool, args.objects = 20, 2, 10000, "64M", 200
+        args.precondition_bs = "64k"
+        if not args.protocol:
+            args.ssd_size, args.db_size, args.objects_size = "3G", "1G", "1536M"
+    if args.ssd_size is None:
+        # A quick run too: mkfs.xfs with a 16 KiB stripe unit refuses a file system under about
+        # 600 MiB, and the database gets 40% of about 1.6 GiB.
+        args.ssd_size = "2G" if args.protocol else "4G"
+    if args.ssd_params is None:
+        args.ssd_params = "block=256K" if args.protocol else ""
+    if args.protocol:
+        mib = 1 << 20
+        logical = salsa_logical_bytes(args)
+        args.logical_bytes = logical
+        if args.db_size is None:
+            args.db_size = str(int(logical * args.db_share) // mib * mib)
+        if args.objects_size is None:
+            args.objects_size = str((logical - parse_size(args.db_size)) // mib * mib)
+    else:
+        args.db_size, args.objects_size = args.db_size or "1280M", args.objects_size or "2G"
+    for tool in ("mariadbd", "mariadb-install-db", "sysbench", "nbdfuse", "mkfs.xfs", "mkfs.ext4", "fio"):
         if shutil.which(tool) is None:
             raise SystemExit("%s is not installed; run scripts/install-deps.sh" % tool)
     work = tempfile.mkdtemp(prefix="salsa-mixed-")
@@ -277,15 +376,18 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     st = report["setups"]
+    # In real time the applications' own (wall-clock) figures are the result; in modelled time
+    # the device's cost of the work.
+    rates = ("tps_wall", "object_mib_per_wall_second") if args.protocol else ("tps_per_model_second", "object_mib_per_model_second")
     if "raw" in st:
         report["vs_raw"] = {
-            n: {k: st[n][k] / st["raw"][k] for k in ("tps_per_model_second", "object_mib_per_model_second") if st[n][k] and st["raw"][k]}
+            n: {k: st[n][k] / st["raw"][k] for k in rates if st[n][k] and st["raw"][k]}
             for n in st if n != "raw"
         }
     if "salsa-single" in st and "salsa-dual" in st:
         single, dual = st["salsa-single"], st["salsa-dual"]
         report["dual_vs_single"] = {
-            k: dual[k] / single[k] for k in ("map_memory_bytes", "checkpoint_image_bytes", "gc_bytes_relocated", "tps_per_model_second", "object_mib_per_model_second")
+            k: dual[k] / single[k] for k in ("map_memory_bytes", "checkpoint_image_bytes", "gc_bytes_relocated") + rates
             if single.get(k)
         }
     save_report(report, args.out, None, None)

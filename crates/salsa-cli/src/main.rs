@@ -181,7 +181,7 @@ struct FormatArgs {
     /// Controller of the default volume: lsa (a page map), dual (large pages and a sparse map
     /// of small ones) or hybrid (data on the pool's disks, hot data copied to its flash); see
     /// `salsa volume create --help`.
-    #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual", "hybrid", "amf", "extent"])]
+    #[arg(long, default_value = "lsa", value_parser = parse_controller_name)]
     controller: String,
     /// With --controller amf: the default volume's segment size (default: the pool's
     /// segment size).
@@ -836,6 +836,52 @@ impl Command {
     }
 }
 
+/// `salsa check`, then with `scrub` the scrub (also after check found damage: repairing it is
+/// what it is for); whether the pool is clean. Damage a member holds but the redundancy covers
+/// counts as fixed only when the scrub rewrote it. A served pool is scrubbed through its
+/// server; the offline check needs it closed.
+fn check_and_scrub(devices: &Devices, scrub: bool, repair: bool) -> Result<bool, String> {
+    let served = control::running_server(&devices.devices, None).is_some();
+    match (served, scrub) {
+        (true, true) => scrub_pool(devices, repair),
+        (true, false) => Err(format!(
+            "the pool is being served: `salsa check` reads it offline, so stop the server first; `salsa check --scrub --device {}` scrubs it while it serves",
+            devices.devices[0].path.display()
+        )),
+        (false, _) => check(devices).and_then(|c| {
+            let scrub_clean = !scrub || scrub_pool(devices, repair)?;
+            Ok(c.problems == 0 && scrub_clean && (c.repairable_bytes == 0 || (scrub && repair)))
+        }),
+    }
+}
+
+/// `salsa policies`: the built-in placement and victim policies with what each does.
+fn print_policies() {
+    let (victims, placements) = salsa_core::Registry::builtin().describe();
+    // One column for the names of both lists, as wide as the longest.
+    let width = placements.iter().chain(&victims).map(|(n, _)| n.len()).max().unwrap_or(0);
+    println!("placement policies (--placement):");
+    for (n, a) in placements {
+        println!("  {n:<width$}  {a}");
+    }
+    println!("victim policies (--victim):");
+    for (n, a) in victims {
+        println!("  {n:<width$}  {a}");
+    }
+}
+
+/// A controller's name as `--controller` takes it: one `ControllerKind` knows (so a new kind
+/// needs no list here).
+fn parse_controller_name(name: &str) -> Result<String, String> {
+    match ControllerKind::from_name(name) {
+        Some(kind) => Ok(kind.name().to_string()),
+        None => Err(format!(
+            "no controller {name:?}: the controllers are {}",
+            ControllerKind::ALL.map(|k| k.name()).join(", ")
+        )),
+    }
+}
+
 fn main() -> ExitCode {
     let mut cli = Cli::parse();
     init_logging(cli.verbose);
@@ -920,29 +966,11 @@ fn main() -> ExitCode {
             no_default_volume,
         } => format_pool(devices, format, *force, !no_default_volume),
         Command::Info { devices } => info(devices),
-        Command::Check { devices, scrub, repair } => {
-            // The scrub runs even after check found damage: repairing it is what it is for.
-            // Damage a member holds but the redundancy covers counts as fixed only when the
-            // scrub rewrote it.
-            // A served pool is scrubbed through its server; the offline check needs it closed.
-            let served = control::running_server(&devices.devices, None).is_some();
-            let outcome = match (served, *scrub) {
-                (true, true) => scrub_pool(devices, *repair),
-                (true, false) => Err(format!(
-                    "the pool is being served: `salsa check` reads it offline, so stop the server first; `salsa check --scrub --device {}` scrubs it while it serves",
-                    devices.devices[0].path.display()
-                )),
-                (false, _) => check(devices).and_then(|c| {
-                    let scrub_clean = !*scrub || scrub_pool(devices, *repair)?;
-                    Ok(c.problems == 0 && scrub_clean && (c.repairable_bytes == 0 || (*scrub && *repair)))
-                }),
-            };
-            match outcome {
-                Ok(true) => Ok(()),
-                Ok(false) => return ExitCode::from(1),
-                Err(e) => Err(e),
-            }
-        }
+        Command::Check { devices, scrub, repair } => match check_and_scrub(devices, *scrub, *repair) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(1),
+            Err(e) => Err(e),
+        },
         Command::Volume { command } => volume(command),
         Command::Device { command } => device(command),
         Command::BenchMapMemory { volume_size, seed } => bench::maps::run(*volume_size, *seed).and_then(print_report),
@@ -1021,17 +1049,7 @@ fn main() -> ExitCode {
         })
         .map(|v| println!("{v}")),
         Command::Policies => {
-            let (victims, placements) = salsa_core::Registry::builtin().describe();
-            // One column for the names of both lists, as wide as the longest.
-            let width = placements.iter().chain(&victims).map(|(n, _)| n.len()).max().unwrap_or(0);
-            println!("placement policies (--placement):");
-            for (n, a) in placements {
-                println!("  {n:<width$}  {a}");
-            }
-            println!("victim policies (--victim):");
-            for (n, a) in victims {
-                println!("  {n:<width$}  {a}");
-            }
+            print_policies();
             Ok(())
         }
         Command::Bench(args) => run_workload_bench(args),

@@ -672,28 +672,40 @@ fn video_server_on_a_disk_raw_against_salsa_and_a_hybrid_volume() {
     assert!(ratio > 5.0, "the hybrid read {ratio:.1}x the raw disk per modelled second");
 }
 
-/// The mixed-workload case study, short: MariaDB under sysbench and an object server on one
-/// SSD model at once, on raw partitions, on two 4 KiB LSA volumes, and on a 16 KiB LSA volume
-/// beside a dual-mapping one. Every setup must run both applications without an error and
-/// leave clean file systems; the tailored setup must need well under half the map memory and
-/// checkpoint space of the single-configuration one, at about its throughput.
+/// The mixed-workload case study under the paper's protocol, short: MariaDB under sysbench and
+/// an object server on one SSD model in real time at once, on raw partitions, on two 4 KiB LSA
+/// volumes, and on a 16 KiB LSA volume beside a dual-mapping one, every device preconditioned
+/// through its export first. Every setup must run both applications without an error and leave
+/// clean file systems (the script runs xfs_repair); the tailored setup must need well under half
+/// the map memory and checkpoint space of the single-configuration one. Never a timing.
 #[test]
 fn mixed_workload_on_one_ssd_raw_single_and_tailored_volumes() {
-    let r = case_study("bench_mixed.py", &[], &["mariadbd", "sysbench", "nbdfuse", "mkfs.xfs", "losetup"]);
+    let r = case_study(
+        "bench_mixed.py",
+        &[],
+        &["mariadbd", "sysbench", "nbdfuse", "mkfs.xfs", "losetup", "fio"],
+    );
+    let config = &r["config"];
+    let logical = config["logical_bytes"].as_u64().unwrap();
+    let db: u64 = config["db_size"].as_str().unwrap().parse().unwrap();
+    let objects: u64 = config["objects_size"].as_str().unwrap().parse().unwrap();
+    assert!(
+        db + objects <= logical && db + objects + (2 << 20) > logical,
+        "equal logical size: {config}"
+    );
     for setup in ["raw", "salsa-single", "salsa-dual"] {
         let s = &r["setups"][setup];
-        assert!(s["transactions"].as_u64().unwrap() > 100, "{setup}: {s}");
-        assert!(s["object_ops"].as_u64().unwrap() > 100, "{setup}: {s}");
+        assert!(s["transactions"].as_u64().unwrap() > 0, "{setup}: {s}");
+        assert!(s["object_ops"].as_u64().unwrap() > 0, "{setup}: {s}");
         assert_eq!(s["object_errors"], 0, "{setup}");
+        for pass in ["sequential", "random"] {
+            assert!(s["precondition_seconds"][pass].as_f64().unwrap() > 0.0, "{setup}: {s}");
+        }
     }
     let d = &r["dual_vs_single"];
     assert!(d["map_memory_bytes"].as_f64().unwrap() < 0.5, "{d}");
     assert!(d["checkpoint_image_bytes"].as_f64().unwrap() < 0.5, "{d}");
-    let tps = d["tps_per_model_second"].as_f64().unwrap();
-    assert!(
-        tps > 0.7,
-        "the tailored setup's transactions per modelled second: {tps:.2}x the single one's"
-    );
+    assert!(r["vs_raw"]["salsa-dual"]["tps_wall"].as_f64().is_some(), "{}", r["vs_raw"]);
 }
 
 /// The paper's Table IIa protocol, short: MariaDB instances under sysbench, each on ext4 over

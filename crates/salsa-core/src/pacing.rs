@@ -220,6 +220,34 @@ struct Sample {
 }
 
 impl Control {
+    /// Folds a new measure `r` of what the GC sustains (bytes a second) into its average.
+    fn note_sustained(&mut self, r: f64) {
+        self.gc_sustained = r.max(RATE_MIN_BYTES_PER_SEC as f64);
+        self.gc_sustained_avg = if self.gc_sustained_avg == 0.0 {
+            self.gc_sustained
+        } else {
+            (1.0 - SUSTAINED_AVG_WEIGHT) * self.gc_sustained_avg + SUSTAINED_AVG_WEIGHT * self.gc_sustained
+        };
+    }
+
+    /// Folds `free_now` free segments into their average (returned) and notes since when
+    /// they have stood at the `high` watermark or above.
+    fn note_free(&mut self, now: u64, free_now: u32, high: u32) -> f64 {
+        self.free_avg = if self.free_avg == 0.0 {
+            free_now as f64
+        } else {
+            0.7 * self.free_avg + 0.3 * free_now as f64
+        };
+        if free_now >= high {
+            if self.high_since_ns == 0 {
+                self.high_since_ns = now;
+            }
+        } else {
+            self.high_since_ns = 0;
+        }
+        self.free_avg
+    }
+
     /// The rate the GC sustained over the last [`SUSTAINED_SPAN`], or longer, over at least
     /// [`SUSTAINED_SEGMENTS`] segments' user writes (at most [`SUSTAINED_SPAN_MAX`]; or what
     /// the history holds while it is shorter than the span) up to `now`: what users wrote
@@ -409,12 +437,7 @@ impl WritePacer {
             gc_cleaning: c.gc_cleaning,
         };
         if let Some(r) = fresh.then(|| c.sustained_rate(sample, self.user_bytes_per_segment)).flatten() {
-            c.gc_sustained = r.max(RATE_MIN_BYTES_PER_SEC as f64);
-            c.gc_sustained_avg = if c.gc_sustained_avg == 0.0 {
-                c.gc_sustained
-            } else {
-                (1.0 - SUSTAINED_AVG_WEIGHT) * c.gc_sustained_avg + SUSTAINED_AVG_WEIGHT * c.gc_sustained
-            };
+            c.note_sustained(r);
         }
         let sustained = (c.gc_sustained > 0.0).then_some(c.gc_sustained);
         // The most writers wrote lately: an interval in which they were held up (a thread
@@ -433,19 +456,7 @@ impl WritePacer {
             c.history.clear();
             c.last_measured = 0.0;
         }
-        c.free_avg = if c.free_avg == 0.0 {
-            free_now as f64
-        } else {
-            0.7 * c.free_avg + 0.3 * free_now as f64
-        };
-        let free = c.free_avg;
-        if free_now >= wm.high {
-            if c.high_since_ns == 0 {
-                c.high_since_ns = now;
-            }
-        } else {
-            c.high_since_ns = 0;
-        }
+        let free = c.note_free(now, free_now, wm.high);
         let rate = self.rate_bytes_per_sec.load(Relaxed);
         let next = if rate == 0 {
             // Not pacing: start when the GC falls behind.

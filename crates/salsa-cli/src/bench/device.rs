@@ -326,23 +326,7 @@ fn measure(label: &'static str, t: &Target, p: &Params, quiet: bool) -> Result<O
     // Workers push samples concurrently; order them by progress.
     samples.sort_by_key(|s| (s.user_bytes, s.model_us));
     let last = *samples.last().expect("a final sample");
-    let mut throughput = Vec::new();
-    let mut wear = Vec::new();
-    let mut rates = Vec::new();
-    for w in samples.windows(2) {
-        let dt = w[1].model_us.saturating_sub(w[0].model_us) as f64;
-        if dt > 0.0 {
-            let v = w[1].user_bytes.saturating_sub(w[0].user_bytes) as f64 / dt;
-            throughput.push(((w[1].model_us - start.model_us) as f64 / 1e6, v));
-            rates.push(v);
-        }
-        if w[1].user_written > 0 {
-            wear.push((
-                w[1].user_written as f64 / size as f64,
-                w[1].media_written.saturating_sub(start.media_written) as f64 / w[1].user_written as f64,
-            ));
-        }
-    }
+    let (throughput, wear, rates) = series_of(&samples, &start, size);
     let user = last.user_bytes as f64;
     let user_written = last.user_written as f64;
     let host = (last.host_written - start.host_written) as f64;
@@ -375,30 +359,7 @@ fn measure(label: &'static str, t: &Target, p: &Params, quiet: bool) -> Result<O
         "device_counters": t.devices().iter().map(|d| json!({"device": d.name(), "counters": d.counters().into_iter().collect::<std::collections::BTreeMap<_, _>>()})).collect::<Vec<_>>(),
     });
     if let Target::Salsa { pool, .. } = t {
-        let s = pool.stats();
-        json["salsa_wa"] = json!(s.write_amplification);
-        json["spare_percent"] = json!(p.spare_percent);
-        json["segment_bytes"] = json!(pool.geometry().segment_bytes);
-        json["discarded_bytes"] = json!(s.discarded_bytes);
-        // What SALSA wrote while measuring, per byte the workload wrote: where its own write
-        // amplification comes from.
-        if let Some(b) = pool_before {
-            let per_user = |after: u64, before: u64| {
-                if user_written > 0.0 {
-                    after.saturating_sub(before) as f64 / user_written
-                } else {
-                    0.0
-                }
-            };
-            json["salsa_per_user_byte"] = json!({
-                "user": per_user(s.user_bytes_written, b.user_bytes_written),
-                "gc": per_user(s.gc_bytes_relocated, b.gc_bytes_relocated),
-                "metadata": per_user(s.metadata_bytes_written, b.metadata_bytes_written),
-                "pad": per_user(s.pad_bytes_written, b.pad_bytes_written),
-                "device": per_user(s.device_bytes_written, b.device_bytes_written),
-                "flushes": per_user(s.flushes, b.flushes) * 1e6,
-            });
-        }
+        add_salsa_figures(&mut json, pool, p, pool_before.as_ref(), user_written);
     }
     say(&format!(
         "modelled {mbps:.1} MB/s (median {median:.1}), media writes per user byte {wear_per_user_byte:.2}, device-internal WA {:.2}",
@@ -412,6 +373,59 @@ fn measure(label: &'static str, t: &Target, p: &Params, quiet: bool) -> Result<O
         mbps,
         wear_per_user_byte,
     })
+}
+
+/// Per pair of successive samples: the throughput (modelled seconds since `start`, bytes per
+/// modelled microsecond), the media bytes written per user byte so far (against volumes
+/// written) and the rates alone.
+#[allow(clippy::type_complexity)]
+fn series_of(samples: &[DeviceSample], start: &DeviceSample, size: u64) -> (Vec<(f64, f64)>, Vec<(f64, f64)>, Vec<f64>) {
+    let mut throughput = Vec::new();
+    let mut wear = Vec::new();
+    let mut rates = Vec::new();
+    for w in samples.windows(2) {
+        let dt = w[1].model_us.saturating_sub(w[0].model_us) as f64;
+        if dt > 0.0 {
+            let v = w[1].user_bytes.saturating_sub(w[0].user_bytes) as f64 / dt;
+            throughput.push(((w[1].model_us - start.model_us) as f64 / 1e6, v));
+            rates.push(v);
+        }
+        if w[1].user_written > 0 {
+            wear.push((
+                w[1].user_written as f64 / size as f64,
+                w[1].media_written.saturating_sub(start.media_written) as f64 / w[1].user_written as f64,
+            ));
+        }
+    }
+    (throughput, wear, rates)
+}
+
+/// SALSA's own figures in a run's report: its write amplification and where it came from.
+fn add_salsa_figures(json: &mut Value, pool: &Pool, p: &Params, pool_before: Option<&salsa_core::Stats>, user_written: f64) {
+    let s = pool.stats();
+    json["salsa_wa"] = json!(s.write_amplification);
+    json["spare_percent"] = json!(p.spare_percent);
+    json["segment_bytes"] = json!(pool.geometry().segment_bytes);
+    json["discarded_bytes"] = json!(s.discarded_bytes);
+    // What SALSA wrote while measuring, per byte the workload wrote: where its own write
+    // amplification comes from.
+    if let Some(b) = pool_before {
+        let per_user = |after: u64, before: u64| {
+            if user_written > 0.0 {
+                after.saturating_sub(before) as f64 / user_written
+            } else {
+                0.0
+            }
+        };
+        json["salsa_per_user_byte"] = json!({
+            "user": per_user(s.user_bytes_written, b.user_bytes_written),
+            "gc": per_user(s.gc_bytes_relocated, b.gc_bytes_relocated),
+            "metadata": per_user(s.metadata_bytes_written, b.metadata_bytes_written),
+            "pad": per_user(s.pad_bytes_written, b.pad_bytes_written),
+            "device": per_user(s.device_bytes_written, b.device_bytes_written),
+            "flushes": per_user(s.flushes, b.flushes) * 1e6,
+        });
+    }
 }
 
 fn fresh_device(p: &Params) -> Result<Arc<dyn Device>, String> {
@@ -430,48 +444,7 @@ pub fn run(p: &Params, quiet: bool) -> Result<Value, String> {
         return Err("block size must be a positive multiple of 4 KiB and the read percentage 0 to 100".into());
     }
     let mut outcomes = Vec::new();
-    let salsa = {
-        let dev = fresh_device(p)?;
-        let cfg = PoolConfig {
-            spare_percent: p.spare_percent,
-            segment_bytes: p.segment_bytes,
-            victim_policy: p.victim.clone(),
-            default_placement: p.placement.clone(),
-            ..PoolConfig::default()
-        };
-        let opts = OpenOptions {
-            discard_freed_segments: p.discard,
-            gc_burst_bytes: p.gc_burst_bytes,
-            ..OpenOptions::default()
-        };
-        let pool = Pool::create(vec![dev], &cfg, &opts).map_err(|e| format!("SALSA on the model: {e}"))?;
-        // Equal volumes of whole blocks, so that no request of the workload spans two. Several
-        // take no more than the pool holds with every volume's streams holding a segment open
-        // (one volume keeps the pool's logical size, as the paper's runs and ours always had).
-        let mut total = pool.logical_capacity_bytes();
-        if p.volumes > 1 {
-            let placements = vec![p.placement.as_str(); p.volumes as usize];
-            total = total.min(pool.usable_bytes_for(&placements).map_err(|e| e.to_string())?);
-        }
-        let volume_bytes = total / p.volumes as u64 / p.block_bytes * p.block_bytes;
-        let vols = (0..p.volumes)
-            .map(|i| {
-                let name = if p.volumes == 1 { "bench".to_string() } else { format!("bench{i}") };
-                pool.create_volume(&name, volume_bytes, p.page_bytes).map_err(|e| e.to_string())
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        let size = volume_bytes * p.volumes as u64;
-        // A host-managed zoned drive refuses random writes: there is no raw run to compare with.
-        let zoned = pool.devices().iter().any(|d| d.zones().is_some());
-        let t = Target::Salsa { pool, vols };
-        let o = measure("salsa", &t, p, quiet)?;
-        if let Target::Salsa { pool, vols } = t {
-            drop(vols);
-            pool.close().map_err(|e| e.to_string())?;
-        }
-        (o, size, zoned)
-    };
-    let (salsa, salsa_size, zoned) = salsa;
+    let (salsa, salsa_size, zoned) = run_salsa(p, quiet)?;
     outcomes.push(salsa);
     if p.raw && zoned && !quiet {
         eprintln!("[raw] skipped: a host-managed zoned drive takes writes only at its write pointers");
@@ -482,8 +455,61 @@ pub fn run(p: &Params, quiet: bool) -> Result<Value, String> {
         let t = Target::Raw { dev, size: salsa_size };
         outcomes.push(measure("raw", &t, p, quiet)?);
     }
+    let report = compare(&outcomes, quiet);
+    if let Some(dir) = &p.out_dir {
+        write_report(dir, p, &outcomes, &report)?;
+    }
+    Ok(report)
+}
+
+/// The SALSA side on a fresh device: its outcome, the bytes its volumes hold (the raw side's
+/// size) and whether the device is a host-managed zoned drive.
+fn run_salsa(p: &Params, quiet: bool) -> Result<(Outcome, u64, bool), String> {
+    let dev = fresh_device(p)?;
+    let cfg = PoolConfig {
+        spare_percent: p.spare_percent,
+        segment_bytes: p.segment_bytes,
+        victim_policy: p.victim.clone(),
+        default_placement: p.placement.clone(),
+        ..PoolConfig::default()
+    };
+    let opts = OpenOptions {
+        discard_freed_segments: p.discard,
+        gc_burst_bytes: p.gc_burst_bytes,
+        ..OpenOptions::default()
+    };
+    let pool = Pool::create(vec![dev], &cfg, &opts).map_err(|e| format!("SALSA on the model: {e}"))?;
+    // Equal volumes of whole blocks, so that no request of the workload spans two. Several
+    // take no more than the pool holds with every volume's streams holding a segment open
+    // (one volume keeps the pool's logical size, as the paper's runs and ours always had).
+    let mut total = pool.logical_capacity_bytes();
+    if p.volumes > 1 {
+        let placements = vec![p.placement.as_str(); p.volumes as usize];
+        total = total.min(pool.usable_bytes_for(&placements).map_err(|e| e.to_string())?);
+    }
+    let volume_bytes = total / p.volumes as u64 / p.block_bytes * p.block_bytes;
+    let vols = (0..p.volumes)
+        .map(|i| {
+            let name = if p.volumes == 1 { "bench".to_string() } else { format!("bench{i}") };
+            pool.create_volume(&name, volume_bytes, p.page_bytes).map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let size = volume_bytes * p.volumes as u64;
+    // A host-managed zoned drive refuses random writes: there is no raw run to compare with.
+    let zoned = pool.devices().iter().any(|d| d.zones().is_some());
+    let t = Target::Salsa { pool, vols };
+    let o = measure("salsa", &t, p, quiet)?;
+    if let Target::Salsa { pool, vols } = t {
+        drop(vols);
+        pool.close().map_err(|e| e.to_string())?;
+    }
+    Ok((o, size, zoned))
+}
+
+/// The runs as JSON, with SALSA's ratios over raw when both ran.
+fn compare(outcomes: &[Outcome], quiet: bool) -> Value {
     let mut report = json!({ "runs": outcomes.iter().map(|o| o.json.clone()).collect::<Vec<_>>() });
-    if let [s, r] = &outcomes[..] {
+    if let [s, r] = outcomes {
         report["throughput_ratio_salsa_over_raw"] = json!(if r.mbps > 0.0 { s.mbps / r.mbps } else { 0.0 });
         report["wear_ratio_raw_over_salsa"] = json!(if s.wear_per_user_byte > 0.0 {
             r.wear_per_user_byte / s.wear_per_user_byte
@@ -498,31 +524,34 @@ pub fn run(p: &Params, quiet: bool) -> Result<Value, String> {
             );
         }
     }
-    if let Some(dir) = &p.out_dir {
-        let put = super::report_writer(dir)?;
-        let series = |f: fn(&Outcome) -> &Vec<(f64, f64)>| super::chart_series(&outcomes, |o| o.label, f);
-        let w = &p.workload;
-        put(
-            "throughput.svg",
-            plot::line_chart(
-                &format!("Modelled throughput, {w}"),
-                "modelled seconds",
-                "MB/s (user reads + writes)",
-                &series(|o| &o.throughput),
-                false,
-            ),
-        )?;
-        put(
-            "wear.svg",
-            plot::line_chart(
-                &format!("Wear, {w}"),
-                "volumes written",
-                "media bytes written per user byte",
-                &series(|o| &o.wear),
-                false,
-            ),
-        )?;
-        put("results.json", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?)?;
-    }
-    Ok(report)
+    report
+}
+
+/// Writes the report and its charts (throughput, wear) into `dir`.
+fn write_report(dir: &std::path::Path, p: &Params, outcomes: &[Outcome], report: &Value) -> Result<(), String> {
+    let put = super::report_writer(dir)?;
+    let series = |f: fn(&Outcome) -> &Vec<(f64, f64)>| super::chart_series(outcomes, |o| o.label, f);
+    let w = &p.workload;
+    put(
+        "throughput.svg",
+        plot::line_chart(
+            &format!("Modelled throughput, {w}"),
+            "modelled seconds",
+            "MB/s (user reads + writes)",
+            &series(|o| &o.throughput),
+            false,
+        ),
+    )?;
+    put(
+        "wear.svg",
+        plot::line_chart(
+            &format!("Wear, {w}"),
+            "volumes written",
+            "media bytes written per user byte",
+            &series(|o| &o.wear),
+            false,
+        ),
+    )?;
+    put("results.json", serde_json::to_string_pretty(report).map_err(|e| e.to_string())?)?;
+    Ok(())
 }

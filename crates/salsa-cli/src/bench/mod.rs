@@ -599,39 +599,15 @@ fn drive(
                                 std::thread::sleep(wait);
                             }
                         }
-                        let Request { kind, offset, len, .. } = req;
-                        let len = len.min(vol.size_bytes().saturating_sub(offset));
-                        if len == 0 {
-                            continue;
-                        }
-                        // A trace's discards trim (not timed: the histograms are of reads and
-                        // writes).
-                        if kind == OpKind::Trim {
-                            if let Err(e) = vol.trim(offset, len) {
-                                *failed.lock() = Some(format!("trim at {offset} ({len} bytes): {e}"));
+                        let t = Instant::now();
+                        let (write, len) = match issue(vol, req, &mut buf, &mut stamp) {
+                            Ok(Some(done)) => done,
+                            Ok(None) => continue,
+                            Err(e) => {
+                                *failed.lock() = Some(e);
                                 break;
                             }
-                            continue;
-                        }
-                        let write = kind == OpKind::Write;
-                        buf.resize(len as usize, 0);
-                        let t = Instant::now();
-                        let res = if write {
-                            // Distinct contents per write, so nothing can pass by accident.
-                            stamp += 1;
-                            // A trace may carry requests shorter than the stamp.
-                            for chunk in buf.chunks_mut(4096) {
-                                let n = chunk.len().min(8);
-                                chunk[..n].copy_from_slice(&stamp.to_le_bytes()[..n]);
-                            }
-                            vol.write(offset, &buf)
-                        } else {
-                            vol.read(offset, &mut buf)
                         };
-                        if let Err(e) = res {
-                            *failed.lock() = Some(format!("{} at {offset} ({len} bytes): {e}", if write { "write" } else { "read" }));
-                            break;
-                        }
                         let us = t.elapsed().as_micros() as u64;
                         let h = if write { &mut w } else { &mut r };
                         h.saturating_record(us.max(1));
@@ -656,6 +632,37 @@ fn drive(
         return Err(e);
     }
     Ok((hw, hr))
+}
+
+/// Issues one request of a workload on `vol`: a read or write into `buf` (a write's contents
+/// stamped with the next `stamp`, so nothing can pass by accident), or a trim. Whether it was a
+/// write and its length when it was a read or write; `None` for a trim (not timed: the
+/// histograms are of reads and writes) or a request past the volume's end.
+fn issue(vol: &salsa_core::Volume, req: Request, buf: &mut Vec<u8>, stamp: &mut u64) -> Result<Option<(bool, u64)>, String> {
+    let Request { kind, offset, len, .. } = req;
+    let len = len.min(vol.size_bytes().saturating_sub(offset));
+    if len == 0 {
+        return Ok(None);
+    }
+    if kind == OpKind::Trim {
+        vol.trim(offset, len).map_err(|e| format!("trim at {offset} ({len} bytes): {e}"))?;
+        return Ok(None);
+    }
+    let write = kind == OpKind::Write;
+    buf.resize(len as usize, 0);
+    let res = if write {
+        *stamp += 1;
+        // A trace may carry requests shorter than the stamp.
+        for chunk in buf.chunks_mut(4096) {
+            let n = chunk.len().min(8);
+            chunk[..n].copy_from_slice(&stamp.to_le_bytes()[..n]);
+        }
+        vol.write(offset, buf)
+    } else {
+        vol.read(offset, buf)
+    };
+    res.map_err(|e| format!("{} at {offset} ({len} bytes): {e}", if write { "write" } else { "read" }))?;
+    Ok(Some((write, len)))
 }
 
 /// Creates a report directory and returns the function that writes a file into it.

@@ -743,7 +743,6 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
     }
     std::fs::create_dir_all(&p.dir).map_err(|e| format!("{}: {e}", p.dir.display()))?;
     let paths = member_paths(p);
-    let say = |m: String| eprintln!("[bench-raid] {m}");
     let mut report = json!({
         "members": p.members, "member_bytes": p.member_bytes, "chunk_bytes": p.chunk_bytes,
         "queue_depth": p.queue_depth, "seconds": p.seconds, "rounds": p.rounds,
@@ -764,28 +763,9 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
     report["volume_fraction"] = p.volume_fraction.into();
     report["workload_bytes"] = same_bytes.into();
     for (name, w) in [("randwrite_4k", Workload::Random4k), ("seqwrite_1m", Workload::Sequential1m)] {
-        if !wanted(name) {
-            continue;
+        if wanted(name) {
+            report[name] = writes_on_both(p, &paths, name, w, same_bytes)?;
         }
-        let mut base = Vec::new();
-        let mut ours = Vec::new();
-        for round in 0..p.rounds {
-            for path in &paths[..p.members] {
-                preallocate(path, p.member_bytes)?;
-            }
-            let arr = baseline_array(p)?;
-            let b = run_workload(p, w, same_bytes.min(arr.capacity_bytes()), &|off, data| arr.write(off, data))?;
-            say(format!(
-                "{name} round {round}: in-place RAID-5 {:.1} MB/s, p99 {} us, p99.9 {} us, max {} us",
-                b.mbps, b.p99_us, b.p999_us, b.max_us
-            ));
-            base.push(b);
-            drop(arr);
-            let pool = salsa_pool(p, p.volume_fraction, false)?;
-            ours.push(salsa_round(p, name, round, w, &pool, &|| Ok(()), 0)?);
-            pool.close().map_err(|e| e.to_string())?;
-        }
-        report[name] = comparison(p, w, &base, &ours);
     }
     if wanted("flush_4k") {
         report["flush_4k"] = flush_heavy(p)?;
@@ -799,11 +779,48 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
     if wanted("raid1_reads") {
         report["raid1_reads"] = raid1_reads(p)?;
     }
-    if !wanted("reads_rebuild") {
-        return Ok(report);
+    if wanted("reads_rebuild") {
+        let (degraded, rebuild) = reads_and_rebuild(p, &paths)?;
+        report["degraded_reads"] = degraded;
+        report["rebuild"] = rebuild;
+        for path in &paths {
+            let _ = std::fs::remove_file(path);
+        }
     }
-    // Reads, healthy and degraded, and the rebuild of a half-full pool.
-    for path in &paths {
+    Ok(report)
+}
+
+/// Workload `w` over `same_bytes` on the in-place RAID-5 and on SALSA's, round after round on
+/// fresh member files; the comparison as JSON.
+fn writes_on_both(p: &RaidBenchParams, paths: &[PathBuf], name: &str, w: Workload, same_bytes: u64) -> Result<Value, String> {
+    let say = |m: String| eprintln!("[bench-raid] {m}");
+    let mut base = Vec::new();
+    let mut ours = Vec::new();
+    for round in 0..p.rounds {
+        for path in &paths[..p.members] {
+            preallocate(path, p.member_bytes)?;
+        }
+        let arr = baseline_array(p)?;
+        let b = run_workload(p, w, same_bytes.min(arr.capacity_bytes()), &|off, data| arr.write(off, data))?;
+        say(format!(
+            "{name} round {round}: in-place RAID-5 {:.1} MB/s, p99 {} us, p99.9 {} us, max {} us",
+            b.mbps, b.p99_us, b.p999_us, b.max_us
+        ));
+        base.push(b);
+        drop(arr);
+        let pool = salsa_pool(p, p.volume_fraction, false)?;
+        ours.push(salsa_round(p, name, round, w, &pool, &|| Ok(()), 0)?);
+        pool.close().map_err(|e| e.to_string())?;
+    }
+    Ok(comparison(p, w, &base, &ours))
+}
+
+/// Random reads on a half-full SALSA RAID-5, healthy and with a member failed, then the
+/// rebuild of that member onto the spare against the in-place array's whole-device resync;
+/// the two reports (degraded reads, rebuild) as JSON.
+fn reads_and_rebuild(p: &RaidBenchParams, paths: &[PathBuf]) -> Result<(Value, Value), String> {
+    let say = |m: String| eprintln!("[bench-raid] {m}");
+    for path in paths {
         preallocate(path, p.member_bytes)?;
     }
     let pool = salsa_pool(p, 0.5, false)?;
@@ -851,11 +868,11 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
         resync_seconds,
         seq.mbps
     ));
-    report["degraded_reads"] = json!({
+    let degraded_reads = json!({
         "healthy_mbps": healthy.mbps, "degraded_mbps": degraded.mbps,
         "ratio": degraded.mbps / healthy.mbps.max(1e-9),
     });
-    report["rebuild"] = json!({
+    let rebuild = json!({
         "salsa_seconds": rebuild.seconds, "salsa_segments_rebuilt": rebuild.segments_rebuilt,
         "segments_total": rebuild.segments_total, "salsa_bytes_written": rebuild.bytes_written,
         "salsa_mbps": rebuild.bytes_written as f64 / rebuild.seconds.max(1e-9) / 1e6,
@@ -863,10 +880,7 @@ pub fn run(p: &RaidBenchParams) -> Result<Value, String> {
         "speedup": resync_seconds / rebuild.seconds.max(1e-9),
         "spare_sequential_write_mbps": seq.mbps,
     });
-    for path in &paths {
-        let _ = std::fs::remove_file(path);
-    }
-    Ok(report)
+    Ok((degraded_reads, rebuild))
 }
 
 /// One side of the flush-heavy comparison.

@@ -177,29 +177,7 @@ pub struct BenchReport {
 
 pub fn run(p: &BenchParams, progress: &dyn Fn(&str)) -> Result<BenchReport, String> {
     let mut baseline_samples = Vec::new();
-    let dev: Arc<dyn Device> = match &p.file {
-        Some(path) => {
-            progress(&format!("preallocating {} ({} MiB)", path.display(), p.size_bytes >> 20));
-            preallocate(path, p.size_bytes)?;
-            progress(&format!(
-                "baseline: random {} B O_DIRECT writes, {} threads, {} s",
-                p.block_bytes, p.queue_depth, p.baseline_seconds
-            ));
-            baseline_samples.extend(raw_baseline(p, path)?);
-            Arc::new(
-                FileDevice::open(
-                    path,
-                    FileOpenOptions {
-                        create_size_bytes: None,
-                        direct: !p.page_cache,
-                        read_only: false,
-                    },
-                )
-                .map_err(|e| e.to_string())?,
-            )
-        }
-        None => Arc::new(MemoryDevice::new("memory", p.size_bytes)),
-    };
+    let dev = open_device(p, progress, &mut baseline_samples)?;
     let cfg = PoolConfig {
         spare_percent: p.spare_percent,
         segment_bytes: p.segment_bytes,
@@ -224,37 +202,14 @@ pub fn run(p: &BenchParams, progress: &dyn Fn(&str)) -> Result<BenchReport, Stri
         off += n as u64;
     }
     pool.flush().map_err(|e| e.to_string())?;
-    let blocks = vol_bytes / p.block_bytes as u64;
     let written = AtomicU64::new(0);
-    let overwrite = |bytes: u64, seed: u64| -> Result<(), String> {
-        let target = written.load(Relaxed) + bytes;
-        std::thread::scope(|s| {
-            let hs: Vec<_> = (0..p.queue_depth)
-                .map(|t| {
-                    let (vol, written) = (&vol, &written);
-                    s.spawn(move || -> Result<(), String> {
-                        let mut rng = SmallRng::seed_from_u64(seed * 1000 + t as u64);
-                        let mut buf = vec![0u8; p.block_bytes];
-                        rng.fill(&mut buf[..]);
-                        while written.load(Relaxed) < target {
-                            let b = rng.gen_range(0..blocks);
-                            buf[..8].copy_from_slice(&b.to_le_bytes());
-                            vol.write(b * p.block_bytes as u64, &buf).map_err(|e| e.to_string())?;
-                            written.fetch_add(p.block_bytes as u64, Relaxed);
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .try_for_each(|h| h.join().map_err(|_| "writer thread panicked".to_string())?)
-        })
-    };
     progress(&format!("warm-up: {:.1} volume(s) of random overwrites", p.warmup_volumes));
-    overwrite((vol_bytes as f64 * p.warmup_volumes) as u64, 1)?;
+    overwrite(p, &vol, &written, (vol_bytes as f64 * p.warmup_volumes) as u64, 1)?;
     let before = pool.stats();
     progress(&format!("measuring: {:.1} volume(s) of random overwrites", p.measure_volumes));
-    let (res, salsa_samples) = sampled(&written, || overwrite((vol_bytes as f64 * p.measure_volumes) as u64, 2));
+    let (res, salsa_samples) = sampled(&written, || {
+        overwrite(p, &vol, &written, (vol_bytes as f64 * p.measure_volumes) as u64, 2)
+    });
     res?;
     let after = pool.stats();
     progress(&format!(
@@ -292,6 +247,61 @@ pub fn run(p: &BenchParams, progress: &dyn Fn(&str)) -> Result<BenchReport, Stri
         volume_bytes: vol_bytes,
         salsa_samples,
         baseline_samples,
+    })
+}
+
+/// Random overwrites of `p.block_bytes` from `p.queue_depth` threads until `written` has
+/// grown by `bytes`; each thread's data seeded from `seed`.
+fn overwrite(p: &BenchParams, vol: &salsa_core::Volume, written: &AtomicU64, bytes: u64, seed: u64) -> Result<(), String> {
+    let blocks = vol.size_bytes() / p.block_bytes as u64;
+    let target = written.load(Relaxed) + bytes;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p.queue_depth)
+            .map(|t| {
+                s.spawn(move || -> Result<(), String> {
+                    let mut rng = SmallRng::seed_from_u64(seed * 1000 + t as u64);
+                    let mut buf = vec![0u8; p.block_bytes];
+                    rng.fill(&mut buf[..]);
+                    while written.load(Relaxed) < target {
+                        let b = rng.gen_range(0..blocks);
+                        buf[..8].copy_from_slice(&b.to_le_bytes());
+                        vol.write(b * p.block_bytes as u64, &buf).map_err(|e| e.to_string())?;
+                        written.fetch_add(p.block_bytes as u64, Relaxed);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .try_for_each(|h| h.join().map_err(|_| "writer thread panicked".to_string())?)
+    })
+}
+
+/// The device the bench runs on: a preallocated file (measuring the raw baseline on it first,
+/// into `baseline_samples`) or memory.
+fn open_device(p: &BenchParams, progress: &dyn Fn(&str), baseline_samples: &mut Vec<f64>) -> Result<Arc<dyn Device>, String> {
+    Ok(match &p.file {
+        Some(path) => {
+            progress(&format!("preallocating {} ({} MiB)", path.display(), p.size_bytes >> 20));
+            preallocate(path, p.size_bytes)?;
+            progress(&format!(
+                "baseline: random {} B O_DIRECT writes, {} threads, {} s",
+                p.block_bytes, p.queue_depth, p.baseline_seconds
+            ));
+            baseline_samples.extend(raw_baseline(p, path)?);
+            Arc::new(
+                FileDevice::open(
+                    path,
+                    FileOpenOptions {
+                        create_size_bytes: None,
+                        direct: !p.page_cache,
+                        read_only: false,
+                    },
+                )
+                .map_err(|e| e.to_string())?,
+            )
+        }
+        None => Arc::new(MemoryDevice::new("memory", p.size_bytes)),
     })
 }
 

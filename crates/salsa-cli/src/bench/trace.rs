@@ -183,6 +183,108 @@ fn block_event(line: &str, format: Format) -> Result<Option<BlockEvent<'_>>, Str
     )))
 }
 
+/// A request parsed from one trace line: kind, offset and length in bytes, time in
+/// microseconds, and whether blkparse printed it as queued (not issued).
+type ParsedLine = (OpKind, u64, u64, u64, bool);
+
+/// Parses a trace's lines in order, keeping what a line carries over to the next: the volume
+/// chosen (the first one seen unless named) and a fio iolog's version.
+struct LineParser {
+    format: Format,
+    chosen: Option<String>,
+    fio_version: u32,
+}
+
+impl LineParser {
+    /// The request on `line`; `None` for a line of another volume or one that is no request;
+    /// an error says why the line is malformed.
+    fn parse(&mut self, line: &str) -> Result<Option<ParsedLine>, String> {
+        let why = |w: &str| w.to_string();
+        let num = |s: &str, what: &str| s.trim().parse::<u64>().map_err(|_| format!("{what} is not a number"));
+        let parsed = match self.format {
+            Format::Msr => {
+                let f: Vec<&str> = line.split(',').collect();
+                if f.len() < 6 {
+                    return Err(why("MSR lines have 7 fields"));
+                }
+                if let Some(v) = &self.chosen {
+                    if f[2].trim() != v {
+                        return Ok(None);
+                    }
+                }
+                let kind = match f[3].trim().to_ascii_lowercase().as_str() {
+                    "write" => OpKind::Write,
+                    "read" => OpKind::Read,
+                    _ => return Err(why("type must be Read or Write")),
+                };
+                (kind, num(f[4], "offset")?, num(f[5], "size")?, num(f[0], "timestamp")? / 10, false)
+            }
+            Format::Alibaba => {
+                let f: Vec<&str> = line.split(',').collect();
+                if f.len() < 5 {
+                    return Err(why("Alibaba lines have 5 fields"));
+                }
+                match &self.chosen {
+                    Some(v) if f[0].trim() != v => return Ok(None),
+                    Some(_) => {}
+                    None => self.chosen = Some(f[0].trim().to_string()),
+                }
+                let kind = match f[1].trim() {
+                    "W" | "w" => OpKind::Write,
+                    "R" | "r" => OpKind::Read,
+                    _ => return Err(why("opcode must be W or R")),
+                };
+                (kind, num(f[2], "offset")?, num(f[3], "length")?, num(f[4], "timestamp")?, false)
+            }
+            Format::FioLog => {
+                if let Some(v) = line.strip_prefix("fio version ") {
+                    self.fio_version = v
+                        .split_whitespace()
+                        .next()
+                        .and_then(|v| v.parse::<u32>().ok())
+                        .filter(|v| *v == 2 || *v == 3)
+                        .ok_or_else(|| why("only fio iolog versions 2 and 3 are supported"))?;
+                    return Ok(None);
+                }
+                if self.fio_version == 0 {
+                    return Err(why("a fio iolog starts with \"fio version 2 iolog\""));
+                }
+                let mut f = line.split_whitespace();
+                let ts = if self.fio_version == 3 {
+                    num(f.next().unwrap_or(""), "timestamp")? / 1000
+                } else {
+                    0
+                };
+                let _file = f.next().ok_or_else(|| why("missing file name"))?;
+                let kind = match f.next() {
+                    Some("write") => OpKind::Write,
+                    Some("read") => OpKind::Read,
+                    Some("trim") => OpKind::Trim,
+                    Some(_) => return Ok(None), // add, open, close, sync, datasync, wait
+                    None => return Err(why("missing action")),
+                };
+                let offset = num(f.next().unwrap_or(""), "offset")?;
+                let len = num(f.next().unwrap_or(""), "length")?;
+                (kind, offset, len, ts, false)
+            }
+            Format::Blkparse | Format::Ftrace => {
+                let Some((dev, class, kind, sector, sectors, at)) = block_event(line, self.format)? else {
+                    return Ok(None);
+                };
+                match &self.chosen {
+                    Some(v) if dev != v => return Ok(None),
+                    Some(_) => {}
+                    None => self.chosen = Some(dev.to_string()),
+                }
+                let offset = sector.checked_mul(512).ok_or_else(|| why("sector overflows"))?;
+                let len = sectors.checked_mul(512).ok_or_else(|| why("sector count overflows"))?;
+                (kind, offset, len, at, class == 'Q')
+            }
+        };
+        Ok(Some(parsed))
+    }
+}
+
 /// Reads a trace, plain or gzip-compressed (told by its first two bytes, whatever its name).
 /// `volume` picks one volume of an Alibaba trace (default: the first one seen), one disk
 /// number of an MSR trace, or one device `MAJ,MIN` of a block-layer trace.
@@ -207,8 +309,11 @@ pub fn read(path: &Path, format: Option<Format>, volume: Option<&str>) -> Result
     let mut ops = Vec::new();
     // Requests blkparse printed as queued, replayed when the trace has no issued ones.
     let mut queued = Vec::new();
-    let mut chosen: Option<String> = volume.map(str::to_string);
-    let mut fio_version = 0;
+    let mut parser = LineParser {
+        format,
+        chosen: volume.map(str::to_string),
+        fio_version: 0,
+    };
     for (i, line) in lines {
         let line = line.map_err(failed)?;
         let line = line.trim();
@@ -216,88 +321,8 @@ pub fn read(path: &Path, format: Option<Format>, volume: Option<&str>) -> Result
             continue;
         }
         let bad = |why: &str| format!("{}:{}: {why}: {line:?}", path.display(), i + 1);
-        let num = |s: &str, what: &str| s.trim().parse::<u64>().map_err(|_| bad(&format!("{what} is not a number")));
-        let mut is_queued = false;
-        let (kind, offset, len, ts) = match format {
-            Format::Msr => {
-                let f: Vec<&str> = line.split(',').collect();
-                if f.len() < 6 {
-                    return Err(bad("MSR lines have 7 fields"));
-                }
-                if let Some(v) = &chosen {
-                    if f[2].trim() != v {
-                        continue;
-                    }
-                }
-                let kind = match f[3].trim().to_ascii_lowercase().as_str() {
-                    "write" => OpKind::Write,
-                    "read" => OpKind::Read,
-                    _ => return Err(bad("type must be Read or Write")),
-                };
-                (kind, num(f[4], "offset")?, num(f[5], "size")?, num(f[0], "timestamp")? / 10)
-            }
-            Format::Alibaba => {
-                let f: Vec<&str> = line.split(',').collect();
-                if f.len() < 5 {
-                    return Err(bad("Alibaba lines have 5 fields"));
-                }
-                match &chosen {
-                    Some(v) if f[0].trim() != v => continue,
-                    Some(_) => {}
-                    None => chosen = Some(f[0].trim().to_string()),
-                }
-                let kind = match f[1].trim() {
-                    "W" | "w" => OpKind::Write,
-                    "R" | "r" => OpKind::Read,
-                    _ => return Err(bad("opcode must be W or R")),
-                };
-                (kind, num(f[2], "offset")?, num(f[3], "length")?, num(f[4], "timestamp")?)
-            }
-            Format::FioLog => {
-                if let Some(v) = line.strip_prefix("fio version ") {
-                    fio_version = v
-                        .split_whitespace()
-                        .next()
-                        .and_then(|v| v.parse::<u32>().ok())
-                        .filter(|v| *v == 2 || *v == 3)
-                        .ok_or_else(|| bad("only fio iolog versions 2 and 3 are supported"))?;
-                    continue;
-                }
-                if fio_version == 0 {
-                    return Err(bad("a fio iolog starts with \"fio version 2 iolog\""));
-                }
-                let mut f = line.split_whitespace();
-                let ts = if fio_version == 3 {
-                    num(f.next().unwrap_or(""), "timestamp")? / 1000
-                } else {
-                    0
-                };
-                let _file = f.next().ok_or_else(|| bad("missing file name"))?;
-                let kind = match f.next() {
-                    Some("write") => OpKind::Write,
-                    Some("read") => OpKind::Read,
-                    Some("trim") => OpKind::Trim,
-                    Some(_) => continue, // add, open, close, sync, datasync, wait
-                    None => return Err(bad("missing action")),
-                };
-                let offset = num(f.next().unwrap_or(""), "offset")?;
-                let len = num(f.next().unwrap_or(""), "length")?;
-                (kind, offset, len, ts)
-            }
-            Format::Blkparse | Format::Ftrace => {
-                let Some((dev, class, kind, sector, sectors, at)) = block_event(line, format).map_err(|why| bad(&why))? else {
-                    continue;
-                };
-                match &chosen {
-                    Some(v) if dev != v => continue,
-                    Some(_) => {}
-                    None => chosen = Some(dev.to_string()),
-                }
-                let offset = sector.checked_mul(512).ok_or_else(|| bad("sector overflows"))?;
-                let len = sectors.checked_mul(512).ok_or_else(|| bad("sector count overflows"))?;
-                is_queued = class == 'Q';
-                (kind, offset, len, at)
-            }
+        let Some((kind, offset, len, ts, is_queued)) = parser.parse(line).map_err(|why| bad(&why))? else {
+            continue;
         };
         if len == 0 {
             continue;

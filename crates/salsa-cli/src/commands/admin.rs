@@ -45,7 +45,6 @@ fn create_pool(devices: &Devices, f: &FormatArgs, force: bool) -> Result<Pool, S
 
 pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     let pool = devices.open_pool(ro_options())?;
-    let g = pool.geometry();
     let st = pool.stats();
     println!("pool        {:032x}", pool.pool_id());
     for d in &devices.devices {
@@ -53,6 +52,17 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
         println!("device      {}{gone}", d.path.display());
     }
     println!("array       {}", pool.array_description());
+    print_members(&st);
+    print_space(&pool, &st);
+    println!("volumes     {}", st.volumes.len());
+    for v in &st.volumes {
+        print_volume(v);
+    }
+    Ok(())
+}
+
+/// Each member of the array with its state and counters, and a rebuild in progress.
+fn print_members(st: &salsa_core::Stats) {
     for (i, m) in st.members.iter().enumerate() {
         // What needs attention in capitals.
         let state = match m.state() {
@@ -84,6 +94,11 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
             rate_limit_text(r.rate_bytes_per_sec)
         );
     }
+}
+
+/// The pool's size, segments, free space, spare and logical capacity, and its policies.
+fn print_space(pool: &Pool, st: &salsa_core::Stats) {
+    let g = pool.geometry();
     println!("physical    {}", human(g.total_grains * g.grain_bytes as u64));
     println!(
         "segments    {} x {} (grain {})",
@@ -105,57 +120,57 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     println!("victim      {}", pool.victim_policy());
     println!("placement   {} (default for new volumes)", pool.default_placement());
     println!("opened from {:?}", pool.opened_from());
-    println!("volumes     {}", st.volumes.len());
-    for v in &st.volumes {
+}
+
+/// One volume with its settings, and what its controller adds.
+fn print_volume(v: &salsa_core::VolumeStats) {
+    println!(
+        "  {:<20} {:<6} size {:>10}  page {:>6}  mapped {:>10}  map {:>9}  storage {}  placement {} ({})  victim {}",
+        v.name,
+        v.controller,
+        human(v.size_bytes),
+        human(v.page_bytes as u64),
+        human(v.mapped_bytes),
+        human(v.map_memory_bytes),
+        v.storage,
+        v.placement,
+        human(v.placement_memory_bytes),
+        v.victim
+    );
+    if v.controller == "amf" {
         println!(
-            "  {:<20} {:<6} size {:>10}  page {:>6}  mapped {:>10}  map {:>9}  storage {}  placement {} ({})  victim {}",
-            v.name,
-            v.controller,
-            human(v.size_bytes),
-            human(v.page_bytes as u64),
-            human(v.mapped_bytes),
-            human(v.map_memory_bytes),
-            v.storage,
-            v.placement,
-            human(v.placement_memory_bytes),
-            v.victim
+            "  {:<20}      append-only segments of {}: {} of {} written, {} full; map of {} runs",
+            "",
+            human(v.settings.iter().find(|(k, _)| k == "segment_bytes").map_or(0, |s| s.1)),
+            v.amf_segments_written,
+            v.amf_segments,
+            v.amf_segments_full,
+            v.map_runs
         );
-        if v.controller == "amf" {
-            println!(
-                "  {:<20}      append-only segments of {}: {} of {} written, {} full; map of {} runs",
-                "",
-                human(v.settings.iter().find(|(k, _)| k == "segment_bytes").map_or(0, |s| s.1)),
-                v.amf_segments_written,
-                v.amf_segments,
-                v.amf_segments_full,
-                v.map_runs
-            );
-        }
-        if v.controller == "dual" {
-            println!(
-                "  {:<20}      sparse map {} of {} small pages, {} large pages merged",
-                "", v.sparse_pages, v.sparse_capacity_pages, v.merged_pages
-            );
-        }
-        if v.controller == "hybrid" {
-            println!(
-                "  {:<20}      fast tier {} in {} segments{}, {} promoted, {} demoted, read {} fast / {} slow",
-                "",
-                human(v.fast_tier_bytes),
-                v.fast_tier_segments,
-                if v.fast_tier_failed {
-                    " (FAILED: reads go to the slow tier)"
-                } else {
-                    ""
-                },
-                v.promotions,
-                v.demotions,
-                human(v.fast_read_bytes),
-                human(v.slow_read_bytes)
-            );
-        }
     }
-    Ok(())
+    if v.controller == "dual" {
+        println!(
+            "  {:<20}      sparse map {} of {} small pages, {} large pages merged",
+            "", v.sparse_pages, v.sparse_capacity_pages, v.merged_pages
+        );
+    }
+    if v.controller == "hybrid" {
+        println!(
+            "  {:<20}      fast tier {} in {} segments{}, {} promoted, {} demoted, read {} fast / {} slow",
+            "",
+            human(v.fast_tier_bytes),
+            v.fast_tier_segments,
+            if v.fast_tier_failed {
+                " (FAILED: reads go to the slow tier)"
+            } else {
+                ""
+            },
+            v.promotions,
+            v.demotions,
+            human(v.fast_read_bytes),
+            human(v.slow_read_bytes)
+        );
+    }
 }
 
 /// `salsa check --scrub`: compares the array's redundancy with the data, and with `repair`
@@ -253,39 +268,55 @@ pub(crate) struct CheckOutcome {
     pub repairable_bytes: u64,
 }
 
+/// A page found damaged: its volume, its number and the grain it was read from.
+type DamagedPage = (String, u64, Option<u64>);
+
+/// What the first open of `salsa check` saw: every page's location as a server would open the
+/// pool (the checkpoint after a clean shutdown), the pages that failed their checksum, and the
+/// members' counters after reading every mapped page.
+struct OpenView {
+    locations: std::collections::HashMap<String, Vec<Option<u64>>>,
+    damaged: std::collections::HashSet<DamagedPage>,
+    members: Vec<salsa_core::MemberStatus>,
+}
+
+/// Opens the pool as a server would and reads every mapped page, reporting each that fails.
+fn read_open_view(devices: &Devices) -> Result<OpenView, String> {
+    let normal = devices.open_pool(ro_options())?;
+    let mut view = OpenView {
+        locations: std::collections::HashMap::new(),
+        damaged: std::collections::HashSet::new(),
+        members: Vec::new(),
+    };
+    for name in normal.volume_names() {
+        let v = normal.volume(&name).map_err(|e| e.to_string())?;
+        let mut buf = vec![0u8; v.page_bytes() as usize];
+        let mut locs = Vec::with_capacity(v.pages() as usize);
+        for p in 0..v.pages() {
+            let loc = v.page_location(p);
+            // Every page the open view maps must match its checksum.
+            if loc.is_some() {
+                if let Err(e) = v.read(p * v.page_bytes() as u64, &mut buf) {
+                    println!("volume {name}: page {p}: {e}");
+                    view.damaged.insert((name.clone(), p, loc));
+                }
+            }
+            locs.push(loc);
+        }
+        view.locations.insert(name, locs);
+    }
+    view.members = normal.stats().members;
+    Ok(view)
+}
+
 pub(crate) fn check(devices: &Devices) -> Result<CheckOutcome, String> {
-    // First as a server would open it (the checkpoint after a clean shutdown), remembering every
-    // page's location; then again, rebuilding everything from the log alone. One at a time: the
-    // pool is locked while open.
-    let mut locations = std::collections::HashMap::new();
-    let mut damage = 0u64;
-    let mut repairable_bytes = 0u64;
-    let damaged_at_read: Vec<salsa_core::MemberStatus>;
+    // First as a server would open it, then again, rebuilding everything from the log alone.
+    // One at a time: the pool is locked while open.
+    let open_view = read_open_view(devices)?;
     // Pages found damaged at open: the scan's view reads the same bytes, so they are reported
     // once.
-    let mut damaged: std::collections::HashSet<(String, u64, Option<u64>)> = std::collections::HashSet::new();
-    {
-        let normal = devices.open_pool(ro_options())?;
-        for name in normal.volume_names() {
-            let v = normal.volume(&name).map_err(|e| e.to_string())?;
-            let mut buf = vec![0u8; v.page_bytes() as usize];
-            let mut locs = Vec::with_capacity(v.pages() as usize);
-            for p in 0..v.pages() {
-                let loc = v.page_location(p);
-                // Every page the open view maps must match its checksum.
-                if loc.is_some() {
-                    if let Err(e) = v.read(p * v.page_bytes() as u64, &mut buf) {
-                        println!("volume {name}: page {p}: {e}");
-                        damage += 1;
-                        damaged.insert((name.clone(), p, loc));
-                    }
-                }
-                locs.push(loc);
-            }
-            locations.insert(name, locs);
-        }
-        damaged_at_read = normal.stats().members;
-    }
+    let mut damage = open_view.damaged.len() as u64;
+    let mut repairable_bytes = 0u64;
     let scanned = devices.open_pool_with_progress(
         OpenOptions {
             force_scan: true,
@@ -296,7 +327,7 @@ pub(crate) fn check(devices: &Devices) -> Result<CheckOutcome, String> {
     // Damage the redundancy covered: data pages found by the reads of the first open, and
     // metadata pages (and data pages of records not known durable) by the scan of the second.
     // The larger count of the two per member: both may have met the same pages.
-    for (at_read, at_scan) in damaged_at_read.iter().zip(scanned.stats().members) {
+    for (at_read, at_scan) in open_view.members.iter().zip(scanned.stats().members) {
         let bytes = at_read.damaged_bytes.max(at_scan.damaged_bytes);
         if bytes > 0 {
             println!(
@@ -310,39 +341,14 @@ pub(crate) fn check(devices: &Devices) -> Result<CheckOutcome, String> {
     let mut pages_checked = 0u64;
     for name in scanned.volume_names() {
         let b = scanned.volume(&name).map_err(|e| e.to_string())?;
-        let Some(a) = locations.get(&name) else {
+        let Some(a) = open_view.locations.get(&name) else {
             println!("volume {name}: present in the log but not at open");
             damage += 1;
             continue;
         };
-        let mut buf = vec![0u8; b.page_bytes() as usize];
-        let mut differ = 0;
-        let progress = progress_bar("verify");
-        for p in 0..b.pages() {
-            let (at_open, in_log) = (a.get(p as usize).copied().flatten(), b.page_location(p));
-            if at_open != in_log {
-                if differ < 10 {
-                    println!("volume {name}: page {p}: checkpoint says grain {at_open:?}, the log says grain {in_log:?}");
-                }
-                differ += 1;
-            }
-            if in_log.is_some() {
-                pages_checked += 1;
-                if let Err(e) = b.read(p * b.page_bytes() as u64, &mut buf) {
-                    if !damaged.contains(&(name.clone(), p, in_log)) {
-                        println!("volume {name}: page {p}: {e}");
-                        damage += 1;
-                    }
-                }
-            }
-            if p % 65536 == 0 || p + 1 == b.pages() {
-                progress(p + 1, b.pages());
-            }
-        }
-        if differ > 0 {
-            println!("volume {name}: {differ} pages map differently in the checkpoint and in the log");
-            damage += differ;
-        }
+        let (checked, problems) = verify_scanned_volume(&name, &b, a, &open_view.damaged);
+        pages_checked += checked;
+        damage += problems;
     }
     println!(
         "checked {pages_checked} mapped pages in {} volumes: {damage} problems{}",
@@ -357,4 +363,45 @@ pub(crate) fn check(devices: &Devices) -> Result<CheckOutcome, String> {
         problems: damage,
         repairable_bytes,
     })
+}
+
+/// Compares volume `name` as the log alone rebuilt it (`b`) with the locations the open view
+/// saw (`a`) and reads every page the log maps; the pages read and the problems found (pages
+/// mapped differently, pages failing their checksum that the open view did not already report).
+fn verify_scanned_volume(
+    name: &str,
+    b: &salsa_core::Volume,
+    a: &[Option<u64>],
+    damaged: &std::collections::HashSet<DamagedPage>,
+) -> (u64, u64) {
+    let (mut pages_checked, mut damage) = (0u64, 0u64);
+    let mut buf = vec![0u8; b.page_bytes() as usize];
+    let mut differ = 0;
+    let progress = progress_bar("verify");
+    for p in 0..b.pages() {
+        let (at_open, in_log) = (a.get(p as usize).copied().flatten(), b.page_location(p));
+        if at_open != in_log {
+            if differ < 10 {
+                println!("volume {name}: page {p}: checkpoint says grain {at_open:?}, the log says grain {in_log:?}");
+            }
+            differ += 1;
+        }
+        if in_log.is_some() {
+            pages_checked += 1;
+            if let Err(e) = b.read(p * b.page_bytes() as u64, &mut buf) {
+                if !damaged.contains(&(name.to_string(), p, in_log)) {
+                    println!("volume {name}: page {p}: {e}");
+                    damage += 1;
+                }
+            }
+        }
+        if p % 65536 == 0 || p + 1 == b.pages() {
+            progress(p + 1, b.pages());
+        }
+    }
+    if differ > 0 {
+        println!("volume {name}: {differ} pages map differently in the checkpoint and in the log");
+        damage += differ;
+    }
+    (pages_checked, damage)
 }

@@ -46,179 +46,165 @@ impl Exposition {
 /// The statistics as Prometheus text.
 pub(crate) fn render(s: &Stats) -> String {
     let mut e = Exposition::default();
-    let c = "counter";
-    let g = "gauge";
-    e.one(
-        "user_written_bytes_total",
-        c,
-        "Bytes written by clients.",
-        s.user_bytes_written as f64,
-    );
-    e.one("user_read_bytes_total", c, "Bytes read by clients.", s.user_bytes_read as f64);
-    e.one(
-        "gc_relocated_bytes_total",
-        c,
-        "Bytes the garbage collector moved.",
-        s.gc_bytes_relocated as f64,
-    );
-    e.one(
-        "device_written_bytes_total",
-        c,
-        "Bytes the log wrote (data, relocations, metadata).",
-        s.device_bytes_written as f64,
-    );
-    e.one(
-        "metadata_written_bytes_total",
-        c,
-        "Bytes of record metadata written.",
-        s.metadata_bytes_written as f64,
-    );
-    e.one(
-        "pad_written_bytes_total",
-        c,
-        "Zeros written to end flushes on whole RAID-5 rows.",
-        s.pad_bytes_written as f64,
-    );
-    e.one(
-        "gc_bursts_total",
-        c,
-        "Bursts in which the GC wrote the records it held back (its records together, for drives that program in arrival order).",
-        s.gc_bursts as f64,
-    );
-    e.one(
-        "gc_burst_records_total",
-        c,
-        "GC records written in bursts.",
-        s.gc_burst_records as f64,
-    );
-    e.one(
-        "discarded_bytes_total",
-        c,
-        "Bytes of freed segments discarded on the devices (TRIM, punched holes).",
-        s.discarded_bytes as f64,
-    );
-    e.one(
-        "discard_errors_total",
-        c,
-        "Discards a device refused (advisory, nothing lost).",
-        s.discard_errors as f64,
-    );
-    e.one(
-        "discards_skipped_total",
-        c,
-        "Freed segments not discarded: a punched hole would be allocated again at their imminent reuse.",
-        s.discards_skipped as f64,
-    );
-    e.one(
-        "hole_fill_bytes_total",
-        c,
-        "Zeros written into free segments over holes of their pool file, allocated ahead of writers.",
-        s.hole_fill_bytes as f64,
-    );
-    e.one(
-        "pages_shared_total",
-        c,
-        "Pages remapped by share batches (SHARE).",
-        s.pages_shared as f64,
-    );
-    e.one("share_batches_total", c, "Share batches applied.", s.share_batches as f64);
-    e.one(
-        "records_written_ahead_total",
-        c,
-        "User records written ahead of their flush (write-behind).",
-        s.records_written_ahead as f64,
-    );
-    e.one(
-        "write_amplification",
-        g,
-        "Device bytes written per user byte.",
-        s.write_amplification,
-    );
-    e.one(
-        "array_write_amplification",
-        g,
-        "Bytes written to all members per user byte.",
-        s.array_write_amplification,
-    );
-    e.one("free_segments", g, "Segments free to write.", s.free_segments as f64);
-    e.one(
-        "gc_low_watermark_segments",
-        g,
-        "Free segments below which the GC cleans.",
-        s.gc_low_watermark_segments as f64,
-    );
-    e.one(
-        "gc_high_watermark_segments",
-        g,
-        "Free segments up to which the GC cleans once started.",
-        s.gc_high_watermark_segments as f64,
-    );
-    e.one(
-        "free_segments_over_holes",
-        g,
-        "Free segments over holes of their pool file (handed out last).",
-        s.free_segments_over_holes as f64,
-    );
-    e.one("segments", g, "Segments in the pool.", s.total_segments as f64);
-    e.one("segment_bytes", g, "Bytes per segment.", s.segment_bytes as f64);
-    e.one(
-        "gc_segments_cleaned_total",
-        c,
-        "Victim segments cleaned.",
-        s.gc_segments_cleaned as f64,
-    );
-    e.one("flushes_total", c, "Flushes served.", s.flushes as f64);
-    e.one("syncs_total", c, "Device syncs.", s.syncs as f64);
-    e.one("sync_seconds_total", c, "Time spent in device syncs.", s.sync_micros as f64 / 1e6);
-    e.one(
-        "gc_releases_sharing_a_sync_total",
-        c,
-        "Garbage-collector releases covered by a sync another began after them.",
-        s.releases_sharing_a_sync as f64,
-    );
-    e.one(
-        "gc_seconds_total",
-        c,
-        "Time the garbage collector worked.",
-        s.gc_micros as f64 / 1e6,
-    );
-    e.one(
-        "throttled_allocations_total",
-        c,
-        "Writers that waited for the garbage collector.",
-        s.throttled_allocations as f64,
-    );
-    e.one(
-        "paced_writes_total",
-        c,
-        "User writes paced while the garbage collector was behind.",
-        s.paced_writes as f64,
-    );
-    e.one(
-        "paced_by_write_back_total",
-        c,
-        "Paced user writes admitted at the pace the write-back threads write at (records waiting for the devices).",
-        s.paced_by_write_back as f64,
-    );
-    e.one(
-        "paced_seconds_total",
-        c,
-        "Time paced user writes slept.",
-        s.paced_micros as f64 / 1e6,
-    );
-    e.one(
-        "pacing_rate_bytes_per_second",
-        g,
-        "The rate user writes are admitted at while the garbage collector is behind (0: not pacing).",
-        s.pacing_rate_bytes_per_sec as f64,
-    );
-    e.one("map_memory_bytes", g, "Memory held by the volume maps.", s.map_memory_bytes as f64);
-    e.one(
-        "unmovable_segments",
-        g,
-        "Segments the garbage collector gave up on.",
-        s.unmovable_segments as f64,
-    );
+    render_pool(&mut e, s);
+    render_volumes(&mut e, s);
+    render_array(&mut e, s);
+    render_caches(&mut e, s);
+    render_devices_and_policy(&mut e, s);
+    e.text
+}
+
+const COUNTER: &str = "counter";
+const GAUGE: &str = "gauge";
+
+/// Pool-wide traffic, GC, discards, pacing, map memory and segments by state.
+fn render_pool(e: &mut Exposition, s: &Stats) {
+    let (c, g) = (COUNTER, GAUGE);
+    type PoolMetric = (&'static str, &'static str, &'static str, fn(&Stats) -> f64);
+    let pool_metrics: [PoolMetric; 36] = [
+        ("user_written_bytes_total", c, "Bytes written by clients.", |s| {
+            s.user_bytes_written as f64
+        }),
+        ("user_read_bytes_total", c, "Bytes read by clients.", |s| s.user_bytes_read as f64),
+        ("gc_relocated_bytes_total", c, "Bytes the garbage collector moved.", |s| {
+            s.gc_bytes_relocated as f64
+        }),
+        (
+            "device_written_bytes_total",
+            c,
+            "Bytes the log wrote (data, relocations, metadata).",
+            |s| s.device_bytes_written as f64,
+        ),
+        ("metadata_written_bytes_total", c, "Bytes of record metadata written.", |s| {
+            s.metadata_bytes_written as f64
+        }),
+        (
+            "pad_written_bytes_total",
+            c,
+            "Zeros written to end flushes on whole RAID-5 rows.",
+            |s| s.pad_bytes_written as f64,
+        ),
+        (
+            "gc_bursts_total",
+            c,
+            "Bursts in which the GC wrote the records it held back (its records together, for drives that program in arrival order).",
+            |s| s.gc_bursts as f64,
+        ),
+        ("gc_burst_records_total", c, "GC records written in bursts.", |s| {
+            s.gc_burst_records as f64
+        }),
+        (
+            "discarded_bytes_total",
+            c,
+            "Bytes of freed segments discarded on the devices (TRIM, punched holes).",
+            |s| s.discarded_bytes as f64,
+        ),
+        (
+            "discard_errors_total",
+            c,
+            "Discards a device refused (advisory, nothing lost).",
+            |s| s.discard_errors as f64,
+        ),
+        (
+            "discards_skipped_total",
+            c,
+            "Freed segments not discarded: a punched hole would be allocated again at their imminent reuse.",
+            |s| s.discards_skipped as f64,
+        ),
+        (
+            "hole_fill_bytes_total",
+            c,
+            "Zeros written into free segments over holes of their pool file, allocated ahead of writers.",
+            |s| s.hole_fill_bytes as f64,
+        ),
+        ("pages_shared_total", c, "Pages remapped by share batches (SHARE).", |s| {
+            s.pages_shared as f64
+        }),
+        ("share_batches_total", c, "Share batches applied.", |s| s.share_batches as f64),
+        (
+            "records_written_ahead_total",
+            c,
+            "User records written ahead of their flush (write-behind).",
+            |s| s.records_written_ahead as f64,
+        ),
+        ("write_amplification", g, "Device bytes written per user byte.", |s| {
+            s.write_amplification
+        }),
+        ("array_write_amplification", g, "Bytes written to all members per user byte.", |s| {
+            s.array_write_amplification
+        }),
+        ("free_segments", g, "Segments free to write.", |s| s.free_segments as f64),
+        ("gc_low_watermark_segments", g, "Free segments below which the GC cleans.", |s| {
+            s.gc_low_watermark_segments as f64
+        }),
+        (
+            "gc_high_watermark_segments",
+            g,
+            "Free segments up to which the GC cleans once started.",
+            |s| s.gc_high_watermark_segments as f64,
+        ),
+        (
+            "free_segments_over_holes",
+            g,
+            "Free segments over holes of their pool file (handed out last).",
+            |s| s.free_segments_over_holes as f64,
+        ),
+        ("segments", g, "Segments in the pool.", |s| s.total_segments as f64),
+        ("segment_bytes", g, "Bytes per segment.", |s| s.segment_bytes as f64),
+        ("gc_segments_cleaned_total", c, "Victim segments cleaned.", |s| {
+            s.gc_segments_cleaned as f64
+        }),
+        ("flushes_total", c, "Flushes served.", |s| s.flushes as f64),
+        ("syncs_total", c, "Device syncs.", |s| s.syncs as f64),
+        ("sync_seconds_total", c, "Time spent in device syncs.", |s| {
+            s.sync_micros as f64 / 1e6
+        }),
+        (
+            "gc_releases_sharing_a_sync_total",
+            c,
+            "Garbage-collector releases covered by a sync another began after them.",
+            |s| s.releases_sharing_a_sync as f64,
+        ),
+        ("gc_seconds_total", c, "Time the garbage collector worked.", |s| {
+            s.gc_micros as f64 / 1e6
+        }),
+        (
+            "throttled_allocations_total",
+            c,
+            "Writers that waited for the garbage collector.",
+            |s| s.throttled_allocations as f64,
+        ),
+        (
+            "paced_writes_total",
+            c,
+            "User writes paced while the garbage collector was behind.",
+            |s| s.paced_writes as f64,
+        ),
+        (
+            "paced_by_write_back_total",
+            c,
+            "Paced user writes admitted at the pace the write-back threads write at (records waiting for the devices).",
+            |s| s.paced_by_write_back as f64,
+        ),
+        ("paced_seconds_total", c, "Time paced user writes slept.", |s| {
+            s.paced_micros as f64 / 1e6
+        }),
+        (
+            "pacing_rate_bytes_per_second",
+            g,
+            "The rate user writes are admitted at while the garbage collector is behind (0: not pacing).",
+            |s| s.pacing_rate_bytes_per_sec as f64,
+        ),
+        ("map_memory_bytes", g, "Memory held by the volume maps.", |s| {
+            s.map_memory_bytes as f64
+        }),
+        ("unmovable_segments", g, "Segments the garbage collector gave up on.", |s| {
+            s.unmovable_segments as f64
+        }),
+    ];
+    for (name, kind, help, f) in pool_metrics {
+        e.one(name, kind, help, f(s));
+    }
     let states = [
         "free",
         "staged",
@@ -235,6 +221,11 @@ pub(crate) fn render(s: &Stats) -> String {
         .map(|(st, n)| (format!("{{state=\"{st}\"}}"), n as f64))
         .collect();
     e.metric("segments_by_state", g, "Segments per state.", &by_state);
+}
+
+/// One sample per volume for each volume metric.
+fn render_volumes(e: &mut Exposition, s: &Stats) {
+    let (c, g) = (COUNTER, GAUGE);
 
     type VolumeMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::VolumeStats) -> f64);
     let volume_metrics: [VolumeMetric; 19] = [
@@ -327,6 +318,11 @@ pub(crate) fn render(s: &Stats) -> String {
             .collect();
         e.metric(name, kind, help, &samples);
     }
+}
+
+/// The array's members, its rebuild and its parity buffer.
+fn render_array(e: &mut Exposition, s: &Stats) {
+    let (c, g) = (COUNTER, GAUGE);
     type MemberMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::MemberStatus) -> f64);
     let member_metrics: [MemberMetric; 10] = [
         ("member_read_bytes_total", c, "Bytes read from the member.", |m| m.bytes_read as f64),
@@ -412,6 +408,11 @@ pub(crate) fn render(s: &Stats) -> String {
             &[(l, if b.failed.is_some() { 1.0 } else { 0.0 })],
         );
     }
+}
+
+/// The read cache and the write buffer, when the pool has them.
+fn render_caches(e: &mut Exposition, s: &Stats) {
+    let (c, g) = (COUNTER, GAUGE);
     if let Some(r) = &s.read_cache {
         e.one("read_cache_capacity_bytes", g, "Read cache size.", r.capacity_bytes as f64);
         e.one("read_cache_used_bytes", g, "Bytes the read cache holds.", r.used_bytes as f64);
@@ -458,6 +459,10 @@ pub(crate) fn render(s: &Stats) -> String {
             w.spare_bytes as f64,
         );
     }
+}
+
+/// The device models' counters and the victim policy's own state.
+fn render_devices_and_policy(e: &mut Exposition, s: &Stats) {
     let counters: Vec<(String, f64)> = s
         .device_counters
         .iter()
@@ -479,7 +484,6 @@ pub(crate) fn render(s: &Stats) -> String {
             &policy,
         );
     }
-    e.text
 }
 
 /// Answers one HTTP request on `stream`.

@@ -210,6 +210,25 @@ fn serve_raw(specs: &[DeviceSpec], args: &ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Where clients reach the server, as NBD URIs.
+fn listening_addresses(listening: &salsa_nbd::server::Listening, args: &ServeArgs, cfg: &salsa_nbd::server::ServerConfig) -> String {
+    let mut wheres = Vec::new();
+    let scheme = match cfg.tls {
+        salsa_nbd::proto::TlsMode::Require => "nbds",
+        _ => "nbd",
+    };
+    if let Some(a) = listening.tcp_addr() {
+        wheres.push(format!("{scheme}://{a}"));
+    }
+    if let Some(u) = &args.unix {
+        wheres.push(format!("{scheme}+unix:///?socket={}", u.display()));
+    }
+    if cfg.tls == salsa_nbd::proto::TlsMode::On {
+        wheres.push("(TLS offered: nbds:// too)".into());
+    }
+    wheres.join(" and ")
+}
+
 pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) -> Result<(), String> {
     let default = [DeviceSpec {
         path: "salsa-data/pool.img".into(),
@@ -259,21 +278,11 @@ pub(crate) fn serve(specs: &[DeviceSpec], args: ServeArgs, format: &FormatArgs) 
         }
     };
     let stop = stop_on_signals()?;
-    let mut wheres = Vec::new();
-    let scheme = match cfg.tls {
-        salsa_nbd::proto::TlsMode::Require => "nbds",
-        _ => "nbd",
-    };
-    if let Some(a) = listening.tcp_addr() {
-        wheres.push(format!("{scheme}://{a}"));
-    }
-    if let Some(u) = &args.unix {
-        wheres.push(format!("{scheme}+unix:///?socket={}", u.display()));
-    }
-    if cfg.tls == salsa_nbd::proto::TlsMode::On {
-        wheres.push("(TLS offered: nbds:// too)".into());
-    }
-    eprintln!("salsa: serving {} on {}", pool.volume_names().join(", "), wheres.join(" and "));
+    eprintln!(
+        "salsa: serving {} on {}",
+        pool.volume_names().join(", "),
+        listening_addresses(&listening, &args, &cfg)
+    );
     let control_path = args.control.clone().unwrap_or_else(|| control_path_for(&specs[0].path));
     let control = salsa_nbd::server::bind_unix(&control_path)?;
     let control_thread = {

@@ -6,25 +6,47 @@ use salsa_core::spec::control_path_for;
 pub(crate) use salsa_cli::stats_json::{stats_json, volume_json};
 
 pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceSpec>, json: bool) -> Result<(), String> {
-    use std::io::Read;
     let path =
         control.unwrap_or_else(|| control_path_for(device.map(|d| d.path.as_path()).unwrap_or(std::path::Path::new(DEFAULT_DEVICE))));
-    let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
+    let v = query_stats(&path)?;
+    if json {
+        println!("{v}");
+        return Ok(());
+    }
+    print_period(&v);
+    print_pool(&v);
+    print_caches(&v);
+    if v["array"].as_str().is_some_and(|a| a != "linear") {
+        print_array(&v);
+    }
+    for vol in v["volumes"].as_array().into_iter().flatten() {
+        println!(
+            "volume {:<20} size {:>10} mapped {:>10}",
+            vol["name"].as_str().unwrap_or("?"),
+            human(vol["size_bytes"].as_u64().unwrap_or(0)),
+            human(vol["mapped_bytes"].as_u64().unwrap_or(0))
+        );
+    }
+    Ok(())
+}
+
+/// Asks the server behind the control socket at `path` for its statistics.
+fn query_stats(path: &std::path::Path) -> Result<serde_json::Value, String> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(path).map_err(|e| {
         format!(
             "cannot reach a running server at {}: {e} (is `salsa serve` running?)",
             path.display()
         )
     })?;
-    use std::io::Write;
     let _ = writeln!(s, "stats");
     let mut text = String::new();
     s.read_to_string(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(text.trim()).map_err(|e| format!("bad answer from {}: {e}", path.display()))?;
-    if json {
-        println!("{v}");
-        return Ok(());
-    }
-    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    serde_json::from_str(text.trim()).map_err(|e| format!("bad answer from {}: {e}", path.display()))
+}
+
+/// The period the counters cover: they restart with each server start.
+fn print_period(v: &serde_json::Value) {
     if let Some(since) = v["counters_since_unix_seconds"].as_u64() {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -39,6 +61,11 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
             }
         );
     }
+}
+
+/// Traffic, GC, free space, pacing, syncs and map memory of the pool.
+fn print_pool(v: &serde_json::Value) {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
     println!("user written      {}", human(n("user_bytes_written")));
     println!("user read         {}", human(n("user_bytes_read")));
     println!("GC relocated      {}", human(n("gc_bytes_relocated")));
@@ -114,6 +141,10 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     if n("share_batches") > 0 {
         println!("shared            {} pages in {} batches", n("pages_shared"), n("share_batches"));
     }
+}
+
+/// The read cache and the write buffer, when the pool has them.
+fn print_caches(v: &serde_json::Value) {
     if let Some(c) = v["read_cache"].as_object() {
         let k = |key: &str| c.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
         let lookups = (k("hits") + k("misses")).max(1);
@@ -141,65 +172,61 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
             k("destages")
         );
     }
-    if v["array"].as_str().is_some_and(|a| a != "linear") {
+}
+
+/// An array's layout, parity buffer, rebuild and members.
+fn print_array(v: &serde_json::Value) {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    println!(
+        "array             {} (all members written per user byte: {:.3}; padding {})",
+        v["array"].as_str().unwrap_or("?"),
+        v["array_write_amplification"].as_f64().unwrap_or(0.0),
+        human(n("pad_bytes_written"))
+    );
+    if let Some(b) = v["parity_buffer"].as_object() {
+        let k = |key: &str| b.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
         println!(
-            "array             {} (all members written per user byte: {:.3}; padding {})",
-            v["array"].as_str().unwrap_or("?"),
-            v["array_write_amplification"].as_f64().unwrap_or(0.0),
-            human(n("pad_bytes_written"))
+            "parity buffer     {} ({}, {} rows per bank): {} banks written, {}; {} syncs had nothing new",
+            b.get("name").and_then(|x| x.as_str()).unwrap_or("?"),
+            human(k("size_bytes")),
+            k("rows_per_bank"),
+            k("banks_written"),
+            human(k("bytes_written")),
+            k("banks_skipped")
         );
-        if let Some(b) = v["parity_buffer"].as_object() {
-            let k = |key: &str| b.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
+        if let Some(why) = b.get("failed").and_then(|x| x.as_str()) {
             println!(
-                "parity buffer     {} ({}, {} rows per bank): {} banks written, {}; {} syncs had nothing new",
-                b.get("name").and_then(|x| x.as_str()).unwrap_or("?"),
-                human(k("size_bytes")),
-                k("rows_per_bank"),
-                k("banks_written"),
-                human(k("bytes_written")),
-                k("banks_skipped")
+                "  OUT OF SERVICE   {why}: flushes pad to whole rows; after a stop, `salsa device parity-buffer` gives the pool a new one"
             );
-            if let Some(why) = b.get("failed").and_then(|x| x.as_str()) {
-                println!("  OUT OF SERVICE   {why}: flushes pad to whole rows; after a stop, `salsa device parity-buffer` gives the pool a new one");
-            }
-        }
-        if let Some(r) = v["rebuild"].as_object() {
-            let k = |key: &str| r.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
-            let limit = rate_limit_text(Some(k("rate_bytes_per_sec")).filter(|r| *r > 0));
-            println!(
-                "rebuilding        slot {}: {} of {} segments passed, {limit}",
-                k("slot"),
-                k("next_segment"),
-                k("total_segments")
-            );
-        }
-        for m in v["members"].as_array().into_iter().flatten() {
-            let k = |key: &str| m[key].as_u64().unwrap_or(0);
-            println!(
-                "  {:<7} {} ({})  read {}  written {} (parity {})  errors {}r/{}w  damaged {}  repaired {}",
-                m["state"].as_str().unwrap_or("?"),
-                m["name"].as_str().unwrap_or("?"),
-                m["storage_type"].as_str().unwrap_or("?"),
-                human(k("bytes_read")),
-                human(k("bytes_written")),
-                human(k("parity_bytes_written")),
-                k("read_errors"),
-                k("write_errors"),
-                human(k("damaged_bytes")),
-                human(k("repaired_bytes"))
-            );
-            if let Some(out) = m["outgoing"].as_str() {
-                println!("          {out} still serves the slot until the rebuild ends");
-            }
         }
     }
-    for vol in v["volumes"].as_array().into_iter().flatten() {
+    if let Some(r) = v["rebuild"].as_object() {
+        let k = |key: &str| r.get(key).and_then(|x| x.as_u64()).unwrap_or(0);
+        let limit = rate_limit_text(Some(k("rate_bytes_per_sec")).filter(|r| *r > 0));
         println!(
-            "volume {:<20} size {:>10} mapped {:>10}",
-            vol["name"].as_str().unwrap_or("?"),
-            human(vol["size_bytes"].as_u64().unwrap_or(0)),
-            human(vol["mapped_bytes"].as_u64().unwrap_or(0))
+            "rebuilding        slot {}: {} of {} segments passed, {limit}",
+            k("slot"),
+            k("next_segment"),
+            k("total_segments")
         );
     }
-    Ok(())
+    for m in v["members"].as_array().into_iter().flatten() {
+        let k = |key: &str| m[key].as_u64().unwrap_or(0);
+        println!(
+            "  {:<7} {} ({})  read {}  written {} (parity {})  errors {}r/{}w  damaged {}  repaired {}",
+            m["state"].as_str().unwrap_or("?"),
+            m["name"].as_str().unwrap_or("?"),
+            m["storage_type"].as_str().unwrap_or("?"),
+            human(k("bytes_read")),
+            human(k("bytes_written")),
+            human(k("parity_bytes_written")),
+            k("read_errors"),
+            k("write_errors"),
+            human(k("damaged_bytes")),
+            human(k("repaired_bytes"))
+        );
+        if let Some(out) = m["outgoing"].as_str() {
+            println!("          {out} still serves the slot until the rebuild ends");
+        }
+    }
 }

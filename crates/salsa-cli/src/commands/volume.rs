@@ -25,7 +25,7 @@ pub(crate) enum VolumeCommand {
         /// segments: each written from its start in order, never overwritten until trimmed
         /// whole; a map of runs instead of pages) or `extent` (a page map kept as runs of
         /// pages written together: memory in proportion to the runs, never more than lsa's).
-        #[arg(long, default_value = "lsa", value_parser = ["lsa", "dual", "hybrid", "amf", "extent"])]
+        #[arg(long, default_value = "lsa", value_parser = parse_controller_name)]
         controller: String,
         /// The unit of mapping (dual: its large pages). Default 4K for lsa, 64K for dual.
         #[arg(long, value_parser = parse_size)]

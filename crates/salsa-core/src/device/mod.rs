@@ -5,8 +5,8 @@
 //! real devices (regular files and block devices: [`file`](mod@file), Linux zoned block devices:
 //! [`kernel_zones`]), memory, slices of a device; apart from them, the emulations of devices
 //! this machine lacks ([`models`]: a host-managed zoned drive, a commodity SSD, a drive-managed
-//! SMR disk, each with its counters) and simulated faults ([`faults`]: crash simulation, fault
-//! injection).
+//! SMR disk, each with its counters) and simulated faults (`faults`: crash simulation, fault
+//! injection; built for tests only, with the `fault-injection` feature).
 //!
 //! Contract every implementation keeps (the "assumptions about the underlying media"):
 //! - A write that returned `Ok` is visible to every later read, but is durable only after a
@@ -16,6 +16,7 @@
 //! - Offsets and lengths passed by the engine are multiples of [`Device::alignment_bytes`].
 
 mod declared;
+#[cfg(any(test, feature = "fault-injection"))]
 pub mod faults;
 pub mod file;
 pub mod kernel_zones;
@@ -25,7 +26,9 @@ mod slice;
 pub mod zone;
 
 pub use declared::Declared;
+#[cfg(any(test, feature = "fault-injection"))]
 pub use faults::crash::{CrashDevice, CrashPlan};
+#[cfg(any(test, feature = "fault-injection"))]
 pub use faults::fault::{FaultDevice, FaultPlan};
 pub use file::FileDevice;
 pub use memory::MemoryDevice;

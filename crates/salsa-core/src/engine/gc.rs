@@ -258,23 +258,7 @@ impl Engine {
             }
         }
         let Some(victim) = self.choose_victim(self.gc_focus()) else {
-            if pending.freed_by_flush() {
-                self.log.flush()?;
-                return Ok(true);
-            }
-            if pending.discarding > 0 {
-                self.wait_for_discards(free);
-                return Ok(true);
-            }
-            if self.gc_budget.lock().cleaning > 0 {
-                // Every candidate is another worker's victim, whose space comes free when it
-                // is done: not a pool full of live data. (A writer that cleaned for itself
-                // while four slowed-down workers held a small tier's victims reported the
-                // pool full; tests/hybrid.rs under load.)
-                self.gc_wait_for_budget();
-                return Ok(true);
-            }
-            return Ok(false);
+            return self.free_without_a_victim(&pending, free);
         };
         let info = self.log.capacity().segment(victim);
         let Some(_admission) = self.gc_admit(self.segments_to_clean(info.valid_grains.load(SeqCst))) else {
@@ -304,18 +288,7 @@ impl Engine {
             info.cas_state(SegmentState::Victim, SegmentState::Allocated);
             return Err(e);
         }
-        // A writer may have replaced a victim page's map entry (so the walk skipped it) without
-        // having taken the page off the victim's count yet; wait for such writers to finish.
-        let deadline = std::time::Instant::now() + Duration::from_secs(1);
-        while !info.is_empty() && self.log.invalidations_in_flight() {
-            if std::time::Instant::now() >= deadline {
-                // Writers take a replaced page off its old segment's count right after the map
-                // update, so this means damage or an accounting bug, never a normal wait.
-                self.log.counters().gc_wait_timeouts.fetch_add(1, SeqCst);
-                break;
-            }
-            std::thread::yield_now();
-        }
+        self.wait_for_invalidations(info);
         if !info.is_empty() {
             // The on-disk chain no longer describes everything the map points at (damaged
             // metadata). The live pages stay readable where they are; never pick it again.
@@ -332,6 +305,45 @@ impl Engine {
             .retire(victim, SegmentState::Victim, self.log.last_record_id(), true);
         self.log.counters().gc_segments_cleaned.fetch_add(1, SeqCst);
         Ok(true)
+    }
+
+    /// When no segment can be a victim: frees space another way if there is one (a flush
+    /// that releases segments, discards under way, other workers' victims); whether space was
+    /// or will be freed.
+    fn free_without_a_victim(&self, pending: &crate::log::capacity::PendingCounts, free: u32) -> Result<bool> {
+        if pending.freed_by_flush() {
+            self.log.flush()?;
+            return Ok(true);
+        }
+        if pending.discarding > 0 {
+            self.wait_for_discards(free);
+            return Ok(true);
+        }
+        if self.gc_budget.lock().cleaning > 0 {
+            // Every candidate is another worker's victim, whose space comes free when it
+            // is done: not a pool full of live data. (A writer that cleaned for itself
+            // while four slowed-down workers held a small tier's victims reported the
+            // pool full; tests/hybrid.rs under load.)
+            self.gc_wait_for_budget();
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// A writer may have replaced a victim page's map entry (so the walk skipped it) without
+    /// having taken the page off the victim's count yet; waits (up to a second) for such
+    /// writers to finish.
+    fn wait_for_invalidations(&self, info: &crate::log::capacity::SegmentInfo) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while !info.is_empty() && self.log.invalidations_in_flight() {
+            if std::time::Instant::now() >= deadline {
+                // Writers take a replaced page off its old segment's count right after the map
+                // update, so this means damage or an accounting bug, never a normal wait.
+                self.log.counters().gc_wait_timeouts.fetch_add(1, SeqCst);
+                break;
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Free segments relocating `valid_grains` may take: the data and its metadata pages, plus

@@ -494,7 +494,7 @@ impl Streams {
             self.page_grains
         );
         let index = self.index_for(log, kind, purpose);
-        let (stream, ready) = (&self.streams[index], &self.ready[index]);
+        let stream = &self.streams[index];
         let gb = log.geo.grain_bytes as usize;
         let mut next = 0;
         while next < count {
@@ -545,43 +545,50 @@ impl Streams {
                     }
                 }
                 Prep::Write(r) => write_sealed(log, purpose, st, r)?,
-                Prep::NeedSegment => {
-                    if st.allocating {
-                        drop(ready.wait_timeout(st, std::time::Duration::from_millis(50)));
-                        continue;
-                    }
-                    st.allocating = true;
-                    drop(st);
-                    let r = log.allocate_segment(purpose, self.types);
-                    let mut st = lock_stream(stream);
-                    st.allocating = false;
-                    // The segment, unless another writer opened one meanwhile: then it goes back.
-                    let unused = r.map(|s| {
-                        if st.seg.is_some() {
-                            return Some(s);
-                        }
-                        let info = log.capacity.segment(s);
-                        info.owner_volume.store(self.volume_id, SeqCst);
-                        info.stream.store(st.kind.to_u8(), SeqCst);
-                        let opened_seq = log.now_seq();
-                        info.opened_seq.store(opened_seq, SeqCst);
-                        st.seg = Some(OpenSegment {
-                            segment: s,
-                            incarnation: 0,
-                            opened_seq,
-                            next_grain: 0,
-                        });
-                        None
-                    });
-                    drop(st);
-                    // Woken once the lock is let go: a writer woken under it may take this
-                    // one's CPU while every other writer of the stream waits for the lock.
-                    ready.notify_all();
-                    if let Some(s) = unused? {
-                        log.capacity.unallocate(s);
-                    }
-                }
+                Prep::NeedSegment => self.open_segment(log, index, st, purpose)?,
             }
+        }
+        Ok(())
+    }
+
+    /// Opens a new segment for stream `index`, whose lock `st` is held and which has none
+    /// (or whose segment is full). One writer allocates while the others wait for it (briefly,
+    /// then look again); the allocation runs without the lock.
+    fn open_segment(&self, log: &Log, index: usize, mut st: StdMutexGuard<'_, Stream>, purpose: Purpose) -> Result<()> {
+        let (stream, ready) = (&self.streams[index], &self.ready[index]);
+        if st.allocating {
+            drop(ready.wait_timeout(st, std::time::Duration::from_millis(50)));
+            return Ok(());
+        }
+        st.allocating = true;
+        drop(st);
+        let r = log.allocate_segment(purpose, self.types);
+        let mut st = lock_stream(stream);
+        st.allocating = false;
+        // The segment, unless another writer opened one meanwhile: then it goes back.
+        let unused = r.map(|s| {
+            if st.seg.is_some() {
+                return Some(s);
+            }
+            let info = log.capacity.segment(s);
+            info.owner_volume.store(self.volume_id, SeqCst);
+            info.stream.store(st.kind.to_u8(), SeqCst);
+            let opened_seq = log.now_seq();
+            info.opened_seq.store(opened_seq, SeqCst);
+            st.seg = Some(OpenSegment {
+                segment: s,
+                incarnation: 0,
+                opened_seq,
+                next_grain: 0,
+            });
+            None
+        });
+        drop(st);
+        // Woken once the lock is let go: a writer woken under it may take this
+        // one's CPU while every other writer of the stream waits for the lock.
+        ready.notify_all();
+        if let Some(s) = unused? {
+            log.capacity.unallocate(s);
         }
         Ok(())
     }

@@ -102,6 +102,34 @@ pub(super) fn write_superblock(d: &dyn Device, sb: &Superblock) -> Result<()> {
     d.sync().map_err(|e| Error::device_io(d, "sync", 0, e))
 }
 
+/// Refuses a pool configuration out of range: the grain size, the spare, the aging factor,
+/// and policies the registry does not know.
+fn check_pool_config(cfg: &PoolConfig, opts: &OpenOptions) -> Result<()> {
+    if !cfg.grain_bytes.is_power_of_two() || !(4096..=65536).contains(&cfg.grain_bytes) {
+        return Err(Error::InvalidConfig(format!(
+            "grain size {} must be a power of two from 4 KiB to 64 KiB",
+            cfg.grain_bytes
+        )));
+    }
+    if !(0.0..=90.0).contains(&cfg.spare_percent) {
+        return Err(Error::InvalidConfig(format!(
+            "spare {}% must be between 0 and 90",
+            cfg.spare_percent
+        )));
+    }
+    if !(0.0..=1.0).contains(&cfg.gc_aging) {
+        return Err(Error::InvalidConfig(format!(
+            "aging factor {} must be between 0 and 1",
+            cfg.gc_aging
+        )));
+    }
+    opts.policies.check_victim(&cfg.victim_policy).map_err(Error::InvalidConfig)?;
+    opts.policies
+        .check_placement(&cfg.default_placement)
+        .map_err(Error::InvalidConfig)?;
+    Ok(())
+}
+
 impl Pool {
     /// Formats `devices` as a new pool (overwriting whatever they hold) and opens it.
     pub fn create(devices: Vec<Arc<dyn Device>>, cfg: &PoolConfig, opts: &OpenOptions) -> Result<Pool> {
@@ -109,28 +137,7 @@ impl Pool {
             return Err(Error::InvalidConfig(format!("a pool needs between 1 and {MAX_DEVICES} devices")));
         }
         check_open_options(opts)?;
-        if !cfg.grain_bytes.is_power_of_two() || !(4096..=65536).contains(&cfg.grain_bytes) {
-            return Err(Error::InvalidConfig(format!(
-                "grain size {} must be a power of two from 4 KiB to 64 KiB",
-                cfg.grain_bytes
-            )));
-        }
-        if !(0.0..=90.0).contains(&cfg.spare_percent) {
-            return Err(Error::InvalidConfig(format!(
-                "spare {}% must be between 0 and 90",
-                cfg.spare_percent
-            )));
-        }
-        if !(0.0..=1.0).contains(&cfg.gc_aging) {
-            return Err(Error::InvalidConfig(format!(
-                "aging factor {} must be between 0 and 1",
-                cfg.gc_aging
-            )));
-        }
-        opts.policies.check_victim(&cfg.victim_policy).map_err(Error::InvalidConfig)?;
-        opts.policies
-            .check_placement(&cfg.default_placement)
-            .map_err(Error::InvalidConfig)?;
+        check_pool_config(cfg, opts)?;
         let plan = plan_members(&devices, cfg)?;
         if opts.parity_buffer.is_some() && cfg.array != ArrayKind::Raid5 {
             return Err(Error::InvalidConfig(format!(
@@ -269,21 +276,7 @@ impl Pool {
             },
             opts,
         )?;
-        let policy = opts
-            .policies
-            .victim(
-                &first.victim_policy,
-                &VictimParams {
-                    aging: first.gc_aging_milli as f64 / 1000.0,
-                },
-            )
-            .map_err(|e| Error::InvalidConfig(format!("{e} (register it in OpenOptions::policies)")))?;
-        let mut volumes = Vec::new();
-        for v in &old_meta.volumes {
-            let c = crate::controller::build(v, &geo, &opts.policies)
-                .map_err(|e| Error::InvalidConfig(format!("volume {:?}: {e} (register it in OpenOptions::policies)", v.name)))?;
-            volumes.push(c);
-        }
+        let (policy, volumes) = build_policies(&first, &old_meta, &geo, opts)?;
         let meta = begin_session(&old_meta, array.as_ref(), opts)?;
         // Pacing measures what the background GC sustains; writers that clean for themselves
         // are not paced.
@@ -332,6 +325,36 @@ impl Pool {
         pool.start_threads(opts)?;
         Ok(pool)
     }
+}
+
+/// The pool's victim policy and each volume's controller, as the superblock and the volume
+/// table name them; a name the registry does not know is refused.
+#[allow(clippy::type_complexity)]
+fn build_policies(
+    first: &Superblock,
+    meta: &PoolMeta,
+    geo: &Geometry,
+    opts: &OpenOptions,
+) -> Result<(
+    Box<dyn crate::policy::victim::VictimPolicy>,
+    Vec<Arc<dyn crate::controller::Controller>>,
+)> {
+    let policy = opts
+        .policies
+        .victim(
+            &first.victim_policy,
+            &VictimParams {
+                aging: first.gc_aging_milli as f64 / 1000.0,
+            },
+        )
+        .map_err(|e| Error::InvalidConfig(format!("{e} (register it in OpenOptions::policies)")))?;
+    let mut volumes = Vec::new();
+    for v in &meta.volumes {
+        let c = crate::controller::build(v, geo, &opts.policies)
+            .map_err(|e| Error::InvalidConfig(format!("volume {:?}: {e} (register it in OpenOptions::policies)", v.name)))?;
+        volumes.push(c);
+    }
+    Ok((policy, volumes))
 }
 
 /// The members found at open, as [`open_array`] puts them together.

@@ -279,29 +279,7 @@ impl Pool {
             ));
         }
         let ids = array.member_ids();
-        // A healthy member of this pool, whatever name it is given by.
-        let in_service = |id: u64| ids.iter().zip(&status).any(|(i, m)| *i == id && !m.failed);
-        match read_superblock(new.as_ref()) {
-            Ok(sb) if sb.pool_id == self.pool_id() && (status.iter().any(|m| m.name == new.name()) || in_service(sb.member_id)) => {
-                return Err(Error::InvalidArgument(format!("{} is already a member of this pool", new.name())));
-            }
-            // A member this pool replaced earlier holds nothing it needs.
-            Ok(sb) if sb.pool_id == self.pool_id() || opts.overwrite => {}
-            Ok(sb) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{} holds SALSA pool {:032x}; to overwrite it, give --force",
-                    new.name(),
-                    sb.pool_id
-                )))
-            }
-            Err(_) if opts.overwrite || device_is_blank(new.as_ref())? => {}
-            Err(_) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{} holds data (its first MiB is not blank); to overwrite it, give --force",
-                    new.name()
-                )))
-            }
-        }
+        self.check_replacement(new.as_ref(), &ids, &status, opts.overwrite)?;
         // The new member's superblock: a healthy member's, with its own slot, id and layout.
         let template = (0..status.len())
             .filter(|i| *i != slot as usize && !status[*i].failed && !status[*i].rebuilding)
@@ -367,6 +345,36 @@ impl Pool {
             self.eng.log.geo().total_segments
         );
         run_rebuild(&self.eng, state, segments, progress)
+    }
+
+    /// Refuses a replacement device that is already a healthy member of this pool, holds
+    /// another pool, or holds data, unless `overwrite` (a member this pool replaced earlier
+    /// holds nothing it needs).
+    fn check_replacement(&self, new: &dyn Device, ids: &[u64], status: &[crate::array::MemberStatus], overwrite: bool) -> Result<()> {
+        // A healthy member of this pool, whatever name it is given by.
+        let in_service = |id: u64| ids.iter().zip(status).any(|(i, m)| *i == id && !m.failed);
+        match read_superblock(new) {
+            Ok(sb) if sb.pool_id == self.pool_id() && (status.iter().any(|m| m.name == new.name()) || in_service(sb.member_id)) => {
+                return Err(Error::InvalidArgument(format!("{} is already a member of this pool", new.name())));
+            }
+            // A member this pool replaced earlier holds nothing it needs.
+            Ok(sb) if sb.pool_id == self.pool_id() || overwrite => {}
+            Ok(sb) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} holds SALSA pool {:032x}; to overwrite it, give --force",
+                    new.name(),
+                    sb.pool_id
+                )))
+            }
+            Err(_) if overwrite || device_is_blank(new)? => {}
+            Err(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} holds data (its first MiB is not blank); to overwrite it, give --force",
+                    new.name()
+                )))
+            }
+        }
+        Ok(())
     }
 
     /// Resumes a rebuild that an earlier session left unfinished (in the background).
