@@ -21,8 +21,11 @@ applications' own wall-clock figures are the result); equal logical size (SALSA'
 capacity at 20% spare with 16 MiB segments, found by formatting a scratch model, split between
 the database, 40%, and the objects; the raw partitions get the same sizes and the rest of the
 drive is never written); every device preconditioned through the export the application then
-uses (written whole once in order, once in a uniformly random order of 4 KiB blocks with a flush
-every MiB); file systems made without discards (`mkfs.xfs -K`), so that they do not unmap what
+uses (written whole once in order, once in a uniformly random order of blocks with a flush
+every MiB: 16 KiB on the database's device and 64 KiB on the objects', the units their file
+systems are aligned to, on every setup; 4 KiB random writes into the dual-mapping volume, which
+maps 4 KiB writes in a bounded sparse map and merges them into its large pages, ran its GC at
+a write amplification of 12.8 for over 17 minutes); file systems made without discards (`mkfs.xfs -K`), so that they do not unmap what
 the preconditioning wrote. SALSA's LSA volumes use one user and one GC stream (`--placement
 user-gc`, the paper's user/GC segregation, as in Table IIa). `--no-protocol` gives the earlier
 run: a fresh 4 GiB model in modelled time, fixed sizes, no preconditioning.
@@ -113,11 +116,13 @@ class Setup:
         return loop
 
     def targets(self):
-        """The database's and the objects' devices as NBD exports: (export, offset, bytes)."""
+        """The database's and the objects' devices as NBD exports: (export, offset, bytes,
+        the block of the random preconditioning pass)."""
         db, objects = parse_size(self.args.db_size), parse_size(self.args.objects_size)
+        db_bs, objects_bs = self.args.precondition_bs.split(",")
         if self.name == "raw":
-            return [("raw", 0, db), ("raw", db, objects)]
-        return [("db", 0, db), ("objects", 0, objects)]
+            return [("raw", 0, db, db_bs), ("raw", db, objects, objects_bs)]
+        return [("db", 0, db, db_bs), ("objects", 0, objects, objects_bs)]
 
     def precondition(self):
         """Section V-A's preconditioning through the exports the applications then use, both
@@ -126,12 +131,13 @@ class Setup:
         it). On the raw drive that writes its two partitions; on SALSA its volumes, so the drive
         sees SALSA's segments and GC. Returns the seconds each pass took."""
         took = {}
-        for name, rw, bs, depth in (("sequential", "write", "1M", 4), ("random", "randwrite", self.args.precondition_bs, 32)):
-            cmd = ["fio", "--output-format=json", "--ioengine=nbd", "--rw=" + rw, "--bs=" + bs, "--iodepth=%d" % depth,
-                   "--fsync=%d" % ((1 << 20) // parse_size(bs)), "--randrepeat=0", "--end_fsync=1"]
-            for export, offset, size in self.targets():
+        for name, rw, depth in (("sequential", "write", 4), ("random", "randwrite", 32)):
+            cmd = ["fio", "--output-format=json", "--ioengine=nbd", "--rw=" + rw, "--iodepth=%d" % depth,
+                   "--randrepeat=0", "--end_fsync=1"]
+            for export, offset, size, random_bs in self.targets():
+                bs = "1M" if rw == "write" else random_bs
                 cmd += ["--name=%s-%s-%d" % (name, export, offset), "--uri=nbd+unix:///%s?socket=%s" % (export, self.sock),
-                        "--offset=%d" % offset, "--size=%d" % size]
+                        "--offset=%d" % offset, "--size=%d" % size, "--bs=" + bs, "--fsync=%d" % ((1 << 20) // parse_size(bs))]
             out = run(cmd)
             jobs = json.loads(out[out.index("{"):])["jobs"]
             took[name] = max(j["job_runtime"] for j in jobs) / 1000.0
@@ -140,7 +146,7 @@ class Setup:
     def devices(self):
         """(database device, objects device)."""
         if self.name == "raw":
-            return tuple(self.attach(export, offset, size) for export, offset, size in self.targets())
+            return tuple(self.attach(export, offset, size) for export, offset, size, _ in self.targets())
         return self.attach("db"), self.attach("objects")
 
     def mount(self, dev, mkfs, where):
@@ -319,7 +325,10 @@ def main():
     ap.add_argument("--placement", default="user-gc",
                     help="placement of SALSA's LSA volumes under the protocol (one user and one GC stream)")
     ap.add_argument("--db-share", type=float, default=0.4, help="the database's share of the logical size under the protocol")
-    ap.add_argument("--precondition-bs", default="4k", help="block size of the random preconditioning pass (--quick: 64k)")
+    ap.add_argument("--precondition-bs", default="16k,64k",
+                    help="blocks of the random preconditioning pass on the database's and the objects' devices "
+                         "(default 16k,64k: the units their file systems are aligned to, InnoDB's pages and the "
+                         "dual-mapping volume's large pages; the same on every setup)")
     ap.add_argument("--db-size", help="the database's device (default: its share of SALSA's logical size; --no-protocol 1280M)")
     ap.add_argument("--objects-size", help="the objects' device (default: the rest of SALSA's logical size; --no-protocol 2G)")
     ap.add_argument("--seconds", type=int, default=180)
@@ -328,10 +337,11 @@ def main():
     ap.add_argument("--db-threads", type=int, default=8)
     ap.add_argument("--buffer-pool", default="128M")
     ap.add_argument("--object-size", default="128K")
-    ap.add_argument("--objects", type=int, default=2000, help="objects PUT before the timed phase")
-    ap.add_argument(
-        "--object-mix", default="put:3,delete:2", help="the object workload's operations (deletes keep the store from filling its volume)"
-    )
+    ap.add_argument("--objects", type=int, help="objects PUT before the timed phase (default 3000, about 40%% of the objects' "
+                                                "device under the protocol; --no-protocol 2000)")
+    ap.add_argument("--object-mix", help="the object workload's operations (default put:1,delete:1 under the protocol: the "
+                                         "store stays at its size and its device sees a steady state of overwrites; "
+                                         "--no-protocol put:3,delete:2)")
     # The same file systems on every setup, aligned to the pages SALSA's tailored volumes use
     # (a file system cannot learn them through the loop device): InnoDB's 16 KiB pages, the
     # dual-mapping volume's 64 KiB large pages.
@@ -340,15 +350,18 @@ def main():
     ap.add_argument("--objects-mkfs", default="mkfs.xfs -q -f -K -d su=64k,sw=1")
     ap.add_argument("--object-threads", type=int, default=16)
     ap.add_argument("--setups", default="raw,salsa-single,salsa-dual")
-    ap.add_argument("--quick", action="store_true", help="a short run: 20 s, small tables, the random "
-                                                         "preconditioning in 64 KiB blocks")
+    ap.add_argument("--quick", action="store_true", help="a short run: 20 s, small tables")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.quick:
-        args.seconds, args.tables, args.table_size, args.buffer_pool, args.objects = 20, 2, 10000, "64M", 200
-        args.precondition_bs = "64k"
+        args.seconds, args.tables, args.table_size, args.buffer_pool = 20, 2, 10000, "64M"
+        args.objects = args.objects or 200
         if not args.protocol:
             args.ssd_size, args.db_size, args.objects_size = "3G", "1G", "1536M"
+    if args.objects is None:
+        args.objects = 3000 if args.protocol else 2000
+    if args.object_mix is None:
+        args.object_mix = "put:1,delete:1" if args.protocol else "put:3,delete:2"
     if args.ssd_size is None:
         # A quick run too: mkfs.xfs with a 16 KiB stripe unit refuses a file system under about
         # 600 MiB, and the database gets 40% of about 1.6 GiB.
