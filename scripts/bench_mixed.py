@@ -116,25 +116,30 @@ class Setup:
         return loop
 
     def targets(self):
-        """The database's and the objects' devices as NBD exports: (export, offset, bytes,
-        the block of the random preconditioning pass)."""
+        """The database's and the objects' devices as NBD exports: (export, offset, bytes)."""
         db, objects = parse_size(self.args.db_size), parse_size(self.args.objects_size)
-        db_bs, objects_bs = self.args.precondition_bs.split(",")
         if self.name == "raw":
-            return [("raw", 0, db, db_bs), ("raw", db, objects, objects_bs)]
-        return [("db", 0, db, db_bs), ("objects", 0, objects, objects_bs)]
+            return [("raw", 0, db), ("raw", db, objects)]
+        return [("db", 0, db), ("objects", 0, objects)]
+
+    def precondition_targets(self):
+        """What `precondition` writes: each device of `targets` with the block of its random
+        pass (--precondition-bs: the database's, the objects')."""
+        return [t + (bs,) for t, bs in zip(self.targets(), self.args.precondition_bs.split(","))]
 
     def precondition(self):
-        """Section V-A's preconditioning through the exports the applications then use, both
-        devices at once: written whole in order (1 MiB writes), then once more in a uniformly
-        random order of 4 KiB blocks with a flush every MiB (so that no write buffer can sort
-        it). On the raw drive that writes its two partitions; on SALSA its volumes, so the drive
-        sees SALSA's segments and GC. Returns the seconds each pass took."""
+        """Section V-A's preconditioning through the exports the applications then use, every
+        device of `precondition_targets` at once: written whole in order (1 MiB writes), then
+        once more in a uniformly random order of its blocks with a flush every MiB (so that no
+        write buffer can sort it). On the raw drive that writes its partitions (the rest stays
+        never written); on SALSA its volumes, so the drive sees SALSA's segments and GC. Then
+        flushed: what a server buffered reaches the drive before anything is measured. Returns
+        the seconds each pass took."""
         took = {}
         for name, rw, depth in (("sequential", "write", 4), ("random", "randwrite", 32)):
             cmd = ["fio", "--output-format=json", "--ioengine=nbd", "--rw=" + rw, "--iodepth=%d" % depth,
                    "--randrepeat=0", "--end_fsync=1"]
-            for export, offset, size, random_bs in self.targets():
+            for export, offset, size, random_bs in self.precondition_targets():
                 bs = "1M" if rw == "write" else random_bs
                 cmd += ["--name=%s-%s-%d" % (name, export, offset), "--uri=nbd+unix:///%s?socket=%s" % (export, self.sock),
                         "--offset=%d" % offset, "--size=%d" % size, "--bs=" + bs, "--fsync=%d" % ((1 << 20) // parse_size(bs))]
@@ -146,7 +151,7 @@ class Setup:
     def devices(self):
         """(database device, objects device)."""
         if self.name == "raw":
-            return tuple(self.attach(export, offset, size) for export, offset, size, _ in self.targets())
+            return tuple(self.attach(export, offset, size) for export, offset, size in self.targets())
         return self.attach("db"), self.attach("objects")
 
     def mount(self, dev, mkfs, where):
@@ -225,15 +230,24 @@ def placement_args(args):
 
 
 def salsa_logical_bytes(args):
-    """SALSA's logical capacity on the model (`salsa info`'s `logical`), found by formatting a
-    scratch model: the raw partitions and SALSA's volumes together get that much."""
-    work = tempfile.mkdtemp(prefix="salsa-mixed-size-")
+    """SALSA's logical capacity on the model: the raw partitions and SALSA's volumes together
+    get that much."""
+    params = "," + args.ssd_params if args.ssd_params else ""
+    return scratch_logical_bytes(
+        lambda work: ["--device", "ssd:size=%s,file=%s%s" % (args.ssd_size, os.path.join(work, "ssd.img"), params)],
+        format_args(args))
+
+
+def scratch_logical_bytes(devices_in, format_options):
+    """A pool's logical capacity (`salsa info`'s `logical`), found by formatting scratch
+    devices: `devices_in(directory)` gives their `--device` arguments in a temporary directory,
+    `format_options` the rest of `salsa format`'s."""
+    work = tempfile.mkdtemp(prefix="salsa-logical-size-")
     try:
-        params = "," + args.ssd_params if args.ssd_params else ""
-        spec = "ssd:size=%s,file=%s%s" % (args.ssd_size, os.path.join(work, "ssd.img"), params)
+        devices = devices_in(work)
         salsa = salsa_binary()
-        run([salsa, "format", "--device", spec] + format_args(args))
-        info = run([salsa, "info", "--device", spec])
+        run([salsa, "format"] + devices + format_options)
+        info = run([salsa, "info"] + devices)
         m = re.search(r"^logical\s+.*\((\d+) bytes", info, re.M)
         if not m:
             raise SystemExit("cannot read the pool's logical capacity from salsa info:\n" + info)

@@ -74,7 +74,7 @@ sys.path.insert(0, HERE)
 import bench_mixed  # noqa: E402
 from bench_mixed import MariaDB, device  # noqa: E402
 from bench_object_store import run, salsa_binary, save_report, umount, wait_for  # noqa: E402
-from object_store import control_stats, parse_size  # noqa: E402
+from object_store import control_stats  # noqa: E402
 
 MIB = 1 << 20
 
@@ -129,28 +129,11 @@ class Setup(bench_mixed.Setup):
             return [("dbs", i * size) for i in range(n)]
         return [("db%d" % i, 0) for i in range(n)]
 
-    def precondition(self):
-        """Section V-A's preconditioning, through the same exports the databases then use, on
-        every database's device at once: each written whole once in order (1 MiB writes), then
-        once more in a uniformly random order of 4 KiB blocks (every block once), then flushed
-        (what a server buffered reaches the drive before anything is measured). On the raw
-        drive that is its partitions (the rest stays never written); on SALSA its volumes, so
-        the drive sees what SALSA writes for them (its segments, its GC). Returns the seconds
-        each pass took."""
-        took = {}
-        for name, rw, bs, depth in (("sequential", "write", "1M", 4), ("random", "randwrite", self.args.precondition_bs, 32)):
-            # A flush every MiB: a write buffer (SALSA's, the drive's) may only reorder what a
-            # flush interval holds, so the random pass stays random on both setups.
-            cmd = ["fio", "--output-format=json", "--ioengine=nbd", "--rw=" + rw, "--bs=" + bs, "--iodepth=%d" % depth,
-                   "--fsync=%d" % (MIB // parse_size(bs)),
-                   "--size=%d" % self.volume_bytes, "--randrepeat=0", "--end_fsync=1"]
-            for export, offset in self.targets():
-                cmd += ["--name=%s-%s-%d" % (name, export, offset), "--uri=nbd+unix:///%s?socket=%s" % (export, self.sock),
-                        "--offset=%d" % offset]
-            out = run(cmd)
-            jobs = json.loads(out[out.index("{"):])["jobs"]
-            took[name] = max(j["job_runtime"] for j in jobs) / 1000.0
-        return took
+    def precondition_targets(self):
+        """What `bench_mixed.Setup.precondition` writes (section V-A's preconditioning, through
+        the exports the databases then use): every database's device, its random pass in
+        --precondition-bs blocks."""
+        return [(export, offset, self.volume_bytes, self.args.precondition_bs) for export, offset in self.targets()]
 
     def devices(self):
         """A block device per database, over its export (`targets`)."""
@@ -231,20 +214,8 @@ def format_args(args):
 def salsa_logical_bytes(args):
     """SALSA's logical size on the model at 20% spare with the chosen segments (`salsa info`'s
     `logical`: 80% of the segments the pool lays out, less what its open segments and GC
-    reserve take), found by formatting a scratch model. The raw partitions get the same size,
-    as the paper's equal logical size."""
-    work = tempfile.mkdtemp(prefix="salsa-sysbench-size-")
-    try:
-        devices = device_args(model_specs(args, work))
-        salsa = salsa_binary()
-        run([salsa, "format"] + devices + format_args(args))
-        info = run([salsa, "info"] + devices)
-        m = re.search(r"^logical\s+.*\((\d+) bytes", info, re.M)
-        if not m:
-            raise SystemExit("cannot read the pool's logical capacity from salsa info:\n" + info)
-        return int(m.group(1))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    reserve take). The raw partitions get the same size, as the paper's equal logical size."""
+    return bench_mixed.scratch_logical_bytes(lambda work: device_args(model_specs(args, work)), format_args(args))
 
 
 def run_setup(name, work, args):

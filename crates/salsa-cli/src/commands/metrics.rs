@@ -54,14 +54,17 @@ pub(crate) fn render(s: &Stats) -> String {
     e.text
 }
 
+/// One metric of a table: its name, kind, help text, and its value read from a `T` (the pool's
+/// statistics, one volume's, one member's).
+type Metric<T> = (&'static str, &'static str, &'static str, fn(&T) -> f64);
+
 const COUNTER: &str = "counter";
 const GAUGE: &str = "gauge";
 
 /// Pool-wide traffic, GC, discards, pacing, map memory and segments by state.
 fn render_pool(e: &mut Exposition, s: &Stats) {
     let (c, g) = (COUNTER, GAUGE);
-    type PoolMetric = (&'static str, &'static str, &'static str, fn(&Stats) -> f64);
-    let pool_metrics: [PoolMetric; 36] = [
+    let pool_metrics: [Metric<Stats>; 36] = [
         ("user_written_bytes_total", c, "Bytes written by clients.", |s| {
             s.user_bytes_written as f64
         }),
@@ -227,8 +230,7 @@ fn render_pool(e: &mut Exposition, s: &Stats) {
 fn render_volumes(e: &mut Exposition, s: &Stats) {
     let (c, g) = (COUNTER, GAUGE);
 
-    type VolumeMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::VolumeStats) -> f64);
-    let volume_metrics: [VolumeMetric; 19] = [
+    let volume_metrics: [Metric<salsa_core::VolumeStats>; 19] = [
         (
             "volume_gc_relocated_bytes_total",
             c,
@@ -323,8 +325,7 @@ fn render_volumes(e: &mut Exposition, s: &Stats) {
 /// The array's members, its rebuild and its parity buffer.
 fn render_array(e: &mut Exposition, s: &Stats) {
     let (c, g) = (COUNTER, GAUGE);
-    type MemberMetric = (&'static str, &'static str, &'static str, fn(&salsa_core::MemberStatus) -> f64);
-    let member_metrics: [MemberMetric; 10] = [
+    let member_metrics: [Metric<salsa_core::MemberStatus>; 10] = [
         ("member_read_bytes_total", c, "Bytes read from the member.", |m| m.bytes_read as f64),
         ("member_written_bytes_total", c, "Bytes written to the member.", |m| {
             m.bytes_written as f64

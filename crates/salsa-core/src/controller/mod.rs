@@ -12,10 +12,10 @@
 //! ([`lsa::LsaVolume`], the default), the extent kind (the same controller over an
 //! [`extent_map`] of runs), dual mapping ([`dual`]), hybrid tiering ([`hybrid`]) and
 //! append-only AMF segments ([`amf`], also over an extent map). A new one implements
-//! both traits and a case in [`build`]; the engine, the GC and recovery do not change, but its
-//! kind's name, the write buffer's list of kinds it buffers, the volume handle's kind checks
-//! and the front-ends' lists of names do (`docs/DESIGN.md`, "Volume handle -> controller",
-//! lists the files).
+//! both traits and a case in [`build`]; the engine, the GC, recovery and the front-ends (which
+//! take the names from `ControllerKind`) do not change, but its kind and name, and where it
+//! differs from a page map the write buffer's list of kinds it buffers and the volume handle's
+//! kind checks, do (`docs/DESIGN.md`, "Volume handle -> controller", lists the files).
 //!
 //! Invariants every controller keeps (the engine relies on them, and asserts what it can):
 //! - it writes only through its [`Controller::streams`], registered with the log, one open
