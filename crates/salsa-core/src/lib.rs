@@ -61,7 +61,6 @@ pub(crate) mod pacing;
 pub mod policy;
 pub mod pool;
 pub(crate) mod recovery;
-pub(crate) mod scan;
 pub mod spec;
 pub(crate) mod util;
 

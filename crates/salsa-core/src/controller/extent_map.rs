@@ -8,7 +8,7 @@
 //! lock, so an update costs a search and a few moves inside one chunk whatever the volume's
 //! size, and writers of different chunks never meet.
 //!
-//! Invariants (checked by [`ExtentMap::check`] in tests and asserted cheaply on update): the
+//! Invariants (checked by `ExtentMap::check` in tests and asserted cheaply on update): the
 //! runs of a chunk are sorted, do not overlap, stay inside the chunk, are never empty, hold
 //! entries of one kind each, and two neighbours that could be one run are merged. The entry of
 //! every page is what the flat map would hold after the same updates (a property test holds

@@ -25,6 +25,7 @@
 //! after the metadata that emptied it is durable (the capacity manager's pending list).
 
 pub mod capacity;
+pub mod chain;
 pub mod durability;
 pub mod memory_reads;
 pub mod payload;
@@ -512,8 +513,8 @@ impl Log {
     }
 
     /// What a record-chain walk needs to know about this pool.
-    pub fn scan_geometry(&self) -> crate::scan::ScanGeometry {
-        crate::scan::ScanGeometry {
+    pub fn scan_geometry(&self) -> crate::log::chain::ScanGeometry {
+        crate::log::chain::ScanGeometry {
             pool_id: self.pool_id,
             grain_bytes: self.geo.grain_bytes as usize,
             grains_per_segment: self.geo.grains_per_segment,
@@ -562,30 +563,31 @@ impl Log {
         }
     }
 
-    /// Walks the record chain of `segment` on the device (see [`crate::scan::walk_segment`]).
+    /// Walks the record chain of `segment` on the device (see [`crate::log::chain::walk_segment`]).
     pub fn walk_segment(&self, segment: u32, visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8])) -> Result<Option<SegmentHeader>> {
-        crate::scan::walk_segment(self.array(), &self.buffers, &self.scan_geometry(), segment, false, visit)
+        crate::log::chain::walk_segment(self.array(), &self.buffers, &self.scan_geometry(), segment, false, visit)
     }
 
     /// [`Log::walk_segment`] of a GC victim: a sealed segment, known to hold records, read
     /// whole in one request rather than its first page first.
     pub fn walk_victim(&self, segment: u32, visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8])) -> Result<Option<SegmentHeader>> {
-        let (header, bytes_read) = crate::scan::walk_victim_whole(self.array(), &self.buffers, &self.scan_geometry(), segment, visit)?;
+        let (header, bytes_read) =
+            crate::log::chain::walk_victim_whole(self.array(), &self.buffers, &self.scan_geometry(), segment, visit)?;
         self.counters.gc_bytes_read.fetch_add(bytes_read, SeqCst);
         Ok(header)
     }
 
     /// A GC victim's walk that reads only the data pages `live(meta, slot, entry)` asks for
-    /// when they are a small part of it (see [`crate::scan::walk_victim_live`]); `visit` is
+    /// when they are a small part of it (see [`crate::log::chain::walk_victim_live`]); `visit` is
     /// told which pages were read.
     pub fn walk_victim_live(
         &self,
         segment: u32,
         live: impl FnMut(&RecordMeta, usize, &crate::format::MetaEntry) -> bool,
-        visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8], &crate::scan::HeldPages<'_>),
+        visit: impl FnMut(&SegmentHeader, &RecordMeta, &[u8], &crate::log::chain::HeldPages<'_>),
     ) -> Result<Option<SegmentHeader>> {
         let valid_grains = self.capacity.segment(segment).valid_grains.load(SeqCst);
-        let (header, bytes_read) = crate::scan::walk_victim_live(
+        let (header, bytes_read) = crate::log::chain::walk_victim_live(
             self.array(),
             &self.buffers,
             &self.scan_geometry(),

@@ -42,11 +42,11 @@ use super::{page_pieces, Controller, ControllerStats, Reference, ScannedRecord, 
 use crate::error::{Error, Result};
 use crate::format::{ControllerKind, MetaEntry, RecordMeta};
 use crate::log::capacity::Purpose;
+use crate::log::chain::HeldPages;
 use crate::log::payload::WriteBuffer;
 use crate::log::stream::{PageData, Streams};
 use crate::log::{Log, PageRead};
 use crate::policy::placement::Placement;
-use crate::scan::HeldPages;
 use crate::util::Decoder;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::BTreeMap;
