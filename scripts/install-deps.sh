@@ -5,14 +5,15 @@ need=()
 for pair in fio:fio qemu-io:qemu-utils qemu-img:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdfuse:nbdfuse \
             nbdkit:nbdkit nbdsh:python3-libnbd fusermount3:fuse3 mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs losetup:mount \
             c++:g++ mariadbd:mariadb-server sysbench:sysbench openssl:openssl pkg-config:pkg-config \
-            swift-object-server:swift-object; do
+            swift-object-server:swift-object db_bench:rocksdb-tools ldb:rocksdb-tools; do
   tool=${pair%%:*}; pkg=${pair##*:}
   command -v "$tool" >/dev/null 2>&1 || need+=("$pkg")
 done
 # PostgreSQL (pgbench in the database benchmark): Debian keeps its server tools off PATH.
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null 2>&1 || need+=(postgresql)
-# Libraries the build links (NBD over TLS uses the system's OpenSSL).
-for pkg in libssl-dev; do
+# Libraries the build links (NBD over TLS uses the system's OpenSSL; the RocksDB plugin builds
+# against Debian's RocksDB).
+for pkg in libssl-dev librocksdb-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -42,14 +42,33 @@ pub struct SalsaPool {
 /// front-end-neutral volume interface; this crate keeps only the C ABI.
 pub struct SalsaVolume {
     volume: Box<dyn BlockVolume>,
-    open_volumes: Arc<AtomicUsize>,
+    _open: OpenHandle,
 }
 
-impl Drop for SalsaVolume {
-    fn drop(&mut self) {
-        self.open_volumes.fetch_sub(1, SeqCst);
+/// Counts one open handle against its pool for as long as it lives (volume, file store, file
+/// writer or reader), so that `salsa_pool_close` refuses while any is open.
+struct OpenHandle(Arc<AtomicUsize>);
+
+impl OpenHandle {
+    fn new(count: &Arc<AtomicUsize>) -> OpenHandle {
+        count.fetch_add(1, SeqCst);
+        OpenHandle(count.clone())
+    }
+
+    /// The pool's count, for handles opened from this one.
+    fn count(&self) -> Arc<AtomicUsize> {
+        self.0.clone()
     }
 }
+
+impl Drop for OpenHandle {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
+}
+
+mod files;
+pub use files::{SalsaFs, SalsaFsKindStats, SalsaFsReader, SalsaFsStats, SalsaFsWriter};
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -59,7 +78,9 @@ fn set_last_error(message: &str) {
     // An interior NUL cannot be carried by a C string; it never appears in our messages, but a
     // device path could hold one.
     let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = text);
+    // A call made while the thread's locals are being destroyed (a C++ static destructor at
+    // exit closing its pool) keeps no message rather than panicking.
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = text);
 }
 
 /// What went wrong, as a negative errno and a message for `salsa_last_error`.
@@ -82,7 +103,14 @@ impl Failure {
 
 impl From<Error> for Failure {
     fn from(e: Error) -> Failure {
-        let errno = match &e {
+        Failure::from_engine(&e)
+    }
+}
+
+impl Failure {
+    /// The errno and message of an engine error.
+    fn from_engine(e: &Error) -> Failure {
+        let errno = match e {
             Error::VolumeNotFound(_) => libc::ENOENT,
             Error::VolumeExists(_) => libc::EEXIST,
             Error::InvalidConfig(_) | Error::InvalidArgument(_) => libc::EINVAL,
@@ -332,10 +360,9 @@ pub unsafe extern "C" fn salsa_volume_create(
             spec.segment_bytes = Some(segment_bytes);
         }
         let volume = p.pool.create_volume_spec(name, size_bytes, &spec)?;
-        p.open_volumes.fetch_add(1, SeqCst);
         let v = SalsaVolume {
             volume: Box::new(volume),
-            open_volumes: p.open_volumes.clone(),
+            _open: OpenHandle::new(&p.open_volumes),
         };
         // SAFETY: the contract above.
         unsafe { give(out, v) }
@@ -352,10 +379,9 @@ pub unsafe extern "C" fn salsa_volume_open(pool: *const SalsaPool, name: *const 
         // SAFETY: the contract above, for each argument.
         let (p, name) = unsafe { (handle(pool, "pool")?, text(name, "volume name")?) };
         let volume = p.pool.volume(name)?;
-        p.open_volumes.fetch_add(1, SeqCst);
         let v = SalsaVolume {
             volume: Box::new(volume),
-            open_volumes: p.open_volumes.clone(),
+            _open: OpenHandle::new(&p.open_volumes),
         };
         // SAFETY: the contract above.
         unsafe { give(out, v) }
@@ -625,5 +651,5 @@ pub unsafe extern "C" fn salsa_amf_append(
 /// Valid until the thread's next call into this library; never NULL.
 #[no_mangle]
 pub extern "C" fn salsa_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    LAST_ERROR.try_with(|e| e.borrow().as_ptr()).unwrap_or(c"".as_ptr())
 }

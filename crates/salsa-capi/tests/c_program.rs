@@ -1,7 +1,9 @@
 //! The C API as C sees it: the installed header is the generated one, and a C program compiled
 //! against it and linked with `libsalsa.so` runs every call and its error cases.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::library_dir;
+use std::path::PathBuf;
 use std::process::Command;
 
 fn manifest_dir() -> PathBuf {
@@ -17,17 +19,6 @@ fn the_installed_header_is_the_generated_one() {
         "crates/salsa-capi/include/salsa.h is out of date; copy {} over it",
         env!("SALSA_GENERATED_HEADER")
     );
-}
-
-/// The directory cargo put `libsalsa.so` in for this build (next to the test binary's).
-fn library_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("deps directory");
-    let found = [deps, deps.parent().unwrap_or(deps)]
-        .into_iter()
-        .find(|d| d.join("libsalsa.so").exists())
-        .map(Path::to_path_buf);
-    found.expect("cargo builds libsalsa.so (the cdylib) for the tests")
 }
 
 #[test]

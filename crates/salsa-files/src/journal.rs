@@ -15,7 +15,7 @@
 use crate::error::{Error, Result};
 use crate::record::{parse_at, Parsed, Record, Snapshot};
 use crate::table::Table;
-use salsa_core::Volume;
+use salsa_core::frontend::BlockVolume;
 
 /// Where the journal stands.
 #[derive(Debug)]
@@ -58,7 +58,7 @@ impl Journal {
 
     /// Reads the journal of `volume` into `table`. `Ok(None)` when the volume is blank (both
     /// journal segments empty), so the caller decides whether to make a new store.
-    pub fn open(volume: &Volume, table: &mut Table, segment_bytes: u64) -> Result<Option<Journal>> {
+    pub fn open(volume: &dyn BlockVolume, table: &mut Table, segment_bytes: u64) -> Result<Option<Journal>> {
         let page_bytes = volume.page_bytes() as u64;
         let mut best: Option<Found> = None;
         let mut written = false;
@@ -145,7 +145,7 @@ impl Journal {
     }
 
     /// A new store's journal: the empty table's snapshot, durable.
-    pub fn create(volume: &Volume, table: &Table, segment_bytes: u64) -> Result<Journal> {
+    pub fn create(volume: &dyn BlockVolume, table: &Table, segment_bytes: u64) -> Result<Journal> {
         let mut journal = Journal::empty(segment_bytes, volume.page_bytes() as u64);
         journal.roll(volume, table)?;
         Ok(journal)
@@ -163,7 +163,7 @@ impl Journal {
 
     /// Writes the queued changes and makes them durable (rolling to the other segment when
     /// they do not fit).
-    pub fn commit(&mut self, volume: &Volume, table: &Table) -> Result<()> {
+    pub fn commit(&mut self, volume: &dyn BlockVolume, table: &Table) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -188,7 +188,7 @@ impl Journal {
 
     /// Starts the other journal segment with a snapshot of `table` (which holds every queued
     /// change), then trims the old one.
-    pub fn roll(&mut self, volume: &Volume, table: &Table) -> Result<()> {
+    pub fn roll(&mut self, volume: &dyn BlockVolume, table: &Table) -> Result<()> {
         let other = 1 - self.segment;
         let generation = self.generation + 1;
         let mut bytes = Vec::new();

@@ -17,7 +17,7 @@ use crate::journal::Journal;
 use crate::record::{Extent, Record};
 use crate::table::{check_name, FileKind, KindStats, Table, JOURNAL_SEGMENTS};
 use parking_lot::Mutex;
-use salsa_core::Volume;
+use salsa_core::frontend::BlockVolume;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -34,7 +34,7 @@ struct State {
 }
 
 struct Shared {
-    volume: Volume,
+    volume: Arc<dyn BlockVolume>,
     segment_bytes: u64,
     page_bytes: u64,
     state: Mutex<State>,
@@ -82,7 +82,7 @@ impl FileStore {
     /// Opens the store on `volume`, making a new one when the volume is blank. Refuses a volume
     /// that is not append-only, one that holds other data, and a damaged table. Segments no
     /// file owns but which hold data (a file's writes a crash left unjournaled) are trimmed.
-    pub fn open(volume: Volume) -> Result<FileStore> {
+    pub fn open(volume: Arc<dyn BlockVolume>) -> Result<FileStore> {
         let segment_bytes = volume
             .segment_bytes()
             .ok_or_else(|| Error::NotAppendOnly(volume.name().to_string()))?;
@@ -95,7 +95,7 @@ impl FileStore {
             )));
         }
         let mut table = Table::new(segment_bytes, total);
-        let journal = match Journal::open(&volume, &mut table, segment_bytes)? {
+        let journal = match Journal::open(&*volume, &mut table, segment_bytes)? {
             Some(j) => j,
             None => {
                 for s in JOURNAL_SEGMENTS..total {
@@ -103,7 +103,7 @@ impl FileStore {
                         return Err(Error::Foreign(volume.name().to_string()));
                     }
                 }
-                Journal::create(&volume, &table, segment_bytes)?
+                Journal::create(&*volume, &table, segment_bytes)?
             }
         };
         let mut orphans = 0;
@@ -152,7 +152,7 @@ impl FileStore {
         let freed = st.table.apply(&record)?;
         st.journal.push(record);
         let State { table, journal, .. } = st;
-        journal.commit(&shared.volume, table)?;
+        journal.commit(&*shared.volume, table)?;
         for s in freed {
             shared.volume.trim(s * shared.segment_bytes, shared.segment_bytes)?;
         }
@@ -195,7 +195,7 @@ impl FileStore {
     pub fn sync_metadata(&self) -> Result<()> {
         self.change(|shared, st| {
             let State { table, journal, .. } = st;
-            journal.commit(&shared.volume, table)
+            journal.commit(&*shared.volume, table)
         })
     }
 
@@ -316,8 +316,8 @@ impl FileStore {
     }
 
     /// The volume the store is on.
-    pub fn volume(&self) -> &Volume {
-        &self.shared.volume
+    pub fn volume(&self) -> &dyn BlockVolume {
+        &*self.shared.volume
     }
 }
 
@@ -374,7 +374,7 @@ impl FileWriter {
                 st.journal.push(record);
             }
             let State { table, journal, .. } = st;
-            journal.commit(&shared.volume, table)
+            journal.commit(&*shared.volume, table)
         })
     }
 
@@ -446,7 +446,7 @@ impl FileWriter {
 
 /// Reads one file as it was when opened.
 pub struct FileReader {
-    volume: Volume,
+    volume: Arc<dyn BlockVolume>,
     extents: Vec<Extent>,
     /// File offset of each extent.
     starts: Vec<u64>,

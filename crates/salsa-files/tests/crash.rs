@@ -160,7 +160,7 @@ fn run(seed: u64, steps: usize, crash_at: Option<u64>) -> (u64, u64) {
     };
     let pool = Pool::create(devs(), &cfg, &opts()).unwrap();
     let vol = pool.create_volume_spec("kv", 12 * MIB, &VolumeSpec::amf(4096, Some(SEG))).unwrap();
-    let store = FileStore::open(vol).unwrap();
+    let store = FileStore::open(Arc::new(vol)).unwrap();
     store.create_dir("db").unwrap();
     pool.flush().unwrap();
     dev.restart(CrashPlan {
@@ -177,8 +177,8 @@ fn run(seed: u64, steps: usize, crash_at: Option<u64>) -> (u64, u64) {
     drop(pool);
     dev.restart(CrashPlan::default());
     let pool = Pool::open(devs(), &opts()).unwrap_or_else(|e| panic!("seed {seed} crash at {crash_at:?}: pool reopen: {e}"));
-    let store =
-        FileStore::open(pool.volume("kv").unwrap()).unwrap_or_else(|e| panic!("seed {seed} crash at {crash_at:?}: store reopen: {e}"));
+    let store = FileStore::open(Arc::new(pool.volume("kv").unwrap()))
+        .unwrap_or_else(|e| panic!("seed {seed} crash at {crash_at:?}: store reopen: {e}"));
     let found = read_files(&store);
     let durable_names: Vec<_> = model.durable.keys().collect();
     let live_names: Vec<_> = model.live.keys().collect();
@@ -194,7 +194,7 @@ fn run(seed: u64, steps: usize, crash_at: Option<u64>) -> (u64, u64) {
     drop(store);
     pool.close().unwrap();
     let pool = Pool::open(devs(), &opts()).unwrap();
-    let store = FileStore::open(pool.volume("kv").unwrap()).unwrap();
+    let store = FileStore::open(Arc::new(pool.volume("kv").unwrap())).unwrap();
     let r = store.open_reader("db/after").unwrap();
     let mut buf = vec![0u8; r.size() as usize];
     r.read_at(0, &mut buf).unwrap();

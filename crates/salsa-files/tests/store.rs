@@ -45,7 +45,7 @@ fn read_all(store: &FileStore, name: &str) -> Vec<u8> {
 fn files_read_back_across_a_reopen_and_deletes_trim_their_segments() {
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 64 * MIB));
     let p = pool(&dev, true);
-    let store = FileStore::open(p.volume("kv").unwrap()).unwrap();
+    let store = FileStore::open(Arc::new(p.volume("kv").unwrap())).unwrap();
     store.create_dir("db").unwrap();
     // A table file of several segments written in odd-sized appends, a log synced after each
     // small write (each sync pads its last page), a manifest.
@@ -88,7 +88,7 @@ fn files_read_back_across_a_reopen_and_deletes_trim_their_segments() {
     let p = pool(&dev, false);
     let vol = p.volume("kv").unwrap();
     let mapped_before = vol.mapped_bytes();
-    let store = FileStore::open(vol.clone()).unwrap();
+    let store = FileStore::open(Arc::new(vol.clone())).unwrap();
     assert_eq!(read_all(&store, "db/000007.sst"), sst);
     assert_eq!(read_all(&store, "db/000008.log"), log);
     assert_eq!(read_all(&store, "db/MANIFEST-000001"), b"manifest");
@@ -109,7 +109,7 @@ fn files_read_back_across_a_reopen_and_deletes_trim_their_segments() {
 fn rename_replaces_atomically_and_create_replaces_an_existing_file() {
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 64 * MIB));
     let p = pool(&dev, true);
-    let store = FileStore::open(p.volume("kv").unwrap()).unwrap();
+    let store = FileStore::open(Arc::new(p.volume("kv").unwrap())).unwrap();
     for (i, text) in ["MANIFEST-1\n", "MANIFEST-2\n"].iter().enumerate() {
         let mut w = store.create("db/CURRENT.tmp").unwrap();
         w.append(text.as_bytes()).unwrap();
@@ -134,7 +134,7 @@ fn the_journal_rolls_over_many_times_and_the_table_survives_each_reopen() {
     let mut p = pool(&dev, true);
     let mut expected: Vec<(String, Vec<u8>)> = Vec::new();
     for round in 0..6u64 {
-        let store = FileStore::open(p.volume("kv").unwrap()).unwrap();
+        let store = FileStore::open(Arc::new(p.volume("kv").unwrap())).unwrap();
         for (name, data) in &expected {
             assert_eq!(&read_all(&store, name), data, "round {round}: {name}");
         }
@@ -164,12 +164,15 @@ fn a_volume_that_is_not_a_store_is_refused_and_left_alone() {
     let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 64 * MIB));
     let p = pool(&dev, true);
     p.create_volume("plain", 4 * MIB, 4096).unwrap();
-    assert!(matches!(FileStore::open(p.volume("plain").unwrap()), Err(Error::NotAppendOnly(_))));
+    assert!(matches!(
+        FileStore::open(Arc::new(p.volume("plain").unwrap())),
+        Err(Error::NotAppendOnly(_))
+    ));
     // An AMF volume some other program appended to.
     let other = p.create_volume_spec("other", 4 * MIB, &VolumeSpec::amf(4096, Some(SEG))).unwrap();
     other.append(3, &vec![7u8; 4096]).unwrap();
-    assert!(matches!(FileStore::open(other.clone()), Err(Error::Foreign(_))));
+    assert!(matches!(FileStore::open(Arc::new(other.clone())), Err(Error::Foreign(_))));
     assert_eq!(other.write_point(3).unwrap(), 4096, "nothing was trimmed");
     other.append(0, &vec![9u8; 4096]).unwrap();
-    assert!(matches!(FileStore::open(other.clone()), Err(Error::Foreign(_))));
+    assert!(matches!(FileStore::open(Arc::new(other.clone())), Err(Error::Foreign(_))));
 }

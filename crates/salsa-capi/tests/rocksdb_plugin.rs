@@ -1,0 +1,215 @@
+//! Unmodified RocksDB on an AMF volume through the plugin (`plugins/rocksdb`): Debian's
+//! `db_bench` and `ldb` load it with LD_PRELOAD and name the file system by URI; a short
+//! db_bench run flushes and compacts (so table files are deleted and their segments trimmed),
+//! `ldb` finds the database consistent, and a writer of synced puts killed with SIGKILL at
+//! seeded moments loses none of the puts it had seen acknowledged. No timing is asserted.
+//!
+//! Skipped with a message where RocksDB's tools or headers are missing
+//! (`scripts/install-deps.sh` installs them).
+
+mod common;
+use common::library_dir;
+use salsa_core::spec::DeviceSpec;
+use salsa_core::{OpenOptions, Pool, PoolConfig, VolumeSpec};
+use salsa_files::{FileKind, FileStore};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+const SEGMENT_BYTES: u64 = 1 << 20;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Why the test cannot run here, if it cannot.
+fn missing_tools() -> Option<String> {
+    for tool in ["db_bench", "ldb", "c++"] {
+        if Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .map_or(true, |o| !o.status.success())
+        {
+            return Some(format!("{tool} is not installed"));
+        }
+    }
+    if !Path::new("/usr/include/rocksdb/db.h").exists() {
+        return Some("librocksdb-dev is not installed".into());
+    }
+    None
+}
+
+/// Compiles `source` (under plugins/rocksdb) into `out` with the extra arguments.
+fn compile(source: &str, out: &Path, extra: &[&str]) {
+    let lib = library_dir();
+    let run = Command::new("c++")
+        .args(["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(out)
+        .arg(repo().join("plugins/rocksdb").join(source))
+        .arg("-I")
+        .arg(repo().join("crates/salsa-capi/include"))
+        .args(extra)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .args(["-lsalsa", "-lrocksdb"])
+        .output()
+        .expect("c++ runs");
+    assert!(
+        run.status.success(),
+        "compiling {source} failed:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+/// A pool on a file with an AMF volume `kv`, closed again.
+fn make_pool(image: &Path) -> String {
+    let spec = format!("{}:512M", image.display());
+    let dev = spec.parse::<DeviceSpec>().unwrap().open(false).unwrap();
+    let cfg = PoolConfig {
+        segment_bytes: Some(SEGMENT_BYTES),
+        ..PoolConfig::default()
+    };
+    let pool = Pool::create(vec![dev], &cfg, &OpenOptions::default()).unwrap();
+    pool.create_volume_spec("kv", 2 << 30, &VolumeSpec::amf(4096, Some(SEGMENT_BYTES)))
+        .unwrap();
+    pool.close().unwrap();
+    image.display().to_string()
+}
+
+fn store_stats(image: &str) -> salsa_files::StoreStats {
+    let dev = image.parse::<DeviceSpec>().unwrap().open_existing(false).unwrap();
+    let pool = Pool::open(vec![dev], &OpenOptions::default()).unwrap();
+    let store = FileStore::open(Arc::new(pool.volume("kv").unwrap())).unwrap();
+    let stats = store.stats();
+    drop(store);
+    pool.close().unwrap();
+    stats
+}
+
+#[test]
+fn db_bench_and_ldb_run_on_an_amf_volume_through_the_plugin() {
+    if let Some(why) = missing_tools() {
+        eprintln!("skipped: {why} (scripts/install-deps.sh installs it)");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let plugin = work.path().join("librocksdb_salsa.so");
+    compile("salsa_fs.cc", &plugin, &["-fPIC", "-shared"]);
+    let image = make_pool(&work.path().join("pool.img"));
+    let uri = format!("--fs_uri=salsa://kv@{image}");
+    let run = Command::new("db_bench")
+        .env("LD_PRELOAD", &plugin)
+        .args([
+            &uri,
+            "--db=db",
+            "--benchmarks=fillrandom,overwrite,readrandom,readwhilewriting",
+            "--num=6000",
+            "--value_size=4096",
+            "--compression_type=none",
+            "--write_buffer_size=1048576",
+            "--target_file_size_base=2097152",
+            "--max_bytes_for_level_base=8388608",
+            "--duration=3",
+            "--threads=2",
+        ])
+        .output()
+        .expect("db_bench runs");
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "db_bench failed:\n{out}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    for bench in ["fillrandom", "overwrite", "readrandom", "readwhilewriting"] {
+        assert!(
+            out.lines().any(|l| l.starts_with(bench) && l.contains("ops/sec")),
+            "no {bench} result:\n{out}"
+        );
+    }
+    let check = Command::new("ldb")
+        .env("LD_PRELOAD", &plugin)
+        .args([&uri, "--db=db", "checkconsistency"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&check.stdout).contains("OK"),
+        "ldb checkconsistency:\n{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let stats = store_stats(&image);
+    let kind = |k: FileKind| stats.kinds.iter().find(|(kind, _)| *kind == k).map(|(_, s)| *s).unwrap();
+    let (sst, wal, manifest) = (kind(FileKind::Sst), kind(FileKind::Wal), kind(FileKind::Manifest));
+    assert!(sst.files > 0 && sst.bytes > 0, "table files: {sst:?}");
+    assert!(
+        sst.segments_trimmed > 0,
+        "compactions deleted table files, whose segments were trimmed: {sst:?}"
+    );
+    assert!(
+        wal.segments_trimmed > 0 && manifest.files > 0,
+        "logs: {wal:?}, manifests: {manifest:?}"
+    );
+}
+
+#[test]
+fn a_writer_killed_at_seeded_moments_keeps_every_acknowledged_synced_put() {
+    if let Some(why) = missing_tools() {
+        eprintln!("skipped: {why} (scripts/install-deps.sh installs it)");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let plugin = work.path().join("librocksdb_salsa.so");
+    compile("salsa_fs.cc", &plugin, &["-fPIC", "-shared"]);
+    let writer = work.path().join("crash_writer");
+    compile("crash_writer.cc", &writer, &[]);
+    let image = make_pool(&work.path().join("pool.img"));
+    let uri = format!("salsa://kv@{image}");
+    let mut acknowledged = 0u64;
+    // Seeded kill moments, in milliseconds after the writer started.
+    for (round, kill_after_ms) in [700u64, 1900, 400, 2600].into_iter().enumerate() {
+        let mut child = Command::new(&writer)
+            .env("LD_PRELOAD", &plugin)
+            .args(["write", &uri, "db", &acknowledged.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(kill_after_ms));
+        child.kill().unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.trim().is_empty(), "round {round}: the writer reported an error:\n{stderr}");
+        let last = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim().parse::<u64>().ok())
+            .max();
+        if let Some(last) = last {
+            acknowledged = acknowledged.max(last + 1);
+        }
+        let check = Command::new(&writer)
+            .env("LD_PRELOAD", &plugin)
+            .args(["check", &uri, "db", &acknowledged.to_string()])
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success(),
+            "round {round}: after the kill, {acknowledged} acknowledged puts do not all read back:\n{}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+    assert!(
+        acknowledged > 100,
+        "the writer had only {acknowledged} puts acknowledged in four rounds"
+    );
+    let check = Command::new("ldb")
+        .env("LD_PRELOAD", &plugin)
+        .args([&format!("--fs_uri={uri}"), "--db=db", "checkconsistency"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&check.stdout).contains("OK"),
+        "ldb checkconsistency after the kills"
+    );
+}
