@@ -20,6 +20,11 @@
 // and renames durable; locks are held in memory (one process owns a pool). Positioned appends,
 // reopening a file for append, truncation and links are not supported (RocksDB does not need
 // them unless WAL recycling is turned on).
+//
+// Measurement: with SALSA_FS_REPORT=PATH set, the file system writes PATH when it is destroyed
+// (at the process's exit, for db_bench): a JSON object with the pool's counters when it opened
+// and when it closed (SALSA's bytes, each device model's flash programs and erasures, the
+// volume's map memory) and the file store's statistics per file kind.
 
 #include <rocksdb/env.h>
 #include <rocksdb/file_system.h>
@@ -27,6 +32,8 @@
 #include <rocksdb/utilities/object_registry.h>
 
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -202,11 +209,57 @@ class Lock : public FileLock {
   std::string name;
 };
 
+// The pool's counters as a JSON object's members.
+static std::string counters_json(SalsaPool* pool) {
+  std::string out;
+  salsa_pool_counters(
+      pool,
+      [](const char* name, uint64_t value, void* context) {
+        auto* o = static_cast<std::string*>(context);
+        char buf[64];
+        snprintf(buf, sizeof buf, "%" PRIu64, value);
+        *o += (o->empty() ? "\"" : ", \"") + std::string(name) + "\": " + buf;
+      },
+      &out);
+  return "{" + out + "}";
+}
+
+static std::string kind_json(const SalsaFsKindStats& k) {
+  char buf[256];
+  snprintf(buf, sizeof buf,
+           "{\"files\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"segments\": %" PRIu64 ", \"segments_trimmed\": %" PRIu64 "}",
+           k.files, k.bytes, k.segments, k.segments_trimmed);
+  return buf;
+}
+
 class SalsaFileSystem : public FileSystem {
  public:
   SalsaFileSystem(std::shared_ptr<Pool> pool, SalsaFs* fs, std::string uri)
-      : pool_(std::move(pool)), fs_(fs), uri_(std::move(uri)) {}
-  ~SalsaFileSystem() override { salsa_fs_free(fs_); }
+      : pool_(std::move(pool)), fs_(fs), uri_(std::move(uri)) {
+    if (const char* path = std::getenv("SALSA_FS_REPORT")) {
+      report_path_ = path;
+      at_open_ = counters_json(pool_->get());
+    }
+  }
+  ~SalsaFileSystem() override {
+    if (!report_path_.empty()) write_report();
+    salsa_fs_free(fs_);
+  }
+
+  void write_report() {
+    SalsaFsStats st{};
+    salsa_fs_stats(fs_, &st);
+    std::string json = "{\"uri\": \"" + uri_ + "\", \"at_open\": " + at_open_ + ", \"at_close\": " +
+                       counters_json(pool_->get()) + ", \"files\": {\"wal\": " + kind_json(st.wal) +
+                       ", \"sst\": " + kind_json(st.sst) + ", \"manifest\": " + kind_json(st.manifest) +
+                       ", \"other\": " + kind_json(st.other) + "}}\n";
+    if (FILE* f = fopen(report_path_.c_str(), "w")) {
+      fputs(json.c_str(), f);
+      fclose(f);
+    } else {
+      fprintf(stderr, "salsa: cannot write the report %s\n", report_path_.c_str());
+    }
+  }
 
   static const char* kClassName() { return "SalsaFileSystem"; }
   const char* Name() const override { return kClassName(); }
@@ -334,6 +387,8 @@ class SalsaFileSystem : public FileSystem {
   std::shared_ptr<Pool> pool_;
   SalsaFs* fs_;
   std::string uri_;
+  std::string report_path_;
+  std::string at_open_;
   std::mutex locks_mu_;
   std::set<std::string> locks_;
 };

@@ -216,6 +216,19 @@ int salsa_amf_append(const SalsaVolume *volume,
                      size_t len,
                      uint64_t *offset);
 
+// Calls `each(name, value, context)` for each of the pool's counters: its own
+// (`user_bytes_written`, `user_bytes_read`, `device_bytes_written`, `gc_bytes_relocated`,
+// `flushes`, `syncs`), each volume's (`volume.NAME.mapped_bytes`, `.map_memory_bytes`,
+// `.gc_bytes_relocated`) and each device's (`device.NAME.COUNTER`: a device model's flash
+// programs, erasures, modelled time, ...). Returns how many.
+//
+// # Safety
+// `pool` is a live pool handle; `each` does not call back into the pool and does not keep
+// `name` past its return.
+int salsa_pool_counters(const SalsaPool *pool, void (*each)(const char *name,
+                                                            uint64_t value,
+                                                            void *context), void *context);
+
 // The message of the calling thread's last failed call ("" after a call that succeeded).
 // Valid until the thread's next call into this library; never NULL.
 const char *salsa_last_error(void);

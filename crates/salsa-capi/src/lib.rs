@@ -647,6 +647,51 @@ pub unsafe extern "C" fn salsa_amf_append(
     })
 }
 
+/// Calls `each(name, value, context)` for each of the pool's counters: its own
+/// (`user_bytes_written`, `user_bytes_read`, `device_bytes_written`, `gc_bytes_relocated`,
+/// `flushes`, `syncs`), each volume's (`volume.NAME.mapped_bytes`, `.map_memory_bytes`,
+/// `.gc_bytes_relocated`) and each device's (`device.NAME.COUNTER`: a device model's flash
+/// programs, erasures, modelled time, ...). Returns how many.
+///
+/// # Safety
+/// `pool` is a live pool handle; `each` does not call back into the pool and does not keep
+/// `name` past its return.
+#[no_mangle]
+pub unsafe extern "C" fn salsa_pool_counters(
+    pool: *const SalsaPool,
+    each: Option<unsafe extern "C" fn(name: *const c_char, value: u64, context: *mut c_void)>,
+    context: *mut c_void,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: the contract above.
+        let p = unsafe { handle(pool, "pool") }?;
+        let each = each.ok_or_else(|| Failure::invalid("callback is NULL"))?;
+        let s = p.pool.stats();
+        let mut counters: Vec<(String, u64)> = vec![
+            ("user_bytes_written".into(), s.user_bytes_written),
+            ("user_bytes_read".into(), s.user_bytes_read),
+            ("device_bytes_written".into(), s.device_bytes_written),
+            ("gc_bytes_relocated".into(), s.gc_bytes_relocated),
+            ("flushes".into(), s.flushes),
+            ("syncs".into(), s.syncs),
+        ];
+        for v in &s.volumes {
+            counters.push((format!("volume.{}.mapped_bytes", v.name), v.mapped_bytes));
+            counters.push((format!("volume.{}.map_memory_bytes", v.name), v.map_memory_bytes));
+            counters.push((format!("volume.{}.gc_bytes_relocated", v.name), v.gc_bytes_relocated));
+        }
+        for (device, counter, value) in &s.device_counters {
+            counters.push((format!("device.{device}.{counter}"), *value));
+        }
+        for (name, value) in &counters {
+            let c = CString::new(name.replace('\0', "")).unwrap_or_default();
+            // SAFETY: a live C string for the call; the callback's contract above.
+            unsafe { each(c.as_ptr(), *value, context) };
+        }
+        Ok(counters.len().min(c_int::MAX as usize) as c_int)
+    })
+}
+
 /// The message of the calling thread's last failed call ("" after a call that succeeded).
 /// Valid until the thread's next call into this library; never NULL.
 #[no_mangle]
