@@ -178,6 +178,11 @@ impl Journal {
             return self.roll(volume, table);
         }
         bytes.resize(padded as usize, 0);
+        // Every data write a batch's extents describe returned before its record was queued,
+        // so one flush here makes them durable before the journal says they exist.
+        if self.pending.iter().any(|r| matches!(r, Record::Extents { .. })) {
+            volume.flush()?;
+        }
         volume.append(self.segment, &bytes)?;
         volume.flush()?;
         self.write_point += padded;
@@ -201,6 +206,8 @@ impl Journal {
             )));
         }
         bytes.resize(padded as usize, 0);
+        // As a batch: the extents the snapshot lists are durable data before it is written.
+        volume.flush()?;
         volume.trim(other * self.segment_bytes, self.segment_bytes)?;
         volume.append(other, &bytes)?;
         volume.flush()?;

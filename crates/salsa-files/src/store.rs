@@ -21,9 +21,16 @@ use salsa_core::frontend::BlockVolume;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Most bytes a writer gathers before it writes its whole pages out, and most bytes one append
-/// to the volume carries.
+/// Most bytes one append to the volume carries, and the gathered bytes past which a writer
+/// writes its whole pages out once the store holds more than its budget.
 pub const WRITE_CHUNK_BYTES: usize = 1 << 20;
+
+/// Bytes written and not yet on the volume the store holds in memory at most, across open
+/// writers and closed files ([`FileWriter::close`]), before writers write theirs out: a
+/// kernel file system's dirty page cache does the same for its files, so that a file deleted
+/// soon after it was written (a write-ahead log whose memtable was flushed) never reaches the
+/// device.
+pub const HELD_BYTES_DEFAULT: u64 = 256 << 20;
 
 struct State {
     table: Table,
@@ -38,6 +45,31 @@ struct Shared {
     segment_bytes: u64,
     page_bytes: u64,
     state: Mutex<State>,
+    held: Mutex<Held>,
+    held_budget_bytes: u64,
+}
+
+/// What a file has that the table does not yet: bytes gathered in memory, the segment being
+/// filled, and the extents written since the file's last sync.
+#[derive(Default)]
+struct Tail {
+    buf: Vec<u8>,
+    segment: Option<u64>,
+    segment_used: u64,
+    unsynced: Vec<Extent>,
+}
+
+impl Tail {
+    fn is_empty(&self) -> bool {
+        self.buf.is_empty() && self.unsynced.is_empty()
+    }
+}
+
+/// The bytes the store holds in memory, and the tails of files closed without a sync.
+#[derive(Default)]
+struct Held {
+    bytes: u64,
+    closed: std::collections::BTreeMap<u64, Tail>,
 }
 
 /// A file store on one AMF volume. Cheap to clone; every clone is the same store.
@@ -129,8 +161,144 @@ impl FileStore {
                 segment_bytes,
                 page_bytes,
                 state: Mutex::new(state),
+                held: Mutex::new(Held::default()),
+                held_budget_bytes: HELD_BYTES_DEFAULT,
             }),
         })
+    }
+
+    /// Writes every file closed without a sync out and makes the store durable: what a clean
+    /// shutdown does (the last handle of the store does it when dropped).
+    pub fn sync_all(&self) -> Result<()> {
+        let closed = std::mem::take(&mut self.shared.held.lock().closed);
+        for (id, mut tail) in closed {
+            self.settle(id, &mut tail, true)?;
+        }
+        self.sync_metadata()
+    }
+
+    /// Writes the held tail of closed file `id` out (not durably), so that the table describes
+    /// all of it; nothing when it has none.
+    fn settle_closed(&self, id: u64) -> Result<()> {
+        let tail = self.shared.held.lock().closed.remove(&id);
+        match tail {
+            Some(mut tail) => self.settle(id, &mut tail, false),
+            None => Ok(()),
+        }
+    }
+
+    /// Forgets the held tail of file `id` (deleted or replaced): its bytes are never written.
+    fn drop_closed(&self, id: u64) {
+        let mut held = self.shared.held.lock();
+        if let Some(tail) = held.closed.remove(&id) {
+            held.bytes -= tail.buf.len() as u64;
+        }
+    }
+
+    /// Counts `n` more bytes held; returns whether the store now holds more than its budget.
+    fn hold(&self, n: u64) -> bool {
+        let mut held = self.shared.held.lock();
+        held.bytes += n;
+        held.bytes > self.shared.held_budget_bytes
+    }
+
+    /// While the store holds more than its budget, writes closed files' tails out (the oldest
+    /// file first).
+    fn shed_closed(&self) -> Result<()> {
+        loop {
+            let next = {
+                let mut held = self.shared.held.lock();
+                if held.bytes <= self.shared.held_budget_bytes {
+                    return Ok(());
+                }
+                held.closed.pop_first()
+            };
+            match next {
+                Some((id, mut tail)) => self.settle(id, &mut tail, false)?,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Writes `tail` out whole (its last page padded) and journals its extents; `durable`: and
+    /// commits the journal, so that everything appended to the file survives a crash.
+    fn settle(&self, id: u64, tail: &mut Tail, durable: bool) -> Result<()> {
+        self.write_out(id, tail, true)?;
+        let extents = std::mem::take(&mut tail.unsynced);
+        self.change(|shared, st| {
+            if !extents.is_empty() && st.table.file(id).is_some() {
+                let record = Record::Extents {
+                    id,
+                    extents,
+                    mtime_secs: now_secs(),
+                };
+                st.table.apply(&record)?;
+                st.journal.push(record);
+            }
+            if durable {
+                let State { table, journal, .. } = st;
+                journal.commit(&*shared.volume, table)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Writes the bytes `tail` gathered: whole pages only, or (`pad`) all of them, the last page
+    /// padded with zeros. Counts what left memory.
+    fn write_out(&self, id: u64, tail: &mut Tail, pad: bool) -> Result<()> {
+        let page = self.shared.page_bytes as usize;
+        let valid = if pad { tail.buf.len() } else { tail.buf.len() / page * page };
+        if valid == 0 {
+            return Ok(());
+        }
+        let padded = valid.next_multiple_of(page);
+        let mut data = std::mem::take(&mut tail.buf);
+        tail.buf = data.split_off(valid);
+        data.resize(padded, 0);
+        self.shared.held.lock().bytes -= valid as u64;
+        self.write_pages(id, tail, &data, valid as u64)
+    }
+
+    /// Writes `data` (whole pages, of which the first `valid` bytes are the file's) into the
+    /// file's segments.
+    fn write_pages(&self, id: u64, tail: &mut Tail, data: &[u8], valid: u64) -> Result<()> {
+        let segment_bytes = self.shared.segment_bytes;
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let segment = match tail.segment {
+                Some(s) if tail.segment_used < segment_bytes => s,
+                _ => {
+                    let s = self.change(|_, st| st.table.take_segment(id))?;
+                    tail.segment = Some(s);
+                    tail.segment_used = 0;
+                    s
+                }
+            };
+            let take = (data.len() - pos)
+                .min((segment_bytes - tail.segment_used) as usize)
+                .min(WRITE_CHUNK_BYTES);
+            let offset = self
+                .shared
+                .volume
+                .append(segment, &data[pos..pos + take])
+                .map_err(|e| self.fail(e))?;
+            tail.segment_used += take as u64;
+            let file_bytes = (take as u64).min(valid.saturating_sub(pos as u64));
+            if file_bytes > 0 {
+                match tail.unsynced.last_mut() {
+                    Some(last) if last.offset + last.len == offset && last.offset / segment_bytes == segment => last.len += file_bytes,
+                    _ => tail.unsynced.push(Extent { offset, len: file_bytes }),
+                }
+            }
+            pos += take;
+        }
+        Ok(())
+    }
+
+    /// Marks the store failed after a volume error outside the table's lock.
+    fn fail(&self, e: salsa_core::Error) -> Error {
+        self.shared.state.lock().failed.get_or_insert_with(|| e.to_string());
+        Error::Volume(e)
     }
 
     /// Runs a change of the table under its lock: refused after an earlier failure, and a
@@ -171,8 +339,10 @@ impl FileStore {
                 name: name.clone(),
                 mtime_secs: now_secs(),
             };
-            if st.table.id_of(&name).is_some() {
-                // The old file's segments are trimmed, so the replacement is made durable first.
+            if let Some(old) = st.table.id_of(&name) {
+                // The old file's segments are trimmed, so the replacement is made durable first;
+                // what it still held in memory is never written.
+                self.drop_closed(old);
                 Self::journal(shared, st, record)?;
             } else {
                 st.table.apply(&record)?;
@@ -183,10 +353,7 @@ impl FileStore {
         Ok(FileWriter {
             store: self.clone(),
             id,
-            buf: Vec::new(),
-            segment: None,
-            segment_used: 0,
-            unsynced: Vec::new(),
+            tail: Tail::default(),
             size: 0,
         })
     }
@@ -207,6 +374,11 @@ impl FileStore {
     /// Opens file `name` for reading.
     pub fn open_reader(&self, name: &str) -> Result<FileReader> {
         let name = normal(name);
+        // (Bound first: the table's lock must be let go before the settle takes it again.)
+        let id = self.shared.state.lock().table.id_of(&name);
+        if let Some(id) = id {
+            self.settle_closed(id)?;
+        }
         let st = self.shared.state.lock();
         let file = st
             .table
@@ -232,6 +404,7 @@ impl FileStore {
         let name = normal(name);
         self.change(|shared, st| {
             let id = st.table.id_of(&name).ok_or_else(|| Error::NotFound(name.clone()))?;
+            self.drop_closed(id);
             Self::journal(shared, st, Record::Delete { id })
         })
     }
@@ -242,6 +415,9 @@ impl FileStore {
         check_name(&to)?;
         self.change(|shared, st| {
             let id = st.table.id_of(&from).ok_or_else(|| Error::NotFound(from.clone()))?;
+            if let Some(old) = st.table.id_of(&to).filter(|&old| old != id) {
+                self.drop_closed(old);
+            }
             Self::journal(shared, st, Record::Rename { id, to: to.clone() })
         })
     }
@@ -294,6 +470,11 @@ impl FileStore {
     /// A file's size in bytes (what its syncs made durable) and modification time.
     pub fn stat(&self, name: &str) -> Result<(u64, u64)> {
         let name = normal(name);
+        // (Bound first: the table's lock must be let go before the settle takes it again.)
+        let id = self.shared.state.lock().table.id_of(&name);
+        if let Some(id) = id {
+            self.settle_closed(id)?;
+        }
         let st = self.shared.state.lock();
         let file = st
             .table
@@ -321,26 +502,23 @@ impl FileStore {
     }
 }
 
-/// Writes one file. Appends are gathered in memory; [`FileWriter::sync`] makes them durable.
+/// Writes one file. Appends are gathered in memory (within the store's budget, see
+/// [`HELD_BYTES_DEFAULT`]); [`FileWriter::sync`] makes them durable.
 pub struct FileWriter {
     store: FileStore,
     id: u64,
-    buf: Vec<u8>,
-    /// The segment being filled, and the bytes written into it.
-    segment: Option<u64>,
-    segment_used: u64,
-    /// Extents written since the last sync, in file order.
-    unsynced: Vec<Extent>,
+    tail: Tail,
     size: u64,
 }
 
 impl FileWriter {
     /// Appends `data` to the file.
     pub fn append(&mut self, data: &[u8]) -> Result<()> {
-        self.buf.extend_from_slice(data);
+        self.tail.buf.extend_from_slice(data);
         self.size += data.len() as u64;
-        if self.buf.len() >= WRITE_CHUNK_BYTES {
-            self.write_out(false)?;
+        if self.store.hold(data.len() as u64) && self.tail.buf.len() >= WRITE_CHUNK_BYTES {
+            self.store.write_out(self.id, &mut self.tail, false)?;
+            self.store.shed_closed()?;
         }
         Ok(())
     }
@@ -352,95 +530,54 @@ impl FileWriter {
 
     /// Writes the whole pages gathered so far to the volume (not durable until a sync).
     pub fn flush(&mut self) -> Result<()> {
-        self.write_out(false)
+        self.store.write_out(self.id, &mut self.tail, false)
     }
 
-    /// Makes everything appended so far durable: the data, then the file's extents.
+    /// Makes everything appended so far durable: the data, then the file's extents (the
+    /// journal's commit flushes the volume before it writes them).
     pub fn sync(&mut self) -> Result<()> {
-        self.write_out(true)?;
-        if !self.unsynced.is_empty() {
-            self.store.shared.volume.flush().map_err(|e| self.fail(e))?;
-        }
-        let extents = std::mem::take(&mut self.unsynced);
-        let id = self.id;
-        self.store.change(|shared, st| {
-            if !extents.is_empty() {
-                let record = Record::Extents {
-                    id,
-                    extents,
-                    mtime_secs: now_secs(),
-                };
-                st.table.apply(&record)?;
-                st.journal.push(record);
-            }
-            let State { table, journal, .. } = st;
-            journal.commit(&*shared.volume, table)
-        })
+        self.store.settle(self.id, &mut self.tail, true)
     }
 
-    /// Syncs and ends the writer.
+    /// Ends the writer. As a kernel file system's close, this does not make the file durable
+    /// (a sync before does): what it still holds stays in memory, within the store's budget,
+    /// until the file is read, synced by [`FileStore::sync_all`] or the store's last handle,
+    /// or deleted, in which case it is never written.
     pub fn close(mut self) -> Result<()> {
-        self.sync()
-    }
-
-    /// Marks the store failed after a volume error outside the table's lock.
-    fn fail(&self, e: salsa_core::Error) -> Error {
-        self.store.shared.state.lock().failed.get_or_insert_with(|| e.to_string());
-        Error::Volume(e)
-    }
-
-    /// Writes the gathered bytes out: whole pages only, or (`pad`) all of them, the last page
-    /// padded with zeros.
-    fn write_out(&mut self, pad: bool) -> Result<()> {
-        let page = self.store.shared.page_bytes as usize;
-        let valid = if pad { self.buf.len() } else { self.buf.len() / page * page };
-        if valid == 0 {
+        let tail = std::mem::take(&mut self.tail);
+        if tail.is_empty() {
             return Ok(());
         }
-        let padded = valid.next_multiple_of(page);
-        let mut data = std::mem::take(&mut self.buf);
-        let rest = data.split_off(valid);
-        data.resize(padded, 0);
-        self.buf = rest;
-        self.write_pages(&data, valid as u64)
-    }
-
-    /// Writes `data` (whole pages, of which the first `valid` bytes are the file's) into the
-    /// file's segments.
-    fn write_pages(&mut self, data: &[u8], valid: u64) -> Result<()> {
-        let segment_bytes = self.store.shared.segment_bytes;
-        let mut pos = 0usize;
-        while pos < data.len() {
-            let segment = match self.segment {
-                Some(s) if self.segment_used < segment_bytes => s,
-                _ => {
-                    let id = self.id;
-                    let s = self.store.change(|_, st| st.table.take_segment(id))?;
-                    self.segment = Some(s);
-                    self.segment_used = 0;
-                    s
-                }
-            };
-            let take = (data.len() - pos)
-                .min((segment_bytes - self.segment_used) as usize)
-                .min(WRITE_CHUNK_BYTES);
-            let offset = self
-                .store
-                .shared
-                .volume
-                .append(segment, &data[pos..pos + take])
-                .map_err(|e| self.fail(e))?;
-            self.segment_used += take as u64;
-            let file_bytes = (take as u64).min(valid.saturating_sub(pos as u64));
-            if file_bytes > 0 {
-                match self.unsynced.last_mut() {
-                    Some(last) if last.offset + last.len == offset && last.offset / segment_bytes == segment => last.len += file_bytes,
-                    _ => self.unsynced.push(Extent { offset, len: file_bytes }),
-                }
-            }
-            pos += take;
+        let over = {
+            let mut held = self.store.shared.held.lock();
+            held.closed.insert(self.id, tail);
+            held.bytes > self.store.shared.held_budget_bytes
+        };
+        if over {
+            self.store.shed_closed()?;
         }
         Ok(())
+    }
+}
+
+impl Drop for FileWriter {
+    fn drop(&mut self) {
+        // A writer dropped without close: what it held in memory is let go unwritten.
+        let held = self.tail.buf.len() as u64;
+        if held > 0 {
+            self.store.shared.held.lock().bytes -= held;
+        }
+    }
+}
+
+impl Drop for FileStore {
+    fn drop(&mut self) {
+        // The last handle: every closed file's held bytes go to the volume, durably.
+        if Arc::strong_count(&self.shared) == 1 && !self.shared.held.lock().closed.is_empty() {
+            if let Err(e) = self.sync_all() {
+                tracing::error!("file store on {}: writing closed files at shutdown: {e}", self.shared.volume.name());
+            }
+        }
     }
 }
 

@@ -176,3 +176,41 @@ fn a_volume_that_is_not_a_store_is_refused_and_left_alone() {
     other.append(0, &vec![9u8; 4096]).unwrap();
     assert!(matches!(FileStore::open(Arc::new(other.clone())), Err(Error::Foreign(_))));
 }
+
+#[test]
+fn a_closed_file_stays_in_memory_until_read_synced_or_the_store_ends_and_a_deleted_one_is_never_written() {
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 64 * MIB));
+    let p = pool(&dev, true);
+    let vol = p.volume("kv").unwrap();
+    let store = FileStore::open(Arc::new(vol.clone())).unwrap();
+    let mapped = vol.mapped_bytes();
+    // A log written, closed without a sync, and deleted: the volume never sees it.
+    let mut w = store.create("db/000001.log").unwrap();
+    w.append(&bytes(1, 300_000)).unwrap();
+    w.close().unwrap();
+    assert_eq!(vol.mapped_bytes(), mapped, "a closed file's bytes stay in memory");
+    store.delete("db/000001.log").unwrap();
+    let file_segments = 2..vol.size_bytes() / SEG;
+    assert!(
+        file_segments.clone().all(|s| vol.write_point(s).unwrap() == 0),
+        "a deleted file's held bytes are never written (only the journal was)"
+    );
+    // A file closed without a sync reads back whole (the read writes it out first).
+    let data = bytes(2, 70_000);
+    let mut w = store.create("db/000002.sst").unwrap();
+    w.append(&data).unwrap();
+    w.close().unwrap();
+    assert_eq!(read_all(&store, "db/000002.sst"), data);
+    assert!(vol.mapped_bytes() > mapped);
+    // One closed and never read: the store's last handle writes it durably.
+    let last = bytes(3, 9_000);
+    let mut w = store.create("db/000003.log").unwrap();
+    w.append(&last).unwrap();
+    w.close().unwrap();
+    drop(store);
+    p.close().unwrap();
+    let p = pool(&dev, false);
+    let store = FileStore::open(Arc::new(p.volume("kv").unwrap())).unwrap();
+    assert_eq!(read_all(&store, "db/000003.log"), last);
+    assert_eq!(read_all(&store, "db/000002.sst"), data);
+}
