@@ -232,7 +232,8 @@ def main():
     ap.add_argument("--ssd-params", default="block=1M", help="extra `ssd:` parameters (default: 1 MiB erase blocks)")
     ap.add_argument("--segment-size", default="16M", help="SALSA's segment size")
     ap.add_argument("--amf-segment", default="16M", help="the AMF volume's segment size (a file's unit of space)")
-    ap.add_argument("--keys", type=int, default=400000, help="keys of 4 KiB values (default: 1.6 GB of values)")
+    ap.add_argument("--keys", type=int, default=200000,
+                    help="keys of 4 KiB values (default: 800 MB, a quarter of the logical size: compactions need room)")
     ap.add_argument("--cache", default="64M", help="RocksDB's block cache")
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=60, help="wall time of each phase but fillrandom")

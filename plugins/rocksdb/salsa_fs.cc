@@ -150,29 +150,53 @@ class RandomAccessFile : public FSRandomAccessFile {
   SalsaFsReader* r_;
 };
 
+class WritableFile;
+
+// The writers of one file system still alive. A program may exit without destroying its
+// database (db_bench does), and what its writers hold in memory would then be lost where a
+// kernel file system's page cache would have kept it: the file system closes them when it is
+// destroyed at exit, and the store writes what they held.
+struct OpenWriters {
+  std::mutex mu;
+  std::set<WritableFile*> live;
+};
+
 // The file store's writer takes one thread at a time; RocksDB may sync a WAL from one thread
 // while another appends to it (SyncWAL), so every call holds the file's mutex.
 class WritableFile : public FSWritableFile {
  public:
-  WritableFile(SalsaFsWriter* w, const FileOptions& options) : FSWritableFile(options), w_(w) {}
+  WritableFile(SalsaFsWriter* w, const FileOptions& options, std::shared_ptr<OpenWriters> writers)
+      : FSWritableFile(options), w_(w), writers_(std::move(writers)) {
+    std::lock_guard<std::mutex> g(writers_->mu);
+    writers_->live.insert(this);
+  }
   ~WritableFile() override {
-    if (!closed_) salsa_fs_close(w_);
+    {
+      std::lock_guard<std::mutex> g(writers_->mu);
+      writers_->live.erase(this);
+    }
+    close_once();
     salsa_fs_writer_free(w_);
+  }
+  // Closes the writer unless it was (what the file held stays with the store).
+  int close_once() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (closed_) return 0;
+    closed_ = true;
+    return salsa_fs_close(w_);
   }
   using FSWritableFile::Append;
   IOStatus Append(const Slice& data, const IOOptions&, IODebugContext*) override {
     std::lock_guard<std::mutex> g(mu_);
     return status_of(salsa_fs_append(w_, data.data(), data.size()), "append");
   }
-  IOStatus Close(const IOOptions&, IODebugContext*) override {
-    std::lock_guard<std::mutex> g(mu_);
-    closed_ = true;
-    return status_of(salsa_fs_close(w_), "close");
-  }
+  IOStatus Close(const IOOptions&, IODebugContext*) override { return status_of(close_once(), "close"); }
   // RocksDB's Flush hands what it buffered to the OS, which a kernel file system keeps in its
-  // page cache; the writer keeps it likewise (it writes every MiB gathered, and a sync or close
-  // writes the rest). Writing at every Flush put each WAL record through the volume on its own
-  // (fillrandom at 0.39x ext4's rate in the first quick run).
+  // page cache; the writer keeps it likewise (the store writes past its memory budget, and a
+  // sync, a read or the store's end writes the rest). Writing at every Flush put each WAL
+  // record through the volume on its own (fillrandom at 0.39x ext4's rate in the first quick
+  // run). Unlike the page cache, that memory is the process's: a crash of the process loses
+  // what was not synced, as a power loss would.
   IOStatus Flush(const IOOptions&, IODebugContext*) override { return IOStatus::OK(); }
   IOStatus Sync(const IOOptions&, IODebugContext*) override {
     std::lock_guard<std::mutex> g(mu_);
@@ -191,6 +215,7 @@ class WritableFile : public FSWritableFile {
  private:
   std::mutex mu_;
   SalsaFsWriter* w_;
+  std::shared_ptr<OpenWriters> writers_;
   bool closed_ = false;
 };
 
@@ -244,6 +269,10 @@ class SalsaFileSystem : public FileSystem {
     }
   }
   ~SalsaFileSystem() override {
+    {
+      std::lock_guard<std::mutex> g(writers_->mu);
+      for (WritableFile* w : writers_->live) w->close_once();
+    }
     if (!report_path_.empty()) write_report();
     salsa_fs_free(fs_);
   }
@@ -289,7 +318,7 @@ class SalsaFileSystem : public FileSystem {
     SalsaFsWriter* w = nullptr;
     int rc = salsa_fs_create(fs_, fname.c_str(), &w);
     if (rc < 0) return status_of(rc, fname);
-    result->reset(new WritableFile(w, options));
+    result->reset(new WritableFile(w, options, writers_));
     return IOStatus::OK();
   }
 
@@ -393,6 +422,7 @@ class SalsaFileSystem : public FileSystem {
   std::string at_open_;
   std::mutex locks_mu_;
   std::set<std::string> locks_;
+  std::shared_ptr<OpenWriters> writers_ = std::make_shared<OpenWriters>();
 };
 
 // Splits `text` at `sep`, dropping empty parts.

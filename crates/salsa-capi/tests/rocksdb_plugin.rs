@@ -138,6 +138,28 @@ fn db_bench_and_ldb_run_on_an_amf_volume_through_the_plugin() {
         String::from_utf8_lossy(&check.stdout),
         String::from_utf8_lossy(&check.stderr)
     );
+    // db_bench exits without closing its database: what the log held in memory (no memtable
+    // was flushed) must still reach the volume, as a page cache would write it.
+    let fill = Command::new("db_bench")
+        .env("LD_PRELOAD", &plugin)
+        .args([
+            &uri,
+            "--db=seq",
+            "--benchmarks=fillseq",
+            "--num=3000",
+            "--value_size=1000",
+            "--compression_type=none",
+        ])
+        .output()
+        .unwrap();
+    assert!(fill.status.success(), "db_bench fillseq: {}", String::from_utf8_lossy(&fill.stderr));
+    let scan = Command::new("ldb")
+        .env("LD_PRELOAD", &plugin)
+        .args([&uri, "--db=seq", "scan"])
+        .output()
+        .unwrap();
+    let keys = String::from_utf8_lossy(&scan.stdout).lines().count();
+    assert_eq!(keys, 3000, "keys after db_bench's exit: {}", String::from_utf8_lossy(&scan.stderr));
     let stats = store_stats(&image);
     let kind = |k: FileKind| stats.kinds.iter().find(|(kind, _)| *kind == k).map(|(_, s)| *s).unwrap();
     let (sst, wal, manifest) = (kind(FileKind::Sst), kind(FileKind::Wal), kind(FileKind::Manifest));
@@ -146,10 +168,10 @@ fn db_bench_and_ldb_run_on_an_amf_volume_through_the_plugin() {
         sst.segments_trimmed > 0,
         "compactions deleted table files, whose segments were trimmed: {sst:?}"
     );
-    assert!(
-        wal.segments_trimmed > 0 && manifest.files > 0,
-        "logs: {wal:?}, manifests: {manifest:?}"
-    );
+    // The logs still live (each database's current ones) reached the volume at db_bench's
+    // exit; the earlier ones were deleted, most before they were ever written (their bytes
+    // stayed in memory, as in a page cache), so few of their segments were ever trimmed.
+    assert!(wal.bytes > 0 && manifest.files > 0, "logs: {wal:?}, manifests: {manifest:?}");
 }
 
 #[test]

@@ -59,6 +59,23 @@ impl Journal {
     /// Reads the journal of `volume` into `table`. `Ok(None)` when the volume is blank (both
     /// journal segments empty), so the caller decides whether to make a new store.
     pub fn open(volume: &dyn BlockVolume, table: &mut Table, segment_bytes: u64) -> Result<Option<Journal>> {
+        let Some((mut journal, torn)) = Self::read(volume, table, segment_bytes)? else {
+            return Ok(None);
+        };
+        if torn {
+            tracing::warn!(
+                "file table journal ends before byte {} written (a torn batch); starting a new journal segment",
+                journal.write_point
+            );
+            journal.roll(volume, table)?;
+        }
+        Ok(Some(journal))
+    }
+
+    /// Reads the journal into `table` and writes nothing: the journal's place, and whether it
+    /// ended before its segment's write point (a torn batch, which [`Journal::open`] rolls
+    /// away). `Ok(None)` for a blank volume.
+    pub fn read(volume: &dyn BlockVolume, table: &mut Table, segment_bytes: u64) -> Result<Option<(Journal, bool)>> {
         let page_bytes = volume.page_bytes() as u64;
         let mut best: Option<Found> = None;
         let mut written = false;
@@ -125,7 +142,7 @@ impl Journal {
             }
         }
         let end = (pos as u64).next_multiple_of(page_bytes);
-        let mut journal = Journal {
+        let journal = Journal {
             segment: found.segment,
             write_point: found.write_point,
             generation: found.snapshot.generation,
@@ -134,14 +151,7 @@ impl Journal {
             segment_bytes,
             page_bytes,
         };
-        if end < found.write_point {
-            tracing::warn!(
-                "file table journal ends at byte {end} of {} written (a torn batch); starting a new journal segment",
-                found.write_point
-            );
-            journal.roll(volume, table)?;
-        }
-        Ok(Some(journal))
+        Ok(Some((journal, end < found.write_point)))
     }
 
     /// A new store's journal: the empty table's snapshot, durable.

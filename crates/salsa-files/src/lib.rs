@@ -20,5 +20,5 @@ pub mod store;
 pub mod table;
 
 pub use error::{Error, Result};
-pub use store::{FileReader, FileStore, FileWriter, StoreStats, WRITE_CHUNK_BYTES};
+pub use store::{inspect, FileReader, FileStore, FileWriter, StoreStats, HELD_BYTES_DEFAULT, WRITE_CHUNK_BYTES};
 pub use table::{FileKind, KindStats};

@@ -110,6 +110,34 @@ fn normal(name: &str) -> String {
     out
 }
 
+/// The statistics of the file store on `volume`, read without writing anything (for a
+/// look-only command such as `salsa info`); `Ok(None)` when the volume is not append-only or
+/// holds no file store.
+pub fn inspect(volume: &dyn BlockVolume) -> Result<Option<StoreStats>> {
+    let Some(segment_bytes) = volume.segment_bytes() else {
+        return Ok(None);
+    };
+    let total = volume.size_bytes() / segment_bytes;
+    if total < JOURNAL_SEGMENTS + 1 {
+        return Ok(None);
+    }
+    let mut table = Table::new(segment_bytes, total);
+    match Journal::read(volume, &mut table, segment_bytes) {
+        Ok(Some((journal, _))) => {
+            let (_, journal_bytes, journal_generation) = journal.position();
+            Ok(Some(StoreStats {
+                kinds: table.stats(),
+                segment_bytes,
+                segments_total: total,
+                journal_generation,
+                journal_bytes,
+            }))
+        }
+        Ok(None) | Err(Error::Foreign(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 impl FileStore {
     /// Opens the store on `volume`, making a new one when the volume is blank. Refuses a volume
     /// that is not append-only, one that holds other data, and a damaged table. Segments no
@@ -223,6 +251,14 @@ impl FileStore {
     /// Writes `tail` out whole (its last page padded) and journals its extents; `durable`: and
     /// commits the journal, so that everything appended to the file survives a crash.
     fn settle(&self, id: u64, tail: &mut Tail, durable: bool) -> Result<()> {
+        let exists = self.shared.state.lock().table.file(id).is_some();
+        if !exists {
+            // Deleted (or replaced) while a writer still held it: nothing of it is written.
+            let held = std::mem::take(&mut tail.buf).len() as u64;
+            self.shared.held.lock().bytes -= held;
+            tail.unsynced.clear();
+            return Ok(());
+        }
         self.write_out(id, tail, true)?;
         let extents = std::mem::take(&mut tail.unsynced);
         self.change(|shared, st| {

@@ -214,3 +214,51 @@ fn a_closed_file_stays_in_memory_until_read_synced_or_the_store_ends_and_a_delet
     assert_eq!(read_all(&store, "db/000003.log"), last);
     assert_eq!(read_all(&store, "db/000002.sst"), data);
 }
+
+#[test]
+fn inspect_reads_a_store_without_writing_and_ignores_other_volumes() {
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 64 * MIB));
+    let p = pool(&dev, true);
+    let vol = p.volume("kv").unwrap();
+    assert!(salsa_files::inspect(&vol).unwrap().is_none(), "a blank volume holds no store");
+    let store = FileStore::open(Arc::new(vol.clone())).unwrap();
+    let mut w = store.create("db/000005.sst").unwrap();
+    w.append(&bytes(5, 100_000)).unwrap();
+    w.sync().unwrap();
+    drop(w);
+    let written = p.stats().user_bytes_written;
+    let stats = salsa_files::inspect(&vol).unwrap().expect("a store");
+    assert_eq!(p.stats().user_bytes_written, written, "inspect writes nothing");
+    let sst = stats.kinds.iter().find(|(k, _)| *k == FileKind::Sst).unwrap().1;
+    assert_eq!((sst.files, sst.bytes), (1, 100_000));
+    p.create_volume("plain", 4 * MIB, 4096).unwrap();
+    assert!(salsa_files::inspect(&p.volume("plain").unwrap()).unwrap().is_none());
+}
+
+#[test]
+fn a_file_deleted_while_its_writer_is_open_is_never_written_and_the_store_still_ends_clean() {
+    let dev: Arc<dyn Device> = Arc::new(MemoryDevice::new("mem", 64 * MIB));
+    let p = pool(&dev, true);
+    let store = FileStore::open(Arc::new(p.volume("kv").unwrap())).unwrap();
+    let mut gone = store.create("db/LOG.old").unwrap();
+    gone.append(&bytes(7, 5_000)).unwrap();
+    let kept = bytes(8, 6_000);
+    let mut w = store.create("db/000009.log").unwrap();
+    w.append(&kept).unwrap();
+    w.close().unwrap();
+    store.sync_metadata().unwrap();
+    store.delete("db/LOG.old").unwrap();
+    // Its writer closes after the delete, and a sync of it finds nothing to sync.
+    gone.close().unwrap();
+    store.sync_all().unwrap();
+    drop(store);
+    p.close().unwrap();
+    let p = pool(&dev, false);
+    let store = FileStore::open(Arc::new(p.volume("kv").unwrap())).unwrap();
+    assert_eq!(
+        read_all(&store, "db/000009.log"),
+        kept,
+        "the other closed file was written at the end"
+    );
+    assert!(!store.exists("db/LOG.old"));
+}

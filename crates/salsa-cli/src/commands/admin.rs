@@ -57,8 +57,37 @@ pub(crate) fn info(devices: &Devices) -> Result<(), String> {
     println!("volumes     {}", st.volumes.len());
     for v in &st.volumes {
         print_volume(v);
+        if v.controller == "amf" {
+            print_file_store(&pool, &v.name);
+        }
     }
     Ok(())
+}
+
+/// The file store on an AMF volume (the RocksDB plugin's), per file kind, when it holds one.
+fn print_file_store(pool: &salsa_core::Pool, name: &str) {
+    let Ok(volume) = pool.volume(name) else { return };
+    match salsa_files::inspect(&volume) {
+        Ok(Some(fs)) => {
+            let kinds: Vec<String> = fs
+                .kinds
+                .iter()
+                .map(|(kind, k)| {
+                    format!(
+                        "{} {} files {} in {} segments ({} trimmed)",
+                        kind.name(),
+                        k.files,
+                        human(k.bytes),
+                        k.segments,
+                        k.segments_trimmed
+                    )
+                })
+                .collect();
+            println!("  {:<20}      file store: {}", "", kinds.join("; "));
+        }
+        Ok(None) => {}
+        Err(e) => println!("  {:<20}      file store: unreadable ({e})", ""),
+    }
 }
 
 /// Each member of the array with its state and counters, and a rebuild in progress.
