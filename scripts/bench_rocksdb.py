@@ -14,7 +14,8 @@ fresh model per setup that keeps real time (`realtime=on`, so RocksDB's own wall
 are the result), preconditioned (`precondition=on`: the drive's whole capacity written once in
 order and once in a uniformly random order of its units before the run); equal logical size
 (SALSA's logical capacity at 20% spare, found by formatting a scratch model: the raw loop
-device, the LSA volume and the AMF volume all get it); every setup starts from the same drive
+device and the LSA volume get it, and the AMF volume twice as many addresses over the same pool,
+since each file takes whole segments); every setup starts from the same drive
 state, and the application from an empty file system or file store (SALSA's volumes are not
 written before: the AMF volume could only be written through RocksDB, and filling the LSA
 volume alone handed its setup a drive already rewritten in SALSA's order); ext4 made without
@@ -173,7 +174,12 @@ def run_ext4(setup, kvbench, args):
 
 
 def run_plugin(setup, plugin, kvbench, args):
+    # Twice the logical size as address space (thin: the pool's space is the same): each file
+    # takes whole segments, and a compaction's outputs live beside its inputs, so RocksDB needs
+    # more addresses than bytes (the first full run ran out of 16 MiB segments at 201 in use).
+    setup.logical *= 2
     setup.format("kv", ["--controller", "amf", "--segment", args.amf_segment])
+    setup.logical //= 2
     report_path = os.path.join(setup.d, "plugin-report.json")
     env = dict(os.environ, LD_PRELOAD=plugin, SALSA_FS_DEVICES=setup.timed, SALSA_FS_REPORT=report_path)
     out = run(kvbench_cmd(kvbench, "db", args, uri="salsa://kv"), env=env)
@@ -231,14 +237,14 @@ def main():
     ap.add_argument("--ssd-size", default="4G")
     ap.add_argument("--ssd-params", default="block=1M", help="extra `ssd:` parameters (default: 1 MiB erase blocks)")
     ap.add_argument("--segment-size", default="16M", help="SALSA's segment size")
-    ap.add_argument("--amf-segment", default="16M", help="the AMF volume's segment size (a file's unit of space)")
+    ap.add_argument("--amf-segment", default="8M", help="the AMF volume's segment size (a file's unit of space)")
     ap.add_argument("--keys", type=int, default=200000,
                     help="keys of 4 KiB values (default: 800 MB, a quarter of the logical size: compactions need room)")
     ap.add_argument("--cache", default="64M", help="RocksDB's block cache")
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=60, help="wall time of each phase but fillrandom")
     ap.add_argument("--setups", default=",".join(SETUPS))
-    ap.add_argument("--json", help="also write the report here")
+    ap.add_argument("--json", "--out", dest="json", help="also write the report here")
     args = ap.parse_args()
     if args.quick:
         args.ssd_size, args.keys, args.seconds, args.segment_size, args.amf_segment = "1G", 40000, 3, "4M", "4M"
@@ -261,6 +267,8 @@ def main():
             finally:
                 setup.close()
             report["setups"][name]["page_map_bytes"] = logical // 4096 * 4
+            if args.json:
+                save_report(report, args.json + ".partial", None, None)
         report["ratios"] = ratios(report)
         print(save_report(report, args.json, None, None))
     finally:
