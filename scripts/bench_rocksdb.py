@@ -50,7 +50,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from bench_mixed import scratch_logical_bytes  # noqa: E402
+from bench_mixed import device, scratch_logical_bytes  # noqa: E402
 from bench_object_store import run, salsa_binary, save_report, tear_down, wait_for  # noqa: E402
 from object_store import control_stats, parse_size  # noqa: E402
 
@@ -66,18 +66,14 @@ def build_tools(work):
     return os.path.join(ROOT, plugin), kvbench
 
 
-def device_counters(counters):
-    """Model counters summed by name, from `salsa stats`' device_counters or the plugin's
-    `device.NAME.COUNTER` keys."""
+def plugin_device_counters(counters):
+    """Model counters summed by name from the plugin's report (`device.NAME.COUNTER` keys), as
+    bench_mixed.device sums a server's `device_counters`."""
     out = {}
-    if isinstance(counters, dict) and "device_counters" in counters:
-        for c in counters["device_counters"]:
-            out[c["counter"]] = out.get(c["counter"], 0) + c["value"]
-    else:
-        for k, v in counters.items():
-            if k.startswith("device."):
-                name = k.rsplit(".", 1)[1]
-                out[name] = out.get(name, 0) + v
+    for k, v in counters.items():
+        if k.startswith("device."):
+            name = k.rsplit(".", 1)[1]
+            out[name] = out.get(name, 0) + v
     return out
 
 
@@ -164,7 +160,7 @@ def run_ext4(setup, kvbench, args):
     out = run(kvbench_cmd(kvbench, os.path.join(mnt, "db"), args))
     run(["sync"])
     after = control_stats(setup.ctl)
-    report = measured(parse_kvbench(out), device_counters(before), device_counters(after))
+    report = measured(parse_kvbench(out), device(before), device(after))
     if not raw:
         report["salsa_device_bytes_written"] = after["device_bytes_written"] - before["device_bytes_written"]
         report["salsa_gc_bytes_relocated"] = after["gc_bytes_relocated"] - before["gc_bytes_relocated"]
@@ -185,7 +181,7 @@ def run_plugin(setup, plugin, kvbench, args):
     out = run(kvbench_cmd(kvbench, "db", args, uri="salsa://kv"), env=env)
     with open(report_path) as f:
         pr = json.load(f)
-    report = measured(parse_kvbench(out), device_counters(pr["at_open"]), device_counters(pr["at_close"]))
+    report = measured(parse_kvbench(out), plugin_device_counters(pr["at_open"]), plugin_device_counters(pr["at_close"]))
     report["salsa_device_bytes_written"] = pr["at_close"]["device_bytes_written"] - pr["at_open"]["device_bytes_written"]
     report["salsa_gc_bytes_relocated"] = pr["at_close"]["gc_bytes_relocated"] - pr["at_open"]["gc_bytes_relocated"]
     report["map_memory_bytes"] = pr["at_close"]["volume.kv.map_memory_bytes"]

@@ -3,7 +3,7 @@
 //! rules as the rest of the API: negative errno and `salsa_last_error()` on failure, no pointer
 //! trusted, every handle counted against its pool so the pool cannot close under it.
 
-use super::{bytes, bytes_mut, give, guarded, handle, text, Failure, OpenHandle, SalsaPool};
+use super::{bytes, bytes_mut, free, give, guarded, handle, text, Failure, OpenHandle, SalsaPool};
 use salsa_files::{FileKind, FileReader, FileStore, FileWriter};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use std::sync::Arc;
 /// A file store on one append-only volume. Opaque to C.
 pub struct SalsaFs {
     store: FileStore,
-    _open: OpenHandle,
+    open: OpenHandle,
 }
 
 /// A file being written. Opaque to C; one thread at a time.
@@ -81,7 +81,7 @@ pub unsafe extern "C" fn salsa_fs_open(pool: *const SalsaPool, volume: *const c_
         let store = FileStore::open(Arc::new(vol))?;
         let fs = SalsaFs {
             store,
-            _open: OpenHandle::new(&p.open_volumes),
+            open: OpenHandle::new(&p.open_volumes),
         };
         // SAFETY: the contract above.
         unsafe { give(out, fs) }
@@ -94,20 +94,18 @@ pub unsafe extern "C" fn salsa_fs_open(pool: *const SalsaPool, volume: *const c_
 /// `fs` is NULL or a live handle no other thread uses; it is not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn salsa_fs_free(fs: *mut SalsaFs) {
-    if !fs.is_null() {
-        // SAFETY: the handle came from Box::into_raw and the caller gives it up here.
-        drop(unsafe { Box::from_raw(fs) });
-    }
+    // SAFETY: the contract above.
+    unsafe { free(fs) }
 }
 
-/// Runs `f` on the store and a name argument.
+/// Runs `f` on the store's handle and a name argument.
 ///
 /// SAFETY (of callers): `fs` is null or a live handle; `name` null or a C string.
-unsafe fn with_name(fs: *const SalsaFs, name: *const c_char, f: impl FnOnce(&FileStore, &str) -> Result<c_int, Failure>) -> c_int {
+unsafe fn with_name(fs: *const SalsaFs, name: *const c_char, f: impl FnOnce(&SalsaFs, &str) -> Result<c_int, Failure>) -> c_int {
     guarded(|| {
         // SAFETY: forwarded from the caller's contract.
         let (fs, name) = unsafe { (handle(fs, "file store")?, text(name, "file name")?) };
-        f(&fs.store, name)
+        f(fs, name)
     })
 }
 
@@ -119,23 +117,16 @@ unsafe fn with_name(fs: *const SalsaFs, name: *const c_char, f: impl FnOnce(&Fil
 pub unsafe extern "C" fn salsa_fs_create(fs: *const SalsaFs, name: *const c_char, out: *mut *mut SalsaFsWriter) -> c_int {
     // SAFETY: the contract above.
     unsafe {
-        with_name(fs, name, |store, name| {
-            let writer = store.create(name)?;
-            let open = OpenHandle::new(&(*fs).open_count());
+        with_name(fs, name, |fs, name| {
+            let writer = fs.store.create(name)?;
             give(
                 out,
                 SalsaFsWriter {
                     writer: Some(writer),
-                    _open: open,
+                    _open: fs.open.another(),
                 },
             )
         })
-    }
-}
-
-impl SalsaFs {
-    fn open_count(&self) -> Arc<std::sync::atomic::AtomicUsize> {
-        self._open.count()
     }
 }
 
@@ -222,10 +213,8 @@ pub unsafe extern "C" fn salsa_fs_close(w: *mut SalsaFsWriter) -> c_int {
 /// `w` is NULL or a live writer handle no other thread uses; it is not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn salsa_fs_writer_free(w: *mut SalsaFsWriter) {
-    if !w.is_null() {
-        // SAFETY: the handle came from Box::into_raw and the caller gives it up here.
-        drop(unsafe { Box::from_raw(w) });
-    }
+    // SAFETY: the contract above.
+    unsafe { free(w) }
 }
 
 /// Opens file `name` for reading (`-ENOENT` when there is none).
@@ -236,13 +225,13 @@ pub unsafe extern "C" fn salsa_fs_writer_free(w: *mut SalsaFsWriter) {
 pub unsafe extern "C" fn salsa_fs_open_reader(fs: *const SalsaFs, name: *const c_char, out: *mut *mut SalsaFsReader) -> c_int {
     // SAFETY: the contract above.
     unsafe {
-        with_name(fs, name, |store, name| {
-            let reader = store.open_reader(name)?;
+        with_name(fs, name, |fs, name| {
+            let reader = fs.store.open_reader(name)?;
             give(
                 out,
                 SalsaFsReader {
                     reader,
-                    _open: OpenHandle::new(&(*fs).open_count()),
+                    _open: fs.open.another(),
                 },
             )
         })
@@ -285,10 +274,8 @@ pub unsafe extern "C" fn salsa_fs_reader_size(r: *const SalsaFsReader) -> u64 {
 /// `r` is NULL or a live reader handle no other thread uses; it is not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn salsa_fs_reader_free(r: *mut SalsaFsReader) {
-    if !r.is_null() {
-        // SAFETY: the handle came from Box::into_raw and the caller gives it up here.
-        drop(unsafe { Box::from_raw(r) });
-    }
+    // SAFETY: the contract above.
+    unsafe { free(r) }
 }
 
 /// Deletes file `name`, durably; its segments are trimmed whole.
@@ -298,7 +285,7 @@ pub unsafe extern "C" fn salsa_fs_reader_free(r: *mut SalsaFsReader) {
 #[no_mangle]
 pub unsafe extern "C" fn salsa_fs_delete(fs: *const SalsaFs, name: *const c_char) -> c_int {
     // SAFETY: the contract above.
-    unsafe { with_name(fs, name, |store, name| Ok(store.delete(name).map(|_| 0)?)) }
+    unsafe { with_name(fs, name, |fs, name| Ok(fs.store.delete(name).map(|_| 0)?)) }
 }
 
 /// Renames `from` to `to`, replacing a file named `to`, durably.
@@ -309,9 +296,9 @@ pub unsafe extern "C" fn salsa_fs_delete(fs: *const SalsaFs, name: *const c_char
 pub unsafe extern "C" fn salsa_fs_rename(fs: *const SalsaFs, from: *const c_char, to: *const c_char) -> c_int {
     // SAFETY: the contract above.
     unsafe {
-        with_name(fs, from, |store, from| {
+        with_name(fs, from, |fs, from| {
             let to = text(to, "new name")?;
-            Ok(store.rename(from, to).map(|_| 0)?)
+            Ok(fs.store.rename(from, to).map(|_| 0)?)
         })
     }
 }
@@ -323,7 +310,7 @@ pub unsafe extern "C" fn salsa_fs_rename(fs: *const SalsaFs, from: *const c_char
 #[no_mangle]
 pub unsafe extern "C" fn salsa_fs_create_dir(fs: *const SalsaFs, name: *const c_char) -> c_int {
     // SAFETY: the contract above.
-    unsafe { with_name(fs, name, |store, name| Ok(store.create_dir(name).map(|_| 0)?)) }
+    unsafe { with_name(fs, name, |fs, name| Ok(fs.store.create_dir(name).map(|_| 0)?)) }
 }
 
 /// Deletes the empty directory `name` (`-ENOTEMPTY` when it holds anything).
@@ -333,7 +320,7 @@ pub unsafe extern "C" fn salsa_fs_create_dir(fs: *const SalsaFs, name: *const c_
 #[no_mangle]
 pub unsafe extern "C" fn salsa_fs_delete_dir(fs: *const SalsaFs, name: *const c_char) -> c_int {
     // SAFETY: the contract above.
-    unsafe { with_name(fs, name, |store, name| Ok(store.delete_dir(name).map(|_| 0)?)) }
+    unsafe { with_name(fs, name, |fs, name| Ok(fs.store.delete_dir(name).map(|_| 0)?)) }
 }
 
 /// Makes every create and rename so far durable (a directory's fsync).
@@ -357,10 +344,10 @@ pub unsafe extern "C" fn salsa_fs_sync_metadata(fs: *const SalsaFs) -> c_int {
 pub unsafe extern "C" fn salsa_fs_exists(fs: *const SalsaFs, name: *const c_char) -> c_int {
     // SAFETY: the contract above.
     unsafe {
-        with_name(fs, name, |store, name| {
-            Ok(if store.is_dir(name) {
+        with_name(fs, name, |fs, name| {
+            Ok(if fs.store.is_dir(name) {
                 2
-            } else if store.exists(name) {
+            } else if fs.store.exists(name) {
                 1
             } else {
                 0
@@ -379,8 +366,8 @@ pub unsafe extern "C" fn salsa_fs_exists(fs: *const SalsaFs, name: *const c_char
 pub unsafe extern "C" fn salsa_fs_stat(fs: *const SalsaFs, name: *const c_char, size: *mut u64, mtime_secs: *mut u64) -> c_int {
     // SAFETY: the contract above.
     unsafe {
-        with_name(fs, name, |store, name| {
-            let (s, m) = store.stat(name)?;
+        with_name(fs, name, |fs, name| {
+            let (s, m) = fs.store.stat(name)?;
             if let Some(out) = size.as_mut() {
                 *out = s;
             }
@@ -407,9 +394,9 @@ pub unsafe extern "C" fn salsa_fs_children(
 ) -> c_int {
     // SAFETY: the contract above.
     unsafe {
-        with_name(fs, dir, |store, dir| {
+        with_name(fs, dir, |fs, dir| {
             let each = each.ok_or_else(|| Failure::invalid("callback is NULL"))?;
-            let names = store.children(dir);
+            let names = fs.store.children(dir);
             for name in &names {
                 let c = CString::new(name.as_str()).map_err(|_| Failure::invalid("a name holds NUL"))?;
                 // SAFETY: a live C string for the call; the callback's contract above.

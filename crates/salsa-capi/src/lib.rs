@@ -12,8 +12,9 @@
 //! - No pointer a caller passes is trusted: a null handle, buffer or string is `-EINVAL`, never
 //!   a crash; strings must be UTF-8. A panic inside the engine is caught and returned as `-EIO`,
 //!   so it never unwinds into C.
-//! - A pool outlives its volumes: `salsa_pool_close` refuses (`-EBUSY`) while volume handles of
-//!   that pool are open, so no handle can reach a closed engine.
+//! - A pool outlives its handles: `salsa_pool_close` refuses (`-EBUSY`) while volume, file
+//!   store, file writer or file reader handles of that pool are open, so no handle can reach a
+//!   closed engine.
 //! - Handles are thread-safe: any number of threads may do I/O through one volume handle.
 
 use salsa_core::frontend::BlockVolume;
@@ -55,9 +56,9 @@ impl OpenHandle {
         OpenHandle(count.clone())
     }
 
-    /// The pool's count, for handles opened from this one.
-    fn count(&self) -> Arc<AtomicUsize> {
-        self.0.clone()
+    /// One more handle counted against the same pool (a file opened from a file store).
+    fn another(&self) -> OpenHandle {
+        OpenHandle::new(&self.0)
     }
 }
 
@@ -298,7 +299,7 @@ pub unsafe extern "C" fn salsa_pool_close(pool: *mut SalsaPool) -> c_int {
         if open > 0 {
             return Err(Failure::new(
                 libc::EBUSY,
-                format!("{open} volume handle(s) of this pool are open; free them with salsa_volume_free first"),
+                format!("{open} handle(s) of this pool are open (volumes, file stores, their writers and readers); free them first"),
             ));
         }
         // SAFETY: the handle came from Box::into_raw and the caller gives it up here.
@@ -395,9 +396,18 @@ pub unsafe extern "C" fn salsa_volume_open(pool: *const SalsaPool, name: *const 
 /// afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn salsa_volume_free(volume: *mut SalsaVolume) {
-    if !volume.is_null() {
-        // SAFETY: the handle came from Box::into_raw and the caller gives it up here.
-        drop(unsafe { Box::from_raw(volume) });
+    // SAFETY: the contract above.
+    unsafe { free(volume) }
+}
+
+/// Drops the handle `p` (NULL is ignored): the twin of [`give`].
+///
+/// SAFETY (of callers): `p` is null or a handle from `give` that no other thread uses and the
+/// caller gives up here.
+unsafe fn free<T>(p: *mut T) {
+    if !p.is_null() {
+        // SAFETY: the handle came from Box::into_raw in `give`, and the caller gives it up.
+        drop(unsafe { Box::from_raw(p) });
     }
 }
 

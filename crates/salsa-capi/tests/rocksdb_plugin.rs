@@ -62,44 +62,81 @@ fn compile(source: &str, out: &Path, extra: &[&str]) {
     );
 }
 
-/// A pool on a file with an AMF volume `kv`, closed again.
-fn make_pool(image: &Path) -> String {
-    let spec = format!("{}:512M", image.display());
-    let dev = spec.parse::<DeviceSpec>().unwrap().open(false).unwrap();
-    let cfg = PoolConfig {
-        segment_bytes: Some(SEGMENT_BYTES),
-        ..PoolConfig::default()
-    };
-    let pool = Pool::create(vec![dev], &cfg, &OpenOptions::default()).unwrap();
-    pool.create_volume_spec("kv", 2 << 30, &VolumeSpec::amf(4096, Some(SEGMENT_BYTES)))
-        .unwrap();
-    pool.close().unwrap();
-    image.display().to_string()
+/// A test's setting: the plugin built into a temporary directory, beside a pool on a file with
+/// an AMF volume `kv`; `None` (with a message) where RocksDB's tools or headers are missing.
+struct Fixture {
+    work: tempfile::TempDir,
+    plugin: PathBuf,
+    image: String,
 }
 
-fn store_stats(image: &str) -> salsa_files::StoreStats {
-    let dev = image.parse::<DeviceSpec>().unwrap().open_existing(false).unwrap();
-    let pool = Pool::open(vec![dev], &OpenOptions::default()).unwrap();
-    let store = FileStore::open(Arc::new(pool.volume("kv").unwrap())).unwrap();
-    let stats = store.stats();
-    drop(store);
-    pool.close().unwrap();
-    stats
+impl Fixture {
+    fn new() -> Option<Fixture> {
+        if let Some(why) = missing_tools() {
+            eprintln!("skipped: {why} (scripts/install-deps.sh installs it)");
+            return None;
+        }
+        let work = tempfile::tempdir().unwrap();
+        let plugin = work.path().join("librocksdb_salsa.so");
+        compile("salsa_fs.cc", &plugin, &["-fPIC", "-shared"]);
+        let image = work.path().join("pool.img").display().to_string();
+        let dev = format!("{image}:512M").parse::<DeviceSpec>().unwrap().open(false).unwrap();
+        let cfg = PoolConfig {
+            segment_bytes: Some(SEGMENT_BYTES),
+            ..PoolConfig::default()
+        };
+        let pool = Pool::create(vec![dev], &cfg, &OpenOptions::default()).unwrap();
+        pool.create_volume_spec("kv", 2 << 30, &VolumeSpec::amf(4096, Some(SEGMENT_BYTES)))
+            .unwrap();
+        pool.close().unwrap();
+        Some(Fixture { work, plugin, image })
+    }
+
+    /// The plugin's URI for the volume.
+    fn uri(&self) -> String {
+        format!("salsa://kv@{}", self.image)
+    }
+
+    /// `program` with the plugin loaded.
+    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        c.env("LD_PRELOAD", &self.plugin);
+        c
+    }
+
+    /// Asserts that `ldb checkconsistency` finds database `db` consistent.
+    fn assert_consistent(&self, db: &str, when: &str) {
+        let check = self
+            .command("ldb")
+            .args([&format!("--fs_uri={}", self.uri()), &format!("--db={db}"), "checkconsistency"])
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&check.stdout).contains("OK"),
+            "ldb checkconsistency {when}:\n{}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+
+    /// The file store's statistics, read with the pool opened here.
+    fn store_stats(&self) -> salsa_files::StoreStats {
+        let dev = self.image.parse::<DeviceSpec>().unwrap().open_existing(false).unwrap();
+        let pool = Pool::open(vec![dev], &OpenOptions::default()).unwrap();
+        let store = FileStore::open(Arc::new(pool.volume("kv").unwrap())).unwrap();
+        let stats = store.stats();
+        drop(store);
+        pool.close().unwrap();
+        stats
+    }
 }
 
 #[test]
 fn db_bench_and_ldb_run_on_an_amf_volume_through_the_plugin() {
-    if let Some(why) = missing_tools() {
-        eprintln!("skipped: {why} (scripts/install-deps.sh installs it)");
-        return;
-    }
-    let work = tempfile::tempdir().unwrap();
-    let plugin = work.path().join("librocksdb_salsa.so");
-    compile("salsa_fs.cc", &plugin, &["-fPIC", "-shared"]);
-    let image = make_pool(&work.path().join("pool.img"));
-    let uri = format!("--fs_uri=salsa://kv@{image}");
-    let run = Command::new("db_bench")
-        .env("LD_PRELOAD", &plugin)
+    let Some(fx) = Fixture::new() else { return };
+    let uri = format!("--fs_uri={}", fx.uri());
+    let run = fx
+        .command("db_bench")
         .args([
             &uri,
             "--db=db",
@@ -127,21 +164,11 @@ fn db_bench_and_ldb_run_on_an_amf_volume_through_the_plugin() {
             "no {bench} result:\n{out}"
         );
     }
-    let check = Command::new("ldb")
-        .env("LD_PRELOAD", &plugin)
-        .args([&uri, "--db=db", "checkconsistency"])
-        .output()
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&check.stdout).contains("OK"),
-        "ldb checkconsistency:\n{}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
+    fx.assert_consistent("db", "after db_bench");
     // db_bench exits without closing its database: what the log held in memory (no memtable
     // was flushed) must still reach the volume, as a page cache would write it.
-    let fill = Command::new("db_bench")
-        .env("LD_PRELOAD", &plugin)
+    let fill = fx
+        .command("db_bench")
         .args([
             &uri,
             "--db=seq",
@@ -153,16 +180,11 @@ fn db_bench_and_ldb_run_on_an_amf_volume_through_the_plugin() {
         .output()
         .unwrap();
     assert!(fill.status.success(), "db_bench fillseq: {}", String::from_utf8_lossy(&fill.stderr));
-    let scan = Command::new("ldb")
-        .env("LD_PRELOAD", &plugin)
-        .args([&uri, "--db=seq", "scan"])
-        .output()
-        .unwrap();
+    let scan = fx.command("ldb").args([&uri, "--db=seq", "scan"]).output().unwrap();
     let keys = String::from_utf8_lossy(&scan.stdout).lines().count();
     assert_eq!(keys, 3000, "keys after db_bench's exit: {}", String::from_utf8_lossy(&scan.stderr));
-    let stats = store_stats(&image);
-    let kind = |k: FileKind| stats.kinds.iter().find(|(kind, _)| *kind == k).map(|(_, s)| *s).unwrap();
-    let (sst, wal, manifest) = (kind(FileKind::Sst), kind(FileKind::Wal), kind(FileKind::Manifest));
+    let stats = fx.store_stats();
+    let (sst, wal, manifest) = (stats.of(FileKind::Sst), stats.of(FileKind::Wal), stats.of(FileKind::Manifest));
     assert!(sst.files > 0 && sst.bytes > 0, "table files: {sst:?}");
     assert!(
         sst.segments_trimmed > 0,
@@ -176,22 +198,15 @@ fn db_bench_and_ldb_run_on_an_amf_volume_through_the_plugin() {
 
 #[test]
 fn a_writer_killed_at_seeded_moments_keeps_every_acknowledged_synced_put() {
-    if let Some(why) = missing_tools() {
-        eprintln!("skipped: {why} (scripts/install-deps.sh installs it)");
-        return;
-    }
-    let work = tempfile::tempdir().unwrap();
-    let plugin = work.path().join("librocksdb_salsa.so");
-    compile("salsa_fs.cc", &plugin, &["-fPIC", "-shared"]);
-    let writer = work.path().join("crash_writer");
+    let Some(fx) = Fixture::new() else { return };
+    let writer = fx.work.path().join("crash_writer");
     compile("crash_writer.cc", &writer, &[]);
-    let image = make_pool(&work.path().join("pool.img"));
-    let uri = format!("salsa://kv@{image}");
+    let uri = fx.uri();
     let mut acknowledged = 0u64;
     // Seeded kill moments, in milliseconds after the writer started.
     for (round, kill_after_ms) in [700u64, 1900, 400, 2600].into_iter().enumerate() {
-        let mut child = Command::new(&writer)
-            .env("LD_PRELOAD", &plugin)
+        let mut child = fx
+            .command(&writer)
             .args(["write", &uri, "db", &acknowledged.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -209,8 +224,8 @@ fn a_writer_killed_at_seeded_moments_keeps_every_acknowledged_synced_put() {
         if let Some(last) = last {
             acknowledged = acknowledged.max(last + 1);
         }
-        let check = Command::new(&writer)
-            .env("LD_PRELOAD", &plugin)
+        let check = fx
+            .command(&writer)
             .args(["check", &uri, "db", &acknowledged.to_string()])
             .output()
             .unwrap();
@@ -225,13 +240,5 @@ fn a_writer_killed_at_seeded_moments_keeps_every_acknowledged_synced_put() {
         acknowledged > 100,
         "the writer had only {acknowledged} puts acknowledged in four rounds"
     );
-    let check = Command::new("ldb")
-        .env("LD_PRELOAD", &plugin)
-        .args([&format!("--fs_uri={uri}"), "--db=db", "checkconsistency"])
-        .output()
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&check.stdout).contains("OK"),
-        "ldb checkconsistency after the kills"
-    );
+    fx.assert_consistent("db", "after the kills");
 }

@@ -33,6 +33,19 @@ pub struct Extent {
     pub len: u64,
 }
 
+/// Appends `next` to a file's extents in `list`: merged into the last one when it continues it
+/// on the volume inside the same segment of `segment_bytes` (a file's next segment may follow
+/// its last, but an extent never spans two), else as a new one. The writer and the table both
+/// build extents this way, so a replayed journal gives the table the writer had.
+pub fn push_extent(list: &mut Vec<Extent>, next: Extent, segment_bytes: u64) {
+    match list.last_mut() {
+        Some(last) if last.offset + last.len == next.offset && last.offset / segment_bytes == next.offset / segment_bytes => {
+            last.len += next.len
+        }
+        _ => list.push(next),
+    }
+}
+
 /// A file as a snapshot lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileEntry {

@@ -14,7 +14,7 @@
 
 use crate::error::{Error, Result};
 use crate::journal::Journal;
-use crate::record::{Extent, Record};
+use crate::record::{push_extent, Extent, Record};
 use crate::table::{check_name, FileKind, KindStats, Table, JOURNAL_SEGMENTS};
 use parking_lot::Mutex;
 use salsa_core::frontend::BlockVolume;
@@ -46,7 +46,6 @@ struct Shared {
     page_bytes: u64,
     state: Mutex<State>,
     held: Mutex<Held>,
-    held_budget_bytes: u64,
 }
 
 /// What a file has that the table does not yet: bytes gathered in memory, the segment being
@@ -88,6 +87,16 @@ pub struct StoreStats {
     pub journal_bytes: u64,
 }
 
+impl StoreStats {
+    /// What the store holds of files of `kind`.
+    pub fn of(&self, kind: FileKind) -> KindStats {
+        self.kinds
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or_else(KindStats::default, |(_, s)| *s)
+    }
+}
+
 fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -110,17 +119,32 @@ fn normal(name: &str) -> String {
     out
 }
 
+/// A store's volume: its segment size and segment count, refused when it is not append-only
+/// or has no segment for files beside the journal's two.
+fn geometry(volume: &dyn BlockVolume) -> Result<(u64, u64)> {
+    let segment_bytes = volume
+        .segment_bytes()
+        .ok_or_else(|| Error::NotAppendOnly(volume.name().to_string()))?;
+    let total = volume.size_bytes() / segment_bytes;
+    if total < JOURNAL_SEGMENTS + 1 {
+        return Err(Error::NoSpace(format!(
+            "volume {} has {total} segments; a file store needs at least {}",
+            volume.name(),
+            JOURNAL_SEGMENTS + 1
+        )));
+    }
+    Ok((segment_bytes, total))
+}
+
 /// The statistics of the file store on `volume`, read without writing anything (for a
 /// look-only command such as `salsa info`); `Ok(None)` when the volume is not append-only or
 /// holds no file store.
 pub fn inspect(volume: &dyn BlockVolume) -> Result<Option<StoreStats>> {
-    let Some(segment_bytes) = volume.segment_bytes() else {
-        return Ok(None);
+    let (segment_bytes, total) = match geometry(volume) {
+        Ok(g) => g,
+        Err(Error::NotAppendOnly(_) | Error::NoSpace(_)) => return Ok(None),
+        Err(e) => return Err(e),
     };
-    let total = volume.size_bytes() / segment_bytes;
-    if total < JOURNAL_SEGMENTS + 1 {
-        return Ok(None);
-    }
     let mut table = Table::new(segment_bytes, total);
     match Journal::read(volume, &mut table, segment_bytes) {
         Ok(Some((journal, _))) => {
@@ -143,17 +167,7 @@ impl FileStore {
     /// that is not append-only, one that holds other data, and a damaged table. Segments no
     /// file owns but which hold data (a file's writes a crash left unjournaled) are trimmed.
     pub fn open(volume: Arc<dyn BlockVolume>) -> Result<FileStore> {
-        let segment_bytes = volume
-            .segment_bytes()
-            .ok_or_else(|| Error::NotAppendOnly(volume.name().to_string()))?;
-        let total = volume.size_bytes() / segment_bytes;
-        if total < JOURNAL_SEGMENTS + 1 {
-            return Err(Error::NoSpace(format!(
-                "volume {} has {total} segments; a file store needs at least {}",
-                volume.name(),
-                JOURNAL_SEGMENTS + 1
-            )));
-        }
+        let (segment_bytes, total) = geometry(&*volume)?;
         let mut table = Table::new(segment_bytes, total);
         let journal = match Journal::open(&*volume, &mut table, segment_bytes)? {
             Some(j) => j,
@@ -190,7 +204,6 @@ impl FileStore {
                 page_bytes,
                 state: Mutex::new(state),
                 held: Mutex::new(Held::default()),
-                held_budget_bytes: HELD_BYTES_DEFAULT,
             }),
         })
     }
@@ -227,7 +240,7 @@ impl FileStore {
     fn hold(&self, n: u64) -> bool {
         let mut held = self.shared.held.lock();
         held.bytes += n;
-        held.bytes > self.shared.held_budget_bytes
+        held.bytes > HELD_BYTES_DEFAULT
     }
 
     /// While the store holds more than its budget, writes closed files' tails out (the oldest
@@ -236,7 +249,7 @@ impl FileStore {
         loop {
             let next = {
                 let mut held = self.shared.held.lock();
-                if held.bytes <= self.shared.held_budget_bytes {
+                if held.bytes <= HELD_BYTES_DEFAULT {
                     return Ok(());
                 }
                 held.closed.pop_first()
@@ -321,10 +334,7 @@ impl FileStore {
             tail.segment_used += take as u64;
             let file_bytes = (take as u64).min(valid.saturating_sub(pos as u64));
             if file_bytes > 0 {
-                match tail.unsynced.last_mut() {
-                    Some(last) if last.offset + last.len == offset && last.offset / segment_bytes == segment => last.len += file_bytes,
-                    _ => tail.unsynced.push(Extent { offset, len: file_bytes }),
-                }
+                push_extent(&mut tail.unsynced, Extent { offset, len: file_bytes }, segment_bytes);
             }
             pos += take;
         }
@@ -409,6 +419,25 @@ impl FileStore {
 
     /// Opens file `name` for reading.
     pub fn open_reader(&self, name: &str) -> Result<FileReader> {
+        self.with_file(name, |file| {
+            let mut starts = Vec::with_capacity(file.extents.len());
+            let mut at = 0;
+            for e in &file.extents {
+                starts.push(at);
+                at += e.len;
+            }
+            FileReader {
+                volume: self.shared.volume.clone(),
+                extents: file.extents.clone(),
+                starts,
+                size: file.size,
+            }
+        })
+    }
+
+    /// Runs `f` on file `name` as the table holds it, after writing out what the file still
+    /// held in memory since it was closed, so that `f` sees all of it.
+    fn with_file<T>(&self, name: &str, f: impl FnOnce(&crate::table::File) -> T) -> Result<T> {
         let name = normal(name);
         // (Bound first: the table's lock must be let go before the settle takes it again.)
         let id = self.shared.state.lock().table.id_of(&name);
@@ -421,18 +450,7 @@ impl FileStore {
             .id_of(&name)
             .and_then(|id| st.table.file(id))
             .ok_or(Error::NotFound(name))?;
-        let mut starts = Vec::with_capacity(file.extents.len());
-        let mut at = 0;
-        for e in &file.extents {
-            starts.push(at);
-            at += e.len;
-        }
-        Ok(FileReader {
-            volume: self.shared.volume.clone(),
-            extents: file.extents.clone(),
-            starts,
-            size: file.size,
-        })
+        Ok(f(file))
     }
 
     /// Deletes file `name`; its segments are trimmed once the deletion is durable.
@@ -505,19 +523,7 @@ impl FileStore {
 
     /// A file's size in bytes (what its syncs made durable) and modification time.
     pub fn stat(&self, name: &str) -> Result<(u64, u64)> {
-        let name = normal(name);
-        // (Bound first: the table's lock must be let go before the settle takes it again.)
-        let id = self.shared.state.lock().table.id_of(&name);
-        if let Some(id) = id {
-            self.settle_closed(id)?;
-        }
-        let st = self.shared.state.lock();
-        let file = st
-            .table
-            .id_of(&name)
-            .and_then(|id| st.table.file(id))
-            .ok_or(Error::NotFound(name))?;
-        Ok((file.size, file.mtime_secs))
+        self.with_file(name, |file| (file.size, file.mtime_secs))
     }
 
     pub fn stats(&self) -> StoreStats {
@@ -587,7 +593,7 @@ impl FileWriter {
         let over = {
             let mut held = self.store.shared.held.lock();
             held.closed.insert(self.id, tail);
-            held.bytes > self.store.shared.held_budget_bytes
+            held.bytes > HELD_BYTES_DEFAULT
         };
         if over {
             self.store.shed_closed()?;

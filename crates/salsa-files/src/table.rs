@@ -8,7 +8,7 @@
 //! file; file ids only grow. A change that would break one is refused and changes nothing.
 
 use crate::error::{Error, Result};
-use crate::record::{Extent, FileEntry, Record, Snapshot};
+use crate::record::{push_extent, Extent, FileEntry, Record, Snapshot};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Volume segments the journal uses (0 and 1, alternately); files start at this one.
@@ -212,14 +212,7 @@ impl Table {
                     self.owner.insert(segment, *id);
                     file.segments.insert(segment);
                     file.size += e.len;
-                    match file.extents.last_mut() {
-                        // Contiguous runs in one segment merge; a file's next segment may
-                        // follow its last on the volume, but an extent never spans two.
-                        Some(last) if last.offset + last.len == e.offset && last.offset / self.segment_bytes == segment => {
-                            last.len += e.len
-                        }
-                        _ => file.extents.push(*e),
-                    }
+                    push_extent(&mut file.extents, *e, self.segment_bytes);
                 }
                 file.mtime_secs = *mtime_secs;
                 Ok(Vec::new())

@@ -76,7 +76,7 @@ fn files_read_back_across_a_reopen_and_deletes_trim_their_segments() {
     assert_eq!(part, log[100..600]);
     assert_eq!(r.read_at(log.len() as u64 - 3, &mut part).unwrap(), 3);
     let stats = store.stats();
-    let sst_stats = stats.kinds.iter().find(|(k, _)| *k == FileKind::Sst).unwrap().1;
+    let sst_stats = stats.of(FileKind::Sst);
     assert_eq!((sst_stats.files, sst_stats.bytes), (1, sst.len() as u64));
     assert_eq!(sst_stats.segments, (sst.len() as u64).div_ceil(SEG));
     let mut children = store.children("db");
@@ -101,7 +101,7 @@ fn files_read_back_across_a_reopen_and_deletes_trim_their_segments() {
         vol.mapped_bytes(),
         mapped_before
     );
-    let sst_stats = store.stats().kinds.iter().find(|(k, _)| *k == FileKind::Sst).unwrap().1;
+    let sst_stats = store.stats().of(FileKind::Sst);
     assert_eq!(sst_stats.segments_trimmed, (sst.len() as u64).div_ceil(SEG));
 }
 
@@ -229,7 +229,7 @@ fn inspect_reads_a_store_without_writing_and_ignores_other_volumes() {
     let written = p.stats().user_bytes_written;
     let stats = salsa_files::inspect(&vol).unwrap().expect("a store");
     assert_eq!(p.stats().user_bytes_written, written, "inspect writes nothing");
-    let sst = stats.kinds.iter().find(|(k, _)| *k == FileKind::Sst).unwrap().1;
+    let sst = stats.of(FileKind::Sst);
     assert_eq!((sst.files, sst.bytes), (1, 100_000));
     p.create_volume("plain", 4 * MIB, 4096).unwrap();
     assert!(salsa_files::inspect(&p.volume("plain").unwrap()).unwrap().is_none());
