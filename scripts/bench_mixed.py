@@ -103,7 +103,7 @@ class Setup:
         fuse_dir = os.path.join(self.d, "fuse-" + export + ("" if offset is None else "-%d" % offset))
         node = os.path.join(fuse_dir, "nbd")
         if not os.path.exists(node):
-            os.makedirs(fuse_dir)
+            os.makedirs(fuse_dir, exist_ok=True)
             p = subprocess.Popen(["nbdfuse", fuse_dir, "nbd+unix:///%s?socket=%s" % (export, self.sock)])
             self.procs.append(p)
             self.fuses.append((fuse_dir, p))

@@ -25,6 +25,22 @@ if [ ${#need[@]} -gt 0 ]; then
   # shellcheck disable=SC2086
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q $pkgs >/dev/null
 fi
+# Ceph (scripts/ceph_on_salsa.py and its short test): monitor, manager, OSD, the rados and rbd
+# tools, and librados for Python. Optional: where the packages do not install, the test that
+# needs them is skipped with a message, and nothing else depends on them.
+ceph_need=()
+for pair in ceph-mon:ceph-mon ceph-mgr:ceph-mgr ceph-osd:ceph-osd rados:ceph-common; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || ceph_need+=("${pair##*:}")
+done
+dpkg -s python3-rados >/dev/null 2>&1 || ceph_need+=(python3-rados)
+if [ ${#ceph_need[@]} -gt 0 ]; then
+  echo "installing: ${ceph_need[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -q >/dev/null || true
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${ceph_need[@]}" >/dev/null \
+    || echo "Ceph did not install: its case study's test will be skipped"
+fi
 # cargo-fuzz, for the short fuzzing run of the NBD codec (libFuzzer, built with the C++ compiler).
 if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "installing: cargo-fuzz"

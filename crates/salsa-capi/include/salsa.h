@@ -4,7 +4,8 @@
  * Link with -lsalsa (libsalsa.so, built by `cargo build --release -p salsa-capi`).
  * Functions that can fail return 0 on success and a negative errno on failure;
  * salsa_last_error() then says what failed. Handles are thread-safe; free every
- * volume handle before closing its pool.
+ * handle (volumes, file stores, files, readers) before closing its pool:
+ * salsa_pool_close() refuses while any is open and names the kinds still held.
  */
 
 #ifndef SALSA_H
@@ -87,8 +88,9 @@ int salsa_pool_create(const char *const *devices,
 int salsa_pool_open(const char *const *devices, size_t n_devices, SalsaPool **out);
 
 // Closes the pool cleanly (a checkpoint: the next open needs no scan) and frees the handle.
-// Refused with `-EBUSY`, leaving the pool open, while any of its volume handles is open. On
-// any other error the handle is freed all the same (what was flushed stays durable).
+// Refused with `-EBUSY`, leaving the pool open, while any of its handles (volume, file store,
+// file writer, file reader) is open. On any other error the handle is freed all the same
+// (what was flushed stays durable).
 //
 // # Safety
 // `pool` is a handle from `salsa_pool_create`/`salsa_pool_open`, not used by another thread

@@ -81,7 +81,7 @@ pub unsafe extern "C" fn salsa_fs_open(pool: *const SalsaPool, volume: *const c_
         let store = FileStore::open(Arc::new(vol))?;
         let fs = SalsaFs {
             store,
-            open: OpenHandle::new(&p.open_volumes),
+            open: OpenHandle::new(&p.open_handles),
         };
         // SAFETY: the contract above.
         unsafe { give(out, fs) }

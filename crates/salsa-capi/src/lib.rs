@@ -35,8 +35,9 @@ pub const SALSA_MAX_IO_BYTES: usize = 1 << 30;
 /// A pool: open devices, the engine and its GC. Opaque to C.
 pub struct SalsaPool {
     pool: Pool,
-    /// Volume handles of this pool still open (close waits for none).
-    open_volumes: Arc<AtomicUsize>,
+    /// Handles of this pool still open: volumes, file stores, file writers and readers (close
+    /// waits for none: it refuses while any is).
+    open_handles: Arc<AtomicUsize>,
 }
 
 /// A handle to one volume of a pool. Opaque to C. Every call on it goes through the
@@ -251,7 +252,7 @@ pub unsafe extern "C" fn salsa_pool_create(
                 out,
                 SalsaPool {
                     pool,
-                    open_volumes: Arc::default(),
+                    open_handles: Arc::default(),
                 },
             )
         }
@@ -274,7 +275,7 @@ pub unsafe extern "C" fn salsa_pool_open(devices: *const *const c_char, n_device
                 out,
                 SalsaPool {
                     pool,
-                    open_volumes: Arc::default(),
+                    open_handles: Arc::default(),
                 },
             )
         }
@@ -282,8 +283,9 @@ pub unsafe extern "C" fn salsa_pool_open(devices: *const *const c_char, n_device
 }
 
 /// Closes the pool cleanly (a checkpoint: the next open needs no scan) and frees the handle.
-/// Refused with `-EBUSY`, leaving the pool open, while any of its volume handles is open. On
-/// any other error the handle is freed all the same (what was flushed stays durable).
+/// Refused with `-EBUSY`, leaving the pool open, while any of its handles (volume, file store,
+/// file writer, file reader) is open. On any other error the handle is freed all the same
+/// (what was flushed stays durable).
 ///
 /// # Safety
 /// `pool` is a handle from `salsa_pool_create`/`salsa_pool_open`, not used by another thread
@@ -295,7 +297,7 @@ pub unsafe extern "C" fn salsa_pool_close(pool: *mut SalsaPool) -> c_int {
             return Err(Failure::invalid("pool handle is NULL"));
         }
         // SAFETY: a live handle (the contract).
-        let open = unsafe { &*pool }.open_volumes.load(SeqCst);
+        let open = unsafe { &*pool }.open_handles.load(SeqCst);
         if open > 0 {
             return Err(Failure::new(
                 libc::EBUSY,
@@ -363,7 +365,7 @@ pub unsafe extern "C" fn salsa_volume_create(
         let volume = p.pool.create_volume_spec(name, size_bytes, &spec)?;
         let v = SalsaVolume {
             volume: Box::new(volume),
-            _open: OpenHandle::new(&p.open_volumes),
+            _open: OpenHandle::new(&p.open_handles),
         };
         // SAFETY: the contract above.
         unsafe { give(out, v) }
@@ -382,7 +384,7 @@ pub unsafe extern "C" fn salsa_volume_open(pool: *const SalsaPool, name: *const 
         let volume = p.pool.volume(name)?;
         let v = SalsaVolume {
             volume: Box::new(volume),
-            _open: OpenHandle::new(&p.open_volumes),
+            _open: OpenHandle::new(&p.open_handles),
         };
         // SAFETY: the contract above.
         unsafe { give(out, v) }
