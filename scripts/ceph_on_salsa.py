@@ -15,12 +15,16 @@ Setups, each on fresh device models, in one run:
          size (the rest of the model never written);
 - salsa: a SALSA pool on each model (20% spare, one user and one GC stream) and one volume
          of its logical size.
-The protocol of the SALSA paper's section V-A: the models keep real time (`realtime=on`:
-Ceph's wall-clock figures are the result); each drive preconditioned (`precondition=`: the
-model's whole capacity, or the raw partition, written once in order and once at random before
-the OSD is made), and SALSA's volume written through its export too (once in 1 MiB blocks in
-order, once at random in 4 KiB blocks, BlueStore's allocation unit on flash), so its GC is in
-its steady state before Ceph starts.
+The protocol of the SALSA paper's section V-A, as Table IIa runs it: the models keep real time
+(`realtime=on`: Ceph's wall-clock figures are the result), and each drive is preconditioned by
+what its setup writes before the OSD is made: the raw drive's partition written once in order
+and once at random (the model's own `precondition=SIZE`, off the clock: the state fio through
+the raw export would leave), SALSA's volume written through its export once in 1 MiB blocks
+in order and once at random in 4 KiB blocks (BlueStore's allocation unit on flash), so that its
+GC is in its steady state and its drive has seen only SALSA's segments
+(`--model-precondition raw,salsa` also preconditions SALSA's drive at random first: BENCHMARKS,
+"Ceph on SALSA", run 1). BlueStore as Ceph ships it but for a small cache of its own (reads
+reach the devices); `--discard` turns on its discards on every setup.
 
 Measured, per setup: `rados bench` write, then sequential and random reads, of 4 MiB and of
 4 KiB objects (16 in flight), and fio's `rbd` engine writing 4 KiB at random at queue depth 32
@@ -32,7 +36,7 @@ took from the host, programmed into flash and the blocks they erased.
 the server restarted (its pool recovers), the OSD's BlueStore checked offline
 (`ceph-bluestore-tool fsck`) and started again; once every placement group is clean a deep
 scrub of every pool, then every object the client had acknowledged read back and compared.
-Then the same host's thin volume filled past its pool: the OSD meets ENOSPC (its write fails;
+Then the last host's thin volume filled past its pool: the OSD meets ENOSPC (its write fails;
 BlueStore stops rather than write on), the cluster serves on from the other two, space is given
 back (a volume beside it deleted), and the OSD comes back with a clean fsck and scrub.
 
@@ -173,7 +177,7 @@ class Cluster:
     """A Ceph cluster in a directory: one monitor, one manager, OSDs added on block devices.
     Every daemon runs in the foreground as a child of this script, logging into the directory."""
 
-    def __init__(self, d, osd_memory_bytes):
+    def __init__(self, d, osd_memory_bytes, discard=False):
         self.d = d
         self.conf = os.path.join(d, "ceph.conf")
         self.fsid = str(uuid.uuid4())
@@ -182,7 +186,8 @@ class Cluster:
         for sub in ("run", "log", "mon", "mgr", "osd"):
             os.makedirs(os.path.join(d, sub), exist_ok=True)
         with open(self.conf, "w") as f:
-            f.write(CONF.format(fsid=self.fsid, port=self.port, d=d, osd_memory=osd_memory_bytes, bluestore_cache=64 * MIB))
+            f.write(CONF.format(fsid=self.fsid, port=self.port, d=d, osd_memory=osd_memory_bytes, bluestore_cache=64 * MIB,
+                                discard=str(discard).lower()))
         self.env = dict(os.environ, CEPH_CONF=self.conf)
 
     def ceph(self, *args, timeout=120):
@@ -351,6 +356,8 @@ bluestore_fsck_on_mount = false
 # A small cache of BlueStore's own, so that reads reach the devices being compared.
 bluestore_cache_autotune = false
 bluestore_cache_size = {bluestore_cache}
+bdev_enable_discard = {discard}
+bdev_async_discard = {discard}
 """
 
 
@@ -393,13 +400,27 @@ def fio_rbd(cluster, rw, bs, depth, seconds=None, size=None):
     }
 
 
-def model_delta(hosts, before):
-    after = [h.counters()[0] for h in hosts]
+MODEL_COUNTERS = ("host_write_bytes", "host_flushes", "nand_program_bytes", "nand_map_program_bytes", "gc_moved_bytes",
+                  "block_erases", "read_modify_write_units")
+SALSA_COUNTERS = ("user_bytes_written", "device_bytes_written", "gc_bytes_relocated", "metadata_bytes_written", "syncs")
+
+
+def counters(hosts):
+    """Every host's model counters and (on SALSA) the server's own, summed over the hosts."""
     out = {}
-    for key in ("host_write_bytes", "nand_program_bytes", "block_erases"):
-        vals = [a.get(key, 0) - b.get(key, 0) for a, b in zip(after, before)]
-        out[key] = sum(vals)
+    for h in hosts:
+        model, stats = h.counters()
+        for key in MODEL_COUNTERS:
+            out[key] = out.get(key, 0) + model.get(key, 0)
+        for key in SALSA_COUNTERS:
+            if isinstance(stats.get(key), (int, float)):
+                out["salsa_" + key] = out.get("salsa_" + key, 0) + stats[key]
     return out
+
+
+def model_delta(hosts, before):
+    after = counters(hosts)
+    return {k: v - before.get(k, 0) for k, v in after.items()}
 
 
 def measured(cluster, hosts, args):
@@ -407,7 +428,7 @@ def measured(cluster, hosts, args):
     phases = {}
 
     def phase(name, fn):
-        before = [h.counters()[0] for h in hosts]
+        before = counters(hosts)
         r = fn()
         r.update(model_delta(hosts, before))
         phases[name] = r
@@ -600,7 +621,7 @@ def run_setup(name, work, args, volume_bytes):
             report["precondition_seconds"] = round(time.monotonic() - started, 1)
         if args.faults and not raw:
             fill_spare(hosts[-1], volume_bytes // 2)
-        cluster = Cluster(os.path.join(d, "ceph"), parse_size(args.osd_memory))
+        cluster = Cluster(os.path.join(d, "ceph"), parse_size(args.osd_memory), args.discard)
         cluster.start()
         osds = [cluster.create_osd(h.block_device()) for h in hosts]
         cluster.wait_up(len(osds))
@@ -660,8 +681,10 @@ def main():
     ap.add_argument("--object-size", default="64K", help="objects the kill test writes")
     ap.add_argument("--fault-seconds", type=int, default=20, help="writing before and after the kill")
     ap.add_argument("--fill-timeout", type=int, default=900)
+    ap.add_argument("--discard", action="store_true",
+                    help="BlueStore discards what it frees (bdev_enable_discard, off by Ceph's default), on every setup")
     ap.add_argument("--no-protocol", dest="protocol", action="store_false", help="no preconditioning")
-    ap.add_argument("--model-precondition", default="raw,salsa",
+    ap.add_argument("--model-precondition", default="raw",
                     help="the setups whose drives are preconditioned by the model itself (SALSA's volume is "
                          "written through its export in any case)")
     ap.add_argument("--json", "--out", dest="json")
