@@ -400,7 +400,7 @@ def fio_rbd(cluster, rw, bs, depth, seconds=None, size=None):
     }
 
 
-MODEL_COUNTERS = ("host_write_bytes", "host_flushes", "nand_program_bytes", "nand_map_program_bytes", "gc_moved_bytes",
+MODEL_COUNTERS = ("host_write_bytes", "host_flushes", "host_read_bytes", "nand_read_bytes", "nand_program_bytes", "nand_map_program_bytes", "gc_moved_bytes",
                   "block_erases", "read_modify_write_units")
 SALSA_COUNTERS = ("user_bytes_written", "device_bytes_written", "gc_bytes_relocated", "metadata_bytes_written", "syncs")
 
