@@ -87,10 +87,18 @@ def umount(mnt, timeout=30):
         raise SystemExit("umount %s still failing after %d s: %s" % (mnt, timeout, err))
 
 
+def mounted_paths():
+    """The mount points /proc/mounts lists (a disconnected FUSE mount among them, which
+    os.path.ismount cannot stat)."""
+    with open("/proc/mounts") as f:
+        return {line.split()[1] for line in f}
+
+
 def tear_down(mounts=(), loops=(), fuses=(), server=None, timeout=30):
     """Takes a stack down from the top, every step bounded so a busy mount or a stuck process
     can never hang the caller: unmounts `mounts` (lazily if still busy after `timeout`), detaches
-    `loops`, unmounts each nbdfuse `(directory, process)` of `fuses` and waits for it, then stops
+    `loops`, unmounts each nbdfuse `(directory, process)` of `fuses` and waits for it (a mount an
+    exited nbdfuse left is detached lazily), then stops
     `server`. Every step is tried; the first failure is raised at the end."""
     errors = []
 
@@ -119,6 +127,9 @@ def tear_down(mounts=(), loops=(), fuses=(), server=None, timeout=30):
         if proc.poll() is None:
             attempt("fusermount3 -u " + fuse_dir, ["fusermount3", "-u", fuse_dir])
         stop(proc, terminate=False)
+        # An nbdfuse whose server died has exited and left its mount behind, disconnected.
+        if fuse_dir in mounted_paths():
+            attempt("fusermount3 -u -z " + fuse_dir, ["fusermount3", "-u", "-z", fuse_dir])
     if server is not None:
         stop(server, terminate=True)
     if errors:

@@ -55,7 +55,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -67,7 +66,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_mixed  # noqa: E402
 from bench_sysbench_ssd import in_parallel  # noqa: E402
-from bench_object_store import retry, run, salsa_binary, save_report, wait_for  # noqa: E402
+from bench_object_store import retry, run, salsa_binary, save_report, tear_down, wait_for  # noqa: E402
+from bench_swift import free_port  # noqa: E402
 from object_store import control_stats, parse_size  # noqa: E402
 
 MIB = 1 << 20
@@ -84,12 +84,6 @@ def rados_module():
         sys.path.append(DIST_PACKAGES)
         import rados
     return rados
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Host(bench_mixed.Setup):
@@ -119,11 +113,11 @@ class Host(bench_mixed.Setup):
         return extra
 
     def format(self, volumes):
-        """Makes the SALSA pool and its volumes [(name, bytes, extra options)]."""
+        """Makes the SALSA pool and its volumes [(name, bytes)]."""
         salsa = salsa_binary()
         run([salsa, "format", "--device", self.spec] + format_args(self.args))
-        for name, size, extra in volumes:
-            run([salsa, "volume", "create", "--device", self.spec, name, str(size)] + extra)
+        for name, size in volumes:
+            run([salsa, "volume", "create", "--device", self.spec, name, str(size)])
 
     def serve(self):
         salsa = salsa_binary()
@@ -149,14 +143,8 @@ class Host(bench_mixed.Setup):
         return self.attach(self.export)
 
     def detach(self):
-        """Detaches the block device and nbdfuse (the OSD on them stopped first). An nbdfuse
-        whose server died has exited and left its mount behind, disconnected: unmounted too."""
-        fuses = self.fuses
-        bench_mixed.tear_down((), self.loops, [f for f in fuses if f[1].poll() is None], None)
-        for fuse_dir, proc in fuses:
-            proc.wait()
-            if fuse_dir in open("/proc/mounts").read():
-                run(["fusermount3", "-u", "-z", fuse_dir])
+        """Detaches the block device and nbdfuse (the OSD on them stopped first)."""
+        tear_down((), self.loops, self.fuses, None)
         self.loops, self.fuses = [], []
         self.procs = [self.server]
 
@@ -279,9 +267,6 @@ class Cluster:
     def create_pool(self, name, pgs, application):
         self.ceph("osd", "pool", "create", name, str(pgs), str(pgs))
         self.ceph("osd", "pool", "application", "enable", name, application)
-
-    def pg_ids(self):
-        return [p["pgid"] for p in self.ceph_json("pg", "ls")["pg_stats"]]
 
     def deep_scrub(self, timeout=900):
         """Deep-scrubs every placement group and waits until each has finished one that started
@@ -518,17 +503,33 @@ def read_back(conf, pool, names, size):
 def restart_host(cluster, host, osd, check):
     """After its server died: the OSD stopped, the devices detached, the server started again
     (the pool recovers), the OSD's BlueStore checked offline, the OSD started."""
-    code = cluster.stop_osd(osd)
+    check["osd_exit_code"] = cluster.stop_osd(osd)
     host.detach()
     host.serve()
-    block = host.block_device()
-    cluster.set_block(osd, block)
+    cluster.set_block(osd, host.block_device())
+    fsck_and_start(cluster, osd, check)
+
+
+def fsck_and_start(cluster, osd, check):
+    """Checks the stopped OSD's BlueStore offline (deep: every object read), then starts it."""
     fsck = subprocess.run(["ceph-bluestore-tool", "fsck", "--deep", "1", "--path", cluster.osd_dir(osd)],
                           capture_output=True, text=True, timeout=1800)
-    check["osd_exit_code"] = code
     check["fsck_exit_code"] = fsck.returncode
     check["fsck_output"] = (fsck.stdout + fsck.stderr).strip()[-400:]
     cluster.start_osd(osd)
+
+
+def settle_and_verify(cluster, osds, pool, writer, check, since=None):
+    """Once every OSD is up and every placement group clean (with `since`, a monotonic time:
+    how long after it that was), a deep scrub, then every object `writer` had acknowledged
+    read back."""
+    cluster.wait_up(len(osds))
+    cluster.wait_clean()
+    if since is not None:
+        check["seconds_to_clean"] = round(time.monotonic() - since, 1)
+    check.update(cluster.deep_scrub())
+    missing, wrong = read_back(cluster.conf, pool, writer.acked, writer.size)
+    check["objects_lost"], check["objects_wrong"] = len(missing), len(wrong)
 
 
 def osd_log_tail(cluster, osd, pattern):
@@ -558,13 +559,7 @@ def kill_test(cluster, hosts, osds, args):
     check = {"acked_before_kill": acked_before_kill, "acked": len(writer.acked), "failed_writes": len(writer.failed),
              "osd_alive_after_kill": cluster.osd_alive(osds[victim])}
     restart_host(cluster, hosts[victim], osds[victim], check)
-    cluster.wait_up(len(osds))
-    cluster.wait_clean()
-    check["seconds_to_clean"] = round(time.monotonic() - killed_at, 1)
-    check.update(cluster.deep_scrub())
-    missing, wrong = read_back(cluster.conf, "faults", writer.acked, parse_size(args.object_size))
-    check["objects_lost"] = len(missing)
-    check["objects_wrong"] = len(wrong)
+    settle_and_verify(cluster, osds, "faults", writer, check, since=killed_at)
     return check
 
 
@@ -586,16 +581,8 @@ def enospc_test(cluster, hosts, osds, args):
     # Space back: the volume beside the OSD's deleted through the running server.
     run([salsa, "volume", "delete", "--device", host.spec, "spare"])
     check["osd_exit_code"] = cluster.stop_osd(osd)
-    fsck = subprocess.run(["ceph-bluestore-tool", "fsck", "--deep", "1", "--path", cluster.osd_dir(osd)],
-                          capture_output=True, text=True, timeout=1800)
-    check["fsck_exit_code"] = fsck.returncode
-    check["fsck_output"] = (fsck.stdout + fsck.stderr).strip()[-400:]
-    cluster.start_osd(osd)
-    cluster.wait_up(len(osds))
-    cluster.wait_clean()
-    check.update(cluster.deep_scrub())
-    missing, wrong = read_back(cluster.conf, "fill", writer.acked, 4 * MIB)
-    check["objects_lost"], check["objects_wrong"] = len(missing), len(wrong)
+    fsck_and_start(cluster, osd, check)
+    settle_and_verify(cluster, osds, "fill", writer, check)
     return check
 
 
@@ -609,11 +596,10 @@ def run_setup(name, work, args, volume_bytes):
     try:
         for i, h in enumerate(hosts):
             if not raw:
-                volumes = [("osd", volume_bytes, [])]
-                if args.faults and i == len(hosts) - 1:
-                    # Thin: the OSD's volume and a spare one together more than the pool holds.
-                    volumes = [("osd", volume_bytes, []), ("spare", volume_bytes // 2, [])]
-                h.format(volumes)
+                # Thin on the last host with --faults: the OSD's volume and a spare one together
+                # more than the pool holds.
+                spare = args.faults and i == len(hosts) - 1
+                h.format([("osd", volume_bytes)] + ([("spare", volume_bytes // 2)] if spare else []))
             h.serve()
         if args.protocol and not raw:
             started = time.monotonic()
