@@ -226,6 +226,11 @@ fn volume_spec(controller: &str, page_size: Option<u64>) -> Result<VolumeSpec, S
     })
 }
 
+/// Checks `--compression` (kept as given, so that the command travels to a server as text).
+fn parse_compression(s: &str) -> Result<String, String> {
+    salsa_core::Compression::parse(s).map(|_| s.to_string())
+}
+
 /// Parses `--array`.
 fn parse_array(s: &str) -> Result<ArrayKind, String> {
     ArrayKind::from_name(s).ok_or_else(|| {

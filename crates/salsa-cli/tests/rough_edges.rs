@@ -78,6 +78,44 @@ fn a_server_that_cannot_start_leaves_nothing_behind() {
     }
 }
 
+/// `--compression` on create and set: shown by `volume list` (and its JSON), durable, and
+/// refused with a reason where it cannot apply, changing nothing.
+#[test]
+fn volume_compression_is_chosen_shown_changed_and_refused_where_it_cannot_apply() {
+    let dir = test_dir("compression");
+    let (ok, out) = salsa(&dir, &["format", "--device", "pool.img:64M"]);
+    assert!(ok, "{out}");
+    let (ok, out) = salsa(
+        &dir,
+        &["volume", "create", "--device", "pool.img", "db", "4M", "--compression", "lz4"],
+    );
+    assert!(ok && out.contains("16.0 KiB pages, lz4 compression"), "{out}");
+    for (args, why) in [
+        (vec!["--compression", "gzip"], "not off, lz4, zstd"),
+        (vec!["--compression", "zstd:40"], "outside 1 to 19"),
+        (vec!["--compression", "lz4", "--page-size", "4K"], "larger than the grain"),
+        (vec!["--compression", "lz4", "--controller", "dual"], "LSA volumes"),
+    ] {
+        let mut cmd = vec!["volume", "create", "--device", "pool.img", "other", "4M"];
+        cmd.extend(args.iter().copied());
+        let (ok, out) = salsa(&dir, &cmd);
+        assert!(!ok && out.contains(why), "{args:?}: {out}");
+    }
+    let (ok, out) = salsa(&dir, &["volume", "set", "--device", "pool.img", "db", "--compression", "zstd:5"]);
+    assert!(ok && out.contains("compression zstd:5"), "{out}");
+    let (ok, out) = salsa(&dir, &["volume", "list", "--device", "pool.img"]);
+    assert!(ok && out.lines().next().unwrap().contains("COMPRESSION"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("db ") && l.contains("zstd:5")), "{out}");
+    assert!(!out.contains("other"), "a refused create left a volume: {out}");
+    let (ok, out) = salsa(&dir, &["volume", "list", "--json", "--device", "pool.img"]);
+    assert!(ok, "{out}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let db = list.as_array().unwrap().iter().find(|v| v["name"] == "db").unwrap();
+    assert_eq!((db["compression"].as_str(), db["stored_bytes"].as_u64()), (Some("zstd:5"), Some(0)));
+    let (ok, out) = salsa(&dir, &["volume", "set", "--device", "pool.img", "db"]);
+    assert!(!ok && out.contains("--compression"), "{out}");
+}
+
 #[test]
 fn volume_list_has_a_header_human_sizes_and_json() {
     let dir = test_dir("list");

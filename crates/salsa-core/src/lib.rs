@@ -65,6 +65,7 @@ pub mod spec;
 pub(crate) mod util;
 
 pub use array::{MemberStatus, ParityBufferStatus};
+pub use controller::compression::Compression;
 pub use controller::hybrid::HybridSpec;
 pub use controller::ControllerStats;
 pub use device::{Device, StorageType};

@@ -12,12 +12,30 @@ const WRITERS: u64 = 4;
 const READERS: usize = 2;
 
 fn version_of(vol: u32, page: u64, buf: &[u8]) -> Option<u64> {
+    version_of_in(false, vol, page, buf)
+}
+
+/// [`pattern`], or with `compressible` its first words repeated over the page (how many
+/// depends on the version, so a page's compressed size changes as it is rewritten); the
+/// first 16 bytes are the pattern's either way.
+fn page_pattern(compressible: bool, vol: u32, page: u64, version: u64) -> Vec<u8> {
+    let mut v = pattern(vol, page, version);
+    if compressible {
+        let words = 2 + ((version ^ page) % 300) as usize;
+        for i in words * 8..v.len() {
+            v[i] = v[i % (words * 8)];
+        }
+    }
+    v
+}
+
+fn version_of_in(compressible: bool, vol: u32, page: u64, buf: &[u8]) -> Option<u64> {
     let w0 = u64::from_le_bytes(buf[..8].try_into().unwrap());
     if buf.iter().all(|&b| b == 0) {
         return Some(0);
     }
     let v = w0 ^ (vol as u64) << 56 ^ page << 24;
-    (buf == pattern(vol, page, v)).then_some(v)
+    (buf == page_pattern(compressible, vol, page, v)).then_some(v)
 }
 
 #[test]
@@ -54,6 +72,18 @@ fn writers_readers_and_gc_concurrently_on_an_extent_volume() {
     });
 }
 
+/// The same on a compressing volume of 16 KiB pages: the writers' 4 KiB pages are
+/// read-modify-writes of compressed pages whose stored size changes with every version, while
+/// readers read a page's entry and its stored size without the writers' lock and the GC moves
+/// compressed pages as they are stored.
+#[test]
+fn writers_readers_and_gc_concurrently_on_a_compressing_volume() {
+    writers_readers_and_gc_on(VolumeSpec {
+        compression: salsa_core::Compression::Lz4,
+        ..VolumeSpec::lsa(16384)
+    });
+}
+
 fn writers_readers_and_gc_on(spec: VolumeSpec) {
     writers_readers_and_gc_with(spec, &tiny_config().victim_policy);
 }
@@ -67,6 +97,7 @@ fn writers_readers_and_gc_with(spec: VolumeSpec, victim_policy: &str) {
     };
     let pool = Pool::create(vec![dev.clone()], &config, &opts).unwrap();
     let unit = spec.page_bytes as u64;
+    let compressible = spec.compression.is_on();
     // A dual-mapping volume needs room for its sparse map's pages (here 1 MiB) on top of the
     // large pages they overlay.
     let size = pool.logical_capacity_bytes() - if spec.controller == ControllerKind::Dual { 2 * MIB } else { 0 };
@@ -85,7 +116,7 @@ fn writers_readers_and_gc_with(spec: VolumeSpec, victim_policy: &str) {
                     // Each writer owns the pages congruent to it, so the final value is known.
                     let p = ((x >> 33) % (pages / WRITERS)) * WRITERS + w;
                     let v = acked[p as usize].load(Ordering::SeqCst) + 1;
-                    vol.write(p * PAGE as u64, &pattern(1, p, v)).unwrap();
+                    vol.write(p * PAGE as u64, &page_pattern(compressible, 1, p, v)).unwrap();
                     acked[p as usize].store(v, Ordering::SeqCst);
                     if i % 5000 == 0 {
                         vol.flush().unwrap();
@@ -105,7 +136,7 @@ fn writers_readers_and_gc_with(spec: VolumeSpec, victim_policy: &str) {
                     let before = acked[p as usize].load(Ordering::SeqCst);
                     vol.read(p * PAGE as u64, &mut buf).unwrap();
                     let after = acked[p as usize].load(Ordering::SeqCst);
-                    let v = version_of(1, p, &buf).unwrap_or_else(|| panic!("page {p}: garbage or another page's data"));
+                    let v = version_of_in(compressible, 1, p, &buf).unwrap_or_else(|| panic!("page {p}: garbage or another page's data"));
                     assert!(
                         v >= before && v <= after + 1,
                         "page {p}: read version {v}, acknowledged {before}..{after}"
@@ -126,6 +157,15 @@ fn writers_readers_and_gc_with(spec: VolumeSpec, victim_policy: &str) {
     });
     let st = pool.stats();
     assert!(st.gc_segments_cleaned > 20, "GC cleaned only {} segments", st.gc_segments_cleaned);
+    if compressible {
+        let v = &st.volumes[0];
+        assert!(
+            v.stored_bytes * 2 < v.mapped_bytes,
+            "stored {} of {}",
+            v.stored_bytes,
+            v.mapped_bytes
+        );
+    }
     if spec.controller == ControllerKind::Dual {
         let v = &st.volumes[0];
         assert!(v.merged_pages > 100 && v.small_pages_written > 1000, "{v:?}");
@@ -135,7 +175,11 @@ fn writers_readers_and_gc_with(spec: VolumeSpec, victim_policy: &str) {
         let mut buf = vec![0u8; PAGE];
         for p in 0..pages {
             vol.read(p * PAGE as u64, &mut buf).unwrap();
-            assert_eq!(version_of(1, p, &buf), Some(acked[p as usize].load(Ordering::SeqCst)), "page {p}");
+            assert_eq!(
+                version_of_in(compressible, 1, p, &buf),
+                Some(acked[p as usize].load(Ordering::SeqCst)),
+                "page {p}"
+            );
         }
     };
     pool.flush().unwrap();

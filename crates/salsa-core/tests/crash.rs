@@ -4,6 +4,7 @@
 //! garbage, never another block's data, never an older value, never trimmed-away data.
 
 mod common;
+use common::pattern as random_pattern;
 use common::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -13,6 +14,25 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 const DEVICE_MIB: u64 = 28;
+
+thread_local! {
+    /// The seed running on this thread writes compressible pages ([`Writes::compressed`]).
+    static COMPRESSIBLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The bytes of (volume, page, version): [`random_pattern`], or, in a compressed sweep, its
+/// first words repeated over the page (a number of them that depends on the version, so the
+/// page's compressed size changes as it is rewritten). Either way the first 16 bytes name it.
+fn pattern(vol: u32, page: u64, version: u64) -> Vec<u8> {
+    let mut v = random_pattern(vol, page, version);
+    if COMPRESSIBLE.with(|c| c.get()) {
+        let words = 2 + ((version ^ page) % 300) as usize;
+        for i in words * 8..v.len() {
+            v[i] = v[i % (words * 8)];
+        }
+    }
+    v
+}
 const VOLUMES: [&str; 2] = ["v1", "v2"];
 
 /// A block's content as the oracle knows it.
@@ -174,6 +194,9 @@ struct Writes {
     /// The GC holds its records back for bursts of a whole segment
     /// ([`OpenOptions::gc_burst_bytes`]; off on these devices by default).
     gc_burst: bool,
+    /// The second volume compresses (lz4, 16 KiB pages: the workload's 4 KiB writes are
+    /// read-modify-writes of compressed pages), and every page written is compressible.
+    compressed: bool,
 }
 
 /// A write buffer of a few hundred pages: full often, so destages fall among the crash points.
@@ -195,7 +218,9 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
         shares,
         write_buffer,
         gc_burst,
+        compressed,
     } = writes;
+    COMPRESSIBLE.with(|c| c.set(compressed));
     let hybrid = matches!(medium, Medium::Hybrid);
     let opts = OpenOptions {
         write_back_threads,
@@ -265,6 +290,8 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
     let unit = PAGE as u64 * DUAL_SUBPAGES;
     let vol_bytes = share / unit * unit;
     let is_dual = |vi: usize| dual && vi == 1;
+    // Volumes of 16 KiB pages, whose trims drop whole pages only.
+    let has_large_pages = |vi: usize| is_dual(vi) || (compressed && vi == 1);
     let pages = vol_bytes / PAGE as u64;
     let mut oracle = Oracle::new(pages);
     // Fill both volumes first, so the pool is mostly live data and the GC runs from the start.
@@ -285,6 +312,11 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
                     ..Default::default()
                 },
                 ..VolumeSpec::hybrid(PAGE as u32)
+            }
+        } else if compressed && vi == 1 {
+            VolumeSpec {
+                compression: salsa_core::Compression::Lz4,
+                ..VolumeSpec::lsa(unit as u32)
             }
         } else if extent && vi == 1 {
             VolumeSpec {
@@ -384,8 +416,8 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
                 vol.write(page * PAGE as u64, &pattern(vi as u32, page, version))
                     .and_then(|_| vol.write_behind())
             }
-            75..=79 if is_dual(vi) && rng.gen_bool(0.5) => {
-                // A dual-mapping volume trims whole large pages only.
+            75..=79 if has_large_pages(vi) && rng.gen_bool(0.5) => {
+                // A volume of 16 KiB pages trims whole pages only.
                 let first = page / DUAL_SUBPAGES * DUAL_SUBPAGES;
                 let n = (rng.gen_range(1..5u64) * DUAL_SUBPAGES).min(pages - first);
                 for q in first..first + n {
@@ -393,7 +425,7 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
                 }
                 vol.trim(first * PAGE as u64, n * PAGE as u64)
             }
-            75..=79 if is_dual(vi) => {
+            75..=79 if has_large_pages(vi) => {
                 let n = rng.gen_range(1..16u64).min(pages - page);
                 for q in page..page + n {
                     oracle.wrote(vi, q as usize, Value::Zero);
@@ -652,6 +684,7 @@ const SHARES: Writes = Writes {
     shares: true,
     write_buffer: false,
     gc_burst: false,
+    compressed: false,
 };
 
 /// Copied writes, written by the writers themselves.
@@ -663,6 +696,7 @@ const COPIED: Writes = Writes {
     shares: false,
     write_buffer: false,
     gc_burst: false,
+    compressed: false,
 };
 
 /// A dual-mapping volume beside an LSA one, payload writes among the copied ones.
@@ -674,7 +708,40 @@ const DUAL: Writes = Writes {
     shares: false,
     write_buffer: false,
     gc_burst: false,
+    compressed: false,
 };
+
+/// A compressing volume beside an LSA one (flat, zoned, and below a write buffer): pages
+/// stored in fewer grains than their size, rewritten with other sizes, moved by the GC as
+/// they are stored; after a crash anywhere every block reads its durable value or a later
+/// one, the recovery scan rebuilding each page's stored size from the records.
+#[test]
+fn compressed_crash_at_many_points() {
+    let seeds = count_from_env("SALSA_COMPRESSED_CRASH_SEEDS", 12);
+    let writes = Writes {
+        write_back_threads: 0,
+        payload_writes: true,
+        dual: false,
+        extent: false,
+        shares: false,
+        write_buffer: false,
+        gc_burst: false,
+        compressed: true,
+    };
+    crash_seeds(seeds, 25, writes, |seed| match seed % 4 {
+        3 => Medium::Zoned { conventional_zones: 0 },
+        _ => Medium::Flat,
+    });
+    crash_seeds(
+        seeds / 3,
+        25,
+        Writes {
+            write_buffer: true,
+            ..writes
+        },
+        |_| Medium::Flat,
+    );
+}
 
 /// The same with sealed user records written back by threads while writers go on: what was
 /// flushed survives, wherever the crash falls among the queued writes. (Thread timing moves the
@@ -693,6 +760,7 @@ fn crash_at_many_points_with_write_back() {
             shares: false,
             write_buffer: false,
             gc_burst: false,
+            compressed: false,
         },
         |_| Medium::Flat,
     );
@@ -713,6 +781,7 @@ fn crash_at_many_points_with_payload_writes() {
             shares: false,
             write_buffer: false,
             gc_burst: false,
+            compressed: false,
         };
         crash_seeds(seeds, 20, writes, |seed| {
             if seed % 3 == 0 {
@@ -870,6 +939,7 @@ fn extent_map_crash_at_many_points() {
         shares: false,
         write_buffer: false,
         gc_burst: false,
+        compressed: false,
     };
     crash_seeds(seeds, 25, writes, |seed| {
         if seed % 4 == 3 {
@@ -925,6 +995,7 @@ fn hybrid_crash_at_many_points() {
         shares: false,
         write_buffer: false,
         gc_burst: false,
+        compressed: false,
     };
     crash_seeds(seeds, 25, writes, |_| Medium::Hybrid);
 }
@@ -1030,6 +1101,7 @@ fn regression_stale_tombstone_seed_37762() {
         shares: false,
         write_buffer: false,
         gc_burst: false,
+        compressed: false,
     };
     for crash_after_ops in [700, 762] {
         run_seed(37762, Some(crash_after_ops), Medium::Flat, writes);

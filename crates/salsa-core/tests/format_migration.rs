@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 /// The format version this build writes (version 7 added the RAID-5 parity buffer id to the
 /// pool metadata, version 8 a victim policy per volume, version 12 a rebuild's rate limit,
-/// version 13 the outgoing member of a rebuild).
-const CURRENT_VERSION: u32 = 13;
+/// version 13 the outgoing member of a rebuild, version 14 sized records of compressed volumes).
+const CURRENT_VERSION: u32 = 14;
 
 const MEMBER_BYTES: u64 = 24 * MIB;
 /// Offsets of the two pool-metadata slots on a flat member (format constants).

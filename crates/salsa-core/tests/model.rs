@@ -114,6 +114,8 @@ enum Mix {
     Hybrid,
     /// Slot 1 an extent-mapped volume.
     Extent,
+    /// Slot 1 a compressing LSA volume of 16 KiB pages (zstd).
+    Compressed,
 }
 
 /// What volume slot `vol` is: in the dual runs, slot 1 is a dual-mapping volume of 16 KiB large
@@ -129,6 +131,12 @@ fn spec(vol: usize, mix: Mix) -> VolumeSpec {
     }
     if mix == Mix::Extent && vol == 1 {
         spec.controller = salsa_core::ControllerKind::Extent;
+    }
+    if mix == Mix::Compressed && vol == 1 {
+        spec = VolumeSpec {
+            compression: salsa_core::Compression::Zstd(1),
+            ..VolumeSpec::lsa(16384)
+        };
     }
     if mix == Mix::Hybrid && vol == 1 {
         spec = VolumeSpec::hybrid(4096);
@@ -161,6 +169,16 @@ fn run_dual(ops: Vec<Op>) -> Result<(), TestCaseError> {
 /// The model with an extent-mapped volume among the LSA ones.
 fn run_extent(ops: Vec<Op>) -> Result<(), TestCaseError> {
     run_on(vec![Arc::new(MemoryDevice::new("mem", 56 * MIB))], &tiny_config(), ops, Mix::Extent)
+}
+
+/// The model with a compressing volume among the LSA ones.
+fn run_compressed(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    run_on(
+        vec![Arc::new(MemoryDevice::new("mem", 56 * MIB))],
+        &tiny_config(),
+        ops,
+        Mix::Compressed,
+    )
 }
 
 /// The model with a hybrid volume among the LSA ones, on a disk and a flash device.
@@ -384,10 +402,11 @@ fn run_with(
                 let mut dsts: Vec<(u64, u64)> = ranges.iter().map(|r| (r.dst_offset, r.dst_offset + r.len_bytes)).collect();
                 dsts.sort_unstable();
                 let overlapping = dsts.windows(2).any(|w| w[1].0 < w[0].1);
+                // A compressing volume refuses share batches.
                 let shares = matches!(
                     spec(vol, mix).controller,
                     salsa_core::ControllerKind::Lsa | salsa_core::ControllerKind::Extent | salsa_core::ControllerKind::Dual
-                );
+                ) && !spec(vol, mix).compression.is_on();
                 match p.volume(&name(vol)).unwrap().share(&ranges) {
                     Ok(()) => {
                         prop_assert!(
@@ -498,6 +517,14 @@ proptest! {
     #[test]
     fn engine_matches_model_with_an_extent_volume(ops in proptest::collection::vec(op(), 1..120)) {
         run_extent(ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(32), max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn engine_matches_model_with_a_compressing_volume(ops in proptest::collection::vec(op(), 1..120)) {
+        run_compressed(ops)?;
     }
 }
 

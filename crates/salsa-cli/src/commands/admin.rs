@@ -166,6 +166,16 @@ fn print_volume(v: &salsa_core::VolumeStats) {
         human(v.placement_memory_bytes),
         v.victim
     );
+    if v.compression != "off" {
+        println!(
+            "  {:<20}      compression {}: {} stored for {} mapped ({:.2}x)",
+            "",
+            v.compression,
+            human(v.stored_bytes),
+            human(v.mapped_bytes),
+            v.mapped_bytes as f64 / v.stored_bytes.max(1) as f64
+        );
+    }
     if v.controller == "amf" {
         println!(
             "  {:<20}      append-only segments of {}: {} of {} written, {} full; map of {} runs",

@@ -55,9 +55,14 @@ pub(crate) enum VolumeCommand {
         /// one suits zoned drives, while a flash drive's own GC pays for the interleaving.
         #[arg(long)]
         segment_streams: Option<u8>,
+        /// lsa: compress each page as it is written, stored in the fewest whole grains that
+        /// hold it (an incompressible page as it is): off, lz4, zstd, zstd:LEVEL (1 to 19).
+        /// Pages must be larger than the pool's grain; the page size defaults to 16K then.
+        #[arg(long, default_value = "off", value_parser = parse_compression)]
+        compression: String,
     },
-    /// Change a volume's placement or victim policy; new writes follow it. Works offline and,
-    /// through its control socket, on a pool being served.
+    /// Change a volume's placement or victim policy, or its compression; new writes follow
+    /// it. Works offline and, through its control socket, on a pool being served.
     Set {
         #[command(flatten)]
         #[serde(skip)]
@@ -69,6 +74,10 @@ pub(crate) enum VolumeCommand {
         /// New victim policy (`pool`: the pool's).
         #[arg(long)]
         victim: Option<String>,
+        /// New compression of an LSA volume (off, lz4, zstd, zstd:LEVEL); pages written
+        /// before stay as they are stored until rewritten.
+        #[arg(long, value_parser = parse_compression)]
+        compression: Option<String>,
     },
     /// List volumes: a table with human sizes, or JSON with byte counts.
     List {
@@ -133,8 +142,9 @@ impl VolumeCommand {
             VolumeCommand::Set {
                 placement: None,
                 victim: None,
+                compression: None,
                 ..
-            } => Err("give --placement and/or --victim".into()),
+            } => Err("give --placement, --victim and/or --compression".into()),
             _ => Ok(()),
         }
     }
@@ -214,9 +224,14 @@ fn apply(pool: &Pool, cmd: &VolumeCommand, exports: Option<&salsa_nbd::server::E
             storage,
             segment,
             segment_streams,
+            compression,
             ..
         } => {
+            let compression = salsa_core::Compression::parse(compression)?;
+            // A page of one grain cannot shrink: a compressing volume's pages default larger.
+            let page_size = page_size.or((compression.is_on() && controller == "lsa").then_some(16 << 10));
             let spec = VolumeSpec {
+                compression,
                 segment_bytes: *segment,
                 segment_streams: *segment_streams,
                 storage: salsa_core::StorageClass::from_name(storage).unwrap_or_default(),
@@ -224,25 +239,41 @@ fn apply(pool: &Pool, cmd: &VolumeCommand, exports: Option<&salsa_nbd::server::E
                 victim: victim.clone().filter(|v| v != "pool"),
                 sparse_pages: *sparse_pages,
                 hybrid: hybrid.spec(),
-                ..volume_spec(controller, *page_size)?
+                ..volume_spec(controller, page_size)?
             };
             pool.create_volume_spec(name, *size, &spec).map_err(|e| e.to_string())?;
             let _ = writeln!(
                 out,
-                "created volume {name}: {}, {} controller, {} pages",
+                "created volume {name}: {}, {} controller, {} pages{}",
                 human(*size),
                 spec.controller.name(),
-                human(spec.page_bytes as u64)
+                human(spec.page_bytes as u64),
+                if compression.is_on() {
+                    format!(", {} compression", compression.name())
+                } else {
+                    String::new()
+                }
             );
         }
         VolumeCommand::Set {
-            name, placement, victim, ..
+            name,
+            placement,
+            victim,
+            compression,
+            ..
         } => {
-            // `pool` (or nothing) stands for the pool's victim policy, recorded as empty.
-            let victim = victim.as_deref().map(|v| if v == "pool" { "" } else { v });
-            pool.set_volume_policies(name, placement.as_deref(), victim)
-                .map_err(|e| e.to_string())?;
-            let _ = writeln!(out, "volume {name}: policies changed; new writes follow them");
+            let compression = compression.as_deref().map(salsa_core::Compression::parse).transpose()?;
+            if placement.is_some() || victim.is_some() {
+                // `pool` (or nothing) stands for the pool's victim policy, recorded as empty.
+                let victim = victim.as_deref().map(|v| if v == "pool" { "" } else { v });
+                pool.set_volume_policies(name, placement.as_deref(), victim)
+                    .map_err(|e| e.to_string())?;
+                let _ = writeln!(out, "volume {name}: policies changed; new writes follow them");
+            }
+            if let Some(c) = compression {
+                pool.set_volume_compression(name, c).map_err(|e| e.to_string())?;
+                let _ = writeln!(out, "volume {name}: compression {}; new writes follow it", c.name());
+            }
         }
         VolumeCommand::List { json, .. } => {
             let vols = pool.stats().volumes;
@@ -253,20 +284,22 @@ fn apply(pool: &Pool, cmd: &VolumeCommand, exports: Option<&salsa_nbd::server::E
             }
             let _ = writeln!(
                 out,
-                "{:<24} {:<10} {:>12} {:>8} {:>12} {:>10}  {:<7} {:<18} VICTIM",
-                "NAME", "CONTROLLER", "SIZE", "PAGE", "MAPPED", "MAP", "STORAGE", "PLACEMENT"
+                "{:<24} {:<10} {:>12} {:>8} {:>12} {:>12} {:>10}  {:<7} {:<11} {:<18} VICTIM",
+                "NAME", "CONTROLLER", "SIZE", "PAGE", "MAPPED", "STORED", "MAP", "STORAGE", "COMPRESSION", "PLACEMENT"
             );
             for v in vols {
                 let _ = writeln!(
                     out,
-                    "{:<24} {:<10} {:>12} {:>8} {:>12} {:>10}  {:<7} {:<18} {}",
+                    "{:<24} {:<10} {:>12} {:>8} {:>12} {:>12} {:>10}  {:<7} {:<11} {:<18} {}",
                     v.name,
                     v.controller,
                     human(v.size_bytes),
                     human(v.page_bytes as u64),
                     human(v.mapped_bytes),
+                    human(v.stored_bytes),
                     human(v.map_memory_bytes),
                     v.storage,
+                    v.compression,
                     v.placement,
                     v.victim
                 );

@@ -11,7 +11,7 @@
 
 use super::extent_map::ExtentMap;
 pub use super::map_entry::{Encoding, Entry};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::SeqCst};
 
 enum Slots {
     Narrow(Box<[AtomicU32]>),
@@ -25,6 +25,10 @@ enum Slots {
 pub struct PageMap {
     slots: Slots,
     pub encoding: Encoding,
+    /// A compressing volume's: the grains each mapped page's data takes, 0 for a whole page
+    /// (see [`PageMap::with_stored_sizes`]). Changed together with the page's entry, under
+    /// the writer's page lock.
+    stored: Option<Box<[AtomicU8]>>,
 }
 
 impl PageMap {
@@ -34,7 +38,31 @@ impl PageMap {
         } else {
             Slots::Wide((0..pages).map(|_| AtomicU64::new(0)).collect())
         };
-        PageMap { slots, encoding }
+        PageMap {
+            slots,
+            encoding,
+            stored: None,
+        }
+    }
+
+    /// The same map keeping each page's stored size beside its entry (a byte a page).
+    pub fn with_stored_sizes(mut self) -> PageMap {
+        self.stored = Some((0..self.pages()).map(|_| AtomicU8::new(0)).collect());
+        self
+    }
+
+    pub fn has_stored_sizes(&self) -> bool {
+        self.stored.is_some()
+    }
+
+    /// Grains `page`'s data takes as stored, 0 for a whole page (always 0 without sizes).
+    pub fn stored_grains(&self, page: u64) -> u8 {
+        self.stored.as_ref().map_or(0, |s| s[page as usize].load(SeqCst))
+    }
+
+    /// Sets `page`'s stored size (0: a whole page), returning the old one.
+    pub fn swap_stored_grains(&self, page: u64, grains: u8) -> u8 {
+        self.stored.as_ref().map_or(0, |s| s[page as usize].swap(grains, SeqCst))
     }
 
     /// An extent map of `pages` pages of `page_grains` grains.
@@ -42,6 +70,7 @@ impl PageMap {
         PageMap {
             slots: Slots::Extents(ExtentMap::new(pages, encoding, page_grains)),
             encoding,
+            stored: None,
         }
     }
 
@@ -63,10 +92,12 @@ impl PageMap {
     }
 
     pub fn memory_bytes(&self) -> u64 {
-        match &self.slots {
-            Slots::Extents(m) => m.memory_bytes(),
-            _ => self.pages() * self.entry_bytes(),
-        }
+        let sizes = self.stored.as_ref().map_or(0, |s| s.len() as u64);
+        sizes
+            + match &self.slots {
+                Slots::Extents(m) => m.memory_bytes(),
+                _ => self.pages() * self.entry_bytes(),
+            }
     }
 
     /// Forgets every entry.
@@ -132,13 +163,17 @@ impl PageMap {
     /// A copy of the map with `pages` entries (growing a volume); entries past the old end are
     /// unmapped.
     pub fn grown(&self, pages: u64) -> PageMap {
-        let m = match &self.slots {
+        let mut m = match &self.slots {
             Slots::Extents(e) => PageMap::extents(pages, self.encoding, e.page_grains()),
             _ => PageMap::new(pages, self.encoding),
         };
+        if self.has_stored_sizes() {
+            m = m.with_stored_sizes();
+        }
         self.for_each_mapped(|p, v| {
             if p < pages {
                 m.store(p, self.encoding.decode(v));
+                m.swap_stored_grains(p, self.stored_grains(p));
             }
         });
         m
@@ -167,13 +202,35 @@ impl PageMap {
         }
     }
 
-    /// Bytes [`PageMap::encode_image`] appends.
+    /// Bytes [`PageMap::encode_image`] appends, and [`PageMap::encode_stored_sizes`] after it.
     pub fn image_bytes(&self) -> u64 {
         8 + 1
+            + self.stored.as_ref().map_or(0, |s| s.len() as u64)
             + match &self.slots {
                 Slots::Extents(m) => m.image_bytes(),
-                _ => self.memory_bytes(),
+                _ => self.pages() * self.entry_bytes(),
             }
+    }
+
+    /// Appends the stored sizes, a byte a page (a compressing volume's checkpoint adds them
+    /// after the map's image; format 14).
+    pub fn encode_stored_sizes(&self, out: &mut Vec<u8>) {
+        if let Some(s) = &self.stored {
+            out.extend(s.iter().map(|g| g.load(SeqCst)));
+        }
+    }
+
+    /// Loads sizes written by [`PageMap::encode_stored_sizes`]; each at most `page_grains`.
+    pub fn load_stored_sizes(&self, d: &mut crate::util::Decoder<'_>, page_grains: u32) -> std::result::Result<(), String> {
+        let Some(s) = &self.stored else { return Ok(()) };
+        let raw = d.take(s.len(), "stored sizes").map_err(|e| e.to_string())?;
+        for (slot, &g) in s.iter().zip(raw) {
+            if g as u32 > page_grains {
+                return Err(format!("a stored size of {g} grains in pages of {page_grains}"));
+            }
+            slot.store(g, SeqCst);
+        }
+        Ok(())
     }
 
     /// Checkpoint image: the page count, the entry width (0: runs follow), then the raw

@@ -25,6 +25,7 @@
 //!   the segment counts derived from it at open match what the write path maintains.
 
 pub mod amf;
+pub mod compression;
 pub mod dual;
 pub mod extent_map;
 pub mod hybrid;
@@ -82,6 +83,11 @@ pub struct ControllerStats {
     pub size_bytes: u64,
     pub page_bytes: u32,
     pub mapped_bytes: u64,
+    /// Bytes the mapped data takes on the devices (less than `mapped_bytes` when pages are
+    /// stored compressed); filled in by the pool.
+    pub stored_bytes: u64,
+    /// How new writes are compressed (`off`, `lz4`, `zstd:LEVEL`).
+    pub compression: String,
     pub map_memory_bytes: u64,
     /// Bytes a checkpoint of the volume's map takes on the devices (its metadata capacity).
     pub checkpoint_image_bytes: u64,
@@ -222,9 +228,14 @@ pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::re
     match rec.controller {
         ControllerKind::Lsa | ControllerKind::Extent => {
             let mut storage = StorageClass::Any;
+            let mut compression = None;
             for &(key, value) in &rec.settings {
                 match key {
                     lsa::SETTING_STORAGE => storage = storage_class(value)?,
+                    lsa::SETTING_COMPRESSION if rec.controller == ControllerKind::Lsa => {
+                        check_compression(rec.page_bytes, geo.grain_bytes)?;
+                        compression = Some(compression::Compression::from_setting(value)?);
+                    }
                     _ => return Err(unknown(key)),
                 }
             }
@@ -232,7 +243,14 @@ pub fn build(rec: &VolumeRecord, geo: &Geometry, policies: &Registry) -> std::re
                 ControllerKind::Extent => map::PageMap::extents(pages, encoding, rec.page_bytes / geo.grain_bytes),
                 _ => page_map(),
             };
-            Ok(Arc::new(lsa::LsaVolume::new(rec, map, geo.grain_bytes, placement()?, storage)))
+            Ok(Arc::new(lsa::LsaVolume::new_compressing(
+                rec,
+                map,
+                geo.grain_bytes,
+                placement()?,
+                storage,
+                compression,
+            )))
         }
         ControllerKind::Dual => {
             let mut sparse = None;
@@ -300,8 +318,33 @@ fn check_dual(page_bytes: u32, grain_bytes: u32, sparse_pages: u64) -> std::resu
     Ok(())
 }
 
+/// Whether pages of `page_bytes` may be stored compressed in grains of `grain_bytes`: a page
+/// must be at least two grains (a compressed page saves whole grains) and at most
+/// [`crate::format::MAX_SIZED_PAGE_GRAINS`].
+fn check_compression(page_bytes: u32, grain_bytes: u32) -> std::result::Result<(), String> {
+    let grains = page_bytes / grain_bytes;
+    if grains < 2 {
+        return Err(format!(
+            "compression stores a page in fewer grains than it has, so pages must be larger than the grain ({grain_bytes} bytes), not {page_bytes}; try --page-size 16K"
+        ));
+    }
+    if grains > crate::format::MAX_SIZED_PAGE_GRAINS {
+        return Err(format!(
+            "a compressing volume's pages are at most {} grains; {page_bytes}-byte pages are {grains}",
+            crate::format::MAX_SIZED_PAGE_GRAINS
+        ));
+    }
+    Ok(())
+}
+
 /// The controller settings a new volume of `size_bytes` described by `spec` records.
 pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::result::Result<Vec<(u16, u64)>, String> {
+    if spec.compression.is_on() && spec.controller != ControllerKind::Lsa {
+        return Err(format!(
+            "compression applies to LSA volumes (--controller lsa), not to {} volumes",
+            spec.controller.name()
+        ));
+    }
     if spec.controller != ControllerKind::Amf && (spec.segment_bytes.is_some() || spec.segment_streams.is_some()) {
         return Err("a segment size and segment streams apply to AMF volumes only (--controller amf)".into());
     }
@@ -316,7 +359,14 @@ pub fn settings_for(spec: &VolumeSpec, size_bytes: u64, geo: &Geometry) -> std::
     match spec.controller {
         ControllerKind::Lsa | ControllerKind::Extent => match spec.sparse_pages {
             Some(_) => Err("a sparse map size applies to dual-mapping volumes only (--controller dual)".into()),
-            None => Ok(storage(lsa::SETTING_STORAGE)),
+            None => {
+                let mut settings = storage(lsa::SETTING_STORAGE);
+                if spec.compression.is_on() {
+                    check_compression(spec.page_bytes, geo.grain_bytes)?;
+                    settings.push((lsa::SETTING_COMPRESSION, spec.compression.to_setting()));
+                }
+                Ok(settings)
+            }
         },
         ControllerKind::Hybrid if spec.storage != StorageClass::Any => {
             Err("a hybrid volume's data is on the slow devices and its copies on the fast ones; it takes no storage class".into())
@@ -376,6 +426,21 @@ pub trait Controller: VolumeIo + Send + Sync + 'static {
     fn stats(&self) -> ControllerStats;
     /// Replaces the placement policy; new writes follow it. Called with the GC lock held.
     fn set_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()>;
+    /// Changes how new writes are compressed. A volume that never compressed starts keeping
+    /// stored sizes, with new streams under `placement` (named `name`, its current policy
+    /// afresh). Called with the GC lock held; kinds that do not compress refuse.
+    fn set_compression(
+        &self,
+        _log: &Log,
+        _compression: compression::Compression,
+        _placement: Box<dyn Placement>,
+        _name: &str,
+    ) -> Result<()> {
+        Err(crate::error::Error::InvalidArgument(format!(
+            "volume {:?} is not an LSA volume: only LSA volumes compress",
+            self.name()
+        )))
+    }
     /// Background work of the controller (merging, promotion), run by the pool's maintenance
     /// thread; returns whether it did something (and should be called again soon).
     fn maintain(&self, _log: &Log) -> Result<bool> {

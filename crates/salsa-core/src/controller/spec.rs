@@ -28,6 +28,8 @@ pub struct VolumeSpec {
     /// AMF: user streams, segments written at once that never share a log segment (1 to 8;
     /// `None`: 1).
     pub segment_streams: Option<u8>,
+    /// LSA: how pages are compressed (default off).
+    pub compression: super::compression::Compression,
 }
 
 impl VolumeSpec {
@@ -43,6 +45,7 @@ impl VolumeSpec {
             storage: Default::default(),
             segment_bytes: None,
             segment_streams: None,
+            compression: Default::default(),
         }
     }
 

@@ -16,8 +16,10 @@ use crate::util::{Decoder, Encoder, Truncated};
 /// version 11 share entries in records (SHARE's remap) and the shared pages in checkpoints;
 /// version 12 a rebuild's rate limit in the pool metadata (so that a resumed rebuild keeps it);
 /// version 13 the healthy member a rebuild replaces, which serves its slot until the rebuild
-/// ends (so that a restart keeps it in service when it is given again).
-pub const FORMAT_VERSION: u32 = 13;
+/// ends (so that a restart keeps it in service when it is given again); version 14 sized
+/// records (a nibble per data page: a compressed volume's pages differ in size) and the
+/// stored sizes of compressed volumes' pages in checkpoints.
+pub const FORMAT_VERSION: u32 = 14;
 /// Oldest format version this build reads. A version-5 pool opens as it is (its superblocks
 /// decode as a linear array without member ids; its records and checkpoint are unchanged) and
 /// its pool metadata is rewritten as version 6 by the first write after it opens.
@@ -172,6 +174,7 @@ mod tests {
             start_grain: 1,
             page_grains: 1,
             pad_grains: 3,
+            data_sizes: None,
             entries: vec![
                 MetaEntry::Data {
                     page: 5,
@@ -201,6 +204,68 @@ mod tests {
     }
 
     #[test]
+    fn sized_records_carry_each_data_page_size() {
+        let entries: Vec<MetaEntry> = (0..crate::format::sized_meta_entries_per_page(4096) as u64)
+            .map(|p| {
+                if p % 50 == 7 {
+                    MetaEntry::Trim {
+                        page: p,
+                        count: 2,
+                        seq: p + 1,
+                    }
+                } else {
+                    MetaEntry::Data {
+                        page: p,
+                        seq: p + 1,
+                        crc: p as u32,
+                    }
+                }
+            })
+            .collect();
+        let data = entries.iter().filter(|e| matches!(e, MetaEntry::Data { .. })).count();
+        let sizes: Vec<u8> = (0..data).map(|i| (i % 16 + 1) as u8).collect();
+        let meta = RecordMeta {
+            pool_id: 1,
+            segment: 2,
+            incarnation: 3,
+            volume_id: 4,
+            stream: StreamKind::User(0),
+            opened_seq: 5,
+            record_id: 6,
+            synced_through: 5,
+            start_grain: 0,
+            page_grains: 16,
+            pad_grains: 0,
+            entries,
+            data_sizes: Some(sizes.clone()),
+        };
+        let mut block = vec![0u8; 4096];
+        meta.encode_into(&mut block);
+        let back = RecordMeta::decode(&block).unwrap();
+        assert_eq!(back, meta);
+        let total: usize = sizes.iter().map(|&g| g as usize).sum();
+        assert_eq!(back.data_grains(), Some(total));
+        assert_eq!(back.span_grains(), Some(total + 1));
+        assert_eq!(back.data_grain(1000, 3), 1000 + 1 + 1 + 2 + 3);
+        let layout: Vec<(usize, u32)> = back.data_layout().take(3).collect();
+        assert_eq!(layout, vec![(0, 1), (1, 2), (3, 3)]);
+        // A size larger than the record's pages is refused, though the page's checksum holds.
+        let mut small = meta.clone();
+        small.page_grains = 15;
+        small.data_sizes = Some(sizes.iter().map(|&g| g.min(15)).collect());
+        small.encode_into(&mut block);
+        assert!(RecordMeta::decode(&block).is_ok());
+        let mut raw = block.clone();
+        // The page-grains field says 15 with the sized flag; rewrite it to 3 and re-seal.
+        let at = 8 + 4 + 16 + 4 + 8 + 4 + 1 + 8 + 8 + 8 + 4;
+        raw[at..at + 4].copy_from_slice(&(3 | crate::format::SIZED_RECORD).to_le_bytes());
+        let end = raw.len() - 4;
+        let crc = crc(&raw[..end]);
+        raw[end..].copy_from_slice(&crc.to_le_bytes());
+        assert!(RecordMeta::decode(&raw).is_err());
+    }
+
+    #[test]
     #[should_panic(expected = "exceeds 56 bits")]
     fn a_sequence_number_past_the_format_s_width_is_never_written_truncated() {
         let meta = RecordMeta {
@@ -215,6 +280,7 @@ mod tests {
             start_grain: 0,
             page_grains: 1,
             pad_grains: 0,
+            data_sizes: None,
             entries: vec![MetaEntry::Data {
                 page: 0,
                 seq: MAX_SEQ + 1,
@@ -257,6 +323,7 @@ mod tests {
             start_grain: 1,
             page_grains: 1,
             pad_grains: u32::MAX,
+            data_sizes: None,
             entries,
         };
         let mut block = vec![0u8; 4096];

@@ -93,12 +93,19 @@ const RECORD_HEADER_BYTES_V5: usize = 8 + 4 + 16 + 4 + 8 + 4 + 1 + 8 + 8 + 8 + 4
 
 /// How many entries (and their kind bits) fit one metadata page of `grain_bytes`.
 pub fn meta_entries_per_page(grain_bytes: usize) -> usize {
-    entries_after_header(grain_bytes, RECORD_HEADER_BYTES)
+    entries_after_header(grain_bytes, RECORD_HEADER_BYTES, false)
 }
 
-fn entries_after_header(grain_bytes: usize, header_bytes: usize) -> usize {
+/// How many entries fit the metadata page of a sized record (each may be a data page with
+/// its size nibble).
+pub fn sized_meta_entries_per_page(grain_bytes: usize) -> usize {
+    entries_after_header(grain_bytes, RECORD_HEADER_BYTES, true)
+}
+
+fn entries_after_header(grain_bytes: usize, header_bytes: usize, sized: bool) -> usize {
     let room = grain_bytes.saturating_sub(header_bytes + 4);
-    let fits = |n: usize| n * ENTRY_BYTES + n.div_ceil(8) <= room;
+    let nibbles = |n: usize| if sized { n.div_ceil(2) } else { 0 };
+    let fits = |n: usize| n * ENTRY_BYTES + n.div_ceil(8) + nibbles(n) <= room;
     let mut n = room * 8 / (ENTRY_BYTES * 8 + 1);
     while n > 0 && !fits(n) {
         n -= 1;
@@ -130,7 +137,17 @@ pub struct RecordMeta {
     /// after them.
     pub pad_grains: u32,
     pub entries: Vec<MetaEntry>,
+    /// Grains each data page takes, in slot order, when the record's pages differ in size (a
+    /// compressed volume's: each at most `page_grains`); `None`: every one takes
+    /// `page_grains`. Stored as a nibble per data page (grains less one) after the kind
+    /// bitmap, flagged by [`SIZED_RECORD`] in the page-grains field (format 14).
+    pub data_sizes: Option<Vec<u8>>,
 }
+
+/// Flag in a record's page-grains field: a nibble per data page tells its grains.
+pub const SIZED_RECORD: u32 = 1 << 31;
+/// Grains a page of a sized record takes at most (a nibble holds the grains less one).
+pub const MAX_SIZED_PAGE_GRAINS: u32 = 16;
 
 impl RecordMeta {
     /// The identity of the segment this record is in.
@@ -153,7 +170,42 @@ impl RecordMeta {
     /// The pool grain of data page `slot` (counting data entries only), the record lying in
     /// the segment whose first grain is `segment_base`: its pages follow its metadata page.
     pub fn data_grain(&self, segment_base: u64, slot: usize) -> u64 {
-        segment_base + self.start_grain as u64 + 1 + slot as u64 * self.page_grains as u64
+        segment_base + self.start_grain as u64 + 1 + self.data_offset(slot) as u64
+    }
+
+    /// Grains from the record's first data grain to data page `slot`'s.
+    pub fn data_offset(&self, slot: usize) -> usize {
+        match &self.data_sizes {
+            None => slot * self.page_grains as usize,
+            Some(sizes) => sizes[..slot].iter().map(|&g| g as usize).sum(),
+        }
+    }
+
+    /// Grains data page `slot` takes.
+    pub fn data_page_grains(&self, slot: usize) -> u32 {
+        match &self.data_sizes {
+            None => self.page_grains,
+            Some(sizes) => sizes[slot] as u32,
+        }
+    }
+
+    /// Per data page, in slot order: its offset from the first data grain and its grains.
+    pub fn data_layout(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        let mut at = 0usize;
+        (0..self.data_pages()).map(move |slot| {
+            let g = self.data_page_grains(slot);
+            let here = at;
+            at += g as usize;
+            (here, g)
+        })
+    }
+
+    /// Grains of all the record's data pages. `None` on overflow (a damaged page).
+    pub fn data_grains(&self) -> Option<usize> {
+        match &self.data_sizes {
+            None => self.data_pages().checked_mul(self.page_grains as usize),
+            Some(sizes) => Some(sizes.iter().map(|&g| g as usize).sum()),
+        }
     }
 
     /// The checksums of the record's data pages, in slot order.
@@ -172,10 +224,7 @@ impl RecordMeta {
     /// Grains from this record's metadata page to the next record's: the page, the data
     /// pages and the padding. `None` when the fields overflow (a damaged page).
     pub fn span_grains(&self) -> Option<usize> {
-        self.data_pages()
-            .checked_mul(self.page_grains as usize)?
-            .checked_add(1)?
-            .checked_add(self.pad_grains as usize)
+        self.data_grains()?.checked_add(1)?.checked_add(self.pad_grains as usize)
     }
 
     pub fn encode_into(&self, block: &mut [u8]) {
@@ -191,7 +240,7 @@ impl RecordMeta {
             .u64(self.record_id)
             .u64(self.synced_through)
             .u32(self.start_grain)
-            .u32(self.page_grains)
+            .u32(self.page_grains | if self.data_sizes.is_some() { SIZED_RECORD } else { 0 })
             .u32(self.pad_grains)
             .u32(self.data_pages() as u32)
             .u32(self.slots());
@@ -204,6 +253,18 @@ impl RecordMeta {
             slot += entry.slots() as usize;
         }
         e.raw(&trims);
+        if let Some(sizes) = &self.data_sizes {
+            assert_eq!(sizes.len(), self.data_pages(), "a size per data page");
+            let mut nibbles = vec![0u8; sizes.len().div_ceil(2)];
+            for (i, &g) in sizes.iter().enumerate() {
+                assert!(
+                    g >= 1 && g as u32 <= self.page_grains.min(MAX_SIZED_PAGE_GRAINS),
+                    "data page of {g} grains"
+                );
+                nibbles[i / 2] |= (g - 1) << (4 * (i % 2));
+            }
+            e.raw(&nibbles);
+        }
         // Pages and trim lengths fit 32 bits: a volume has at most 2^32 pages
         // (`MAX_VOLUME_PAGES`, checked when it is created or resized), and a trim covers 1 to
         // 2^32 pages, stored less one.
@@ -252,7 +313,9 @@ impl RecordMeta {
         let record_id = d.u64("record id")?;
         let synced_through = d.u64("synced through")?;
         let start_grain = d.u32("start grain")?;
-        let page_grains = d.u32("page grains")?;
+        let page_grains_field = d.u32("page grains")?;
+        let sized = page_grains_field & SIZED_RECORD != 0;
+        let page_grains = page_grains_field & !SIZED_RECORD;
         let (pad_grains, header_bytes) = if version >= 6 {
             (d.u32("pad grains")?, RECORD_HEADER_BYTES)
         } else {
@@ -260,10 +323,23 @@ impl RecordMeta {
         };
         let data_pages = d.u32("data pages")? as usize;
         let count = d.u32("entry count")? as usize;
-        if count > entries_after_header(block.len(), header_bytes) || page_grains == 0 {
+        if count > entries_after_header(block.len(), header_bytes, sized) || page_grains == 0 {
             return Err(FormatError::Invalid("entry count".into()));
         }
+        if sized && (version < 14 || data_pages > count || page_grains > MAX_SIZED_PAGE_GRAINS) {
+            return Err(FormatError::Invalid("sized record".into()));
+        }
         let trims = d.take(count.div_ceil(8), "trim bitmap")?.to_vec();
+        let data_sizes = if sized {
+            let nibbles = d.take(data_pages.div_ceil(2), "data page sizes")?;
+            let sizes: Vec<u8> = (0..data_pages).map(|i| (nibbles[i / 2] >> (4 * (i % 2)) & 0xF) + 1).collect();
+            if sizes.iter().any(|&g| g as u32 > page_grains) {
+                return Err(FormatError::Invalid("data page larger than the record's pages".into()));
+            }
+            Some(sizes)
+        } else {
+            None
+        };
         let is_trim = |i: usize| trims[i / 8] & (1 << (i % 8)) != 0;
         let mut entries = Vec::with_capacity(count);
         let slot = |d: &mut Decoder<'_>| -> Result<(u32, u32, u64), FormatError> {
@@ -320,6 +396,7 @@ impl RecordMeta {
             page_grains,
             pad_grains,
             entries,
+            data_sizes,
         };
         if meta.data_pages() != data_pages {
             return Err(FormatError::Invalid("data page count".into()));

@@ -109,7 +109,7 @@ fn chained_record(
         return None;
     }
     let span = meta.span_grains()?;
-    let data_grains = meta.data_pages().checked_mul(meta.page_grains as usize)?;
+    let data_grains = meta.data_grains()?;
     if pos.checked_add(1 + data_grains)? > gps {
         return None;
     }
@@ -418,15 +418,15 @@ fn walk_live_window(
     let mut pages: Vec<(usize, usize)> = Vec::new();
     let mut held: Vec<Vec<bool>> = Vec::with_capacity(records.len());
     for r in records {
-        let pg = r.meta.page_grains as usize;
         let mut record_held = Vec::new();
-        for e in r.meta.entries.iter().filter(|e| matches!(e, MetaEntry::Data { .. })) {
+        let layout = r.meta.data_layout();
+        for (e, (offset, pg)) in r.meta.entries.iter().filter(|e| matches!(e, MetaEntry::Data { .. })).zip(layout) {
             let slot = record_held.len();
             let is_live = live(&r.meta, slot, e);
             record_held.push(is_live);
             if is_live {
-                let at = r.pos - start + 1 + slot * pg;
-                pages.push((at, at + pg));
+                let at = r.pos - start + 1 + offset;
+                pages.push((at, at + pg as usize));
             }
         }
         held.push(record_held);

@@ -59,6 +59,8 @@ pub struct Geometry {
     pub total_grains: u64,
     /// Entries one metadata page holds.
     pub meta_entries: u32,
+    /// Entries the metadata page of a sized record holds (each data page's size beside it).
+    pub sized_meta_entries: u32,
     /// A metadata page follows at most this many data pages.
     pub meta_interval_pages: u32,
 }
@@ -101,6 +103,9 @@ pub struct Counters {
     pub gc_wait_timeouts: AtomicU64,
     /// User bytes that records held in the writers' payloads instead of copying.
     pub user_bytes_held: AtomicU64,
+    /// Bytes compressing volumes' writes did not store: their pages' bytes less the bytes
+    /// of their stored forms.
+    pub compressed_bytes_saved: AtomicU64,
     /// Zeros written after records so that flushes end on full stripes (parity arrays
     /// without a parity buffer).
     pub pad_bytes_written: AtomicU64,

@@ -178,7 +178,11 @@ impl RecordBuf {
         let b = self.bytes.read();
         let n_grains = self.span_grains.load(SeqCst) as u64;
         debug_assert!(n_grains as usize * grain_bytes <= b.own.len());
-        if grain < self.first_grain || grain >= self.first_grain + n_grains {
+        // The whole page must lie in the record: a reader that raced a rewrite may ask for
+        // more grains than the page at `grain` has (a compressed page's size read beside an
+        // older map entry); it then reads the device and fails the checksum.
+        let grains = out.len().div_ceil(grain_bytes) as u64;
+        if grain < self.first_grain || grain + grains > self.first_grain + n_grains {
             return false;
         }
         b.copy_out((grain - self.first_grain) as u32, out, grain_bytes);

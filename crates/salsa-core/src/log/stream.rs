@@ -82,6 +82,9 @@ pub struct Streams {
     /// records of smaller pages too ([`Streams::place_each_sized`]: the dual-mapping
     /// controller's small pages), each telling its size in its metadata.
     page_grains: u32,
+    /// Pages placed may be smaller than `page_grains` (a compressed volume's): records carry
+    /// each data page's size ([`RecordMeta::data_sizes`]).
+    sized: bool,
     layout: StreamLayout,
     /// User streams first, then GC streams, as [`StreamLayout::kinds`].
     /// std's mutex, not parking_lot's: writers contend for a stream's lock, and parking_lot
@@ -100,6 +103,7 @@ impl Streams {
         Streams {
             volume_id,
             page_grains,
+            sized: false,
             layout,
             streams: layout
                 .kinds()
@@ -123,6 +127,22 @@ impl Streams {
     pub fn on_types(mut self, types: &'static [StorageType]) -> Streams {
         self.types = types;
         self
+    }
+
+    /// The same streams, placing pages of any size up to the volume's page, each record
+    /// telling its pages' sizes.
+    pub fn sized(mut self, sized: bool) -> Streams {
+        self.sized = sized;
+        self
+    }
+
+    /// Metadata slots a record of these streams holds.
+    fn meta_entries(&self, log: &Log) -> u32 {
+        if self.sized {
+            log.geo.sized_meta_entries
+        } else {
+            log.geo.meta_entries
+        }
     }
 
     /// The storage types the streams write, in preference order.
@@ -208,10 +228,11 @@ impl Streams {
                 page_grains: pg,
                 pad_grains: 0,
                 entries: Vec::new(),
+                data_sizes: self.sized.then(Vec::new),
             },
             data_grains: 0,
             pages_left: pages,
-            entries_left: geo.meta_entries,
+            entries_left: self.meta_entries(log),
             gc_moves: false,
         });
         Prep::Ready
@@ -468,9 +489,9 @@ impl Streams {
         commit: impl FnOnce(u64, &mut OpenRecord) -> R,
     ) -> Result<R> {
         assert!(
-            slots >= 1 && slots <= log.geo.meta_entries,
+            slots >= 1 && slots <= self.meta_entries(log),
             "{slots} slots in one record; a metadata page has {}",
-            log.geo.meta_entries
+            self.meta_entries(log)
         );
         self.place_one(log, kind, purpose, self.page_grains, slots, page, commit)
     }
@@ -513,19 +534,30 @@ impl Streams {
                             // A record is sealed when its last page slot is taken, so an open
                             // one always has a slot (and `OpenRecord::push` asserts it).
                             Some(PageData { bytes: data, held_in }) => {
+                                // A sized record's page may be smaller than the record's
+                                // pages (a compressed page); every other is a whole page.
+                                let grains = (data.len() / gb) as u32;
+                                assert!(
+                                    data.len() % gb == 0 && grains >= 1 && grains <= pg && (grains == pg || rec.meta.data_sizes.is_some()),
+                                    "a data page of {} bytes in a record of {pg}-grain pages",
+                                    data.len()
+                                );
                                 let slot = 1 + rec.data_grains as usize;
-                                let kept = held_in.is_some_and(|(payload, at)| bytes.hold(slot as u32, pg, payload, at, gb));
+                                let kept = held_in.is_some_and(|(payload, at)| bytes.hold(slot as u32, grains, payload, at, gb));
                                 let record_start = rec.meta.start_grain as u64 * gb as u64;
                                 if kept {
                                     held_bytes += data.len() as u64;
-                                    bytes.add_parity(slot as u32, pg, gb, record_start);
+                                    bytes.add_parity(slot as u32, grains, gb, record_start);
                                 } else {
                                     bytes.own[slot * gb..slot * gb + data.len()].copy_from_slice(data);
-                                    bytes.add_parity_copied(slot as u32, pg, gb, record_start, data);
+                                    bytes.add_parity_copied(slot as u32, grains, gb, record_start, data);
                                 }
-                                rec.data_grains += pg;
+                                if let Some(sizes) = rec.meta.data_sizes.as_mut() {
+                                    sizes.push(grains as u8);
+                                }
+                                rec.data_grains += grains;
                                 let grain = rec.buf.first_grain + slot as u64;
-                                log.capacity.add_valid(rec.buf.segment, pg);
+                                log.capacity.add_valid(rec.buf.segment, grains);
                                 grain
                             }
                             None => rec.buf.segment as u64,

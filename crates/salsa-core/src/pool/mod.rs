@@ -355,10 +355,10 @@ impl Pool {
                     bytes: gb as u32,
                     crc: None,
                 });
-                for (slot, crc) in meta.data_crcs().enumerate() {
+                for (crc, (offset, grains)) in meta.data_crcs().zip(meta.data_layout()) {
                     pages.push(PageCheck {
-                        grain: meta.data_grain(base, slot),
-                        bytes: (meta.page_grains as u64 * gb) as u32,
+                        grain: base + meta.start_grain as u64 + 1 + offset as u64,
+                        bytes: (grains as u64 * gb) as u32,
                         crc: Some(crc),
                     });
                 }

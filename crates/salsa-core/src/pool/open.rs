@@ -905,6 +905,7 @@ fn geometry(sb: &Superblock) -> Geometry {
         total_segments: sb.total_segments,
         total_grains: sb.total_segments as u64 * gps as u64,
         meta_entries: meta_entries_per_page(grain as usize) as u32,
+        sized_meta_entries: crate::format::sized_meta_entries_per_page(grain as usize) as u32,
         meta_interval_pages: sb.meta_interval_pages.min(meta_entries_per_page(grain as usize) as u32),
     }
 }

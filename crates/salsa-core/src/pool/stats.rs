@@ -48,6 +48,9 @@ pub struct Stats {
     /// Victims the GC waited a full second for, for writers to take replaced pages off their
     /// count (0 unless something is wrong).
     pub gc_wait_timeouts: u64,
+    /// Bytes compressing volumes' writes did not store (their pages' bytes less their stored
+    /// forms'), since the pool was opened.
+    pub compressed_bytes_saved: u64,
     /// User bytes written that records held in the writers' payload buffers instead of
     /// copying them (zero-copy writes, [`Volume::write_payload`](crate::Volume::write_payload)).
     pub user_bytes_held: u64,
@@ -154,7 +157,11 @@ impl Pool {
             .values()
             .map(|v| {
                 let mut s = v.stats();
+                s.stored_bytes = v.mapped_grains() * self.eng.log.geo().grain_bytes as u64;
                 s.mapped_bytes += self.eng.dirty.reserved_bytes_of(v.id());
+                if s.compression.is_empty() {
+                    s.compression = "off".into();
+                }
                 s
             })
             .collect();
@@ -240,6 +247,7 @@ impl Pool {
             paced_by_write_back: self.eng.pacer.paced_by_write_back.load(SeqCst),
             gc_wait_timeouts: c.gc_wait_timeouts.load(SeqCst),
             user_bytes_held: c.user_bytes_held.load(SeqCst),
+            compressed_bytes_saved: c.compressed_bytes_saved.load(SeqCst),
             payload_buffer_bytes: self.eng.log.payloads().outstanding_bytes() as u64,
             map_memory_bytes: vols.iter().map(|v| v.map_memory_bytes).sum(),
             crc_table_memory_bytes: self.eng.log.crc_table().len() as u64 * 4,

@@ -240,6 +240,49 @@ impl Pool {
         Ok(())
     }
 
+    /// Changes how a volume compresses new writes, durably; pages already written stay as
+    /// they are stored until rewritten. An LSA volume of pages larger than the grain only.
+    pub fn set_volume_compression(&self, name: &str, compression: crate::Compression) -> Result<()> {
+        self.eng.log.check_writable()?;
+        let vol = self.volume(name)?.vol;
+        if vol.kind() != ControllerKind::Lsa {
+            return Err(Error::InvalidArgument(format!(
+                "volume {name:?} is a {} volume: only LSA volumes compress",
+                vol.kind().name()
+            )));
+        }
+        let spec = VolumeSpec {
+            compression,
+            ..VolumeSpec::lsa(vol.page_bytes())
+        };
+        crate::controller::settings_for(&spec, vol.size_bytes(), self.eng.log.geo()).map_err(Error::InvalidArgument)?;
+        let pages = vol.size_bytes() / vol.page_bytes() as u64;
+        // No GC victim of this volume may be in progress while its streams are replaced.
+        let _gc = self.eng.gc_lock.write();
+        let placement_name = {
+            let mut meta = self.eng.log.meta().lock();
+            let mut next = meta.clone();
+            let mut placement_name = String::new();
+            for v in next.volumes.iter_mut().filter(|v| v.id == vol.id()) {
+                placement_name = v.placement.clone();
+                let key = crate::controller::lsa::SETTING_COMPRESSION;
+                match v.settings.iter_mut().find(|(k, _)| *k == key) {
+                    Some(setting) => setting.1 = compression.to_setting(),
+                    // A volume that never compressed records nothing while it stays off.
+                    None if compression.is_on() => v.settings.push((key, compression.to_setting())),
+                    None => {}
+                }
+            }
+            if next != *meta {
+                self.eng.log.write_pool_meta(&mut next)?;
+                *meta = next;
+            }
+            placement_name
+        };
+        let placement = self.policies.placement(&placement_name, pages).map_err(Error::InvalidArgument)?;
+        vol.set_compression(&self.eng.log, compression, placement, &placement_name)
+    }
+
     /// A handle on a volume.
     pub fn volume(&self, name: &str) -> Result<Volume> {
         let found = self.eng.volumes.read().values().find(|v| v.name() == name).cloned();

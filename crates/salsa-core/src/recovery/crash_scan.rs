@@ -108,19 +108,19 @@ fn scan_part(eng: &Engine, geo: &ScanGeometry, t: u32, threads: u32, done: &std:
             s += threads;
             continue;
         }
-        let pb = |m: &RecordMeta| m.page_grains as usize * geo.grain_bytes;
+        let gb = geo.grain_bytes;
         let h = walk_segment(eng.log.array(), eng.log.buffers(), geo, s, false, |header, meta, data| {
-            let size = pb(meta);
             let base = s as u64 * geo.grains_per_segment as u64;
             let intact = meta
                 .data_crcs()
+                .zip(meta.data_layout())
                 .enumerate()
-                .map(|(i, crc)| {
+                .map(|(i, (crc, (offset, grains)))| {
+                    let (at, size) = (offset * gb, grains as usize * gb);
                     // A page that fails its checksum may be torn, or damaged on
                     // one member of a redundant array: then the redundancy
                     // holds it whole.
-                    crc32c::crc32c(&data[i * size..(i + 1) * size]) == crc
-                        || eng.log.repair_page(meta.data_grain(base, i), size, crc).is_some()
+                    crc32c::crc32c(&data[at..at + size]) == crc || eng.log.repair_page(meta.data_grain(base, i), size, crc).is_some()
                 })
                 .collect();
             out.push(Found {

@@ -140,7 +140,7 @@ impl VolumeIo for LsaVolume {
     }
 
     fn mapped_grains(&self) -> u64 {
-        self.mapped_pages.load(SeqCst) * self.page_grains as u64
+        self.data_grains()
     }
 
     fn share(&self, log: &Log, remaps: &[super::PageRemap]) -> Result<()> {

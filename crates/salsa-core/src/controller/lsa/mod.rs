@@ -14,6 +14,7 @@ mod share;
 use share::{Leave, SharedPages};
 pub use share::{PageRemap, MAX_SHARE_OWNERS, MAX_SHARE_RANGES};
 
+use super::compression::{self, Compression};
 use super::map::{Entry, PageMap};
 use super::{Controller, ControllerStats, Reference, ScannedRecord};
 use crate::device::StorageType;
@@ -35,6 +36,10 @@ const STRIPES: usize = 256;
 /// Volume-table setting: the storage class written to ([`crate::log::StorageClass`]; absent:
 /// any).
 pub const SETTING_STORAGE: u16 = 1;
+/// Volume-table setting: how new writes are compressed ([`Compression::to_setting`]).
+/// Present once a volume has compressed (even when turned off since): its pages may be
+/// stored compressed, so its map keeps their sizes and its records carry them.
+pub const SETTING_COMPRESSION: u16 = 2;
 /// Pages one device read of a run covers at most (1 MiB of 4 KiB pages): the buffer it needs
 /// is bounded.
 const MAX_RUN_PAGES: usize = 256;
@@ -60,6 +65,11 @@ pub struct LsaVolume {
     stripes: Box<[Mutex<()>]>,
     /// Pages currently mapped to data.
     pub mapped_pages: AtomicU64,
+    /// Grains the mapped pages' data takes (less than their pages' when compressed).
+    mapped_grains: AtomicU64,
+    /// How new writes are compressed ([`Compression::to_setting`]); only a volume whose map
+    /// keeps stored sizes compresses.
+    compression: AtomicU64,
     /// Bytes of the volume's live data the GC moved (its share of the relocation traffic).
     pub relocated_bytes: AtomicU64,
     pub deleted: AtomicBool,
@@ -86,10 +96,17 @@ struct Placing {
 }
 
 impl Placing {
-    fn new(volume_id: u32, page_grains: u32, placement: Box<dyn Placement>, name: &str, types: &'static [StorageType]) -> Placing {
+    fn new(
+        volume_id: u32,
+        page_grains: u32,
+        placement: Box<dyn Placement>,
+        name: &str,
+        types: &'static [StorageType],
+        sized: bool,
+    ) -> Placing {
         let layout = StreamLayout::of(placement.as_ref());
         Placing {
-            streams: Arc::new(Streams::new(volume_id, page_grains, layout).on_types(types)),
+            streams: Arc::new(Streams::new(volume_id, page_grains, layout).on_types(types).sized(sized)),
             placement,
             name: name.to_string(),
         }
@@ -144,7 +161,28 @@ impl LsaVolume {
     /// A volume as recorded in the volume table, with an empty map and its placement policy,
     /// writing only segments of its storage class (a hybrid volume's: slow).
     pub fn new(rec: &VolumeRecord, map: PageMap, grain_bytes: u32, placement: Box<dyn Placement>, storage: StorageClass) -> LsaVolume {
+        LsaVolume::new_compressing(rec, map, grain_bytes, placement, storage, None)
+    }
+
+    /// [`LsaVolume::new`] of a volume that compresses (`Some`, even when now off: its pages
+    /// may be stored compressed): its map keeps stored sizes and its streams write sized
+    /// records.
+    pub fn new_compressing(
+        rec: &VolumeRecord,
+        map: PageMap,
+        grain_bytes: u32,
+        placement: Box<dyn Placement>,
+        storage: StorageClass,
+        compression: Option<Compression>,
+    ) -> LsaVolume {
         let page_grains = rec.page_bytes / grain_bytes;
+        let sized = compression.is_some();
+        assert!(
+            !sized || (page_grains > 1 && page_grains <= crate::format::MAX_SIZED_PAGE_GRAINS),
+            "a compressing volume's pages are 2 to {} grains",
+            crate::format::MAX_SIZED_PAGE_GRAINS
+        );
+        let map = if sized { map.with_stored_sizes() } else { map };
         LsaVolume {
             kind: if rec.controller == crate::format::ControllerKind::Extent {
                 crate::format::ControllerKind::Extent
@@ -157,10 +195,12 @@ impl LsaVolume {
             page_grains,
             size_bytes: AtomicU64::new(rec.size_bytes),
             map: RwLock::new(map),
-            placing: ArcSwap::from_pointee(Placing::new(rec.id, page_grains, placement, &rec.placement, storage.types())),
+            placing: ArcSwap::from_pointee(Placing::new(rec.id, page_grains, placement, &rec.placement, storage.types(), sized)),
             storage,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             mapped_pages: AtomicU64::new(0),
+            mapped_grains: AtomicU64::new(0),
+            compression: AtomicU64::new(compression.unwrap_or_default().to_setting()),
             relocated_bytes: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
             gate: RwLock::new(()),
@@ -201,7 +241,8 @@ impl LsaVolume {
     pub fn replace_placement(&self, log: &Log, placement: Box<dyn Placement>, name: &str) -> Result<()> {
         log.remove_streams(self.id)?;
         placement.resize(self.map.read().pages());
-        let placing = Placing::new(self.id, self.page_grains, placement, name, self.storage.types());
+        let sized = self.map.read().has_stored_sizes();
+        let placing = Placing::new(self.id, self.page_grains, placement, name, self.storage.types(), sized);
         let streams = placing.streams.clone();
         self.placing.store(Arc::new(placing));
         log.add_streams(self.id, streams);
@@ -244,12 +285,34 @@ impl LsaVolume {
         &self.stripes[(page % STRIPES as u64) as usize]
     }
 
-    /// Accounts for `page`'s map entry `old`, which record `killer` replaced. A shared page's
-    /// data dies with its last owner.
-    fn invalidate(&self, log: &Log, page: u64, old: Entry, killer: u64) {
+    /// How new writes are compressed.
+    pub fn compression(&self) -> Compression {
+        // Only values `to_setting` made are stored.
+        Compression::from_setting(self.compression.load(SeqCst)).unwrap_or_default()
+    }
+
+    /// Grains the data of `page`, mapped, takes as stored (its stored size; a whole page
+    /// unless compressed).
+    fn stored_grains(&self, map: &PageMap, page: u64) -> u32 {
+        match map.stored_grains(page) {
+            0 => self.page_grains,
+            g => g as u32,
+        }
+    }
+
+    /// Grains the mapped pages' data takes.
+    pub fn data_grains(&self) -> u64 {
+        self.mapped_grains.load(SeqCst)
+    }
+
+    /// Accounts for `page`'s map entry `old` (its data `old_grains` grains), which record
+    /// `killer` replaced by data of `new_grains` grains. A shared page's data dies with its
+    /// last owner.
+    fn invalidate(&self, log: &Log, page: u64, old: Entry, old_grains: u32, new_grains: u32, killer: u64) {
         match old {
-            Entry::Unmapped => self.count_mapped(log, true),
+            Entry::Unmapped => self.count_mapped(log, 1, new_grains as i64),
             Entry::Mapped(g) => {
+                self.count_mapped(log, 0, new_grains as i64 - old_grains as i64);
                 let (leave, entry) = self.shared.leave(g, page);
                 if let Some(s) = entry {
                     log.drop_tombstone(s, Some(killer));
@@ -262,24 +325,30 @@ impl LsaVolume {
                     log.note_killer(log.geo().segment_of(g), killer);
                 } else {
                     log.cache_forget(g);
-                    log.drop_data(log.geo().segment_of(g), self.page_grains, Some(killer))
+                    log.drop_data(log.geo().segment_of(g), old_grains, Some(killer))
                 }
             }
             Entry::Trimmed(s) => {
-                self.count_mapped(log, true);
+                self.count_mapped(log, 1, new_grains as i64);
                 log.drop_tombstone(s, Some(killer));
             }
         }
     }
 
-    fn count_mapped(&self, log: &Log, up: bool) {
-        if up {
-            self.mapped_pages.fetch_add(1, SeqCst);
-            log.add_mapped_grains(self.page_grains as i64);
+    /// Counts `pages` more mapped pages whose data takes `grains` more grains (either may be
+    /// negative).
+    fn count_mapped(&self, log: &Log, pages: i64, grains: i64) {
+        if pages >= 0 {
+            self.mapped_pages.fetch_add(pages as u64, SeqCst);
         } else {
-            self.mapped_pages.fetch_sub(1, SeqCst);
-            log.add_mapped_grains(-(self.page_grains as i64));
+            self.mapped_pages.fetch_sub(pages.unsigned_abs(), SeqCst);
         }
+        if grains >= 0 {
+            self.mapped_grains.fetch_add(grains as u64, SeqCst);
+        } else {
+            self.mapped_grains.fetch_sub(grains.unsigned_abs(), SeqCst);
+        }
+        log.add_mapped_grains(grains);
     }
 
     /// Asks the placement policy for a user write's stream.
@@ -336,12 +405,42 @@ impl LsaVolume {
         mapped: &mut dyn FnMut(u64, u64),
     ) -> Result<()> {
         let pb = self.page_bytes as usize;
+        let gb = log.geo().grain_bytes as usize;
         debug_assert_eq!(data.len() % pb, 0);
         let count = data.len() / pb;
         let _inflight = log.invalidation_guard();
         // Pages the placement sends to the same stream go down in runs of at most one record,
         // which take the stream's lock once rather than once per page.
         let kinds: Vec<StreamKind> = (0..count).map(|i| self.classify(log, map, first + i as u64)).collect();
+        // A compressing volume's pages as stored, compressed before any lock is taken: each
+        // page's stored bytes (`None`: the page as it is) and their grains.
+        let compression = if map.has_stored_sizes() {
+            self.compression()
+        } else {
+            Compression::Off
+        };
+        let compressed: Vec<Option<Vec<u8>>> = if compression.is_on() {
+            (0..count)
+                .map(|i| {
+                    let mut out = Vec::new();
+                    compression.compress(&data[i * pb..(i + 1) * pb], gb, &mut out).map(|_| out)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let stored = |i: usize| -> &[u8] {
+            match compressed.get(i) {
+                Some(Some(bytes)) => bytes,
+                _ => &data[i * pb..(i + 1) * pb],
+            }
+        };
+        if compression.is_on() {
+            let stored_bytes: usize = (0..count).map(|i| stored(i).len()).sum();
+            log.counters()
+                .compressed_bytes_saved
+                .fetch_add((data.len() - stored_bytes) as u64, SeqCst);
+        }
         let run_limit = log.geo().meta_interval_pages as usize;
         let mut crcs = Vec::with_capacity(count.min(run_limit));
         // Where each page went, for the read cache (see `Log::cache_written`).
@@ -351,65 +450,95 @@ impl LsaVolume {
         while start < count {
             let cap = (start + run_limit).min(count);
             let end = (start + 1..cap).find(|&i| kinds[i] != kinds[start]).unwrap_or(cap);
-            let page_data = |i: usize| &data[(start + i) * pb..(start + i + 1) * pb];
             // Checksums before taking the stream's lock: writers contend for it, so it guards
             // only the copy into the record and the map update.
             crcs.clear();
-            crcs.extend((0..end - start).map(|i| crc32c::crc32c(page_data(i))));
+            crcs.extend((start..end).map(|i| crc32c::crc32c(stored(i))));
             self.placing.load().streams.place_each(
                 log,
                 kinds[start],
                 Purpose::User,
                 end - start,
                 |i| {
+                    let bytes = stored(start + i);
                     Some(PageData {
-                        bytes: page_data(i),
-                        held_in: payload.map(|(p, at)| (p, at + (start + i) * pb)),
+                        bytes,
+                        // Only a page stored as it is can stay in the client's buffer.
+                        held_in: payload.filter(|_| bytes.len() == pb).map(|(p, at)| (p, at + (start + i) * pb)),
                     })
                 },
                 |i, grain, rec| {
                     let (page, crc) = (first + (start + i) as u64, crcs[i]);
+                    let grains = (stored(start + i).len() / gb) as u32;
                     log.set_crc(grain, crc);
                     if caching {
                         placed.push((start + i, grain, log.generation_of(grain)));
                     }
-                    let old = {
+                    let (old, old_grains) = {
                         let _stripe = self.stripe(page).lock();
                         let seq = log.next_seq();
                         rec.push(MetaEntry::Data { page, seq, crc });
-                        map.swap(page, Entry::Mapped(grain))
+                        let old = map.swap(page, Entry::Mapped(grain));
+                        let old_size = map.swap_stored_grains(page, if grains == self.page_grains { 0 } else { grains as u8 });
+                        (old, if old_size == 0 { self.page_grains } else { old_size as u32 })
                     };
                     // At once, not after the run: the GC cleaning the old version's segment
                     // waits for its count to reach zero, and the rest of the run may wait for
                     // the GC (a throttled allocation).
-                    self.invalidate(log, page, old, rec.buf.record_id);
+                    self.invalidate(log, page, old, old_grains, grains, rec.buf.record_id);
                     mapped(page, rec.buf.record_id);
                 },
             )?;
             for (i, grain, generation) in placed.drain(..) {
-                log.cache_written(grain, generation, &data[i * pb..(i + 1) * pb]);
+                log.cache_written(grain, generation, stored(i));
             }
             start = end;
         }
         Ok(())
     }
 
-    /// Reads one whole page, verifying its checksum.
+    /// Reads one whole page, verifying its checksum (and decompressing it when it is stored
+    /// compressed).
     pub fn read_page(&self, log: &Log, map: &PageMap, page: u64, out: &mut [u8]) -> Result<()> {
+        let gb = log.geo().grain_bytes as usize;
+        let mut stored = Vec::new();
         loop {
             let raw = map.load_raw(page);
             let Entry::Mapped(g) = map.encoding.decode(raw) else {
                 out.fill(0);
                 return Ok(());
             };
-            match log.read_page(g, out, || map.load_raw(page) == raw)? {
+            let size = map.stored_grains(page);
+            let read = if size == 0 {
+                log.read_page(g, out, || map.load_raw(page) == raw)?
+            } else {
+                stored.resize(size as usize * gb, 0);
+                match log.read_page(g, &mut stored, || map.load_raw(page) == raw && map.stored_grains(page) == size)? {
+                    PageRead::Intact => match compression::decompress(&stored, out) {
+                        Ok(()) => PageRead::Intact,
+                        Err(_) => PageRead::Damaged,
+                    },
+                    other => other,
+                }
+            };
+            match read {
                 PageRead::Intact => return Ok(()),
                 PageRead::Moved => continue,
                 PageRead::Damaged => {
+                    // A writer changes a page's entry and its stored size together under the
+                    // page's lock, and a reader reads them without it: the pair read may
+                    // straddle a rewrite. Under the lock it is consistent; only when it still
+                    // names what was read is the page damaged.
+                    if size != 0 {
+                        let _stripe = self.stripe(page).lock();
+                        if map.load_raw(page) != raw || map.stored_grains(page) != size {
+                            continue;
+                        }
+                    }
                     return Err(Error::ChecksumMismatch {
                         volume: self.name.clone(),
                         page,
-                    })
+                    });
                 }
             }
         }
@@ -432,7 +561,8 @@ impl LsaVolume {
                 let page = base + k as u64;
                 let raw = map.load_raw(page);
                 match map.encoding.decode(raw) {
-                    Entry::Mapped(g) => mapped.push((g, raw, page, chunk)),
+                    // A compressed page is read and decompressed alone.
+                    Entry::Mapped(g) if map.stored_grains(page) == 0 => mapped.push((g, raw, page, chunk)),
                     _ => self.read_page(log, map, page, chunk)?,
                 }
             }
@@ -510,7 +640,7 @@ impl LsaVolume {
                             }
                             log.add_tombstone(seg);
                             if map.compare_exchange(p, cur, Entry::Trimmed(seg)) {
-                                olds.push((p, cur));
+                                olds.push((p, cur, self.stored_grains(map, p)));
                                 break;
                             }
                             log.drop_tombstone(seg, None);
@@ -519,19 +649,19 @@ impl LsaVolume {
                     (olds, rec.buf.record_id)
                 })?;
         let (olds, killer) = olds;
-        for (page, old) in olds {
-            self.invalidate_trimmed(log, page, old, killer);
+        for (page, old, old_grains) in olds {
+            self.invalidate_trimmed(log, page, old, old_grains, killer);
         }
         Ok(Some(killer))
     }
 
     /// Accounts for `page`'s map entry `old`, which a trim (or a share of zeros) in record
     /// `killer` replaced with a tombstone.
-    fn invalidate_trimmed(&self, log: &Log, page: u64, old: Entry, killer: u64) {
+    fn invalidate_trimmed(&self, log: &Log, page: u64, old: Entry, old_grains: u32, killer: u64) {
         match old {
             Entry::Mapped(_) => {
-                self.count_mapped(log, false);
-                self.invalidate(log, page, old, killer);
+                self.count_mapped(log, -1, 0);
+                self.invalidate(log, page, old, old_grains, 0, killer);
             }
             Entry::Trimmed(s) => log.drop_tombstone(s, Some(killer)),
             Entry::Unmapped => {}
@@ -554,12 +684,17 @@ impl LsaVolume {
             walk.reclaim_told = true;
             placing.placement.segment_reclaimed(&walk.view, log.now_seq());
         }
-        let (victim, pb) = (walk.victim, self.page_bytes as usize);
+        let victim = walk.victim;
+        let gb = log.geo().grain_bytes as usize;
+        let first_data = walk.base + meta.start_grain as u64 + 1;
         let mut slot = 0usize;
+        let mut layout = meta.data_layout();
         for e in &meta.entries {
             match *e {
                 MetaEntry::Data { page, seq, crc } => {
-                    let grain = meta.data_grain(walk.base, slot);
+                    // (A data entry per layout item: `data_layout` counts the data entries.)
+                    let (offset, grains) = layout.next().unwrap_or((0, self.page_grains));
+                    let grain = first_data + offset as u64;
                     let this_slot = slot;
                     slot += 1;
                     let is_shared = self.shared.holds(grain);
@@ -570,10 +705,11 @@ impl LsaVolume {
                     // was dead and that is live (no path makes one today), read now, so that
                     // bytes not read can never be moved.
                     let read_now;
+                    let stored_bytes = grains as usize * gb;
                     let bytes: &[u8] = if held.holds(this_slot) {
-                        &data[this_slot * pb..(this_slot + 1) * pb]
+                        &data[offset * gb..offset * gb + stored_bytes]
                     } else {
-                        let mut buf = AlignedBuf::zeroed(pb);
+                        let mut buf = AlignedBuf::zeroed(stored_bytes);
                         if let Err(err) = log.array().read(grain, &mut buf) {
                             walk.failure = Some(err);
                             return;
@@ -606,15 +742,16 @@ impl LsaVolume {
                             map.compare_exchange(page, Entry::Mapped(grain), Entry::Mapped(new)),
                         )
                     });
+                    // A compressed page moves as it is stored, and keeps its stored size.
                     match r {
                         Ok((new, generation, true)) => {
                             log.cache_moved(grain, new, generation);
-                            log.drop_data(victim, self.page_grains, None);
-                            log.counters().gc_bytes_relocated.fetch_add(pb as u64, SeqCst);
-                            self.relocated_bytes.fetch_add(pb as u64, SeqCst);
+                            log.drop_data(victim, grains, None);
+                            log.counters().gc_bytes_relocated.fetch_add(stored_bytes as u64, SeqCst);
+                            self.relocated_bytes.fetch_add(stored_bytes as u64, SeqCst);
                         }
                         // Overwritten meanwhile: the copy is garbage at once.
-                        Ok((new, _, false)) => log.drop_data(log.geo().segment_of(new), self.page_grains, None),
+                        Ok((new, _, false)) => log.drop_data(log.geo().segment_of(new), grains, None),
                         Err(err) => {
                             walk.failure = Some(err);
                             return;
@@ -751,6 +888,28 @@ impl Controller for LsaVolume {
         self.replace_placement(log, placement, name)
     }
 
+    fn set_compression(&self, log: &Log, c: Compression, placement: Box<dyn Placement>, name: &str) -> Result<()> {
+        if self.kind != crate::format::ControllerKind::Lsa {
+            return Err(Error::InvalidArgument(format!(
+                "volume {:?} is not an LSA volume: only LSA volumes compress",
+                self.name
+            )));
+        }
+        // No I/O in flight while the map and the streams change.
+        let _gate = self.gate.write();
+        if c.is_on() && !self.map.read().has_stored_sizes() {
+            {
+                let mut map = self.map.write();
+                let with_sizes = map.grown(map.pages()).with_stored_sizes();
+                *map = with_sizes;
+            }
+            // Streams that write sized records (`replace_placement` asks the map).
+            self.replace_placement(log, placement, name)?;
+        }
+        self.compression.store(c.to_setting(), SeqCst);
+        Ok(())
+    }
+
     fn stats(&self) -> ControllerStats {
         ControllerStats {
             name: self.name.clone(),
@@ -759,6 +918,7 @@ impl Controller for LsaVolume {
             size_bytes: self.size_bytes(),
             page_bytes: self.page_bytes,
             mapped_bytes: self.mapped_pages.load(SeqCst) * self.page_bytes as u64,
+            compression: self.compression().name(),
             map_memory_bytes: self.map_memory_bytes(),
             placement: self.placing.load().name.clone(),
             placement_memory_bytes: self.placement_memory_bytes(),
@@ -819,13 +979,23 @@ impl Controller for LsaVolume {
         let map = self.map.read();
         let gps = log.geo().grains_per_segment as u64;
         let pg = self.page_grains as u64;
+        if r.meta.data_sizes.is_some() && !map.has_stored_sizes() {
+            tracing::warn!(
+                volume = %self.name,
+                segment = r.segment,
+                "a record of compressed pages for a volume that never compressed: skipped"
+            );
+            return;
+        }
         let first_data = r.segment as u64 * gps + r.meta.start_grain as u64 + 1;
-        let data_end = first_data + r.meta.data_pages() as u64 * pg;
+        let data_end = first_data + r.meta.data_grains().unwrap_or(0) as u64;
         let mut slot = 0usize;
+        let mut layout = r.meta.data_layout();
         for e in &r.meta.entries {
             match *e {
                 MetaEntry::Data { page, seq, crc } => {
-                    let grain = first_data + slot as u64 * pg;
+                    let (offset, grains) = layout.next().unwrap_or((0, self.page_grains));
+                    let grain = first_data + offset as u64;
                     let ok = r.trusted || r.intact.get(slot).copied().unwrap_or(false);
                     slot += 1;
                     if page < map.pages() {
@@ -838,6 +1008,7 @@ impl Controller for LsaVolume {
                     if ok && page < map.pages() && seq >= rs.best_seq[page as usize] {
                         rs.best_seq[page as usize] = seq;
                         map.store(page, Entry::Mapped(grain));
+                        map.swap_stored_grains(page, if grains == self.page_grains { 0 } else { grains as u8 });
                         // (Most pools share nothing: no hashing per entry then.)
                         if !rs.share_winners.is_empty() {
                             rs.share_winners.remove(&page);
@@ -917,7 +1088,8 @@ impl Controller for LsaVolume {
         }
         let shared: std::collections::HashSet<u64> = snapshot.iter().map(|(g, _)| *g).collect();
         let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
-        map.for_each_mapped(|_, v| {
+        let mut data_grains = 0u64;
+        map.for_each_mapped(|page, v| {
             if result.is_err() {
                 return;
             }
@@ -925,13 +1097,16 @@ impl Controller for LsaVolume {
                 Entry::Unmapped => Ok(()),
                 Entry::Mapped(g) if !shared.is_empty() && shared.contains(&g) && !seen.insert(g) => {
                     mapped += 1;
+                    data_grains += self.page_grains as u64;
                     Ok(())
                 }
                 Entry::Mapped(g) => {
+                    let grains = self.stored_grains(&map, page);
                     mapped += 1;
+                    data_grains += grains as u64;
                     visit(Reference::Data {
                         segment: (g / gps) as u32,
-                        grains: self.page_grains,
+                        grains,
                     })
                 }
                 Entry::Trimmed(segment) => visit(Reference::Tombstone { segment }),
@@ -939,7 +1114,8 @@ impl Controller for LsaVolume {
         });
         result?;
         self.mapped_pages.store(mapped, SeqCst);
-        Ok(mapped * self.page_grains as u64)
+        self.mapped_grains.store(data_grains, SeqCst);
+        Ok(data_grains)
     }
 
     fn image_bytes(&self) -> u64 {
@@ -947,13 +1123,15 @@ impl Controller for LsaVolume {
     }
 
     fn encode_image(&self, out: &mut Vec<u8>) {
-        self.map.read().encode_image(out);
+        let map = self.map.read();
+        map.encode_image(out);
+        map.encode_stored_sizes(out);
     }
 
     fn load_image(&self, d: &mut Decoder<'_>) -> Result<()> {
-        self.map
-            .read()
-            .load_image(d)
+        let map = self.map.read();
+        map.load_image(d)
+            .and_then(|()| map.load_stored_sizes(d, self.page_grains))
             .map_err(|what| Error::Corrupt(format!("checkpoint of volume {}: {what}", self.name)))
     }
 

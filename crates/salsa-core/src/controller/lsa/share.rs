@@ -299,6 +299,14 @@ impl LsaVolume {
     /// or sources scattered over too many places) is refused with nothing changed.
     pub fn share_pages(&self, log: &Log, remaps: &[PageRemap]) -> Result<()> {
         let map = self.map();
+        if map.has_stored_sizes() {
+            // A share entry names its sources' grains at one page's stride; a compressed
+            // page's data takes fewer grains than that.
+            return Err(Error::InvalidArgument(format!(
+                "share on volume {:?}: the volume compresses its pages, and share batches remap whole pages of uncompressed volumes only",
+                self.name
+            )));
+        }
         self.check_batch(remaps, map.pages())?;
         let pg = self.page_grains as u64;
         let max_slots = log.geo().meta_entries;
@@ -456,10 +464,12 @@ impl LsaVolume {
             }
         }
         for (page, old, mapped_now) in olds {
+            // (Share batches are refused on compressing volumes: every page is whole here.)
+            let pg = self.page_grains;
             if mapped_now {
-                self.invalidate(log, page, old, killer);
+                self.invalidate(log, page, old, pg, pg, killer);
             } else {
-                self.invalidate_trimmed(log, page, old, killer);
+                self.invalidate_trimmed(log, page, old, pg, killer);
             }
         }
     }

@@ -1,0 +1,287 @@
+//! Inline compression of a volume's pages: the codec a volume uses ([`Compression`], recorded
+//! in its volume-table entry as one setting) and the stored form of a compressed page.
+//!
+//! A page is compressed alone and stored in the smallest whole number of grains that holds
+//! it; a page that would not save at least one grain is stored as it is (decided by the
+//! compressor running out of room, so incompressible data costs one pass and no second
+//! copy). The stored form of a compressed page is an 8-byte header (codec, reserved zeros,
+//! compressed length) followed by the compressed bytes and zeros to the grain's end. The
+//! codec travels with the data, so a volume's codec can change while pages written with the
+//! old one stay readable.
+//!
+//! Invariants: a stored page is shorter than its page by at least one grain; decompression
+//! either yields exactly one page or fails (a damaged page is an error, never garbage; the
+//! log has checked the stored bytes' checksum before this runs).
+
+use std::cell::RefCell;
+
+/// Bytes in front of a compressed page's data: codec, three reserved bytes, length (u32 LE).
+pub const STORED_HEADER_BYTES: usize = 8;
+const CODEC_LZ4: u8 = 1;
+const CODEC_ZSTD: u8 = 2;
+/// zstd levels a volume may use.
+pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = 1..=19;
+const ZSTD_DEFAULT_LEVEL: i32 = 3;
+
+/// How a volume compresses the pages it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    #[default]
+    Off,
+    Lz4,
+    Zstd(i32),
+}
+
+impl Compression {
+    /// Parses `off`, `lz4`, `zstd` or `zstd:LEVEL`.
+    pub fn parse(s: &str) -> Result<Compression, String> {
+        match s {
+            "off" | "none" => Ok(Compression::Off),
+            "lz4" => Ok(Compression::Lz4),
+            "zstd" => Ok(Compression::Zstd(ZSTD_DEFAULT_LEVEL)),
+            _ => {
+                let level = s
+                    .strip_prefix("zstd:")
+                    .ok_or_else(|| format!("compression {s:?} is not off, lz4, zstd or zstd:LEVEL"))?;
+                let level: i32 = level.parse().map_err(|_| format!("zstd level {level:?} is not a number"))?;
+                if !ZSTD_LEVELS.contains(&level) {
+                    return Err(format!(
+                        "zstd level {level} is outside {} to {}",
+                        ZSTD_LEVELS.start(),
+                        ZSTD_LEVELS.end()
+                    ));
+                }
+                Ok(Compression::Zstd(level))
+            }
+        }
+    }
+
+    /// The name [`Compression::parse`] reads back.
+    pub fn name(&self) -> String {
+        match self {
+            Compression::Off => "off".into(),
+            Compression::Lz4 => "lz4".into(),
+            Compression::Zstd(level) => format!("zstd:{level}"),
+        }
+    }
+
+    /// The value of the volume-table setting: the codec in the low byte, zstd's level above.
+    pub fn to_setting(self) -> u64 {
+        match self {
+            Compression::Off => 0,
+            Compression::Lz4 => CODEC_LZ4 as u64,
+            Compression::Zstd(level) => CODEC_ZSTD as u64 | (level as u64) << 8,
+        }
+    }
+
+    /// Reads a setting value written by [`Compression::to_setting`].
+    pub fn from_setting(v: u64) -> Result<Compression, String> {
+        let level = (v >> 8) as i32;
+        match (v & 0xFF) as u8 {
+            0 if v == 0 => Ok(Compression::Off),
+            CODEC_LZ4 if v == CODEC_LZ4 as u64 => Ok(Compression::Lz4),
+            CODEC_ZSTD if v >> 8 <= *ZSTD_LEVELS.end() as u64 && ZSTD_LEVELS.contains(&level) => Ok(Compression::Zstd(level)),
+            _ => Err(format!("compression setting {v:#x} is unknown (written by a newer SALSA?)")),
+        }
+    }
+
+    pub fn is_on(&self) -> bool {
+        *self != Compression::Off
+    }
+
+    /// Compresses `page` into `out` (cleared first) as its stored form, a whole number of
+    /// `grain_bytes` grains, when that saves at least one grain over the page; returns the
+    /// grains, or `None` when the page is to be stored as it is.
+    pub fn compress(&self, page: &[u8], grain_bytes: usize, out: &mut Vec<u8>) -> Option<u32> {
+        let room = page.len().checked_sub(grain_bytes)?.checked_sub(STORED_HEADER_BYTES)?;
+        if room == 0 {
+            return None;
+        }
+        out.clear();
+        let (codec, len) = match *self {
+            Compression::Off => return None,
+            Compression::Lz4 => {
+                out.resize(STORED_HEADER_BYTES + lz4_flex::block::get_maximum_output_size(page.len()), 0);
+                let n = lz4_flex::block::compress_into(page, &mut out[STORED_HEADER_BYTES..]).ok()?;
+                (CODEC_LZ4, n)
+            }
+            Compression::Zstd(level) => {
+                // The compressor stops with an error when the output would not fit: the early
+                // abort of an incompressible page.
+                out.resize(STORED_HEADER_BYTES + room, 0);
+                let n = ZSTD_COMPRESSOR.with(|c| {
+                    let mut c = c.borrow_mut();
+                    if c.as_ref().is_none_or(|(l, _)| *l != level) {
+                        *c = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+                    }
+                    let (_, comp) = c.as_mut()?;
+                    comp.compress_to_buffer(page, &mut out[STORED_HEADER_BYTES..]).ok()
+                })?;
+                (CODEC_ZSTD, n)
+            }
+        };
+        if len > room {
+            return None;
+        }
+        let stored = (STORED_HEADER_BYTES + len).div_ceil(grain_bytes) * grain_bytes;
+        out.truncate(STORED_HEADER_BYTES + len);
+        out.resize(stored, 0);
+        out[0] = codec;
+        out[1..4].fill(0);
+        out[4..8].copy_from_slice(&(len as u32).to_le_bytes());
+        Some((stored / grain_bytes) as u32)
+    }
+}
+
+thread_local! {
+    /// One zstd context per thread and level: making one per page costs more than the page.
+    static ZSTD_COMPRESSOR: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+    static ZSTD_DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// Decompresses a page's stored form into `page` (the whole page); fails on anything but a
+/// well-formed stored page of exactly that size.
+pub fn decompress(stored: &[u8], page: &mut [u8]) -> Result<(), String> {
+    if stored.len() < STORED_HEADER_BYTES || stored[1..4] != [0, 0, 0] {
+        return Err("not a compressed page".into());
+    }
+    let len = u32::from_le_bytes([stored[4], stored[5], stored[6], stored[7]]) as usize;
+    let data = stored
+        .get(STORED_HEADER_BYTES..STORED_HEADER_BYTES.checked_add(len).ok_or("length overflows")?)
+        .ok_or_else(|| format!("compressed length {len} runs past the stored page ({} bytes)", stored.len()))?;
+    let n = match stored[0] {
+        CODEC_LZ4 => lz4_flex::block::decompress_into(data, page).map_err(|e| format!("lz4: {e}"))?,
+        CODEC_ZSTD => ZSTD_DECOMPRESSOR.with(|d| -> Result<usize, String> {
+            let mut d = d.borrow_mut();
+            if d.is_none() {
+                *d = Some(zstd::bulk::Decompressor::new().map_err(|e| format!("zstd: {e}"))?);
+            }
+            let dec = d.as_mut().ok_or("zstd context")?;
+            dec.decompress_to_buffer(data, page).map_err(|e| format!("zstd: {e}"))
+        })?,
+        codec => return Err(format!("unknown codec {codec}")),
+    };
+    if n != page.len() {
+        return Err(format!("decompressed to {n} bytes, not a page of {}", page.len()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Words from a small vocabulary: text-like data both codecs shrink.
+    fn text_page(len: usize, seed: u64) -> Vec<u8> {
+        const WORDS: [&str; 12] = [
+            "salsa ", "segment ", "grain ", "page ", "record ", "volume ", "1234 ", "-0987-", "log ", "map ", "zone ", "flash ",
+        ];
+        let mut x = seed | 1;
+        let mut out = Vec::with_capacity(len + 16);
+        while out.len() < len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.extend_from_slice(WORDS[(x % 12) as usize].as_bytes());
+        }
+        out.truncate(len);
+        out
+    }
+
+    /// Random decimal digits (as sysbench's columns): no repeats for lz4 to find, but fewer
+    /// than four bits of entropy a byte, which zstd's entropy stage takes.
+    fn digits_page(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                b"0123456789"[(x % 10) as usize]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn settings_and_names_round_trip() {
+        for c in [Compression::Off, Compression::Lz4, Compression::Zstd(1), Compression::Zstd(19)] {
+            assert_eq!(Compression::from_setting(c.to_setting()), Ok(c));
+            assert_eq!(Compression::parse(&c.name()), Ok(c));
+        }
+        assert_eq!(Compression::parse("zstd"), Ok(Compression::Zstd(3)));
+        for bad in ["gzip", "zstd:0", "zstd:23", "zstd:x", "lz4:1"] {
+            assert!(Compression::parse(bad).is_err(), "{bad}");
+        }
+        for bad in [3u64, 0x101, CODEC_ZSTD as u64, CODEC_ZSTD as u64 | 40 << 8] {
+            assert!(Compression::from_setting(bad).is_err(), "{bad:#x}");
+        }
+    }
+
+    #[test]
+    fn compressible_pages_shrink_to_whole_grains_and_come_back() {
+        let mut out = Vec::new();
+        for c in [Compression::Lz4, Compression::Zstd(1), Compression::Zstd(9)] {
+            for (page, gb) in [
+                (vec![7u8; 16384], 4096),
+                (text_page(65536, 3), 4096),
+                (text_page(8192, 5), 4096),
+                (digits_page(16384, 7), 4096),
+            ] {
+                let Some(grains) = c.compress(&page, gb, &mut out) else {
+                    assert!(c == Compression::Lz4 && page[0].is_ascii_digit(), "{c:?} kept {} bytes", page.len());
+                    continue;
+                };
+                assert_eq!(out.len(), grains as usize * gb);
+                assert!(out.len() < page.len());
+                let mut back = vec![0u8; page.len()];
+                decompress(&out, &mut back).unwrap();
+                assert_eq!(back, page, "{c:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn incompressible_or_one_grain_pages_are_stored_as_they_are() {
+        let mut x = 0x1234_5678_9abc_def1u64;
+        let random: Vec<u8> = (0..16384)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let mut out = Vec::new();
+        for c in [Compression::Lz4, Compression::Zstd(3), Compression::Off] {
+            assert_eq!(c.compress(&random, 4096, &mut out), None);
+            assert_eq!(c.compress(&[0u8; 4096], 4096, &mut out), None, "a page of one grain cannot shrink");
+        }
+    }
+
+    #[test]
+    fn damaged_stored_pages_are_errors_not_garbage() {
+        let page = text_page(16384, 9);
+        let mut out = Vec::new();
+        let mut back = vec![0u8; 16384];
+        for c in [Compression::Lz4, Compression::Zstd(3)] {
+            c.compress(&page, 4096, &mut out).unwrap();
+            let mut bad = out.clone();
+            bad[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+            assert!(decompress(&bad, &mut back).is_err());
+            let mut bad = out.clone();
+            bad[0] = 9;
+            assert!(decompress(&bad, &mut back).is_err());
+            let mut short = vec![0u8; 8192];
+            assert!(decompress(&out, &mut short).is_err(), "a page of another size");
+            // Flipped bytes in the data: an error or the wrong size, never a silent success
+            // with other bytes (the log's checksum catches it before this in any case).
+            let mut bad = out.clone();
+            for b in bad[8..40].iter_mut() {
+                *b ^= 0x5A;
+            }
+            if decompress(&bad, &mut back).is_ok() {
+                assert_ne!(back, page);
+            }
+        }
+    }
+}
