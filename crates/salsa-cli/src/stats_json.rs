@@ -22,6 +22,7 @@ pub fn stats_json(pool: &salsa_core::Pool) -> serde_json::Value {
         "unmovable_segments": s.unmovable_segments,
         "gc_wait_timeouts": s.gc_wait_timeouts,
         "user_bytes_held": s.user_bytes_held,
+        "compressed_bytes_saved": s.compressed_bytes_saved,
         "payload_buffer_bytes": s.payload_buffer_bytes,
         "map_memory_bytes": s.map_memory_bytes,
         "crc_table_memory_bytes": s.crc_table_memory_bytes,

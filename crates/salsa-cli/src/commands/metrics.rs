@@ -64,10 +64,16 @@ const GAUGE: &str = "gauge";
 /// Pool-wide traffic, GC, discards, pacing, map memory and segments by state.
 fn render_pool(e: &mut Exposition, s: &Stats) {
     let (c, g) = (COUNTER, GAUGE);
-    let pool_metrics: [Metric<Stats>; 36] = [
+    let pool_metrics: [Metric<Stats>; 37] = [
         ("user_written_bytes_total", c, "Bytes written by clients.", |s| {
             s.user_bytes_written as f64
         }),
+        (
+            "compressed_saved_bytes_total",
+            c,
+            "Bytes compressing volumes' writes did not store (their pages less their stored forms).",
+            |s| s.compressed_bytes_saved as f64,
+        ),
         ("user_read_bytes_total", c, "Bytes read by clients.", |s| s.user_bytes_read as f64),
         ("gc_relocated_bytes_total", c, "Bytes the garbage collector moved.", |s| {
             s.gc_bytes_relocated as f64
@@ -230,7 +236,13 @@ fn render_pool(e: &mut Exposition, s: &Stats) {
 fn render_volumes(e: &mut Exposition, s: &Stats) {
     let (c, g) = (COUNTER, GAUGE);
 
-    let volume_metrics: [Metric<salsa_core::VolumeStats>; 19] = [
+    let volume_metrics: [Metric<salsa_core::VolumeStats>; 20] = [
+        (
+            "volume_stored_bytes",
+            g,
+            "Bytes the volume's data takes on the devices (less than mapped when compressed).",
+            |v| v.stored_bytes as f64,
+        ),
         (
             "volume_gc_relocated_bytes_total",
             c,

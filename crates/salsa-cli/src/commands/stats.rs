@@ -19,12 +19,32 @@ pub(crate) fn stats(control: Option<std::path::PathBuf>, device: Option<&DeviceS
     if v["array"].as_str().is_some_and(|a| a != "linear") {
         print_array(&v);
     }
+    let (mut pool_mapped, mut pool_stored) = (0u64, 0u64);
     for vol in v["volumes"].as_array().into_iter().flatten() {
+        let (mapped, stored) = (vol["mapped_bytes"].as_u64().unwrap_or(0), vol["stored_bytes"].as_u64().unwrap_or(0));
+        pool_mapped += mapped;
+        pool_stored += stored;
+        let compression = vol["compression"].as_str().unwrap_or("off");
         println!(
-            "volume {:<20} size {:>10} mapped {:>10}",
+            "volume {:<20} size {:>10} mapped {:>10} stored {:>10}{}",
             vol["name"].as_str().unwrap_or("?"),
             human(vol["size_bytes"].as_u64().unwrap_or(0)),
-            human(vol["mapped_bytes"].as_u64().unwrap_or(0))
+            human(mapped),
+            human(stored),
+            if compression == "off" {
+                String::new()
+            } else {
+                format!(" ({compression}, {:.2}x)", mapped as f64 / stored.max(1) as f64)
+            }
+        );
+    }
+    if v["compressed_bytes_saved"].as_u64().unwrap_or(0) > 0 {
+        println!(
+            "compression: {} mapped stored in {} ({:.2}x); writes since start saved {}",
+            human(pool_mapped),
+            human(pool_stored),
+            pool_mapped as f64 / pool_stored.max(1) as f64,
+            human(v["compressed_bytes_saved"].as_u64().unwrap_or(0))
         );
     }
     Ok(())
