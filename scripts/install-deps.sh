@@ -5,7 +5,8 @@ need=()
 for pair in fio:fio qemu-io:qemu-utils qemu-img:qemu-utils nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdfuse:nbdfuse \
             nbdkit:nbdkit nbdsh:python3-libnbd fusermount3:fuse3 mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs losetup:mount \
             c++:g++ mariadbd:mariadb-server sysbench:sysbench openssl:openssl pkg-config:pkg-config \
-            swift-object-server:swift-object db_bench:rocksdb-tools ldb:rocksdb-tools; do
+            swift-object-server:swift-object db_bench:rocksdb-tools ldb:rocksdb-tools \
+            mkfs.btrfs:btrfs-progs compsize:btrfs-compsize; do
   tool=${pair%%:*}; pkg=${pair##*:}
   command -v "$tool" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -97,10 +97,13 @@ impl Fixture {
         format!("salsa://kv@{}", self.image)
     }
 
-    /// `program` with the plugin loaded.
+    /// `program` with the plugin loaded. The library search path names only the directory
+    /// the plugin was linked against: cargo's own path for tests also lists target/release,
+    /// whose libsalsa.so is whatever `cargo build` made last, and the loader prefers it to
+    /// the plugin's run path.
     fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new(program);
-        c.env("LD_PRELOAD", &self.plugin);
+        c.env("LD_PRELOAD", &self.plugin).env("LD_LIBRARY_PATH", library_dir());
         c
     }
 
