@@ -2,7 +2,7 @@
 """Inline compression (issue 71), side by side in one run.
 
 Setups, each on a fresh pool file (or a fresh `ssd:` model in real time with --ssd SIZE):
-  plain  SALSA volume of 16 KiB pages, no compression (the baseline)
+  plain  SALSA volume of --page-size pages (default 16 KiB), no compression (the baseline)
   zstd   the same volume compressing with zstd at --level (default 1)
   lz4    the same volume compressing with lz4 (with --lz4)
   btrfs  `salsa serve --raw` of the same device, btrfs mounted with compress=zstd:LEVEL
@@ -16,7 +16,9 @@ Workloads:
             system), buffer_compress_percentage 0, 50 and 75: throughput and device bytes per
             user byte, each against the plain volume's
 
-Device bytes are what reached the device: SALSA's device_bytes_written (data, GC moves,
+SALSA's servers keep a write buffer of 64 MiB (far less than fio writes over, so that pages
+reach the log, and the compressor, which runs as they are destaged, during the run); fio ends
+with a flush. Device bytes are what reached the device: SALSA's device_bytes_written (data, GC moves,
 metadata), or for the raw device what the loop device wrote. Stored / logical: SALSA's
 volume stored_bytes / mapped_bytes; btrfs's from compsize (disk usage / uncompressed) over
 the mount.
@@ -44,8 +46,6 @@ sys.path.insert(0, HERE)
 from bench_mixed import MariaDB, sysbench  # noqa: E402
 from bench_object_store import run, salsa_binary, save_report, tear_down, wait_for  # noqa: E402
 from bench_oltp import Postgres  # noqa: E402
-
-PAGE = "16K"
 
 
 def parse_bytes(s):
@@ -90,8 +90,11 @@ class Setup:
             logical = int(re.search(r"^logical\s+.*?\((\d+) bytes", info, re.M).group(1))
             size = logical * 9 // 10 // (1 << 20) << 20
             comp = {"plain": "off", "zstd": "zstd:%d" % self.args.level, "lz4": "lz4"}[self.name]
-            run([salsa, "volume", "create", "--device", self.device, "db", str(size), "--page-size", PAGE, "--compression", comp])
-            serve += ["--device", self.device]
+            run([salsa, "volume", "create", "--device", self.device, "db", str(size), "--page-size", self.args.page_size,
+                 "--compression", comp])
+            # A write buffer far smaller than what fio writes over, so that its pages reach the
+            # log (and the compressor, which runs as they are destaged) during the run.
+            serve += ["--device", self.device, "--write-buffer", "64M"]
         log = open(os.path.join(self.d, "serve.log"), "w")
         self.server = subprocess.Popen(serve, stdout=log, stderr=log)
         wait_for(self.sock, "the NBD socket", self.server)
@@ -200,6 +203,7 @@ def fio_run(setup, args, percent):
     before = setup.stats()[0]
     out = run(["fio", "--name=c", "--ioengine=nbd", "--uri=" + setup.uri, "--rw=randwrite", "--bs=16k", "--iodepth=16",
                "--size=%dM" % args.fio_mib, "--time_based", "--runtime=%d" % args.fio_seconds, "--refill_buffers",
+               "--end_fsync=1",
                "--buffer_compress_percentage=%d" % percent, "--buffer_compress_chunk=4k", "--output-format=json"])
     job = json.loads(out[out.index("{"):])["jobs"][0]["write"]
     user = job["io_bytes"]
@@ -227,6 +231,7 @@ def main():
     ap.add_argument("--ssd", default=None, help="an ssd: model of this size in real time instead of a file")
     ap.add_argument("--seconds", type=int, default=60, help="each database run")
     ap.add_argument("--level", type=int, default=1, help="zstd's level, for SALSA and btrfs alike")
+    ap.add_argument("--page-size", default="16K", help="the SALSA volumes' page (the unit compressed; up to 64K)")
     ap.add_argument("--lz4", action="store_true", help="also a volume compressing with lz4")
     ap.add_argument("--db", choices=("postgres", "mariadb", "both", "none"), default="both")
     ap.add_argument("--pg-scale", type=int, default=30)
@@ -242,7 +247,7 @@ def main():
     args = ap.parse_args()
     if args.quick:
         args.size, args.seconds, args.pg_scale, args.tables, args.table_size = "1G", 8, 4, 2, 5000
-        args.fio_seconds, args.fio_mib = 5, 128
+        args.fio_seconds, args.fio_mib = 5, 256
     for tool in ["nbdfuse", "mkfs.ext4", "mkfs.btrfs", "fio"]:
         if shutil.which(tool) is None:
             raise SystemExit("%s is not installed; run scripts/install-deps.sh" % tool)
@@ -263,9 +268,11 @@ def main():
                              for n in setups[1:] + ["btrfs"]}
             report["workloads"][workload] = res
         if args.fio:
-            for percent in (0, 50, 75):
+            for i, percent in enumerate((0, 50, 75)):
                 res = {}
-                for name in setups:
+                # Alternate the order: the host's disk slows after a burst of writes, which
+                # would otherwise always fall on the same setup.
+                for name in (setups if i % 2 == 0 else setups[::-1]):
                     res[name] = one(name, work, args, "fio", percent)
                     print("[compression] fio %d%% %s: %s" % (percent, name, res[name]), file=sys.stderr)
                 res["ratios"] = {n: {"iops": ratio(res[n]["iops"], res["plain"]["iops"]),

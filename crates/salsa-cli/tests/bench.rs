@@ -802,6 +802,35 @@ fn oltp_on_ext4_over_salsa_and_over_nbdkit() {
     }
 }
 
+/// Compression side by side (`scripts/bench_compression.py --quick --db postgres`): pgbench ran
+/// on ext4 over a plain and a compressing SALSA volume and on btrfs with compress=zstd over
+/// the raw device; the compressing volume stored PostgreSQL's pages in less than two thirds of
+/// their bytes and wrote fewer device bytes per transaction; fio's incompressible writes cost
+/// it about what they cost the plain volume, its compressible ones less. (Bytes, not times:
+/// what the test asserts does not depend on the machine's speed.)
+#[test]
+fn compression_on_databases_and_fio_against_the_plain_volume_and_btrfs() {
+    let r = case_study(
+        "bench_compression.py",
+        &["--db", "postgres"],
+        &["pgbench", "fio", "nbdfuse", "mkfs.ext4", "mkfs.btrfs", "losetup"],
+    );
+    let pg = &r["workloads"]["pgbench"];
+    for setup in ["plain", "zstd", "btrfs"] {
+        assert!(pg[setup]["tps"].as_f64().unwrap() > 10.0, "{setup}: {r}");
+    }
+    assert!(pg["zstd"]["stored_over_logical"].as_f64().unwrap() < 0.67, "{r}");
+    assert!(pg["plain"]["stored_over_logical"].as_f64().unwrap() > 0.99, "{r}");
+    assert!(pg["ratios"]["zstd"]["device_bytes_per_transaction"].as_f64().unwrap() < 0.8, "{r}");
+    let per_byte = |w: &str, setup: &str| r["workloads"][w][setup]["device_bytes_per_unit"].as_f64().unwrap();
+    let incompressible = per_byte("fio_0", "zstd") / per_byte("fio_0", "plain");
+    assert!(
+        (0.8..1.25).contains(&incompressible),
+        "incompressible data cost {incompressible}x: {r}"
+    );
+    assert!(per_byte("fio_75", "zstd") < per_byte("fio_75", "plain") * 0.8, "{r}");
+}
+
 /// Whether Ceph's daemons and tools installed (scripts/install-deps.sh tries; where they did
 /// not, the Ceph case study's tests are skipped with a message).
 fn ceph_installed() -> bool {

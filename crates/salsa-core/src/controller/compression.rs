@@ -94,7 +94,7 @@ impl Compression {
     /// grains, or `None` when the page is to be stored as it is.
     pub fn compress(&self, page: &[u8], grain_bytes: usize, out: &mut Vec<u8>) -> Option<u32> {
         let room = page.len().checked_sub(grain_bytes)?.checked_sub(STORED_HEADER_BYTES)?;
-        if room == 0 {
+        if room == 0 || !self.is_on() || looks_incompressible(page, page.len() / grain_bytes) {
             return None;
         }
         out.clear();
@@ -131,6 +131,48 @@ impl Compression {
         out[4..8].copy_from_slice(&(len as u32).to_le_bytes());
         Some((stored / grain_bytes) as u32)
     }
+}
+
+/// The sample the entropy is measured on: runs of this many consecutive bytes...
+const SAMPLE_RUN_BYTES: usize = 64;
+/// ...one every this many bytes (a quarter of the page). Runs, not every n-th byte: data
+/// made of machine words has bytes of other entropy at some offsets in each word (fio's
+/// random buffers do), which a stride would see alone.
+const SAMPLE_EVERY_BYTES: usize = 256;
+/// A page is taken as incompressible above `8 - 8 / grains + ENTROPY_MARGIN_BITS` bits a byte
+/// (at most [`MAX_COMPRESSIBLE_BITS`]): entropy coding alone saves about `(8 - H) / 8` of it,
+/// and saving a grain of `grains` takes `1 / grains`; the margin leaves room for what repeats
+/// save beyond the byte distribution.
+const ENTROPY_MARGIN_BITS: f64 = 0.5;
+const MAX_COMPRESSIBLE_BITS: f64 = 7.5;
+
+/// Whether a sample of `page`'s bytes looks too random to save one of its `grains` grains:
+/// its byte distribution's entropy is high. The cheap early abort (as btrfs's heuristic): a
+/// page that would not compress costs a histogram of a quarter of its bytes, not a
+/// compressor's whole pass. Text, digits and database pages measure far lower, even where
+/// they have no repeats for lz4 to find (zstd's entropy stage still shrinks them).
+fn looks_incompressible(page: &[u8], grains: usize) -> bool {
+    let mut counts = [0u32; 256];
+    let mut n = 0u32;
+    for run in page.chunks(SAMPLE_EVERY_BYTES) {
+        for &b in &run[..run.len().min(SAMPLE_RUN_BYTES)] {
+            counts[b as usize] += 1;
+            n += 1;
+        }
+    }
+    if n < 256 || grains < 2 {
+        return false;
+    }
+    let n = n as f64;
+    let entropy: f64 = counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = c as f64 / n;
+            -p * p.log2()
+        })
+        .sum();
+    entropy > (8.0 - 8.0 / grains as f64 + ENTROPY_MARGIN_BITS).min(MAX_COMPRESSIBLE_BITS)
 }
 
 thread_local! {
@@ -256,6 +298,40 @@ mod tests {
             assert_eq!(c.compress(&random, 4096, &mut out), None);
             assert_eq!(c.compress(&[0u8; 4096], 4096, &mut out), None, "a page of one grain cannot shrink");
         }
+    }
+
+    #[test]
+    fn the_entropy_sample_tells_random_pages_from_compressible_ones() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let random: Vec<u8> = (0..16384)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        assert!(looks_incompressible(&random, 4));
+        assert!(looks_incompressible(&random[..8192], 2));
+        assert!(!looks_incompressible(&digits_page(16384, 3), 4));
+        assert!(!looks_incompressible(&text_page(16384, 3), 4));
+        assert!(!looks_incompressible(&[0u8; 16384], 4));
+        // Half random, half zeros (fio's buffer_compress_percentage=50): compressible.
+        let mut half = random.clone();
+        half[8192..].fill(0);
+        assert!(!looks_incompressible(&half, 4));
+        // Random words whose high bytes vary little (a 48-bit generator's): incompressible
+        // though every fourth byte alone would look compressible.
+        let words: Vec<u8> = random
+            .chunks(8)
+            .flat_map(|w| {
+                let mut w: [u8; 8] = w.try_into().unwrap();
+                w[6] &= 0x0F;
+                w[7] = 0;
+                w
+            })
+            .collect();
+        assert!(looks_incompressible(&words, 4));
     }
 
     #[test]
