@@ -148,7 +148,7 @@ def measure(setup, before, work_done):
     dev, stored, logical = setup.stats()
     return {
         "device_bytes": dev - before,
-        "device_bytes_per_unit": round((dev - before) / work_done, 1) if work_done else None,
+        "device_bytes_per_unit": round((dev - before) / work_done, 3) if work_done else None,
         "stored_bytes": stored,
         "logical_bytes": logical,
         "stored_over_logical": ratio(stored, logical),
@@ -257,9 +257,11 @@ def main():
     report = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "workloads": {}}
     try:
         dbs = {"both": ["pgbench", "sysbench"], "postgres": ["pgbench"], "mariadb": ["sysbench"], "none": []}[args.db]
-        for workload in dbs:
+        for w, workload in enumerate(dbs):
             res = {}
-            for name in setups + ["btrfs"]:
+            # Each workload starts from another setup (the host's disk slows after bursts).
+            order = setups + ["btrfs"]
+            for name in order[w % len(order):] + order[:w % len(order)]:
                 res[name] = one(name, work, args, workload)
                 print("[compression] %s %s: %s" % (workload, name, res[name]), file=sys.stderr)
             plain = res["plain"]
