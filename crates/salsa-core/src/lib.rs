@@ -55,6 +55,8 @@ pub(crate) mod engine;
 pub mod error;
 pub(crate) mod format;
 pub mod frontend;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub(crate) mod layout;
 pub(crate) mod log;
 pub(crate) mod pacing;

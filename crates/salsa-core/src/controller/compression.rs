@@ -244,6 +244,31 @@ mod tests {
             .collect()
     }
 
+    proptest::proptest! {
+        /// Any page, compressible or not, comes back whole, or is stored as it is; a stored
+        /// form is always whole grains smaller than the page.
+        #[test]
+        fn any_page_round_trips(
+            seed in proptest::prelude::any::<u64>(),
+            distinct in 1usize..3000,
+            grains in 2usize..=16,
+            zstd in proptest::prelude::any::<bool>(),
+        ) {
+            let len = grains * 4096;
+            let mut x = seed | 1;
+            let words: Vec<u64> = (0..distinct).map(|_| { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x }).collect();
+            let page: Vec<u8> = (0..len / 8).flat_map(|i| words[i % distinct].to_le_bytes()).collect();
+            let c = if zstd { Compression::Zstd(1) } else { Compression::Lz4 };
+            let mut out = Vec::new();
+            if let Some(g) = c.compress(&page, 4096, &mut out) {
+                proptest::prop_assert!((g as usize) < grains && out.len() == g as usize * 4096);
+                let mut back = vec![0u8; len];
+                decompress(&out, &mut back).unwrap();
+                proptest::prop_assert!(back == page);
+            }
+        }
+    }
+
     #[test]
     fn settings_and_names_round_trip() {
         for c in [Compression::Off, Compression::Lz4, Compression::Zstd(1), Compression::Zstd(19)] {

@@ -156,6 +156,39 @@ pub use checkpoint::*;
 mod parity;
 pub use parity::*;
 
+/// Seals `block` as each fixed-size on-disk structure in turn (its magic, `version`, a valid
+/// checksum over the rest as it is) and decodes it as every one of them, so that the bytes
+/// reach the decoders' bodies. For the tests and the fuzzer: whatever the bytes, nothing may
+/// panic, overflow or divide by zero (what open computes from a parity header included).
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn decode_every_structure(block: &mut [u8], version: u32, row_grains: u32) {
+    if block.len() < 16 {
+        return;
+    }
+    let n = block.len();
+    block[8..12].copy_from_slice(&version.to_le_bytes());
+    for magic in [
+        RECORD_MAGIC,
+        SUPERBLOCK_MAGIC,
+        POOL_META_MAGIC,
+        PARITY_BUFFER_MAGIC,
+        PARITY_BANK_MAGIC,
+        PARITY_BANK_MAGIC_PACKED,
+    ] {
+        block[..8].copy_from_slice(magic);
+        let c = crc(&block[..n - 4]);
+        block[n - 4..].copy_from_slice(&c.to_le_bytes());
+        let _ = RecordMeta::decode(block);
+        let _ = Superblock::decode(block);
+        let _ = PoolMeta::decode(block);
+        if let Ok(h) = ParityBufferHeader::decode(block) {
+            let _ = (h.entries_per_bank(), h.bank_offset(1), h.descriptor_bytes());
+        }
+        let _ = ParityBankHeader::decode(block);
+    }
+    let _ = decode_parity_descriptor(block, row_grains);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -544,29 +577,8 @@ mod tests {
         for _ in 0..2000 {
             let mut block = vec![0u8; 4096];
             rng.fill(&mut block[..]);
-            // Valid magic, version and crc, so the decoders get past the envelope into the body.
-            block[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-            for magic in [
-                RECORD_MAGIC,
-                SUPERBLOCK_MAGIC,
-                POOL_META_MAGIC,
-                PARITY_BUFFER_MAGIC,
-                PARITY_BANK_MAGIC,
-            ] {
-                block[..8].copy_from_slice(magic);
-                let c = crc(&block[..4092]);
-                block[4092..].copy_from_slice(&c.to_le_bytes());
-                let _ = RecordMeta::decode(&block);
-                let _ = Superblock::decode(&block);
-                let _ = PoolMeta::decode(&block);
-                if let Ok(h) = ParityBufferHeader::decode(&block) {
-                    // What open computes from a header must not overflow or divide by zero.
-                    let _ = (h.entries_per_bank(), h.bank_offset(1), h.descriptor_bytes());
-                }
-                let _ = ParityBankHeader::decode(&block);
-            }
             let row_grains = rng.gen_range(0..=MAX_PARITY_ROW_GRAINS + 8);
-            let _ = decode_parity_descriptor(&block, row_grains);
+            decode_every_structure(&mut block, FORMAT_VERSION, row_grains);
         }
     }
 }
