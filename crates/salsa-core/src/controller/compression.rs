@@ -134,8 +134,8 @@ impl Compression {
 }
 
 /// The sample the entropy is measured on: runs of this many consecutive bytes...
-const SAMPLE_RUN_BYTES: usize = 64;
-/// ...one every this many bytes (a quarter of the page). Runs, not every n-th byte: data
+const SAMPLE_RUN_BYTES: usize = 32;
+/// ...one every this many bytes (an eighth of the page). Runs, not every n-th byte: data
 /// made of machine words has bytes of other entropy at some offsets in each word (fio's
 /// random buffers do), which a stride would see alone.
 const SAMPLE_EVERY_BYTES: usize = 256;
@@ -148,8 +148,8 @@ const MAX_COMPRESSIBLE_BITS: f64 = 7.5;
 
 /// Whether a sample of `page`'s bytes looks too random to save one of its `grains` grains:
 /// its byte distribution's entropy is high. The cheap early abort (as btrfs's heuristic): a
-/// page that would not compress costs a histogram of a quarter of its bytes, not a
-/// compressor's whole pass. Text, digits and database pages measure far lower, even where
+/// page that would not compress costs a histogram of an eighth of its bytes and a pass over its
+/// words for repeats, not a compressor's whole pass. Text, digits and database pages measure far lower, even where
 /// they have no repeats for lz4 to find (zstd's entropy stage still shrinks them).
 fn looks_incompressible(page: &[u8], grains: usize) -> bool {
     let mut counts = [0u32; 256];
@@ -172,10 +172,38 @@ fn looks_incompressible(page: &[u8], grains: usize) -> bool {
             -p * p.log2()
         })
         .sum();
-    entropy > (8.0 - 8.0 / grains as f64 + ENTROPY_MARGIN_BITS).min(MAX_COMPRESSIBLE_BITS)
+    entropy > (8.0 - 8.0 / grains as f64 + ENTROPY_MARGIN_BITS).min(MAX_COMPRESSIBLE_BITS) && !repeats_words(page, grains)
+}
+
+/// Whether at least one in `grains` of `page`'s aligned 8-byte words repeats an earlier one:
+/// data of random-looking bytes that an LZ codec still shrinks (a record or identifier
+/// written over and over), which the byte distribution cannot see. A hash table of the words,
+/// one slot per word and no chaining (a collision only misses a repeat), reused per thread.
+fn repeats_words(page: &[u8], grains: usize) -> bool {
+    let words = page.len() / 8;
+    let slots = (words * 2).next_power_of_two();
+    WORD_TABLE.with(|t| {
+        let mut t = t.borrow_mut();
+        t.clear();
+        t.resize(slots, 0);
+        let mut repeats = 0usize;
+        for w in page.chunks_exact(8) {
+            let w = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
+            // (Zero words are what an empty slot holds: counted as repeats, as they are.)
+            let slot = (w.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as usize & (slots - 1);
+            if t[slot] == w {
+                repeats += 1;
+            } else {
+                t[slot] = w;
+            }
+        }
+        repeats * grains >= words
+    })
 }
 
 thread_local! {
+    /// The word table of [`repeats_words`].
+    static WORD_TABLE: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
     /// One zstd context per thread and level: making one per page costs more than the page.
     static ZSTD_COMPRESSOR: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
     static ZSTD_DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
@@ -357,6 +385,10 @@ mod tests {
             })
             .collect();
         assert!(looks_incompressible(&words, 4));
+        // Random words repeated (a period of 700 words in 2048): random bytes, yet an LZ
+        // codec shrinks them; the word table sees the repeats.
+        let repeated: Vec<u8> = (0..2048).flat_map(|i| random[(i % 700) * 8..(i % 700) * 8 + 8].to_vec()).collect();
+        assert!(!looks_incompressible(&repeated, 4));
     }
 
     #[test]

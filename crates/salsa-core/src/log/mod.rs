@@ -1473,28 +1473,24 @@ impl Log {
         Ok(PageRead::Intact)
     }
 
-    /// Reads pages of `page_bytes` stored at ascending physical grains `grains`, all in one
-    /// segment and close together (a record's metadata page may sit between two), into `outs`
-    /// (one buffer per page) with one device read of the span, and checks each against its
-    /// checksum: a file read sequentially costs a disk one seek, not one per page or record.
+    /// Reads pages stored at ascending physical grains `grains`, all in one segment and close
+    /// together (a record's metadata page may sit between two), into `outs` (one buffer per
+    /// page, as long as the page's stored bytes: a whole page, or a compressed page's grains)
+    /// with one device read of the span, and checks each against its checksum: a file read
+    /// sequentially costs a disk one seek, not one per page or record.
     /// `still_mapped(i)` tells, after the segment's generation is noted, whether the caller's
     /// map still points page `i` at `grains[i]`. Returns per page what it found; the caller
     /// reads a `Moved` or `Damaged` page again with [`Log::read_page`] (which repairs from
     /// redundancy). `None` when some of the span is still in records being written (the
     /// caller then reads page by page).
-    pub fn read_run(
-        &self,
-        grains: &[u64],
-        page_bytes: usize,
-        outs: &mut [&mut [u8]],
-        still_mapped: impl Fn(usize) -> bool,
-    ) -> Result<Option<Vec<PageRead>>> {
+    pub fn read_run(&self, grains: &[u64], outs: &mut [&mut [u8]], still_mapped: impl Fn(usize) -> bool) -> Result<Option<Vec<PageRead>>> {
         let gb = self.geo.grain_bytes as u64;
-        let page_grains = page_bytes as u64 / gb;
         let (Some(&first), Some(&last)) = (grains.first(), grains.last()) else {
             return Ok(Some(Vec::new()));
         };
         let n = grains.len();
+        // The pages do not overlap, so the last ends the span.
+        let page_grains = (outs[n - 1].len() as u64).div_ceil(gb);
         let info = self.capacity.segment(self.geo.segment_of(first));
         assert_eq!(
             self.geo.segment_of(first),
@@ -1536,7 +1532,7 @@ impl Log {
                 continue;
             }
             let at = ((grains[i] - first) * gb) as usize;
-            let bytes = &tmp[at..at + page_bytes];
+            let bytes = &tmp[at..at + outs[i].len()];
             found[i] = if reused {
                 PageRead::Moved
             } else if crc32c::crc32c(bytes) != crc_of(i) {

@@ -551,22 +551,22 @@ impl LsaVolume {
     /// requests got to the stream).
     pub fn read_pages(&self, log: &Log, map: &PageMap, first: u64, out: &mut [u8]) -> Result<()> {
         let pb = self.page_bytes as usize;
-        let pg = self.page_grains as u64;
+        let gb = log.geo().grain_bytes as usize;
         let gps = log.geo().grains_per_segment as u64;
         for (w, window) in out.chunks_mut(MAX_RUN_PAGES * pb).enumerate() {
             let base = first + (w * MAX_RUN_PAGES) as u64;
-            // (grain, map entry as read, page, its buffer)
-            let mut mapped: Vec<(u64, u64, u64, &mut [u8])> = Vec::new();
+            // (grain, map entry as read, page, its buffer, stored grains: 0 for a whole page)
+            let mut mapped: Vec<(u64, u64, u64, &mut [u8], u8)> = Vec::new();
             for (k, chunk) in window.chunks_mut(pb).enumerate() {
                 let page = base + k as u64;
                 let raw = map.load_raw(page);
                 match map.encoding.decode(raw) {
-                    // A compressed page is read and decompressed alone.
-                    Entry::Mapped(g) if map.stored_grains(page) == 0 => mapped.push((g, raw, page, chunk)),
+                    Entry::Mapped(g) => mapped.push((g, raw, page, chunk, map.stored_grains(page))),
                     _ => self.read_page(log, map, page, chunk)?,
                 }
             }
             mapped.sort_unstable_by_key(|m| m.0);
+            let grains_of = |size: u8| if size == 0 { self.page_grains as u64 } else { size as u64 };
             let mut start = 0;
             while start < mapped.len() {
                 let segment = mapped[start].0 / gps;
@@ -574,20 +574,42 @@ impl LsaVolume {
                 // Reading over a small gap (a record's metadata page) costs less than a
                 // second request.
                 while end < mapped.len()
-                    && mapped[end].0 <= mapped[end - 1].0 + pg + MAX_RUN_GAP_GRAINS
-                    && (mapped[end].0 + pg - 1) / gps == segment
+                    && mapped[end].0 <= mapped[end - 1].0 + grains_of(mapped[end - 1].4) + MAX_RUN_GAP_GRAINS
+                    && (mapped[end].0 + grains_of(mapped[end].4) - 1) / gps == segment
                 {
                     end += 1;
                 }
                 let cluster = &mut mapped[start..end];
                 let found = if cluster.len() > 1 {
                     let grains: Vec<u64> = cluster.iter().map(|c| c.0).collect();
-                    let raws: Vec<(u64, u64)> = cluster.iter().map(|c| (c.2, c.1)).collect();
-                    let mut outs: Vec<&mut [u8]> = cluster.iter_mut().map(|c| &mut *c.3).collect();
-                    log.read_run(&grains, pb, &mut outs, |k| map.load_raw(raws[k].0) == raws[k].1)?
+                    let raws: Vec<(u64, u64, u8)> = cluster.iter().map(|c| (c.2, c.1, c.4)).collect();
+                    // A compressed page is read into its stored size, and decompressed after.
+                    let mut stored: Vec<Vec<u8>> = cluster
+                        .iter()
+                        .map(|c| if c.4 == 0 { Vec::new() } else { vec![0u8; c.4 as usize * gb] })
+                        .collect();
+                    let mut outs: Vec<&mut [u8]> = cluster
+                        .iter_mut()
+                        .zip(stored.iter_mut())
+                        .map(|(c, s)| if c.4 == 0 { &mut *c.3 } else { &mut s[..] })
+                        .collect();
+                    let found = log.read_run(&grains, &mut outs, |k| {
+                        map.load_raw(raws[k].0) == raws[k].1 && map.stored_grains(raws[k].0) == raws[k].2
+                    })?;
+                    drop(outs);
+                    found.map(|mut found| {
+                        for (k, c) in cluster.iter_mut().enumerate() {
+                            if c.4 != 0 && found[k] == PageRead::Intact && compression::decompress(&stored[k], c.3).is_err() {
+                                found[k] = PageRead::Damaged;
+                            }
+                        }
+                        found
+                    })
                 } else {
                     None
                 };
+                // Anything not read whole here is read alone (which re-checks a page that
+                // looked damaged, and repairs from redundancy).
                 for (k, c) in cluster.iter_mut().enumerate() {
                     if found.as_ref().is_none_or(|f| f[k] != PageRead::Intact) {
                         self.read_page(log, map, c.2, c.3)?;
