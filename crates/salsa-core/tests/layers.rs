@@ -21,7 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["engine"],
     &["recovery"],
     &["pool"],
-    &["frontend"],
+    &["frontend", "fuzzing"],
 ];
 
 fn rank(module: &str) -> Option<usize> {
