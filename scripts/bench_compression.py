@@ -39,20 +39,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_mixed import MariaDB, sysbench  # noqa: E402
-from bench_object_store import run, salsa_binary, save_report, tear_down, wait_for  # noqa: E402
+from bench_object_store import attach_nbd, run, salsa_binary, save_report, tear_down, wait_for  # noqa: E402
 from bench_oltp import Postgres  # noqa: E402
-
-
-def parse_bytes(s):
-    m = re.fullmatch(r"(\d+)([KMGT]?)", s.strip().upper())
-    if not m:
-        raise SystemExit("bad size %r" % s)
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2)]
 
 
 def loop_bytes_written(loop):
@@ -101,10 +93,7 @@ class Setup:
         self.uri = "nbd+unix:///%s?socket=%s" % (self.export, self.sock)
 
     def attach(self, fs):
-        os.makedirs(self.fuse_dir)
-        self.fuse = subprocess.Popen(["nbdfuse", self.fuse_dir, self.uri])
-        wait_for(os.path.join(self.fuse_dir, "nbd"), "the nbdfuse node", self.fuse)
-        self.loop = run(["losetup", "-f", "--show", "--direct-io=on", os.path.join(self.fuse_dir, "nbd")]).strip()
+        self.fuse, self.loop = attach_nbd(self.fuse_dir, self.uri, ["--direct-io=on"])
         self.mnt = os.path.join(self.d, "mnt")
         os.makedirs(self.mnt)
         if fs == "btrfs":

@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -136,6 +135,22 @@ def tear_down(mounts=(), loops=(), fuses=(), server=None, timeout=30):
         raise SystemExit("tear-down: " + "; ".join(errors))
 
 
+def attach_nbd(fuse_dir, uri, loop_args=()):
+    """Attaches NBD export `uri` as a block device: nbdfuse mounted on `fuse_dir` (made when
+    missing), a loop device over its node (`loop_args` given to losetup). Returns (nbdfuse
+    process, loop device) for the caller to tear down (`tear_down`); when the loop device
+    cannot be made, nbdfuse is unmounted before the error goes up."""
+    os.makedirs(fuse_dir, exist_ok=True)
+    fuse = subprocess.Popen(["nbdfuse", fuse_dir, uri])
+    try:
+        wait_for(os.path.join(fuse_dir, "nbd"), "the nbdfuse node", fuse)
+        loop = run(["losetup", "-f", "--show"] + list(loop_args) + [os.path.join(fuse_dir, "nbd")]).strip()
+    except BaseException:
+        tear_down([], [], [(fuse_dir, fuse)], None)
+        raise
+    return fuse, loop
+
+
 @contextlib.contextmanager
 def xfs_over_salsa(d, serve_args, export, loop_args=(), mkfs_args=()):
     """Serves `serve_args` from directory `d`, attaches export `export` with nbdfuse and a loop
@@ -150,16 +165,13 @@ def xfs_over_salsa(d, serve_args, export, loop_args=(), mkfs_args=()):
         [salsa_binary(), "serve", "--no-tcp", "--unix", sock, "--control", ctl] + list(serve_args), stdout=log, stderr=log
     )
     fuse_dir, mnt = os.path.join(d, "fuse"), os.path.join(d, "mnt")
-    os.makedirs(fuse_dir)
     os.makedirs(mnt)
     fuse = loop = None
     mounted = False
     try:
         wait_for(sock, "the NBD socket", server)
         wait_for(ctl, "the control socket", server)
-        fuse = subprocess.Popen(["nbdfuse", fuse_dir, "nbd+unix:///%s?socket=%s" % (export, sock)])
-        wait_for(os.path.join(fuse_dir, "nbd"), "the nbdfuse node", fuse)
-        loop = run(["losetup", "-f", "--show"] + list(loop_args) + [os.path.join(fuse_dir, "nbd")]).strip()
+        fuse, loop = attach_nbd(fuse_dir, "nbd+unix:///%s?socket=%s" % (export, sock), loop_args)
         run(["mkfs.xfs", "-q", "-f"] + list(mkfs_args) + [loop])
         run(["mount", loop, mnt])
         mounted = True

@@ -37,7 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_mixed import MariaDB, sysbench  # noqa: E402
-from bench_object_store import run, salsa_binary, save_report, tear_down, wait_for  # noqa: E402
+from bench_object_store import attach_nbd, run, salsa_binary, save_report, tear_down, wait_for  # noqa: E402
 
 
 class Target:
@@ -70,11 +70,8 @@ class Target:
         self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=log))
         wait_for(self.sock, "the NBD socket", self.procs[0])
         self.fuse = os.path.join(self.d, "fuse")
-        os.makedirs(self.fuse)
-        p = subprocess.Popen(["nbdfuse", self.fuse, uri])
+        p, self.loop = attach_nbd(self.fuse, uri, ["--direct-io=on"])
         self.procs.append(p)
-        wait_for(os.path.join(self.fuse, "nbd"), "the nbdfuse node", p)
-        self.loop = run(["losetup", "-f", "--show", "--direct-io=on", os.path.join(self.fuse, "nbd")]).strip()
         run(["mkfs.ext4", "-q", "-F", self.loop])
         self.mnt = os.path.join(self.d, "mnt")
         os.makedirs(self.mnt)

@@ -51,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from bench_mixed import device, scratch_logical_bytes  # noqa: E402
-from bench_object_store import run, salsa_binary, save_report, tear_down, wait_for  # noqa: E402
+from bench_object_store import attach_nbd, run, salsa_binary, save_report, tear_down, wait_for  # noqa: E402
 from object_store import control_stats, parse_size  # noqa: E402
 
 SETUPS = ("ext4-raw", "ext4-salsa", "amf-plugin")
@@ -127,13 +127,10 @@ class Setup:
 
     def attach(self, export):
         fuse_dir = os.path.join(self.d, "fuse")
-        os.makedirs(fuse_dir)
-        p = subprocess.Popen(["nbdfuse", fuse_dir, "nbd+unix:///%s?socket=%s" % (export, self.sock)])
+        p, loop = attach_nbd(fuse_dir, "nbd+unix:///%s?socket=%s" % (export, self.sock),
+                             ["--direct-io=on", "--sizelimit", str(self.logical)])
         self.procs.append(p)
         self.fuses.append((fuse_dir, p))
-        node = os.path.join(fuse_dir, "nbd")
-        wait_for(node, "the nbdfuse node", p)
-        loop = run(["losetup", "-f", "--show", "--direct-io=on", "--sizelimit", str(self.logical), node]).strip()
         self.loops.append(loop)
         return loop
 

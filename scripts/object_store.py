@@ -280,7 +280,6 @@ def main():
     store = Store(args.dir)
     if args.phases:
         return run_phases(store, args, sizes)
-    rng = random.Random(args.seed)
     live = set()
     next_id = [0]
     state = threading.Lock()

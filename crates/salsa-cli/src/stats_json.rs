@@ -111,7 +111,7 @@ pub fn volume_json(v: &salsa_core::VolumeStats) -> serde_json::Value {
     let settings: serde_json::Map<String, serde_json::Value> = v.settings.iter().map(|(k, v)| (k.clone(), (*v).into())).collect();
     let mut j = serde_json::json!({
         "name": v.name, "controller": v.controller, "size_bytes": v.size_bytes, "page_bytes": v.page_bytes,
-        "mapped_bytes": v.mapped_bytes, "stored_bytes": v.stored_bytes, "compression": v.compression,
+        "mapped_bytes": v.mapped_bytes, "stored_bytes": v.stored_bytes, "compression": v.compression.name(),
         "map_memory_bytes": v.map_memory_bytes,
         "checkpoint_image_bytes": v.checkpoint_image_bytes, "storage": v.storage,
         "placement": v.placement, "placement_memory_bytes": v.placement_memory_bytes, "victim": v.victim,

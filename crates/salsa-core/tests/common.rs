@@ -46,6 +46,16 @@ pub fn pattern(vol: u32, page: u64, version: u64) -> Vec<u8> {
     v
 }
 
+/// Makes a page compressible: its first words repeated over it, how many depending on
+/// (page, version), so that its compressed size changes as it is rewritten; its first 16
+/// bytes (which name a pattern) stay as they are.
+pub fn make_compressible(v: &mut [u8], page: u64, version: u64) {
+    let words = 2 + ((version ^ page) % 300) as usize;
+    for i in words * 8..v.len() {
+        v[i] = v[i % (words * 8)];
+    }
+}
+
 /// How long [`overwrite_from_threads_with`]'s threads overwrite.
 #[derive(Clone, Copy)]
 pub enum Overwrite {

@@ -1,14 +1,15 @@
 //! Compressing volumes: pages stored compressed in fewer grains read back as written,
 //! through partial writes, trims, the GC moving them, a crash-recovery scan and a checkpoint;
-//! incompressible pages are stored as they are; what is refused is refused with nothing
-//! changed.
+//! incompressible pages are stored as they are; share batches remap compressed pages; what
+//! is refused is refused with nothing changed.
 
 mod common;
 
 use common::{inline_gc, memory_pool, MIB};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use salsa_core::{Compression, Error, OpenedFrom, Pool, VolumeSpec};
+use salsa_core::{Compression, Device, Error, OpenOptions, OpenedFrom, Pool, VolumeSpec};
+use std::sync::Arc;
 
 const PAGE: usize = 16384;
 
@@ -102,7 +103,7 @@ fn compressible_pages_take_fewer_device_bytes_and_read_back() {
         let st = pool.stats();
         assert_eq!(st.compressed_bytes_saved, mapped - stored);
         let v = st.volumes.iter().find(|v| v.name == "c").unwrap();
-        assert_eq!(v.compression, c.name());
+        assert_eq!(v.compression, c);
 
         // Partial writes into compressed pages (a read-modify-write of the page) and trims.
         for p in [3u64, 17, 100] {
@@ -153,32 +154,45 @@ fn gc_recovery_and_checkpoint_keep_compressed_pages() {
     let st = pool.stats();
     assert!(st.gc_segments_cleaned > 20, "the GC ran ({} victims)", st.gc_segments_cleaned);
     assert!(st.gc_bytes_relocated > 0);
-    check(&pool, "c", &model);
     let stored = stored_and_mapped(&pool, "c");
     assert!(stored.0 < stored.1);
-    pool.flush().unwrap();
     drop(vol);
-    drop(pool);
-
-    let pool = Pool::open(vec![dev.clone()], &opts).unwrap();
-    assert_eq!(pool.opened_from(), OpenedFrom::RecoveryScan);
-    check(&pool, "c", &model);
-    assert_eq!(stored_and_mapped(&pool, "c"), stored, "the scan rebuilt each page's stored size");
+    let pool = reopen_after_crash(pool, &dev, &opts, &model);
     // Rewrites after the scan account for the sizes it found.
     let vol = pool.volume("c").unwrap();
     for p in 0..pages / 4 {
         model[p as usize] = page_bytes(p, writes + 1);
         vol.write(p * PAGE as u64, &model[p as usize]).unwrap();
     }
-    let stored = stored_and_mapped(&pool, "c");
     drop(vol);
-    pool.close().unwrap();
+    reopen_after_close(pool, &dev, &opts, &model);
+}
 
-    let pool = Pool::open(vec![dev], &opts).unwrap();
+/// Checks volume "c" against `model`, then drops the pool without closing it (a crash after
+/// a flush) and reopens it by a recovery scan, which must find every page and the same
+/// stored bytes (each page's stored size rebuilt from the records and share entries).
+fn reopen_after_crash(pool: Pool, dev: &Arc<dyn Device>, opts: &OpenOptions, model: &[Vec<u8>]) -> Pool {
+    check(&pool, "c", model);
+    let stored = stored_and_mapped(&pool, "c");
+    pool.flush().unwrap();
+    drop(pool);
+    let pool = Pool::open(vec![dev.clone()], opts).unwrap();
+    assert_eq!(pool.opened_from(), OpenedFrom::RecoveryScan);
+    check(&pool, "c", model);
+    assert_eq!(stored_and_mapped(&pool, "c"), stored, "the scan rebuilt each page's stored size");
+    pool
+}
+
+/// Closes the pool and reopens it from its checkpoint, which must keep every page and each
+/// page's stored size; the scrub then reads every record's pages by the sizes the records
+/// carry and finds none damaged.
+fn reopen_after_close(pool: Pool, dev: &Arc<dyn Device>, opts: &OpenOptions, model: &[Vec<u8>]) {
+    let stored = stored_and_mapped(&pool, "c");
+    pool.close().unwrap();
+    let pool = Pool::open(vec![dev.clone()], opts).unwrap();
     assert_eq!(pool.opened_from(), OpenedFrom::Checkpoint);
-    check(&pool, "c", &model);
+    check(&pool, "c", model);
     assert_eq!(stored_and_mapped(&pool, "c"), stored, "the checkpoint kept each page's stored size");
-    // The scrub reads every record's pages by the sizes the records carry: none damaged.
     let report = pool.scrub(false).unwrap();
     assert!(report.segments > 0 && report.pages_damaged == 0, "{report:?}");
 }
@@ -186,50 +200,115 @@ fn gc_recovery_and_checkpoint_keep_compressed_pages() {
 #[test]
 fn what_cannot_compress_is_refused_and_changes_nothing() {
     let (pool, _) = memory_pool(48, &inline_gc());
-    let err = pool
-        .create_volume_spec(
+    let refused = |base: VolumeSpec| {
+        pool.create_volume_spec(
             "a",
             16 * MIB,
             &VolumeSpec {
                 compression: Compression::Lz4,
-                ..VolumeSpec::lsa(4096)
+                ..base
             },
         )
         .err()
-        .unwrap();
+        .unwrap()
+    };
+    let err = refused(VolumeSpec::lsa(4096));
     assert!(
         matches!(err, Error::InvalidArgument(_)) && err.to_string().contains("larger than the grain"),
         "{err}"
     );
-    let err = pool
-        .create_volume_spec(
-            "a",
-            16 * MIB,
-            &VolumeSpec {
-                compression: Compression::Lz4,
-                ..VolumeSpec::dual(65536)
-            },
-        )
-        .err()
-        .unwrap();
+    let err = refused(VolumeSpec::dual(65536));
     assert!(err.to_string().contains("LSA volumes"), "{err}");
     assert!(pool.volume_names().is_empty());
-    // A share batch on a compressing volume is refused whole.
-    let vol = pool.create_volume_spec("c", 4 * MIB, &spec(Compression::Zstd(1))).unwrap();
-    let model: Vec<Vec<u8>> = (0..8).map(|p| page_bytes(p, 1)).collect();
-    vol.write(0, &model.concat()).unwrap();
-    let err = vol
-        .share(&[salsa_core::ShareRange {
-            dst_offset: 4 * PAGE as u64,
-            src_offset: 0,
-            len_bytes: 2 * PAGE as u64,
-        }])
-        .err()
-        .unwrap();
-    assert!(err.to_string().contains("compresses"), "{err}");
-    let mut buf = vec![0u8; PAGE];
-    vol.read(4 * PAGE as u64, &mut buf).unwrap();
-    assert!(buf == model[4]);
+}
+
+fn share(vol: &salsa_core::Volume, dst: u64, src: u64, pages: u64) {
+    vol.share(&[salsa_core::ShareRange {
+        dst_offset: dst * PAGE as u64,
+        src_offset: src * PAGE as u64,
+        len_bytes: pages * PAGE as u64,
+    }])
+    .unwrap();
+}
+
+/// Share batches on a compressing volume: destinations take their sources' compressed pages
+/// (and stored sizes) without a copy, keep them when the sources are overwritten, and keep
+/// reading them after the GC moved the shared pages and carried the share entries, after a
+/// crash (a recovery scan, which takes each shared page's size from its share entry) and after
+/// a checkpoint; shared data counts once in the stored bytes.
+#[test]
+fn share_batches_remap_compressed_pages_through_gc_crash_and_checkpoint() {
+    let opts = inline_gc();
+    let dev: Arc<dyn Device> = Arc::new(salsa_core::device::MemoryDevice::new("mem0", 24 * MIB));
+    // FIFO cleaning: every segment, the shared pages' too, becomes a victim in turn.
+    let config = salsa_core::PoolConfig {
+        victim_policy: "fifo".into(),
+        ..common::tiny_config()
+    };
+    let pool = Pool::create(vec![dev.clone()], &config, &opts).unwrap();
+    let pages = (pool.logical_capacity_bytes() * 9 / 10) / PAGE as u64;
+    let vol = pool.create_volume_spec("c", pages * PAGE as u64, &spec(Compression::Lz4)).unwrap();
+    let mut model: Vec<Vec<u8>> = (0..pages).map(|p| page_bytes(p, 0)).collect();
+    // Incompressible pages among the sources: a share run splits where the stored size
+    // changes.
+    let mut rng = SmallRng::seed_from_u64(3);
+    for p in (0..64).step_by(5) {
+        rng.fill(&mut model[p][16..]);
+    }
+    vol.write(0, &model[..64].concat()).unwrap();
+    vol.trim(10 * PAGE as u64, 2 * PAGE as u64).unwrap();
+    for page in &mut model[10..12] {
+        page.fill(0);
+    }
+    let (stored_before, _) = stored_and_mapped(&pool, "c");
+    // (Durable first: a batch syncs sources that are not.)
+    pool.flush().unwrap();
+    let device_before = pool.stats().device_bytes_written;
+    // Pages 64..128 take what 0..64 hold (trimmed ones included) in two batches.
+    share(&vol, 64, 0, 40);
+    share(&vol, 104, 40, 24);
+    for p in 64..128 {
+        model[p] = model[p - 64].clone();
+    }
+    check(&pool, "c", &model[..128]);
+    let (stored_shared, mapped_shared) = stored_and_mapped(&pool, "c");
+    assert_eq!(stored_shared, 2 * stored_before, "each owner counts its page's stored size");
+    assert_eq!(mapped_shared, 2 * 62 * PAGE as u64);
+    assert!(
+        pool.stats().device_bytes_written - device_before < 8 * PAGE as u64,
+        "a share batch writes metadata, not data"
+    );
+    // Overwritten sources: their destinations keep the old pages.
+    for p in (0..64).step_by(3) {
+        model[p] = page_bytes(p as u64, 1);
+        vol.write(p as u64 * PAGE as u64, &model[p]).unwrap();
+    }
+    check(&pool, "c", &model[..128]);
+    vol.write(128 * PAGE as u64, &model[128..].concat()).unwrap();
+    // Churn on the rest of the volume until the GC has cleaned every segment several times
+    // over: shared pages move (once for all their owners) and share entries are carried.
+    let victims = 3 * pool.stats().total_segments as u64;
+    let mut writes = 0;
+    while pool.stats().gc_segments_cleaned < victims {
+        writes += 1;
+        let p = rng.gen_range(128..pages);
+        model[p as usize] = page_bytes(p, writes);
+        vol.write(p * PAGE as u64, &model[p as usize]).unwrap();
+        assert!(writes < 1_000_000, "the GC does not clean");
+    }
+    drop(vol);
+    let pool = reopen_after_crash(pool, &dev, &opts, &model);
+    // A destination overwritten after the scan, and a share of a share.
+    let vol = pool.volume("c").unwrap();
+    model[70] = page_bytes(70, writes + 1);
+    vol.write(70 * PAGE as u64, &model[70]).unwrap();
+    share(&vol, 0, 100, 8);
+    for p in 0..8 {
+        model[p] = model[100 + p].clone();
+    }
+    check(&pool, "c", &model);
+    drop(vol);
+    reopen_after_close(pool, &dev, &opts, &model);
 }
 
 /// Compression turned on for a volume written without it, and off again: new writes follow,
@@ -266,7 +345,7 @@ fn compression_changes_for_new_writes_and_is_durable() {
     check(&pool, "v", &model);
     assert_eq!(stored_and_mapped(&pool, "v"), (stored, mapped));
     let v = pool.stats().volumes.into_iter().find(|v| v.name == "v").unwrap();
-    assert_eq!(v.compression, "zstd:3");
+    assert_eq!(v.compression, Compression::Zstd(3));
     pool.set_volume_compression("v", Compression::Off).unwrap();
     let vol = pool.volume("v").unwrap();
     model[0] = page_bytes(0, 3);
@@ -278,5 +357,5 @@ fn compression_changes_for_new_writes_and_is_durable() {
     let pool = Pool::open(vec![dev], &opts).unwrap();
     check(&pool, "v", &model);
     let v = pool.stats().volumes.into_iter().find(|v| v.name == "v").unwrap();
-    assert_eq!((v.compression.as_str(), v.stored_bytes), ("off", stored_off));
+    assert_eq!((v.compression, v.stored_bytes), (Compression::Off, stored_off));
 }

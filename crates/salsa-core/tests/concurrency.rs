@@ -21,10 +21,7 @@ fn version_of(vol: u32, page: u64, buf: &[u8]) -> Option<u64> {
 fn page_pattern(compressible: bool, vol: u32, page: u64, version: u64) -> Vec<u8> {
     let mut v = pattern(vol, page, version);
     if compressible {
-        let words = 2 + ((version ^ page) % 300) as usize;
-        for i in words * 8..v.len() {
-            v[i] = v[i % (words * 8)];
-        }
+        common::make_compressible(&mut v, page, version);
     }
     v
 }

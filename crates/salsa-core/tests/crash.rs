@@ -26,10 +26,7 @@ thread_local! {
 fn pattern(vol: u32, page: u64, version: u64) -> Vec<u8> {
     let mut v = random_pattern(vol, page, version);
     if COMPRESSIBLE.with(|c| c.get()) {
-        let words = 2 + ((version ^ page) % 300) as usize;
-        for i in words * 8..v.len() {
-            v[i] = v[i % (words * 8)];
-        }
+        common::make_compressible(&mut v, page, version);
     }
     v
 }
@@ -358,8 +355,8 @@ fn run_seed(seed: u64, crash_after_ops: Option<u64>, medium: Medium, writes: Wri
         let r = match rng.gen_range(0..100) {
             0..=74 if shares && !(hybrid && vi == 1) && rng.gen_bool(0.15) => {
                 // A batch of one to four ranges with distinct destinations, from anywhere (whole
-                // large pages on a dual-mapping volume).
-                let unit = if is_dual(vi) { DUAL_SUBPAGES } else { 1 };
+                // large pages on a volume of them).
+                let unit = if has_large_pages(vi) { DUAL_SUBPAGES } else { 1 };
                 let mut ranges: Vec<salsa_core::ShareRange> = Vec::new();
                 let mut batch = Vec::new();
                 let mut taken: Vec<(u64, u64)> = Vec::new();
@@ -712,21 +709,18 @@ const DUAL: Writes = Writes {
 };
 
 /// A compressing volume beside an LSA one (flat, zoned, and below a write buffer): pages
-/// stored in fewer grains than their size, rewritten with other sizes, moved by the GC as
-/// they are stored; after a crash anywhere every block reads its durable value or a later
-/// one, the recovery scan rebuilding each page's stored size from the records.
+/// stored in fewer grains than their size, rewritten with other sizes, shared by batches,
+/// moved by the GC as they are stored; after a crash anywhere every block reads its durable
+/// value or a later one, the recovery scan rebuilding each page's stored size from the
+/// records and share entries.
 #[test]
 fn compressed_crash_at_many_points() {
     let seeds = count_from_env("SALSA_COMPRESSED_CRASH_SEEDS", 12);
     let writes = Writes {
-        write_back_threads: 0,
         payload_writes: true,
-        dual: false,
-        extent: false,
-        shares: false,
-        write_buffer: false,
-        gc_burst: false,
+        shares: true,
         compressed: true,
+        ..COPIED
     };
     crash_seeds(seeds, 25, writes, |seed| match seed % 4 {
         3 => Medium::Zoned { conventional_zones: 0 },

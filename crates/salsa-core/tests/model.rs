@@ -402,11 +402,10 @@ fn run_with(
                 let mut dsts: Vec<(u64, u64)> = ranges.iter().map(|r| (r.dst_offset, r.dst_offset + r.len_bytes)).collect();
                 dsts.sort_unstable();
                 let overlapping = dsts.windows(2).any(|w| w[1].0 < w[0].1);
-                // A compressing volume refuses share batches.
                 let shares = matches!(
                     spec(vol, mix).controller,
                     salsa_core::ControllerKind::Lsa | salsa_core::ControllerKind::Extent | salsa_core::ControllerKind::Dual
-                ) && !spec(vol, mix).compression.is_on();
+                );
                 match p.volume(&name(vol)).unwrap().share(&ranges) {
                     Ok(()) => {
                         prop_assert!(

@@ -166,7 +166,7 @@ fn print_volume(v: &salsa_core::VolumeStats) {
         human(v.placement_memory_bytes),
         v.victim
     );
-    if v.compression != "off" {
+    if v.compression.is_on() {
         println!(
             "  {:<20}      compression {}: {} stored for {} mapped ({:.2}x)",
             "",

@@ -133,6 +133,13 @@ impl Compression {
     }
 }
 
+/// Its name ([`Compression::name`]), padded as the format asks (tables of volumes).
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(&self.name())
+    }
+}
+
 /// The sample the entropy is measured on: runs of this many consecutive bytes...
 const SAMPLE_RUN_BYTES: usize = 32;
 /// ...one every this many bytes (an eighth of the page). Runs, not every n-th byte: data
@@ -241,17 +248,32 @@ pub fn decompress(stored: &[u8], page: &mut [u8]) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// An endless sequence of pseudo-random words from `seed` (xorshift64).
+    fn xorshift(seed: u64) -> impl Iterator<Item = u64> {
+        let mut x = seed | 1;
+        std::iter::repeat_with(move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        })
+    }
+
+    /// `len` random bytes from `seed`.
+    fn random_page(len: usize, seed: u64) -> Vec<u8> {
+        xorshift(seed).take(len).map(|x| x as u8).collect()
+    }
+
     /// Words from a small vocabulary: text-like data both codecs shrink.
     fn text_page(len: usize, seed: u64) -> Vec<u8> {
         const WORDS: [&str; 12] = [
             "salsa ", "segment ", "grain ", "page ", "record ", "volume ", "1234 ", "-0987-", "log ", "map ", "zone ", "flash ",
         ];
-        let mut x = seed | 1;
         let mut out = Vec::with_capacity(len + 16);
-        while out.len() < len {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+        for x in xorshift(seed) {
+            if out.len() >= len {
+                break;
+            }
             out.extend_from_slice(WORDS[(x % 12) as usize].as_bytes());
         }
         out.truncate(len);
@@ -261,15 +283,7 @@ mod tests {
     /// Random decimal digits (as sysbench's columns): no repeats for lz4 to find, but fewer
     /// than four bits of entropy a byte, which zstd's entropy stage takes.
     fn digits_page(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                b"0123456789"[(x % 10) as usize]
-            })
-            .collect()
+        xorshift(seed).take(len).map(|x| b"0123456789"[(x % 10) as usize]).collect()
     }
 
     proptest::proptest! {
@@ -283,8 +297,7 @@ mod tests {
             zstd in proptest::prelude::any::<bool>(),
         ) {
             let len = grains * 4096;
-            let mut x = seed | 1;
-            let words: Vec<u64> = (0..distinct).map(|_| { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x }).collect();
+            let words: Vec<u64> = xorshift(seed).take(distinct).collect();
             let page: Vec<u8> = (0..len / 8).flat_map(|i| words[i % distinct].to_le_bytes()).collect();
             let c = if zstd { Compression::Zstd(1) } else { Compression::Lz4 };
             let mut out = Vec::new();
@@ -337,15 +350,7 @@ mod tests {
 
     #[test]
     fn incompressible_or_one_grain_pages_are_stored_as_they_are() {
-        let mut x = 0x1234_5678_9abc_def1u64;
-        let random: Vec<u8> = (0..16384)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let random = random_page(16384, 0x1234_5678_9abc_def1);
         let mut out = Vec::new();
         for c in [Compression::Lz4, Compression::Zstd(3), Compression::Off] {
             assert_eq!(c.compress(&random, 4096, &mut out), None);
@@ -355,15 +360,7 @@ mod tests {
 
     #[test]
     fn the_entropy_sample_tells_random_pages_from_compressible_ones() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let random: Vec<u8> = (0..16384)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let random = random_page(16384, 0x9e37_79b9_7f4a_7c15);
         assert!(looks_incompressible(&random, 4));
         assert!(looks_incompressible(&random[..8192], 2));
         assert!(!looks_incompressible(&digits_page(16384, 3), 4));

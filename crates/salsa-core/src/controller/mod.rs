@@ -86,8 +86,8 @@ pub struct ControllerStats {
     /// Bytes the mapped data takes on the devices (less than `mapped_bytes` when pages are
     /// stored compressed); filled in by the pool.
     pub stored_bytes: u64,
-    /// How new writes are compressed (`off`, `lz4`, `zstd:LEVEL`).
-    pub compression: String,
+    /// How new writes are compressed (off unless the controller says otherwise).
+    pub compression: compression::Compression,
     pub map_memory_bytes: u64,
     /// Bytes a checkpoint of the volume's map takes on the devices (its metadata capacity).
     pub checkpoint_image_bytes: u64,

@@ -224,6 +224,7 @@ mod tests {
                     count: 3,
                     grain: 0x1_2345_6789,
                     seq: 11,
+                    stored_grains: 0,
                 },
                 MetaEntry::Data { page: 6, seq: 12, crc: 1 },
             ],
@@ -238,23 +239,39 @@ mod tests {
 
     #[test]
     fn sized_records_carry_each_data_page_size() {
-        let entries: Vec<MetaEntry> = (0..crate::format::sized_meta_entries_per_page(4096) as u64)
-            .map(|p| {
-                if p % 50 == 7 {
-                    MetaEntry::Trim {
-                        page: p,
-                        count: 2,
-                        seq: p + 1,
-                    }
-                } else {
-                    MetaEntry::Data {
-                        page: p,
-                        seq: p + 1,
-                        crc: p as u32,
-                    }
-                }
-            })
-            .collect();
+        // Data pages, trims and shares of compressed pages (each share's stored size in its
+        // grain field's top byte), until the metadata page is full.
+        let mut entries: Vec<MetaEntry> = Vec::new();
+        let mut slots = 0;
+        for p in 0u64.. {
+            let entry = match p % 50 {
+                7 => MetaEntry::Trim {
+                    page: p,
+                    count: 2,
+                    seq: p + 1,
+                },
+                21 => MetaEntry::Share {
+                    page: p,
+                    count: 4,
+                    grain: 0xAB_CDEF_0123_4567 + p,
+                    seq: p + 1,
+                    stored_grains: (p % 15) as u8,
+                },
+                _ => MetaEntry::Data {
+                    page: p,
+                    seq: p + 1,
+                    crc: p as u32,
+                },
+            };
+            if slots + entry.slots() as usize > crate::format::sized_meta_entries_per_page(4096) {
+                break;
+            }
+            slots += entry.slots() as usize;
+            entries.push(entry);
+        }
+        assert!(entries
+            .iter()
+            .any(|e| matches!(e, MetaEntry::Share { stored_grains, .. } if *stored_grains > 1)));
         let data = entries.iter().filter(|e| matches!(e, MetaEntry::Data { .. })).count();
         let sizes: Vec<u8> = (0..data).map(|i| (i % 16 + 1) as u8).collect();
         let meta = RecordMeta {
@@ -288,14 +305,36 @@ mod tests {
         small.data_sizes = Some(sizes.iter().map(|&g| g.min(15)).collect());
         small.encode_into(&mut block);
         assert!(RecordMeta::decode(&block).is_ok());
-        let mut raw = block.clone();
-        // The page-grains field says 15 with the sized flag; rewrite it to 3 and re-seal.
-        let at = 8 + 4 + 16 + 4 + 8 + 4 + 1 + 8 + 8 + 8 + 4;
-        raw[at..at + 4].copy_from_slice(&(3 | crate::format::SIZED_RECORD).to_le_bytes());
-        let end = raw.len() - 4;
-        let crc = crc(&raw[..end]);
-        raw[end..].copy_from_slice(&crc.to_le_bytes());
-        assert!(RecordMeta::decode(&raw).is_err());
+        // The page-grains field rewritten and the block re-sealed.
+        let with_page_grains = |block: &[u8], field: u32| {
+            let mut raw = block.to_vec();
+            let at = 8 + 4 + 16 + 4 + 8 + 4 + 1 + 8 + 8 + 8 + 4;
+            raw[at..at + 4].copy_from_slice(&field.to_le_bytes());
+            let end = raw.len() - 4;
+            let crc = crc(&raw[..end]);
+            raw[end..].copy_from_slice(&crc.to_le_bytes());
+            raw
+        };
+        // It says 15 with the sized flag; 3 is smaller than its data pages.
+        assert!(RecordMeta::decode(&with_page_grains(&block, 3 | crate::format::SIZED_RECORD)).is_err());
+        // A share of pages stored in 3 grains is refused in a record of 3-grain pages (a page
+        // stored whole is size 0) and read in one of 4-grain pages.
+        let share = RecordMeta {
+            page_grains: 4,
+            data_sizes: None,
+            entries: vec![MetaEntry::Share {
+                page: 9,
+                count: 2,
+                grain: 77,
+                seq: 8,
+                stored_grains: 3,
+            }],
+            ..meta.clone()
+        };
+        share.encode_into(&mut block);
+        assert_eq!(RecordMeta::decode(&block).unwrap(), share);
+        let err = RecordMeta::decode(&with_page_grains(&block, 3)).unwrap_err();
+        assert!(err.to_string().contains("stored page size"), "{err}");
     }
 
     #[test]

@@ -57,9 +57,18 @@ pub enum MetaEntry {
     /// Pages `[page, page + count)` were trimmed at version `seq`.
     Trim { page: u64, count: u64, seq: u64 },
     /// Pages `[page, page + count)` were remapped at version `seq` to the data already at grains
-    /// `grain`, `grain + page_grains`, ... (SHARE): the data lives in other records, or in this
-    /// record's own data pages when the GC moved a shared page. Takes two slots.
-    Share { page: u64, count: u64, grain: u64, seq: u64 },
+    /// `grain`, `grain + stride`, ... (SHARE), where the stride is `stored_grains`, the grains
+    /// each page's data takes as stored (compressed pages of a compressing volume), or
+    /// `page_grains` when it is 0 (whole pages): the data lives in other records, or in this
+    /// record's own data pages when the GC moved a shared page. Takes two slots; the stored
+    /// size rides in the top byte of the grain field (grains stay below 2^56).
+    Share {
+        page: u64,
+        count: u64,
+        grain: u64,
+        seq: u64,
+        stored_grains: u8,
+    },
 }
 
 impl MetaEntry {
@@ -148,6 +157,9 @@ pub struct RecordMeta {
 pub const SIZED_RECORD: u32 = 1 << 31;
 /// Grains a page of a sized record takes at most (a nibble holds the grains less one).
 pub const MAX_SIZED_PAGE_GRAINS: u32 = 16;
+/// Bits of a share entry's grain field that hold the grain; the byte above them holds the
+/// shared pages' stored size.
+pub const SHARE_GRAIN_BITS: u32 = 56;
 
 impl RecordMeta {
     /// The identity of the segment this record is in.
@@ -288,13 +300,24 @@ impl RecordMeta {
                         .u32(narrow(count - 1, "trim length"))
                         .raw(&seq_bytes(seq));
                 }
-                MetaEntry::Share { page, count, grain, seq } => {
+                MetaEntry::Share {
+                    page,
+                    count,
+                    grain,
+                    seq,
+                    stored_grains,
+                } => {
                     assert!(count >= 1 && seq > 0, "empty share entry or sequence number 0");
+                    assert!(grain < 1 << SHARE_GRAIN_BITS, "grain {grain} exceeds {SHARE_GRAIN_BITS} bits");
+                    assert!(
+                        stored_grains == 0 || (stored_grains as u32) < self.page_grains.min(MAX_SIZED_PAGE_GRAINS),
+                        "share of pages stored in {stored_grains} grains"
+                    );
                     e.u32(narrow(page, "share start"))
                         .u32(narrow(count - 1, "share length"))
                         .raw(&seq_bytes(0))
                         .u32(grain as u32)
-                        .u32((grain >> 32) as u32)
+                        .u32((grain >> 32) as u32 | (stored_grains as u32) << (SHARE_GRAIN_BITS - 32))
                         .raw(&seq_bytes(seq));
                 }
             }
@@ -361,11 +384,17 @@ impl RecordMeta {
                 }
                 let (low, high, seq) = slot(&mut d)?;
                 i += 1;
+                let stored_grains = (high >> (SHARE_GRAIN_BITS - 32)) as u8;
+                if stored_grains != 0 && stored_grains as u32 >= page_grains.min(MAX_SIZED_PAGE_GRAINS) {
+                    return Err(FormatError::Invalid("share entry's stored page size".into()));
+                }
+                let high = high & ((1 << (SHARE_GRAIN_BITS - 32)) - 1);
                 entries.push(MetaEntry::Share {
                     page,
                     count: crc_or_count as u64 + 1,
                     grain: (high as u64) << 32 | low as u64,
                     seq,
+                    stored_grains,
                 });
                 continue;
             }

@@ -159,9 +159,6 @@ impl Pool {
                 let mut s = v.stats();
                 s.stored_bytes = v.mapped_grains() * self.eng.log.geo().grain_bytes as u64;
                 s.mapped_bytes += self.eng.dirty.reserved_bytes_of(v.id());
-                if s.compression.is_empty() {
-                    s.compression = "off".into();
-                }
                 s
             })
             .collect();

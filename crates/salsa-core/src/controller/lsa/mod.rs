@@ -125,8 +125,8 @@ pub struct VictimWalk {
     reclaim_told: bool,
     /// Its trim entries `(page, count, seq)`.
     trims: Vec<(u64, u64, u64)>,
-    /// Its share entries `(page, count, grain, seq)`.
-    shares: Vec<(u64, u64, u64, u64)>,
+    /// Its share entries.
+    shares: Vec<MetaEntry>,
     failure: Option<Error>,
 }
 
@@ -294,9 +294,27 @@ impl LsaVolume {
     /// Grains the data of `page`, mapped, takes as stored (its stored size; a whole page
     /// unless compressed).
     fn stored_grains(&self, map: &PageMap, page: u64) -> u32 {
-        match map.stored_grains(page) {
+        self.grains_of_size_code(map.stored_grains(page))
+    }
+
+    /// Grains a map's stored-size code stands for (0 = a whole page, kept for pages stored
+    /// as they are so that an uncompressed map needs no size byte at all).
+    fn grains_of_size_code(&self, code: u8) -> u32 {
+        match code {
             0 => self.page_grains,
             g => g as u32,
+        }
+    }
+
+    /// The map's stored-size code for data of `grains` grains (the inverse of
+    /// `grains_of_size_code`; a page's data never takes more than 15 grains here: a
+    /// compressing volume's pages are at most 16 grains and keep at least one saved).
+    fn size_code_of_grains(&self, grains: u32) -> u8 {
+        if grains == self.page_grains {
+            0
+        } else {
+            debug_assert!(grains < self.page_grains);
+            grains as u8
         }
     }
 
@@ -479,8 +497,8 @@ impl LsaVolume {
                         let seq = log.next_seq();
                         rec.push(MetaEntry::Data { page, seq, crc });
                         let old = map.swap(page, Entry::Mapped(grain));
-                        let old_size = map.swap_stored_grains(page, if grains == self.page_grains { 0 } else { grains as u8 });
-                        (old, if old_size == 0 { self.page_grains } else { old_size as u32 })
+                        let old_size = map.swap_stored_grains(page, self.size_code_of_grains(grains));
+                        (old, self.grains_of_size_code(old_size))
                     };
                     // At once, not after the run: the GC cleaning the old version's segment
                     // waits for its count to reach zero, and the rest of the run may wait for
@@ -566,7 +584,7 @@ impl LsaVolume {
                 }
             }
             mapped.sort_unstable_by_key(|m| m.0);
-            let grains_of = |size: u8| if size == 0 { self.page_grains as u64 } else { size as u64 };
+            let grains_of = |code: u8| self.grains_of_size_code(code) as u64;
             let mut start = 0;
             while start < mapped.len() {
                 let segment = mapped[start].0 / gps;
@@ -741,7 +759,7 @@ impl LsaVolume {
                     };
                     let bytes = &*log.page_to_move(grain, bytes, crc);
                     if is_shared {
-                        if let Err(err) = self.relocate_shared(log, map, victim, walk.view, grain, *e, bytes) {
+                        if let Err(err) = self.relocate_shared(log, map, victim, walk.view, grain, *e, bytes, grains) {
                             walk.failure = Some(err);
                             return;
                         }
@@ -781,7 +799,7 @@ impl LsaVolume {
                     }
                 }
                 MetaEntry::Trim { page, count, seq } => walk.trims.push((page, count, seq)),
-                MetaEntry::Share { page, count, grain, seq } => walk.shares.push((page, count, grain, seq)),
+                MetaEntry::Share { .. } => walk.shares.push(*e),
             }
         }
     }
@@ -940,7 +958,7 @@ impl Controller for LsaVolume {
             size_bytes: self.size_bytes(),
             page_bytes: self.page_bytes,
             mapped_bytes: self.mapped_pages.load(SeqCst) * self.page_bytes as u64,
-            compression: self.compression().name(),
+            compression: self.compression(),
             map_memory_bytes: self.map_memory_bytes(),
             placement: self.placing.load().name.clone(),
             placement_memory_bytes: self.placement_memory_bytes(),
@@ -1000,7 +1018,6 @@ impl Controller for LsaVolume {
         let Some(rs) = guard.as_mut() else { return };
         let map = self.map.read();
         let gps = log.geo().grains_per_segment as u64;
-        let pg = self.page_grains as u64;
         if r.meta.data_sizes.is_some() && !map.has_stored_sizes() {
             tracing::warn!(
                 volume = %self.name,
@@ -1030,29 +1047,46 @@ impl Controller for LsaVolume {
                     if ok && page < map.pages() && seq >= rs.best_seq[page as usize] {
                         rs.best_seq[page as usize] = seq;
                         map.store(page, Entry::Mapped(grain));
-                        map.swap_stored_grains(page, if grains == self.page_grains { 0 } else { grains as u8 });
+                        map.swap_stored_grains(page, self.size_code_of_grains(grains));
                         // (Most pools share nothing: no hashing per entry then.)
                         if !rs.share_winners.is_empty() {
                             rs.share_winners.remove(&page);
                         }
                     }
                 }
-                MetaEntry::Share { page, count, grain, seq } => {
+                MetaEntry::Share {
+                    page,
+                    count,
+                    grain,
+                    seq,
+                    stored_grains,
+                } => {
+                    if stored_grains != 0 && !map.has_stored_sizes() {
+                        tracing::warn!(volume = %self.name, segment = r.segment, "a share of compressed pages for a volume that never compressed: skipped");
+                        continue;
+                    }
+                    let stride = self.grains_of_size_code(stored_grains) as u64;
                     let end = page.saturating_add(count).min(map.pages());
                     for p in page..end {
-                        let g = grain + (p - page) * pg;
+                        let g = grain + (p - page) * stride;
                         // Data in this record (the GC moved a shared page) counts when it is
                         // intact; data elsewhere was durable before the entry was written.
                         let here = (first_data..data_end).contains(&g);
                         let ok = if here {
-                            r.trusted || r.intact.get(((g - first_data) / pg) as usize).copied().unwrap_or(false)
+                            r.trusted
+                                || r.meta
+                                    .data_layout()
+                                    .position(|(offset, _)| first_data + offset as u64 == g)
+                                    .and_then(|slot| r.intact.get(slot).copied())
+                                    .unwrap_or(false)
                         } else {
-                            g < log.geo().total_grains
+                            g + stride <= log.geo().total_grains
                         };
                         rs.has_data[p as usize] = true;
                         if ok && seq >= rs.best_seq[p as usize] {
                             rs.best_seq[p as usize] = seq;
                             map.store(p, Entry::Mapped(g));
+                            map.swap_stored_grains(p, stored_grains);
                             rs.share_winners.insert(p, (!here).then_some(r.segment));
                         }
                     }
@@ -1119,7 +1153,7 @@ impl Controller for LsaVolume {
                 Entry::Unmapped => Ok(()),
                 Entry::Mapped(g) if !shared.is_empty() && shared.contains(&g) && !seen.insert(g) => {
                     mapped += 1;
-                    data_grains += self.page_grains as u64;
+                    data_grains += self.stored_grains(&map, page) as u64;
                     Ok(())
                 }
                 Entry::Mapped(g) => {

@@ -176,6 +176,7 @@ fn resolve_targets(remaps: &[PageRemap], map: &PageMap) -> Vec<Target> {
                 Entry::Mapped(g) => Some(g),
                 _ => None,
             },
+            size_code: map.stored_grains(src),
         })
         .collect()
 }
@@ -188,13 +189,28 @@ struct Target {
     grain: Option<u64>,
     /// The source page (the grain's only owner when it is not yet shared).
     src: u64,
+    /// The source's stored-size code (0: a whole page; a compressing volume's compressed
+    /// page otherwise), which the destination takes with the grain.
+    size_code: u8,
+}
+
+/// One entry a batch writes: `count` destination pages from `dst` on, mapped to consecutive
+/// stored pages from `grain` on, each of size code `size_code` (a share entry), or trimmed
+/// (`grain` is `None`).
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    dst: u64,
+    count: u64,
+    grain: Option<u64>,
+    size_code: u8,
 }
 
 /// Entries a batch's targets need: runs of consecutive destination pages whose sources are
-/// consecutive grains become one share entry, runs of zero sources one trim entry (a page
-/// reading zeros whose destination reads zeros already needs none).
-fn plan_entries(targets: &[Target], map: &PageMap, page_grains: u64) -> Vec<(u64, u64, Option<u64>)> {
-    let mut runs: Vec<(u64, u64, Option<u64>)> = Vec::new();
+/// consecutive stored pages of one size become one share entry, runs of zero sources one trim
+/// entry (a page reading zeros whose destination reads zeros already needs none). `stride`
+/// gives the grains a size code stands for.
+fn plan_entries(targets: &[Target], map: &PageMap, stride: impl Fn(u8) -> u64) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
     for t in targets {
         // A page that already reads what its source reads needs no entry: an entry the index
         // did not track would outlive the data it names (the GC moves the page under its own
@@ -204,24 +220,29 @@ fn plan_entries(targets: &[Target], map: &PageMap, page_grains: u64) -> Vec<(u64
             continue;
         }
         if let Some(last) = runs.last_mut() {
-            let follows = last.0 + last.1 == t.dst
-                && match (last.2, t.grain) {
-                    (Some(g), Some(h)) => g + last.1 * page_grains == h,
+            let follows = last.dst + last.count == t.dst
+                && match (last.grain, t.grain) {
+                    (Some(g), Some(h)) => last.size_code == t.size_code && g + last.count * stride(last.size_code) == h,
                     (None, None) => true,
                     _ => false,
                 };
             if follows {
-                last.1 += 1;
+                last.count += 1;
                 continue;
             }
         }
-        runs.push((t.dst, 1, t.grain));
+        runs.push(Run {
+            dst: t.dst,
+            count: 1,
+            grain: t.grain,
+            size_code: if t.grain.is_some() { t.size_code } else { 0 },
+        });
     }
     runs
 }
 
-fn slots_of(runs: &[(u64, u64, Option<u64>)]) -> u32 {
-    runs.iter().map(|r| if r.2.is_some() { 2 } else { 1 }).sum()
+fn slots_of(runs: &[Run]) -> u32 {
+    runs.iter().map(|r| if r.grain.is_some() { 2 } else { 1 }).sum()
 }
 
 /// How one attempt of a batch ended.
@@ -241,6 +262,11 @@ impl LsaVolume {
     /// writer or trim changes a map entry meanwhile).
     fn lock_all_stripes(&self) -> Vec<MutexGuard<'_, ()>> {
         (0..STRIPES).map(|i| self.stripes[i].lock()).collect()
+    }
+
+    /// The entries a batch's targets need (see [`plan_entries`]).
+    fn plan_entries(&self, targets: &[Target], map: &PageMap) -> Vec<Run> {
+        plan_entries(targets, map, |code| self.grains_of_size_code(code) as u64)
     }
 
     /// Whether `page` maps to a grain other pages own too (a dual-mapping volume merges
@@ -299,24 +325,16 @@ impl LsaVolume {
     /// or sources scattered over too many places) is refused with nothing changed.
     pub fn share_pages(&self, log: &Log, remaps: &[PageRemap]) -> Result<()> {
         let map = self.map();
-        if map.has_stored_sizes() {
-            // A share entry names its sources' grains at one page's stride; a compressed
-            // page's data takes fewer grains than that.
-            return Err(Error::InvalidArgument(format!(
-                "share on volume {:?}: the volume compresses its pages, and share batches remap whole pages of uncompressed volumes only",
-                self.name
-            )));
-        }
         self.check_batch(remaps, map.pages())?;
-        let pg = self.page_grains as u64;
         let max_slots = log.geo().meta_entries;
         let targets = resolve_targets(remaps, &map);
-        let new_pages = targets
+        let new_grains: u64 = targets
             .iter()
             .filter(|t| t.grain.is_some() && !matches!(map.load(t.dst), Entry::Mapped(_)))
-            .count() as u64;
-        log.check_room(new_pages * pg)?;
-        let mut slots = slots_of(&plan_entries(&targets, &map, pg)).max(1);
+            .map(|t| self.grains_of_size_code(t.size_code) as u64)
+            .sum();
+        log.check_room(new_grains)?;
+        let mut slots = slots_of(&self.plan_entries(&targets, &map)).max(1);
         let mut attempts = 0;
         while attempts < SHARE_ATTEMPTS {
             if slots > max_slots {
@@ -370,7 +388,7 @@ impl LsaVolume {
         let _inflight = log.invalidation_guard();
         let _stripes = self.lock_all_stripes();
         let targets = resolve_targets(remaps, map);
-        let runs = plan_entries(&targets, map, self.page_grains as u64);
+        let runs = self.plan_entries(&targets, map);
         let need = slots_of(&runs);
         if need > slots {
             return Attempt::Replan(need);
@@ -384,15 +402,20 @@ impl LsaVolume {
         }
         // Every entry of the batch, under one sequence number, in this one record.
         let seq = log.next_seq();
-        for &(dst, count, grain) in &runs {
-            rec.push(match grain {
+        for run in &runs {
+            rec.push(match run.grain {
                 Some(grain) => MetaEntry::Share {
-                    page: dst,
-                    count,
+                    page: run.dst,
+                    count: run.count,
                     grain,
                     seq,
+                    stored_grains: run.size_code,
                 },
-                None => MetaEntry::Trim { page: dst, count, seq },
+                None => MetaEntry::Trim {
+                    page: run.dst,
+                    count: run.count,
+                    seq,
+                },
             });
         }
         // New owners join before any old one leaves, so that a grain two ranges swap is never
@@ -450,34 +473,35 @@ impl LsaVolume {
         let mut olds = Vec::new();
         for t in targets {
             let old = map.load(t.dst);
+            // (Every stripe is locked: a reader that sees the new entry with the old size
+            // re-checks both under its stripe's lock before it calls the page damaged.)
             match t.grain {
                 Some(g) if old != Entry::Mapped(g) => {
                     map.store(t.dst, Entry::Mapped(g));
-                    olds.push((t.dst, old, true));
+                    let old_code = map.swap_stored_grains(t.dst, t.size_code);
+                    olds.push((t.dst, old, self.grains_of_size_code(old_code), Some(t.size_code)));
                 }
                 None if old != Entry::Unmapped && old != Entry::Trimmed(seg) => {
                     log.add_tombstone(seg);
                     map.store(t.dst, Entry::Trimmed(seg));
-                    olds.push((t.dst, old, false));
+                    olds.push((t.dst, old, self.stored_grains(map, t.dst), None));
                 }
                 _ => {}
             }
         }
-        for (page, old, mapped_now) in olds {
-            // (Share batches are refused on compressing volumes: every page is whole here.)
-            let pg = self.page_grains;
-            if mapped_now {
-                self.invalidate(log, page, old, pg, pg, killer);
-            } else {
-                self.invalidate_trimmed(log, page, old, pg, killer);
+        for (page, old, old_grains, now) in olds {
+            match now {
+                Some(code) => self.invalidate(log, page, old, old_grains, self.grains_of_size_code(code), killer),
+                None => self.invalidate_trimmed(log, page, old, old_grains, killer),
             }
         }
     }
 
-    /// The GC moves a shared page: its data is written once, with the data entry of the victim
-    /// (which describes the slot) and a share entry, under a new sequence number, for every
-    /// owner, all in one record; every owner's map entry moves to the copy. Owners leaving
-    /// meanwhile stay with the old grain and drop it when the last one has gone.
+    /// The GC moves a shared page: its data (`bytes`, as stored: `grains` grains) is written
+    /// once, with the data entry of the victim (which describes the slot) and a share entry,
+    /// under a new sequence number, for every owner, all in one record; every owner's map entry
+    /// moves to the copy. Owners leaving meanwhile stay with the old grain and drop it when the
+    /// last one has gone.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn relocate_shared(
         &self,
@@ -488,6 +512,7 @@ impl LsaVolume {
         grain: u64,
         entry: MetaEntry,
         bytes: &[u8],
+        grains: u32,
     ) -> Result<()> {
         let MetaEntry::Data { page, seq, crc } = entry else {
             return Ok(());
@@ -512,7 +537,7 @@ impl LsaVolume {
             volume_pages: map.pages(),
         });
         let slots = 1 + 2 * max_share_owners(log.geo().meta_entries);
-        let pg = self.page_grains;
+        let size_code = self.size_code_of_grains(grains);
         let (new, generation, moved, last) = placing.streams.place_group(log, to, Purpose::Gc, slots, Some(bytes), |new, rec| {
             log.set_crc(new, crc);
             rec.push(MetaEntry::Data { page, seq, crc });
@@ -528,6 +553,7 @@ impl LsaVolume {
                         count: 1,
                         grain: new,
                         seq: log.next_seq(),
+                        stored_grains: size_code,
                     });
                     // The entry that mapped it is dead once this record is durable.
                     if let Some(s) = o.entry {
@@ -554,35 +580,45 @@ impl LsaVolume {
         })?;
         if moved == 0 {
             // Every owner left meanwhile: the copy is garbage at once.
-            log.drop_data(log.geo().segment_of(new), pg, None);
+            log.drop_data(log.geo().segment_of(new), grains, None);
         } else {
             log.cache_moved(grain, new, generation);
-            let pb = self.page_bytes as u64;
-            log.counters().gc_bytes_relocated.fetch_add(pb, SeqCst);
-            self.relocated_bytes.fetch_add(pb, SeqCst);
+            let stored_bytes = bytes.len() as u64;
+            log.counters().gc_bytes_relocated.fetch_add(stored_bytes, SeqCst);
+            self.relocated_bytes.fetch_add(stored_bytes, SeqCst);
         }
         if last {
-            log.drop_data(victim, pg, None);
+            log.drop_data(victim, grains, None);
         }
         Ok(())
     }
 
     /// Carries forward the share entries of a victim whose pages are still mapped by them (a
     /// share entry is the only record of its pages' mapping, as a tombstone is of a trim): each
-    /// moves, with its sequence number, into the last GC stream, and its page's tombstone with
-    /// it.
-    pub(super) fn carry_shares(&self, log: &Log, map: &PageMap, victim: u32, shares: &[(u64, u64, u64, u64)]) -> Result<()> {
-        let pg = self.page_grains as u64;
+    /// moves, with its sequence number and stored size, into the last GC stream, and its
+    /// page's tombstone with it.
+    pub(super) fn carry_shares(&self, log: &Log, map: &PageMap, victim: u32, shares: &[MetaEntry]) -> Result<()> {
         let last_gc = self.placing.load().streams.layout().last_gc();
         // A carried entry must not be durable before the batch it came from (see
         // `relocate_shared`).
         if !shares.is_empty() && !log.segment_durable(victim) {
             log.flush()?;
         }
-        for &(page, count, grain, seq) in shares {
+        for &entry in shares {
+            let MetaEntry::Share {
+                page,
+                count,
+                grain,
+                seq,
+                stored_grains,
+            } = entry
+            else {
+                continue;
+            };
+            let stride = self.grains_of_size_code(stored_grains) as u64;
             let end = page.saturating_add(count).min(map.pages());
             for p in page..end {
-                let g = grain + (p - page) * pg;
+                let g = grain + (p - page) * stride;
                 let lives_here = |shared: &HashMap<u64, Vec<Owner>>| {
                     shared
                         .get(&g)
@@ -605,6 +641,7 @@ impl LsaVolume {
                             count: 1,
                             grain: g,
                             seq,
+                            stored_grains,
                         });
                         if let Some(o) = shared.get_mut(&g).and_then(|l| l.iter_mut().find(|o| o.page == p)) {
                             o.entry = Some(seg);
