@@ -26,6 +26,7 @@ the mount.
     python3 scripts/bench_compression.py                     # everything, 2G files, 60 s
     python3 scripts/bench_compression.py --quick             # a short run (the test suite's)
     python3 scripts/bench_compression.py --ssd 2G --db postgres
+    python3 scripts/bench_compression.py --db postgres --no-fio --no-btrfs --rounds 3
 
 Prints one JSON object; needs root (loop devices, mounts), PostgreSQL, MariaDB, sysbench, fio,
 btrfs-progs and compsize (scripts/install-deps.sh installs them).
@@ -36,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -227,6 +229,8 @@ def main():
     ap.add_argument("--tables", type=int, default=4)
     ap.add_argument("--table-size", type=int, default=100000)
     ap.add_argument("--db-threads", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of each database workload (medians reported)")
+    ap.add_argument("--btrfs", action=argparse.BooleanOptionalAction, default=True, help="the btrfs setup")
     ap.add_argument("--fio", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--fio-seconds", type=int, default=20)
     ap.add_argument("--fio-mib", type=int, default=512, help="the range fio writes over")
@@ -246,17 +250,26 @@ def main():
     report = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "workloads": {}}
     try:
         dbs = {"both": ["pgbench", "sysbench"], "postgres": ["pgbench"], "mariadb": ["sysbench"], "none": []}[args.db]
+        order = setups + (["btrfs"] if args.btrfs else [])
         for w, workload in enumerate(dbs):
+            rounds = {name: [] for name in order}
+            for r in range(args.rounds):
+                # Each round of each workload starts from another setup (the host's disk slows
+                # after bursts, and the machine's load drifts).
+                k = (w + r) % len(order)
+                for name in order[k:] + order[:k]:
+                    rounds[name].append(one(name, work, args, workload))
+                    print("[compression] %s round %d %s: %s" % (workload, r + 1, name, rounds[name][-1]), file=sys.stderr)
+            # Each setup's median round by tps, with every round's tps beside it.
             res = {}
-            # Each workload starts from another setup (the host's disk slows after bursts).
-            order = setups + ["btrfs"]
-            for name in order[w % len(order):] + order[:w % len(order)]:
-                res[name] = one(name, work, args, workload)
-                print("[compression] %s %s: %s" % (workload, name, res[name]), file=sys.stderr)
+            for name, runs in rounds.items():
+                res[name] = dict(sorted(runs, key=lambda x: x["tps"])[len(runs) // 2])
+                res[name]["tps_rounds"] = [x["tps"] for x in runs]
             plain = res["plain"]
-            res["ratios"] = {n: {"tps": ratio(res[n]["tps"], plain["tps"]),
+            res["ratios"] = {n: {"tps": ratio(statistics.median(res[n]["tps_rounds"]), statistics.median(plain["tps_rounds"])),
+                                 "tps_per_round": [ratio(a["tps"], b["tps"]) for a, b in zip(rounds[n], rounds["plain"])],
                                  "device_bytes_per_transaction": ratio(res[n]["device_bytes_per_unit"], plain["device_bytes_per_unit"])}
-                             for n in setups[1:] + ["btrfs"]}
+                             for n in order if n != "plain"}
             report["workloads"][workload] = res
         if args.fio:
             for i, percent in enumerate((0, 50, 75)):
