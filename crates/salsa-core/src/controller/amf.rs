@@ -158,13 +158,19 @@ pub fn check_segment(segment_bytes: u64, page_bytes: u32, size_bytes: u64) -> st
     Ok(())
 }
 
+/// A segment's write point, in pages.
+type WritePoint = u32;
+const _: () = assert!(MAX_SEGMENT_BYTES / 4096 <= WritePoint::MAX as u64);
+
 /// An append-only volume.
 pub struct AmfVolume {
     inner: LsaVolume,
     segment_bytes: u64,
     segment_pages: u64,
-    /// Write point of every segment, in pages.
-    segments: RwLock<Vec<Mutex<u64>>>,
+    /// Write point of every segment, in pages (a segment of at most 1 GiB holds fewer than
+    /// 2^32; 8 bytes a segment with its lock, a sixteenth of the map's flat entries for a
+    /// segment of the smallest).
+    segments: RwLock<Vec<Mutex<WritePoint>>>,
     /// Its placement, told when a segment is full or trimmed.
     streams: Arc<SegmentStreams>,
 }
@@ -197,7 +203,7 @@ impl AmfVolume {
             }
         });
         for (slot, p) in segments.iter().zip(points) {
-            *slot.lock() = p;
+            *slot.lock() = p as WritePoint;
         }
     }
 
@@ -217,7 +223,7 @@ impl AmfVolume {
         let mut used = 0;
         let mut full = 0;
         for s in segments.iter() {
-            let wp = *s.lock();
+            let wp = u64::from(*s.lock());
             used += u64::from(wp > 0);
             full += u64::from(wp == self.segment_pages);
         }
@@ -268,7 +274,7 @@ impl VolumeIo for AmfVolume {
                 segments.len()
             ))
         })?;
-        let wp = *slot.lock();
+        let wp = u64::from(*slot.lock());
         Ok(wp * self.inner.page_bytes as u64)
     }
 
@@ -291,20 +297,21 @@ impl VolumeIo for AmfVolume {
             ))
         })?;
         let mut wp = slot.lock();
-        if *wp * pb + len > self.segment_bytes {
+        let written = u64::from(*wp);
+        if written * pb + len > self.segment_bytes {
             return Err(self.refuse(format!(
                 "an append of {len} bytes does not fit segment {segment} ({} of {} bytes written)",
-                *wp * pb,
+                written * pb,
                 self.segment_bytes
             )));
         }
-        let offset = segment * self.segment_bytes + *wp * pb;
+        let offset = segment * self.segment_bytes + written * pb;
         let r = self.inner.write(log, offset, data, None);
         *wp = match r {
-            Ok(()) => *wp + len / pb,
+            Ok(()) => written + len / pb,
             Err(_) => self.write_point_from_map(segment),
-        };
-        if *wp == self.segment_pages {
+        } as WritePoint;
+        if u64::from(*wp) == self.segment_pages {
             self.streams.release(segment);
         }
         r.map(|()| offset)
@@ -328,15 +335,12 @@ impl VolumeIo for AmfVolume {
         // Locks in ascending order, so writers spanning segments never deadlock.
         let mut points: Vec<_> = (first..=last).map(|s| segments[s as usize].lock()).collect();
         let start = (offset % self.segment_bytes) / pb;
-        if *points[0] != start {
-            let why = if start < *points[0] {
-                "would overwrite"
-            } else {
-                "would leave a hole"
-            };
+        let written = u64::from(*points[0]);
+        if written != start {
+            let why = if start < written { "would overwrite" } else { "would leave a hole" };
             return Err(self.refuse(format!(
-                "segment {first} is written up to page {} of {}; a write at page {start} {why} (trim the whole segment to rewrite it)",
-                *points[0], self.segment_pages
+                "segment {first} is written up to page {written} of {}; a write at page {start} {why} (trim the whole segment to rewrite it)",
+                self.segment_pages
             )));
         }
         if let Some(k) = points[1..].iter().position(|p| **p != 0) {
@@ -352,8 +356,8 @@ impl VolumeIo for AmfVolume {
                 Ok(()) => ((offset + len).min((s + 1) * self.segment_bytes) - s * self.segment_bytes) / pb,
                 // Some pages may have made it: the map says how far.
                 Err(_) => self.write_point_from_map(s),
-            };
-            if **wp == self.segment_pages {
+            } as WritePoint;
+            if u64::from(**wp) == self.segment_pages {
                 self.streams.release(s);
             }
         }
@@ -432,7 +436,7 @@ impl Controller for AmfVolume {
     fn stats(&self) -> ControllerStats {
         let inner = self.inner.stats();
         let (used, full) = self.segment_counts();
-        let table = self.segments.read().len() as u64 * std::mem::size_of::<Mutex<u64>>() as u64;
+        let table = self.segments.read().len() as u64 * std::mem::size_of::<Mutex<WritePoint>>() as u64;
         ControllerStats {
             controller: ControllerKind::Amf.name().to_string(),
             map_memory_bytes: inner.map_memory_bytes + table,
