@@ -33,7 +33,7 @@ const IMAGE_CHUNK_PAGES: u64 = 2048;
 /// flat map's narrow entries), `u64` otherwise.
 trait Slot: Copy + Default + PartialEq + std::fmt::Debug {
     fn get(self) -> u64;
-    /// `v` is at most the encoding's largest value, which the map checked fits.
+    /// `v` is at most the encoding's largest value, which the map's width holds.
     fn of(v: u64) -> Self;
 }
 
@@ -42,8 +42,9 @@ impl Slot for u32 {
         self as u64
     }
     fn of(v: u64) -> u32 {
-        debug_assert!(v <= u32::MAX as u64);
-        v as u32
+        // The map is narrow only where the encoding's largest value fits: a wider entry is a
+        // caller's bug, never truncated.
+        u32::try_from(v).unwrap_or_else(|_| panic!("map entry {v} past a narrow map's 32 bits"))
     }
 }
 
