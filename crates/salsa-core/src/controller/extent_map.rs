@@ -480,20 +480,30 @@ impl ExtentMap {
         }
     }
 
-    /// Bytes [`ExtentMap::encode_into`] appends.
+    /// Bytes [`ExtentMap::encode_into`] appends, counted without cutting the runs (the
+    /// pool's stats ask for it): a header per image chunk, and a run once per image chunk
+    /// it touches.
     pub fn image_bytes(&self) -> u64 {
-        let mut bytes = 8;
-        with_chunks!(self, chunks => {
+        fn bytes<S: Slot>(map: &ExtentMap, chunks: &[Mutex<Chunk<S>>]) -> u64 {
+            let image_chunk = |page: u32| page as u64 / IMAGE_CHUNK_PAGES;
+            let mut bytes = 0;
             for (c, chunk) in chunks.iter().enumerate() {
-                self.image_chunks_of(c, &chunk.lock(), |piece| {
-                    bytes += match piece {
-                        ImageChunk::Runs(runs) => 1 + 2 + runs.len() as u64 * IMAGE_RUN_BYTES,
-                        ImageChunk::Flat(slots) => 1 + slots.len() as u64 * self.width(),
+                let n = map.pages_of_chunk(c);
+                let cuts = n.div_ceil(IMAGE_CHUNK_PAGES);
+                bytes += match &*chunk.lock() {
+                    Chunk::Runs(runs) => {
+                        let pieces: u64 = runs
+                            .iter()
+                            .map(|r| image_chunk(r.start() + r.len() - 1) - image_chunk(r.start()) + 1)
+                            .sum();
+                        cuts * (1 + 2) + pieces * IMAGE_RUN_BYTES
                     }
-                });
+                    Chunk::Flat { .. } => cuts + n * map.width(),
+                };
             }
-        });
-        bytes
+            bytes
+        }
+        8 + with_chunks!(self, chunks => bytes(self, chunks))
     }
 
     /// Checkpoint image: the count of image chunks ([`IMAGE_CHUNK_PAGES`] each), then per image
@@ -501,10 +511,8 @@ impl ExtentMap {
     /// the entry in 8 bytes) or its flat entries (in the map's width).
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.pages.div_ceil(IMAGE_CHUNK_PAGES).to_le_bytes());
-        let (flat_tag, width) = match self.chunks {
-            Chunks::Narrow(_) => (IMAGE_NARROW, 4),
-            Chunks::Wide(_) => (IMAGE_WIDE, 8),
-        };
+        let width = self.width() as usize;
+        let flat_tag = if width == 4 { IMAGE_NARROW } else { IMAGE_WIDE };
         with_chunks!(self, chunks => {
             for (c, chunk) in chunks.iter().enumerate() {
                 self.image_chunks_of(c, &chunk.lock(), |piece| match piece {
